@@ -1,0 +1,158 @@
+"""The error hierarchy of unicache_fsm.
+
+Every error the library raises on purpose derives from `UnicacheFsmError`. Each class is
+small, carries the data that explains it as attributes, and refines the builtin whose
+meaning it shares (a malformed spec is a `ValueError`, an illegal trigger a
+`RuntimeError`), so callers can catch either. Messages name the culprit and say what
+to do; they are built as ``msg = f"..."; raise X(msg)`` by the code that detects them.
+
+Other subpackages (pools, tree, linker, store) add their own classes under
+`UnicacheFsmError`; this module imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "GuardRejectedError",
+    "IllegalTransitionError",
+    "InvalidSpecError",
+    "SpecProblem",
+    "UnicacheFsmError",
+    "UnknownStateError",
+    "UnknownTriggerError",
+]
+
+
+class UnicacheFsmError(Exception):
+    """Root of every error unicache_fsm raises on purpose."""
+
+
+class SpecProblem:
+    """One finding of spec validation: a kind of problem and the names it concerns."""
+
+    __slots__ = ("kind", "names")
+
+    def __init__(self, kind: str, names: Sequence[str]) -> None:
+        self.kind = kind
+        self.names = tuple(names)
+
+    def __repr__(self) -> str:
+        return f"SpecProblem({self.kind!r}, {list(self.names)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SpecProblem):
+            return NotImplemented
+        return (self.kind, self.names) == (other.kind, other.names)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.names))
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {', '.join(self.names)}"
+
+
+class InvalidSpecError(UnicacheFsmError, ValueError):
+    """A machine spec (or its binding to a model class) is malformed.
+
+    `problems` lists every finding at once, each naming all offending states,
+    transitions or callbacks, so one run of the validator is enough to fix a spec.
+    """
+
+    def __init__(self, machine: str, source: str, problems: Sequence[SpecProblem]) -> None:
+        self.machine = machine
+        self.source = source
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        where = f" ({source})" if source else ""
+        super().__init__(f"invalid machine spec {machine!r}{where}:\n{lines}")
+
+    def kinds(self) -> set[str]:
+        """The kinds of problem found (e.g. ``{"unreachable state"}``)."""
+        return {p.kind for p in self.problems}
+
+    def names(self, kind: str) -> tuple[str, ...]:
+        """All names reported under one kind of problem."""
+        return tuple(n for p in self.problems if p.kind == kind for n in p.names)
+
+
+class IllegalTransitionError(UnicacheFsmError, RuntimeError):
+    """A trigger was fired at a model whose current state has no transition for it.
+
+    The model's state is unchanged and no callback ran.
+    """
+
+    def __init__(
+        self,
+        machine: str,
+        model: str,
+        state: str,
+        trigger: str,
+        allowed: Sequence[str],
+        *,
+        noun: str = "",
+    ) -> None:
+        self.machine = machine
+        self.model = model
+        self.state = state
+        self.trigger = trigger
+        self.allowed = tuple(allowed)
+        what = noun or machine
+        allowed_txt = ", ".join(self.allowed) if self.allowed else "none (the state is final)"
+        super().__init__(
+            f"cannot {trigger} {what} {model!r} in state {state!r}; allowed: {allowed_txt}"
+        )
+
+
+class UnknownTriggerError(IllegalTransitionError):
+    """The trigger is not declared anywhere in the machine's spec (likely a typo)."""
+
+    def __init__(
+        self,
+        machine: str,
+        model: str,
+        state: str,
+        trigger: str,
+        allowed: Sequence[str],
+        *,
+        noun: str = "",
+    ) -> None:
+        super().__init__(machine, model, state, trigger, allowed, noun=noun)
+        self.args = (
+            f"machine {machine!r} has no trigger {trigger!r} (fired at {model!r} in state "
+            f"{state!r}); triggers allowed there: {', '.join(self.allowed) or 'none'}",
+        )
+
+
+class GuardRejectedError(UnicacheFsmError, RuntimeError):
+    """Every transition for the trigger was vetoed by a guard.
+
+    `guard` names the guard that vetoed the last candidate transition (``"not name"``
+    for an ``unless`` guard that held). The model's state is unchanged; `prepare`
+    callbacks and the guards themselves did run.
+    """
+
+    def __init__(
+        self, machine: str, model: str, state: str, trigger: str, guard: str, *, noun: str = ""
+    ) -> None:
+        self.machine = machine
+        self.model = model
+        self.state = state
+        self.trigger = trigger
+        self.guard = guard
+        what = noun or machine
+        super().__init__(
+            f"cannot {trigger} {what} {model!r} in state {state!r}: guard {guard!r} rejected it"
+        )
+
+
+class UnknownStateError(UnicacheFsmError, ValueError):
+    """A model holds (or a caller named) a state the machine does not declare."""
+
+    def __init__(self, machine: str, state: object, known: Sequence[str]) -> None:
+        self.machine = machine
+        self.state = state
+        self.known = tuple(known)
+        shown = ", ".join(self.known[:12]) + (" ..." if len(self.known) > 12 else "")
+        super().__init__(f"machine {machine!r} has no state {state!r}; known: {shown}")
