@@ -1,0 +1,161 @@
+"""The executor API shared by the reference and the compiled executor.
+
+An executor binds one spec to one model class and drives any number of models of
+that class; it keeps no per-model data. A model's whole FSM state is one attribute
+(the *state slot*, ``state`` unless bound otherwise) holding its configuration name.
+
+Primitives:
+
+- `initialize(model, like=None)` — put a new model in the initial configuration (or
+  in the configuration of `like`, for a node born by splitting another).
+- `fire(model, trigger, *args, **kwargs)` — run one transition: `prepare`, guards,
+  `before`, exits, state change, enters, `after`, each called as
+  ``model.name(*args, **kwargs)``. Raises `IllegalTransitionError` (no transition
+  from this state; nothing ran), `UnknownTriggerError` (not a trigger of this
+  machine), `GuardRejectedError` (every candidate vetoed; state unchanged) or
+  `UnknownStateError` (the slot holds garbage). An exception from a callback before
+  the state change propagates with the state unchanged; one from an `on_enter` or
+  `after` callback propagates with the new state kept (no rollback after the change).
+- `may_fire(model, trigger, *args, **kwargs)` — whether `fire` would pass the guards
+  now; runs `prepare` callbacks and guards, never `before`/`after` (so never
+  allocate in `prepare`).
+- `allowed_triggers(model)`, `state_of(model)`, `is_active(model, path)`,
+  `is_final(model)` — queries that run no callback.
+
+Neither executor is thread-safe: a scheduler drives its models from one thread.
+A trigger fired from inside a callback runs at once (nested), like `transitions`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import operator
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from unicache_fsm.fsm.errors import (
+    GuardRejectedError,
+    IllegalTransitionError,
+    UnknownStateError,
+    UnknownTriggerError,
+)
+from unicache_fsm.fsm.flat import FlatMachine, flatten
+from unicache_fsm.fsm.loader import bundled_spec
+from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.fsm.validate import check_binding
+
+__all__ = ["Executor", "model_id"]
+
+
+def model_id(model: object) -> str:
+    """How messages name a model: its ``fsm_id`` attribute, else type and address."""
+    ident = getattr(model, "fsm_id", None)
+    if ident is not None:
+        return str(ident)
+    return f"{type(model).__name__}@{id(model):x}"
+
+
+class Executor(abc.ABC):
+    """Runs one spec over models of one class; see the module docstring."""
+
+    kind: ClassVar[str]
+
+    def __init__(
+        self,
+        spec: MachineSpec | str,
+        model_cls: type,
+        *,
+        state_attribute: str = "state",
+        triggers: type[enum.Enum] | None = None,
+    ) -> None:
+        if isinstance(spec, str):
+            spec = bundled_spec(spec)
+        check_binding(spec, model_cls, state_attribute, triggers)
+        self.spec = spec
+        self.flat: FlatMachine = flatten(spec)
+        self.model_cls = model_cls
+        self.state_attribute = state_attribute
+        self.name = spec.name
+        self.noun = spec.noun or spec.name
+        self._get_state: Callable[[Any], Any] = operator.attrgetter(state_attribute)
+        self._triggers = frozenset(spec.triggers())
+        self._allowed: dict[str, tuple[str, ...]] = {
+            c: self.flat.triggers_from(c) for c in self.flat.configs
+        }
+        # trigger aliases: enum members hash by name, so they get their own keys
+        self._alias: dict[Any, str] = {t: t for t in self._triggers}
+        if triggers is not None:
+            for member in triggers:
+                self._alias[member] = str(member.value)
+
+    # -- queries -----------------------------------------------------------------------
+    def initialize(self, model: object, like: object | None = None) -> None:
+        """Set `model`'s state slot to the initial configuration (or to `like`'s)."""
+        config = self.flat.initial if like is None else self.state_of(like)
+        setattr(model, self.state_attribute, config)
+
+    def state_of(self, model: object) -> str:
+        """The model's configuration name; `UnknownStateError` if the slot holds garbage."""
+        state = getattr(model, self.state_attribute, None)
+        if state not in self._allowed:
+            raise UnknownStateError(self.name, state, self.flat.configs)
+        assert isinstance(state, str)
+        return state
+
+    def allowed_triggers(self, model: object) -> tuple[str, ...]:
+        """Triggers with a transition from the model's state (guards not evaluated)."""
+        return self._allowed[self.state_of(model)]
+
+    def is_active(self, model: object, path: str) -> bool:
+        """Whether the state at dotted `path` is active for `model`."""
+        if self.spec.state(path) is None:
+            raise UnknownStateError(self.name, path, [s.path for s in self.spec.states()])
+        return self.flat.is_active(self.state_of(model), path)
+
+    def is_final(self, model: object) -> bool:
+        return self.state_of(model) in self.flat.final_configs
+
+    # -- firing ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
+        """Run one transition; see the module docstring for the contract."""
+
+    @abc.abstractmethod
+    def may_fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> bool:
+        """Whether `fire` would pass the guards now (runs `prepare` and guards)."""
+
+    # -- shared error paths ------------------------------------------------------------
+    def _normalize(self, trigger: object) -> str | None:
+        try:
+            return self._alias.get(trigger)
+        except TypeError:  # unhashable
+            return None
+
+    def _reject_unfireable(self, model: object, trigger: object) -> str:
+        """Resolve `trigger` for a model whose fast lookup missed, or raise the right error.
+
+        Returns the canonical trigger name when it is legal after all (an enum alias).
+        """
+        state = self.state_of(model)
+        name = self._normalize(trigger)
+        if name is None:
+            raise UnknownTriggerError(
+                self.name,
+                model_id(model),
+                state,
+                str(trigger),
+                self._allowed[state],
+                noun=self.noun,
+            )
+        if name not in self._allowed[state]:
+            raise IllegalTransitionError(
+                self.name, model_id(model), state, name, self._allowed[state], noun=self.noun
+            )
+        return name
+
+    def _guard_rejected(self, model: object, state: str, trigger: str, guard: str) -> None:
+        raise GuardRejectedError(self.name, model_id(model), state, trigger, guard, noun=self.noun)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} on {self.model_cls.__qualname__}>"

@@ -1,0 +1,165 @@
+"""Validation of specs and of their binding to a model class.
+
+Primitives:
+
+- `structural_problems(spec)` — everything wrong with a spec on its own: bad names,
+  unknown states, unreachable states, non-final dead ends, transitions out of final
+  states, ambiguous unguarded transitions, transitions across parallel regions.
+- `binding_problems(spec, model_cls, state_attribute, triggers)` — guard and callback
+  names the model class lacks, a missing state slot, a trigger enum that disagrees
+  with the spec.
+- `check_binding(...)` — raise `InvalidSpecError` when `binding_problems` finds any.
+
+Each problem lists *all* offending names of its kind, so one run tells the whole story.
+The loader runs `structural_problems`; the executors run `check_binding` when bound.
+"""
+
+from __future__ import annotations
+
+import enum
+import keyword
+import re
+
+from unicache_fsm.fsm.errors import InvalidSpecError, SpecProblem
+from unicache_fsm.fsm.flat import FlatMachine, flatten
+from unicache_fsm.fsm.spec import ANY_STATE, MachineSpec, StateKind
+
+__all__ = ["binding_problems", "check_binding", "structural_problems"]
+
+_STATE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _bad_identifiers(names: list[str]) -> list[str]:
+    return [n for n in names if not _IDENTIFIER.match(n) or keyword.iskeyword(n)]
+
+
+def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> list[SpecProblem]:
+    """Every structural problem of `spec` (empty when it is sound)."""
+    problems: list[SpecProblem] = []
+
+    def add(kind: str, names: list[str]) -> None:
+        if names:
+            problems.append(SpecProblem(kind, sorted(dict.fromkeys(names))))
+
+    states = list(spec.states())
+    add("invalid state name", [s.path for s in states if not _STATE_NAME.match(s.name)])
+    add("invalid trigger name", _bad_identifiers([t.trigger for t in spec.transitions]))
+    add("invalid callback name", _bad_identifiers(list(spec.callback_names())))
+    add(
+        "final state with children",
+        [s.path for s in states if s.final and s.kind is not StateKind.ATOMIC],
+    )
+    add(
+        "initial on a state without children",
+        [s.path for s in states if s.kind is StateKind.ATOMIC and s.initial is not None],
+    )
+    add(
+        "parallel state with a non-compound region",
+        [
+            c.path
+            for s in [spec.root, *states]
+            if s.kind is StateKind.PARALLEL
+            for c in s.children
+            if c.kind is StateKind.ATOMIC
+        ],
+    )
+    add(
+        "requires outside a parallel machine",
+        [
+            t.label()
+            for t in spec.transitions
+            if t.requires and spec.root.kind is not StateKind.PARALLEL
+        ],
+    )
+    add(
+        "'*' mixed with other sources",
+        [t.label() for t in spec.transitions if ANY_STATE in t.sources and len(t.sources) > 1],
+    )
+    if problems:  # names are unusable; the graph checks below would only add noise
+        return problems
+
+    flat = flat if flat is not None else flatten(spec)
+    add("unknown state", list(flat.unknown_states))
+    if any(p.kind == "unknown state" for p in problems):
+        return problems
+
+    reachable: set[str] = set()
+    for config in flat.configs:
+        reachable |= flat.active[config]
+    add("unreachable state", [s.path for s in states if s.path not in reachable])
+
+    with_exit = {c for (c, _t) in flat.table}
+    add(
+        "non-final state with no outgoing transition",
+        [c for c in flat.configs if c not in flat.final_configs and c not in with_exit],
+    )
+    add("transition out of final state", list(flat.out_of_final))
+    add("transition across parallel regions", list(flat.cross_region))
+
+    ambiguous = []
+    for (config, trigger), group in flat.table.items():
+        for earlier in group[:-1]:
+            if not earlier.spec.guarded:
+                shadow = f"#{earlier.spec.index} unguarded"
+                ambiguous.append(f"{config} --{trigger}--> ({len(group)} transitions, {shadow})")
+                break
+    add("ambiguous transitions without guards", ambiguous)
+    return problems
+
+
+def binding_problems(
+    spec: MachineSpec,
+    model_cls: type,
+    state_attribute: str,
+    triggers: type[enum.Enum] | None = None,
+) -> list[SpecProblem]:
+    """What keeps `model_cls` from running `spec` (empty when it can)."""
+    problems: list[SpecProblem] = []
+    guard_names = {n for t in spec.transitions for n in (*t.conditions, *t.unless)}
+    missing_guards = []
+    missing_callbacks = []
+    for name in spec.callback_names():
+        attr = getattr(model_cls, name, None)
+        if attr is None or not callable(attr):
+            (missing_guards if name in guard_names else missing_callbacks).append(name)
+    if missing_guards:
+        problems.append(SpecProblem(f"guard missing on {model_cls.__qualname__}", missing_guards))
+    if missing_callbacks:
+        problems.append(
+            SpecProblem(f"callback missing on {model_cls.__qualname__}", missing_callbacks)
+        )
+    slots = {s for k in model_cls.__mro__ for s in getattr(k, "__slots__", ())}
+    has_dict = any("__dict__" in vars(k) for k in model_cls.__mro__ if k is not object)
+    if state_attribute not in slots and not has_dict and not hasattr(model_cls, state_attribute):
+        problems.append(
+            SpecProblem(f"state attribute missing on {model_cls.__qualname__}", [state_attribute])
+        )
+    if triggers is not None:
+        declared = set(spec.triggers())
+        values = {str(m.value) for m in triggers}
+        if values - declared:
+            problems.append(
+                SpecProblem(
+                    f"{triggers.__qualname__} members not in the spec", sorted(values - declared)
+                )
+            )
+        if declared - values:
+            problems.append(
+                SpecProblem(
+                    f"spec triggers missing from {triggers.__qualname__}", sorted(declared - values)
+                )
+            )
+    return problems
+
+
+def check_binding(
+    spec: MachineSpec,
+    model_cls: type,
+    state_attribute: str,
+    triggers: type[enum.Enum] | None = None,
+) -> None:
+    """Raise `InvalidSpecError` listing everything that keeps `model_cls` from running `spec`."""
+    problems = binding_problems(spec, model_cls, state_attribute, triggers)
+    if problems:
+        raise InvalidSpecError(spec.name, spec.source, problems)
