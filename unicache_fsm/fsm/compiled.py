@@ -57,7 +57,7 @@ def _step_source(group: tuple[FlatTransition, ...], attr: str) -> tuple[str, dic
         body += _calls(ft.enters, ind) + _calls(t.after, ind)
         body.append(f"{ind}return None")
         if guarded:
-            lines.append("    while True:  # candidate %d: a block that `break` leaves" % i)
+            lines.append(f"    while True:  # candidate {i}: a block that `break` leaves")
         lines += body
         if not guarded:
             break  # later candidates are unreachable (validation forbids them anyway)
@@ -137,5 +137,5 @@ class CompiledExecutor(Executor):
         name = self._normalize(trigger)
         if name is None:
             self._reject_unfireable(model, trigger)  # raises UnknownTriggerError
-        probe = self._probes[state].get(name)
+        probe = self._probes[state].get(name) if name is not None else None
         return probe is not None and bool(probe(model, args, kwargs))

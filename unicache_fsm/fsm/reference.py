@@ -29,13 +29,13 @@ from unicache_fsm.fsm.spec import MachineSpec
 __all__ = ["ReferenceExecutor"]
 
 
-class _FlatTransition(Transition):  # type: ignore[misc]
+class _FlatTransition(Transition):
     """A `transitions` transition that remembers the flat transition it stands for."""
 
     flat: FlatTransition | None = None
 
 
-class _Machine(Machine):  # type: ignore[misc]
+class _Machine(Machine):
     transition_cls = _FlatTransition
 
 
@@ -89,6 +89,7 @@ class ReferenceExecutor(Executor):
                     after=[_call(n) for n in t.after],
                 )
                 added = self.machine.events[trigger].transitions[config][-1]
+                assert isinstance(added, _FlatTransition)
                 added.flat = ft
 
     def _guard(self, name: str, expected: bool) -> Callable[[EventData], bool]:
@@ -103,20 +104,26 @@ class ReferenceExecutor(Executor):
         return check
 
     @staticmethod
-    def _run_exits(event: EventData) -> None:
-        for name in event.transition.flat.exits:
+    def _flat_of(event: EventData) -> FlatTransition:
+        transition = event.transition
+        assert isinstance(transition, _FlatTransition) and transition.flat is not None
+        return transition.flat
+
+    @classmethod
+    def _run_exits(cls, event: EventData) -> None:
+        for name in cls._flat_of(event).exits:
             getattr(event.model, name)(*event.args, **event.kwargs)
 
-    @staticmethod
-    def _run_enters(event: EventData) -> None:
-        for name in event.transition.flat.enters:
+    @classmethod
+    def _run_enters(cls, event: EventData) -> None:
+        for name in cls._flat_of(event).enters:
             getattr(event.model, name)(*event.args, **event.kwargs)
 
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         state = self.state_of(model)
         name = self._normalize(trigger)
         event = self.machine.events.get(name) if name is not None else None
-        if event is None or state not in event.transitions:
+        if name is None or event is None or state not in event.transitions:
             self._reject_unfireable(model, trigger)  # raises
             raise AssertionError("unreachable")  # pragma: no cover
         self._rejected = ""

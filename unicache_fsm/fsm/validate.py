@@ -117,8 +117,8 @@ def binding_problems(
     """What keeps `model_cls` from running `spec` (empty when it can)."""
     problems: list[SpecProblem] = []
     guard_names = {n for t in spec.transitions for n in (*t.conditions, *t.unless)}
-    missing_guards = []
-    missing_callbacks = []
+    missing_guards: list[str] = []
+    missing_callbacks: list[str] = []
     for name in spec.callback_names():
         attr = getattr(model_cls, name, None)
         if attr is None or not callable(attr):
