@@ -1,0 +1,215 @@
+"""Page-hash chain and tenant namespace seed, byte-compatible with SGLang's store keys.
+
+A page's key is what an external KV store files the page under. Two requests share a
+stored page only if they share every token before it (the chain) and the tenant
+namespace (the seed), so the keys are a chain of SHA-256 digests:
+
+- `namespace_seed(extra_key, cache_salt)` -> hex seed, or None when neither is given.
+  SHA-256 over ``b"sglang-cache-namespace-v1"`` then, for `extra_key` and `cache_salt`
+  in that order, ``b"\\x00"`` when absent, else ``b"\\x01"`` + the UTF-8 length as
+  8 bytes little-endian + the UTF-8 bytes. An empty string is *present*.
+- `page_hash(page_tokens, prior)` -> hex key of one page: SHA-256 over the raw
+  32-byte digest of `prior` (nothing when `prior` is None) then each token as an
+  unsigned 32-bit little-endian integer.
+- `page_hashes(tokens, page_size, prior)` -> one hex key per *full* page of `tokens`,
+  chained: page i hashes on page i-1's digest, page 0 on `prior`. A trailing partial
+  page is not hashed. `prior` is the namespace seed for a sequence head, or the key of
+  the last page already hashed when a chain resumes.
+
+Bad input raises a typed error, all under `HashError`: `InvalidTokenError` (a token
+outside ``0 <= t < 2**32`` or not an integer), `InvalidPriorHashError` (a `prior` that
+is not 64 hex digits), `PageSizeError` (below 1), `NamespaceFieldError` (a non-str
+field). Nothing is returned for a chain that failed part-way.
+
+Vectors produced by SGLang 0.5.23 itself live in ``shared/vectors/page_hashes.json``
+and are reproduced by ``tests/test_hashing.py``. This module imports nothing of ours
+but the error root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from collections.abc import Iterable, Sequence
+
+from unicache_fsm.fsm.errors import UnicacheFsmError
+
+__all__ = [
+    "NAMESPACE_TAG",
+    "HashError",
+    "InvalidPriorHashError",
+    "InvalidTokenError",
+    "NamespaceFieldError",
+    "PageSizeError",
+    "namespace_seed",
+    "page_hash",
+    "page_hashes",
+]
+
+NAMESPACE_TAG = b"sglang-cache-namespace-v1"
+"""The domain-separation prefix of the namespace seed (fixed by SGLang's key format)."""
+
+_U32_LIMIT = 1 << 32
+_DIGEST_HEX_LEN = 64
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+# array('I') is the C `unsigned int`; every platform torch supports makes it 4 bytes.
+# The byte order is the host's, so a big-endian host swaps before hashing.
+assert array("I").itemsize == 4, "array('I') must be 32-bit for the page-hash packing"
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+class HashError(UnicacheFsmError):
+    """Root of the errors raised by the page-hash functions."""
+
+
+class InvalidTokenError(HashError, ValueError):
+    """A token cannot be packed as an unsigned 32-bit integer.
+
+    `index` is the token's position in the sequence passed in, `token` its value.
+    """
+
+    def __init__(self, message: str, *, index: int, token: object) -> None:
+        super().__init__(message)
+        self.index = index
+        self.token = token
+
+
+class InvalidPriorHashError(HashError, ValueError):
+    """A `prior` to chain from is not a 64-digit hex SHA-256 digest. `prior` holds it."""
+
+    def __init__(self, message: str, *, prior: object) -> None:
+        super().__init__(message)
+        self.prior = prior
+
+
+class NamespaceFieldError(HashError, TypeError):
+    """`extra_key` or `cache_salt` is neither a str nor None. `field` names it, `value` holds it."""
+
+    def __init__(self, message: str, *, field: str, value: object) -> None:
+        super().__init__(message)
+        self.field = field
+        self.value = value
+
+
+class PageSizeError(HashError, ValueError):
+    """The page size is not an integer >= 1. `page_size` holds it."""
+
+    def __init__(self, message: str, *, page_size: object) -> None:
+        super().__init__(message)
+        self.page_size = page_size
+
+
+def _encode_field(value: str | None) -> bytes:
+    if value is None:
+        return b"\x00"
+    raw = value.encode("utf-8")
+    return b"\x01" + len(raw).to_bytes(8, "little") + raw
+
+
+def namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) -> str | None:
+    """The hex namespace seed of a request, or None when it has neither field.
+
+    An empty string counts as given: ``namespace_seed("", "")`` is a seed, distinct
+    from ``namespace_seed()`` (which is None: the chain then starts from nothing).
+    """
+    if extra_key is None and cache_salt is None:
+        return None
+    fields: tuple[tuple[str, object], ...] = (("extra_key", extra_key), ("cache_salt", cache_salt))
+    for name, value in fields:
+        if value is not None and not isinstance(value, str):
+            msg = (
+                f"{name} must be a str or None, got {type(value).__name__} {value!r}; "
+                "decode bytes to str first (the seed hashes its UTF-8 encoding)"
+            )
+            raise NamespaceFieldError(msg, field=name, value=value)
+    h = hashlib.sha256(NAMESPACE_TAG)
+    h.update(_encode_field(extra_key))
+    h.update(_encode_field(cache_salt))
+    return h.hexdigest()
+
+
+def _prior_digest(prior: str | None) -> bytes:
+    if prior is None:
+        return b""
+    if (
+        not isinstance(prior, str)
+        or len(prior) != _DIGEST_HEX_LEN
+        or not _HEX_DIGITS.issuperset(prior)
+    ):
+        msg = (
+            f"prior {prior!r} is not a page hash: pass the 64-hex-digit key of the page "
+            "before (or a namespace seed), or None to start a chain at a sequence head"
+        )
+        raise InvalidPriorHashError(msg, prior=prior)
+    return bytes.fromhex(prior)
+
+
+def _pack(tokens: Iterable[int]) -> bytes:
+    """Tokens as unsigned 32-bit little-endian bytes, or a typed error naming the culprit."""
+    seq = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+    try:
+        packed = array("I", seq)
+    except (OverflowError, TypeError) as exc:
+        index, token = _first_bad_token(seq)
+        msg = (
+            f"token {token!r} at index {index} is not an unsigned 32-bit integer "
+            f"(0 <= token < 2**32); page hashes pack every token in 4 bytes"
+        )
+        raise InvalidTokenError(msg, index=index, token=token) from exc
+    if _BIG_ENDIAN:  # pragma: no cover - no big-endian CI host
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _first_bad_token(seq: Sequence[object]) -> tuple[int, object]:
+    # Only runs after packing failed, to name the culprit; never on the fast path.
+    for index, token in enumerate(seq):
+        if not hasattr(token, "__index__"):
+            return index, token
+        value = token.__index__()
+        if not 0 <= value < _U32_LIMIT:
+            return index, token
+    raise AssertionError("array('I') rejected a sequence whose every token is valid")
+
+
+def _check_page_size(page_size: int) -> None:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        msg = f"page_size must be an int >= 1, got {page_size!r}"
+        raise PageSizeError(msg, page_size=page_size)
+
+
+def page_hash(page_tokens: Sequence[int], prior: str | None = None) -> str:
+    """The hex key of one page: SHA-256(digest of `prior`, tokens as u32 little-endian).
+
+    `page_tokens` is hashed whole, whatever its length; `page_hashes` cuts pages.
+    """
+    h = hashlib.sha256(_prior_digest(prior))
+    h.update(_pack(page_tokens))
+    return h.hexdigest()
+
+
+def page_hashes(tokens: Sequence[int], page_size: int, prior: str | None = None) -> list[str]:
+    """One chained hex key per full page of `tokens` (a partial tail page is skipped).
+
+    `prior` seeds the chain: the namespace seed at a sequence head (None when the
+    request has none), or the key of the page just before `tokens` to resume a chain.
+    """
+    _check_page_size(page_size)
+    prev = _prior_digest(prior)
+    num_pages = len(tokens) // page_size
+    if num_pages == 0:
+        return []
+    stride = 4 * page_size
+    data = memoryview(_pack(tokens[: num_pages * page_size]))
+    sha256 = hashlib.sha256
+    keys: list[str] = []
+    append = keys.append
+    # One SHA-256 per page is inherent to a chain; the packing above is done once.
+    for start in range(0, num_pages * stride, stride):
+        h = sha256(prev)
+        h.update(data[start : start + stride])
+        prev = h.digest()
+        append(prev.hex())
+    return keys
