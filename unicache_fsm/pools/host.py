@@ -1,0 +1,149 @@
+"""The host pool: a CPU copy of KV pages for the optional host backup tier.
+
+- `HostKVPool(size, page_size, num_layers, width, dtype=..., pin_memory=False)`: a
+  `KVPool` on the CPU (same `read_pages` / `write_pages`). Pinned (page-locked) memory
+  makes device<->host copies faster and needs CUDA; asking for it without CUDA raises
+  `DeviceUnavailableError`.
+- `HostKVPool.for_device_pool(device_pool, size)`: a host pool with the device pool's
+  P, layers, width and dtype; pinned exactly when the device pool is on CUDA.
+- `backup_from(device_pool, device_slots, host_slots)`: copy whole device pages into
+  host pages (device -> host), element by element in the order given.
+- `restore_to(device_pool, host_slots, device_slots)`: copy host pages back into device
+  pages (host -> device).
+
+Host slots come from a CPU `PagedAllocator` of the same size and P. Both copies check
+both sides (slots, page counts, layout) before moving a byte; each moves the batch as
+one gather, one device<->host transfer and one scatter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from unicache_fsm.pools.errors import (
+    DeviceUnavailableError,
+    LengthMismatchError,
+    TensorShapeError,
+    TensorTypeError,
+)
+from unicache_fsm.pools.kv import KVPool
+
+__all__ = ["HostKVPool"]
+
+
+class HostKVPool(KVPool):
+    """A CPU `KVPool` (pinned when serving a CUDA pool) with device<->host page copies."""
+
+    __slots__ = ("_pinned",)
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        num_layers: int,
+        width: int,
+        *,
+        dtype: torch.dtype = torch.float16,
+        name: str = "host",
+        pin_memory: bool = False,
+    ) -> None:
+        if pin_memory and not torch.cuda.is_available():
+            msg = (
+                f"pool {name!r}: pinned host memory needs CUDA, which is not available in this "
+                "process; pass pin_memory=False (plain CPU memory)"
+            )
+            raise DeviceUnavailableError(msg, device="cuda")
+        super().__init__(
+            size,
+            page_size,
+            num_layers,
+            width,
+            dtype=dtype,
+            device="cpu",
+            name=name,
+            pin_memory=pin_memory,
+        )
+        self._pinned = pin_memory
+
+    @classmethod
+    def for_device_pool(cls, device_pool: KVPool, size: int, *, name: str = "host") -> HostKVPool:
+        """A host pool of `size` tokens laid out like `device_pool`; pinned iff it is CUDA."""
+        return cls(
+            size,
+            device_pool.page_size,
+            device_pool.num_layers,
+            device_pool.width,
+            dtype=device_pool.dtype,
+            name=name,
+            pin_memory=device_pool.device.type == "cuda",
+        )
+
+    @property
+    def is_pinned(self) -> bool:
+        return self._pinned
+
+    def backup_from(
+        self, device_pool: KVPool, device_slots: torch.Tensor, host_slots: torch.Tensor
+    ) -> None:
+        """Copy whole device pages `device_slots` into host pages `host_slots` (D -> H)."""
+        self._check_pair(device_pool, device_slots, host_slots)
+        rows = device_pool.read_pages(device_slots)
+        if rows.device.type != "cpu":
+            # One download into page-locked staging when pinned (faster DMA); blocking,
+            # so the rows are complete before they are scattered into the host pool.
+            staging = self._staging(device_slots.numel())
+            staging.copy_(rows)
+            rows = staging
+        self.write_pages(host_slots, rows)
+
+    def restore_to(
+        self, device_pool: KVPool, host_slots: torch.Tensor, device_slots: torch.Tensor
+    ) -> None:
+        """Copy whole host pages `host_slots` back into device pages `device_slots` (H -> D)."""
+        self._check_pair(device_pool, device_slots, host_slots)
+        rows = self.read_pages(host_slots, out=self._staging(host_slots.numel()))
+        # From pinned staging the upload is asynchronous; torch keeps the staging block
+        # alive until the copy has run, and the scatter below is ordered after it.
+        rows = rows.to(device_pool.device, non_blocking=self._pinned)
+        device_pool.write_pages(device_slots, rows)
+
+    def _staging(self, num_slots: int) -> torch.Tensor:
+        shape = (num_slots, self.num_layers, self.width)
+        return torch.empty(shape, dtype=self.dtype, pin_memory=self._pinned)
+
+    def _check_pair(
+        self, device_pool: KVPool, device_slots: torch.Tensor, host_slots: torch.Tensor
+    ) -> None:
+        """Everything a copy needs, checked before any byte moves."""
+        if device_pool.dtype != self.dtype:
+            msg = (
+                f"host pool {self.name!r} holds {self.dtype} but device pool "
+                f"{device_pool.name!r} holds {device_pool.dtype}; build the host pool with "
+                "HostKVPool.for_device_pool"
+            )
+            raise TensorTypeError(
+                msg, what="device_pool", got=device_pool.dtype, expected=self.dtype
+            )
+        host_layout = (self.page_size, self.num_layers, self.width)
+        dev_layout = (device_pool.page_size, device_pool.num_layers, device_pool.width)
+        if dev_layout != host_layout:
+            msg = (
+                f"host pool {self.name!r} has (page_size, num_layers, width) = {host_layout} "
+                f"but device pool {device_pool.name!r} has {dev_layout}; build the host pool "
+                "with HostKVPool.for_device_pool"
+            )
+            raise TensorShapeError(msg, what="device_pool", got=dev_layout, expected=host_layout)
+        device_pool._pages_of(device_slots, "device_slots")
+        self._pages_of(host_slots, "host_slots")
+        if device_slots.numel() != host_slots.numel():
+            msg = (
+                f"a page copy needs one host slot per device slot: got {device_slots.numel()} "
+                f"device slots and {host_slots.numel()} host slots"
+            )
+            raise LengthMismatchError(
+                msg,
+                left="device_slots",
+                right="host_slots",
+                left_len=device_slots.numel(),
+                right_len=host_slots.numel(),
+            )

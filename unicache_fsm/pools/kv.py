@@ -1,0 +1,213 @@
+"""KV data pools: the real KV bytes of every token slot, moved a page at a time.
+
+- `KVPool(size, page_size, num_layers, width, dtype=torch.float16, device="cpu")`:
+  a zero-filled tensor ``data`` of shape ``[num_slots, num_layers, width]`` on `device`
+  (``num_slots = size + P``; row s holds slot s). Built to match an allocator with
+  `KVPool.for_allocator(allocator, num_layers, width, dtype=...)`.
+- `read_pages(slots, out=None)` -> ``[len(slots), num_layers, width]`` copy of the
+  pages' rows, in the order given (`out`, if passed, is filled and returned).
+- `write_pages(slots, data)`: store ``data`` (same shape, the pool's dtype and device)
+  into the pages' rows. A page named twice is refused (the result would be undefined).
+
+`slots` are whole pages of the pool's usable range (pages 1 .. num_pages), as an
+allocator hands them out; reads may repeat a page. Both calls gather or scatter whole
+pages (``P * num_layers * width`` contiguous elements each) with one `index_select` /
+`index_copy_`; no Python loop per page. Bad slots or data raise typed errors from
+`pools.errors` before any byte moves.
+
+The default dtype is float16 (what most served KV caches hold); any torch dtype works.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from unicache_fsm.pools.errors import (
+    DeviceMismatchError,
+    DuplicatePagesError,
+    PoolConfigError,
+    TensorShapeError,
+    TensorTypeError,
+)
+from unicache_fsm.pools.layout import PageLayout, resolve_device
+from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.slots import SlotCodec, preview
+
+__all__ = ["KVPool"]
+
+
+class KVPool:
+    """Per-slot KV bytes on one device, read and written whole pages at a time."""
+
+    __slots__ = ("_codec", "_data", "_device", "_layout", "_num_layers", "_pages", "_width")
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        num_layers: int,
+        width: int,
+        *,
+        dtype: torch.dtype = torch.float16,
+        device: str | torch.device = "cpu",
+        name: str = "kv",
+        pin_memory: bool = False,
+    ) -> None:
+        self._layout = PageLayout(size, page_size, name)
+        for argument, value in (("num_layers", num_layers), ("width", width)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                msg = f"pool {name!r}: {argument} must be an int >= 1, got {value!r}"
+                raise PoolConfigError(msg, argument=argument, value=value)
+        dtype_arg: object = dtype
+        if not isinstance(dtype_arg, torch.dtype):
+            msg = f"pool {name!r}: dtype must be a torch.dtype, got {dtype!r}"
+            raise PoolConfigError(msg, argument="dtype", value=dtype)
+        self._device = resolve_device(device)
+        if pin_memory and self._device.type != "cpu":
+            msg = f"pool {name!r}: pin_memory applies to CPU pools only, not {self._device}"
+            raise PoolConfigError(msg, argument="pin_memory", value=pin_memory)
+        self._num_layers = num_layers
+        self._width = width
+        self._codec = SlotCodec(self._layout, self._device)
+        shape = (self._layout.num_slots, num_layers, width)
+        self._data = torch.zeros(shape, dtype=dtype, device=self._device, pin_memory=pin_memory)
+        # The same storage seen as [page, P, layers, width]: one row per page, so a page
+        # moves as one contiguous block in a single gather/scatter.
+        self._pages = self._data.view(-1, page_size, num_layers, width)
+
+    @classmethod
+    def for_allocator(
+        cls,
+        allocator: PagedAllocator,
+        num_layers: int,
+        width: int,
+        *,
+        dtype: torch.dtype = torch.float16,
+    ) -> KVPool:
+        """A pool slot-for-slot with `allocator` (same size, P, device and name)."""
+        return cls(
+            allocator.size,
+            allocator.page_size,
+            num_layers,
+            width,
+            dtype=dtype,
+            device=allocator.device,
+            name=allocator.name,
+        )
+
+    # -- read-only facts ---------------------------------------------------------------
+
+    @property
+    def layout(self) -> PageLayout:
+        return self._layout
+
+    @property
+    def name(self) -> str:
+        return self._layout.name
+
+    @property
+    def page_size(self) -> int:
+        return self._layout.page_size
+
+    @property
+    def num_layers(self) -> int:
+        return self._num_layers
+
+    @property
+    def width(self) -> int:
+        return self._width
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._data.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def data(self) -> torch.Tensor:
+        """The live ``[num_slots, num_layers, width]`` tensor (kernels index it by slot)."""
+        return self._data
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page (P slots x layers x width)."""
+        return self._pages[0].nbytes if self._pages.shape[0] else 0
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self._layout.size}, page_size={self.page_size}, "
+            f"num_layers={self._num_layers}, width={self._width}, dtype={self.dtype}, "
+            f"device={str(self._device)!r}, name={self.name!r})"
+        )
+
+    # -- primitives --------------------------------------------------------------------
+
+    def read_pages(self, slots: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of whole pages `slots`, ``[len(slots), num_layers, width]``."""
+        pages = self._pages_of(slots, "slots to read")
+        if out is not None:
+            self._check_data(out, slots.numel(), "out")
+            if not out.is_contiguous():
+                msg = (
+                    f"pool {self.name!r}: out must be contiguous (pages land as whole "
+                    "blocks); pass a fresh tensor, or none to get one"
+                )
+                raise TensorShapeError(
+                    msg, what="out", got=tuple(out.shape), expected=tuple(out.shape)
+                )
+            torch.index_select(self._pages, 0, pages, out=out.view(self._pages_shape(pages)))
+            return out
+        rows = self._pages.index_select(0, pages)
+        return rows.view(slots.numel(), self._num_layers, self._width)
+
+    def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
+        """Store `data` (``[len(slots), num_layers, width]``) into whole pages `slots`."""
+        pages = self._pages_of(slots, "slots to write")
+        self._check_data(data, slots.numel(), "data")
+        if SlotCodec.has_duplicates(pages):
+            dup = SlotCodec.duplicate_pages(pages)
+            msg = (
+                f"pool {self.name!r}: slots to write name page(s) {preview(dup)} more than once; "
+                "which copy lands would be undefined, so pass each page once"
+            )
+            raise DuplicatePagesError(msg, pool=self.name, pages=dup)
+        # reshape is a view for contiguous data (the common case), a copy otherwise.
+        self._pages.index_copy_(0, pages, data.reshape(self._pages_shape(pages)))
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _pages_of(self, slots: object, what: str) -> torch.Tensor:
+        codec = self._codec
+        return codec.to_pages(codec.check_index_tensor(slots, what), what)
+
+    def _pages_shape(self, pages: torch.Tensor) -> tuple[int, int, int, int]:
+        return (pages.numel(), self._layout.page_size, self._num_layers, self._width)
+
+    def _check_data(self, data: object, num_slots: int, what: str) -> None:
+        expected = (num_slots, self._num_layers, self._width)
+        if not isinstance(data, torch.Tensor):
+            msg = (
+                f"pool {self.name!r}: {what} must be a torch.Tensor of shape {expected} and "
+                f"dtype {self.dtype}, got {type(data).__name__}"
+            )
+            raise TensorTypeError(msg, what=what, got=type(data), expected=self.dtype)
+        if data.dtype != self.dtype:
+            msg = (
+                f"pool {self.name!r}: {what} has dtype {data.dtype} but the pool holds "
+                f"{self.dtype}; convert with .to({self.dtype})"
+            )
+            raise TensorTypeError(msg, what=what, got=data.dtype, expected=self.dtype)
+        if data.device != self._device:
+            msg = (
+                f"pool {self.name!r}: {what} is on {data.device} but the pool lives on "
+                f"{self._device}; move it with .to({str(self._device)!r})"
+            )
+            raise DeviceMismatchError(msg, what=what, got=data.device, expected=self._device)
+        if tuple(data.shape) != expected:
+            msg = (
+                f"pool {self.name!r}: {what} has shape {tuple(data.shape)}, expected "
+                f"{expected} ([slots, num_layers, width] for {num_slots} slots)"
+            )
+            raise TensorShapeError(msg, what=what, got=tuple(data.shape), expected=expected)

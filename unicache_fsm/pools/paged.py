@@ -1,0 +1,204 @@
+"""The paged token-slot allocator: whole pages of P slots out of a fixed pool.
+
+Lifecycle primitives, in the order a caller uses them:
+
+- `PagedAllocator(size, page_size, device=..., name=...)`: `size` tokens (a multiple of
+  P) in pages 1 .. size/P, all free. Page 0 (slots 0 .. P-1) is never handed out.
+- `alloc(num_tokens)` -> int64 slot tensor of ``num_tokens / P`` whole pages, or None
+  when fewer pages are free (the allocator is then unchanged). `num_tokens` must be a
+  multiple of P; 0 gives an empty tensor.
+- `free(slots)`: return whole pages (length a multiple of P; each group of P entries is
+  one page ``[k*P, ..., k*P + P - 1]``). A page that is already free, or named twice in
+  the call, raises `DoubleFreeError`; freeing is never idempotent.
+- `available_size()` -> free tokens (free pages x P).
+- `free_page_ids()` / `allocated_page_ids()` -> sorted snapshots, for checks and tests.
+
+Every call does O(pages in the call) tensor work and no Python loop per page or token:
+the free pages sit in a stack tensor (`_free_stack[:_num_free]`, allocation pops from the
+top so recently freed pages are reused first), and `_is_free[page]` answers double frees
+in one gather. Every bad input raises a typed error from `pools.errors` before anything
+changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from unicache_fsm.pools.errors import (
+    DoubleFreeError,
+    DuplicatePagesError,
+    NotPageMultipleError,
+    SlotsNotAllocatedError,
+    TensorTypeError,
+)
+from unicache_fsm.pools.layout import PageLayout, resolve_device
+from unicache_fsm.pools.slots import SlotCodec, preview
+
+__all__ = ["PagedAllocator"]
+
+
+class PagedAllocator:
+    """Hands out and takes back whole pages of token slots (see the module docstring)."""
+
+    __slots__ = ("_codec", "_device", "_free_stack", "_is_free", "_layout", "_num_free")
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        *,
+        device: str | torch.device = "cpu",
+        name: str = "kv",
+    ) -> None:
+        self._layout = PageLayout(size, page_size, name)
+        self._device = resolve_device(device)
+        self._codec = SlotCodec(self._layout, self._device)
+        n = self._layout.num_pages
+        # The stack holds free page ids in [0, _num_free); its top is popped first.
+        # Built descending so a fresh allocator hands out pages 1, 2, 3, ... in order.
+        self._free_stack = torch.arange(n, 0, -1, dtype=torch.int64, device=self._device)
+        self._num_free = n
+        # _is_free[k] for page ids 0 .. n; page 0 stays False (it is never free: never ours).
+        self._is_free = torch.ones(n + 1, dtype=torch.bool, device=self._device)
+        self._is_free[0] = False
+
+    # -- read-only facts ---------------------------------------------------------------
+
+    @property
+    def layout(self) -> PageLayout:
+        return self._layout
+
+    @property
+    def name(self) -> str:
+        return self._layout.name
+
+    @property
+    def page_size(self) -> int:
+        return self._layout.page_size
+
+    @property
+    def size(self) -> int:
+        """Capacity in tokens (page 0 excluded)."""
+        return self._layout.size
+
+    @property
+    def num_pages(self) -> int:
+        return self._layout.num_pages
+
+    @property
+    def num_slots(self) -> int:
+        """Rows of a slot-indexed tensor for this pool (capacity plus page 0)."""
+        return self._layout.num_slots
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def codec(self) -> SlotCodec:
+        """The validator/converter for this pool's slot tensors."""
+        return self._codec
+
+    def available_size(self) -> int:
+        """Free capacity in tokens."""
+        return self._num_free * self._layout.page_size
+
+    def free_page_ids(self) -> torch.Tensor:
+        """Sorted ids of the free pages (a copy)."""
+        return torch.sort(self._free_stack[: self._num_free]).values
+
+    def allocated_page_ids(self) -> torch.Tensor:
+        """Sorted ids of the pages currently handed out (a copy)."""
+        return torch.nonzero(~self._is_free[1:]).view(-1) + 1
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedAllocator(size={self.size}, page_size={self.page_size}, "
+            f"device={str(self._device)!r}, name={self.name!r})"
+        )
+
+    # -- primitives --------------------------------------------------------------------
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """``num_tokens / P`` whole pages as int64 slots, or None (unchanged) when short."""
+        p = self._layout.page_size
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+            msg = f"pool {self.name!r}: num_tokens must be an int, got {num_tokens!r}"
+            raise TensorTypeError(msg, what="num_tokens", got=type(num_tokens), expected=int)
+        if num_tokens < 0 or num_tokens % p:
+            msg = (
+                f"pool {self.name!r}: cannot alloc {num_tokens} tokens: ask for a non-negative "
+                f"multiple of the page size {p} (round up to whole pages)"
+            )
+            raise NotPageMultipleError(msg, what="num_tokens", value=num_tokens, page_size=p)
+        pages = self._take_pages(num_tokens // p)
+        return None if pages is None else self._codec.to_slots(pages)
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return whole pages; a free page (or one named twice) raises `DoubleFreeError`."""
+        pages = self._live_pages(slots, what="slots to free", freeing=True)
+        self._release_pages(pages)
+
+    # -- package-internal (used by the SWA allocator, which validates first) ------------
+
+    def _take_pages(self, n: int) -> torch.Tensor | None:
+        """Pop `n` free page ids (a fresh tensor), or None when fewer are free."""
+        if n > self._num_free:
+            return None
+        top = self._num_free
+        # flip() copies, so later pushes onto the stack cannot alias the caller's pages.
+        pages = self._free_stack[top - n : top].flip(0)
+        self._num_free = top - n
+        self._is_free.index_fill_(0, pages, False)
+        return pages
+
+    def _release_pages(self, pages: torch.Tensor) -> None:
+        """Push validated, allocated, distinct page ids back on the free stack."""
+        n = pages.numel()
+        if n == 0:
+            return
+        top = self._num_free
+        self._free_stack[top : top + n].copy_(pages)
+        self._num_free = top + n
+        self._is_free.index_fill_(0, pages, True)
+
+    def _live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
+        """Page ids of `slots`, which must be whole, distinct, currently allocated pages.
+
+        Raises (nothing changed) `DoubleFreeError` when `freeing`, else
+        `SlotsNotAllocatedError` / `DuplicatePagesError`.
+        """
+        codec = self._codec
+        pages = codec.to_pages(codec.check_index_tensor(slots, what), what)
+        if pages.numel() == 0:
+            return pages
+        if self._is_free.index_select(0, pages).any().item() or codec.has_duplicates(pages):
+            self._raise_not_live(pages, what=what, freeing=freeing)
+        return pages
+
+    def _raise_not_live(self, pages: torch.Tensor, *, what: str, freeing: bool) -> None:
+        name = self.name
+        free = torch.unique(pages[self._is_free.index_select(0, pages)]).tolist()
+        if free:
+            if freeing:
+                msg = (
+                    f"pool {name!r}: double free of {len(free)} page(s) {preview(free)} "
+                    f"(page id = slot // {self.page_size}): they are already free; free each "
+                    "page exactly once, by its owner"
+                )
+                raise DoubleFreeError(msg, pool=name, pages=free)
+            msg = (
+                f"pool {name!r}: {what} names {len(free)} free page(s) {preview(free)}; "
+                "only pages handed out by alloc (and not freed since) may be used here"
+            )
+            raise SlotsNotAllocatedError(msg, pool=name, pages=free)
+        dup = SlotCodec.duplicate_pages(pages)
+        assert dup, "_raise_not_live called on distinct allocated pages"
+        if freeing:
+            msg = (
+                f"pool {name!r}: double free: {what} names page(s) {preview(dup)} more than "
+                "once in one call; pass each page once"
+            )
+            raise DoubleFreeError(msg, pool=name, pages=dup)
+        msg = f"pool {name!r}: {what} names page(s) {preview(dup)} more than once; pass each once"
+        raise DuplicatePagesError(msg, pool=name, pages=dup)

@@ -1,0 +1,173 @@
+"""Slot tensors <-> page ids, validated with vectorised torch ops only.
+
+Every pool operation that takes slots goes through one `SlotCodec`, so a caller's
+mistake is reported the same way everywhere and before anything is mutated:
+
+- `check_index_tensor(t, what)` -> t: a 1-D int64 tensor on the pool's device, else
+  `TensorTypeError` / `DeviceMismatchError` / `TensorShapeError`.
+- `to_pages(slots, what)` -> page ids (int64, one per page, caller's order): `slots`
+  must be whole pages ``[k*P, ..., k*P + P - 1]`` of usable pages 1 .. num_pages, else
+  `ForeignSlotsError` (outside the pool, page 0 included) or `UnalignedSlotsError`.
+- `to_slots(pages)` -> the slots of those pages, page after page.
+- `duplicate_pages(pages)` -> the page ids that occur more than once (sorted, unique).
+
+The happy path costs a handful of tensor ops and one host sync per call, whatever the
+number of pages; the diagnosis that names culprits runs only once a check failed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from unicache_fsm.pools.errors import (
+    DeviceMismatchError,
+    ForeignSlotsError,
+    TensorShapeError,
+    TensorTypeError,
+    UnalignedSlotsError,
+)
+from unicache_fsm.pools.layout import PageLayout
+
+__all__ = ["SlotCodec", "preview"]
+
+_PREVIEW = 8
+
+
+def preview(values: list[int]) -> str:
+    """At most eight values for a message, with a count of the rest."""
+    head = ", ".join(str(v) for v in values[:_PREVIEW])
+    more = len(values) - _PREVIEW
+    return f"[{head}, ... {more} more]" if more > 0 else f"[{head}]"
+
+
+class SlotCodec:
+    """Validates and converts the slot tensors of one pool (one layout, one device)."""
+
+    __slots__ = ("_device", "_layout", "_offsets")
+
+    def __init__(self, layout: PageLayout, device: torch.device) -> None:
+        self._layout = layout
+        self._device = device
+        # Slot offsets within a page, built once: slots of page k = k*P + _offsets.
+        self._offsets = torch.arange(layout.page_size, dtype=torch.int64, device=device)
+
+    @property
+    def layout(self) -> PageLayout:
+        return self._layout
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def check_index_tensor(self, t: object, what: str) -> torch.Tensor:
+        """`t` itself if it is a 1-D int64 tensor on this pool's device; else a typed error."""
+        name = self._layout.name
+        if not isinstance(t, torch.Tensor):
+            msg = (
+                f"pool {name!r}: {what} must be a 1-D torch.int64 tensor of slot ids, "
+                f"got {type(t).__name__}; wrap it with torch.tensor(..., dtype=torch.int64)"
+            )
+            raise TensorTypeError(msg, what=what, got=type(t), expected=torch.int64)
+        if t.dtype != torch.int64:
+            msg = (
+                f"pool {name!r}: {what} must have dtype torch.int64, got {t.dtype}; "
+                f"convert with .to(torch.int64)"
+            )
+            raise TensorTypeError(msg, what=what, got=t.dtype, expected=torch.int64)
+        if t.device != self._device:
+            msg = (
+                f"pool {name!r}: {what} is on {t.device} but the pool lives on "
+                f"{self._device}; move it with .to({str(self._device)!r})"
+            )
+            raise DeviceMismatchError(msg, what=what, got=t.device, expected=self._device)
+        if t.dim() != 1:
+            msg = (
+                f"pool {name!r}: {what} must be 1-D, got shape {tuple(t.shape)}; "
+                "flatten it with .reshape(-1) page by page"
+            )
+            raise TensorShapeError(msg, what=what, got=tuple(t.shape), expected=(-1,))
+        return t
+
+    def to_pages(self, slots: torch.Tensor, what: str) -> torch.Tensor:
+        """The page id of each whole page in `slots` (validated 1-D int64 on our device)."""
+        layout = self._layout
+        p = layout.page_size
+        n = slots.numel()
+        if n % p:
+            msg = (
+                f"pool {layout.name!r}: {what} has {n} slots, not a whole number of pages of "
+                f"{p}; pass every slot of each page ([k*{p}, ..., k*{p}+{p - 1}])"
+            )
+            raise UnalignedSlotsError(msg, pool=layout.name, slots=(), length=n, page_size=p)
+        if n == 0:
+            return slots
+        if p == 1:
+            pages = slots
+            whole = True
+        else:
+            pages = slots[::p].div(p, rounding_mode="floor")
+            # Whole pages <=> the slots are exactly the slots of their first slots' pages.
+            whole = torch.equal(self.to_slots(pages), slots)
+        lo, hi = torch.aminmax(pages)
+        if whole and lo.item() >= 1 and hi.item() <= layout.num_pages:
+            return pages
+        self._raise_bad_slots(slots, what)
+        raise AssertionError("unreachable: _raise_bad_slots always raises")
+
+    def raise_out_of_pool(self, slots: torch.Tensor, what: str, *, allow_page0: bool) -> None:
+        """Raise `ForeignSlotsError` naming the slots of `slots` outside the pool, if any.
+
+        The pool's slots are P .. num_slots-1, or 0 .. num_slots-1 with `allow_page0`.
+        """
+        layout = self._layout
+        p = layout.page_size
+        low = 0 if allow_page0 else p
+        foreign = (slots < low) | (slots >= layout.num_slots)
+        if not foreign.any().item():
+            return
+        bad = slots[foreign].tolist()
+        sink = "" if allow_page0 else f" (page 0, slots 0 .. {p - 1}, is the padding sink)"
+        msg = (
+            f"pool {layout.name!r}: {what} holds {len(bad)} slot(s) outside this pool: "
+            f"{preview(bad)}; its slots are {low} .. {layout.num_slots - 1}{sink}. "
+            "Pass slots from this pool's alloc"
+        )
+        raise ForeignSlotsError(msg, pool=layout.name, slots=bad, low=low, high=layout.num_slots)
+
+    def _raise_bad_slots(self, slots: torch.Tensor, what: str) -> None:
+        layout = self._layout
+        p = layout.page_size
+        self.raise_out_of_pool(slots, what, allow_page0=False)
+        assert p > 1, "P == 1 slots in range are always whole pages"
+        grid = slots.view(-1, p)
+        starts = grid[:, :1]
+        broken = (starts % p != 0) | torch.ne(grid, starts + self._offsets).any(dim=1, keepdim=True)
+        firsts = starts[broken].tolist()
+        msg = (
+            f"pool {layout.name!r}: {what} is not whole pages of {p}: {len(firsts)} group(s) of "
+            f"{p} consecutive entries, starting at slots {preview(firsts)}, are not "
+            f"[k*{p}, k*{p}+1, ..., k*{p}+{p - 1}]; pass each page's slots in order"
+        )
+        raise UnalignedSlotsError(
+            msg, pool=layout.name, slots=firsts, length=slots.numel(), page_size=p
+        )
+
+    def to_slots(self, pages: torch.Tensor) -> torch.Tensor:
+        """The slots of `pages`, page after page, each page's slots ascending."""
+        p = self._layout.page_size
+        if p == 1:
+            return pages.clone()
+        return torch.add(self._offsets, pages.unsqueeze(1), alpha=p).view(-1)
+
+    @staticmethod
+    def has_duplicates(pages: torch.Tensor) -> bool:
+        """Does some page id occur twice in `pages`?"""
+        n = pages.numel()
+        return n > 1 and torch.unique(pages).numel() != n
+
+    @staticmethod
+    def duplicate_pages(pages: torch.Tensor) -> list[int]:
+        """The page ids that occur more than once, ascending (diagnosis only)."""
+        values, counts = torch.unique(pages, return_counts=True)
+        dup: list[int] = values[counts > 1].tolist()
+        return dup
