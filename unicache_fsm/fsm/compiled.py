@@ -102,9 +102,6 @@ class CompiledExecutor(Executor):
         triggers: type[enum.Enum] | None = None,
     ) -> None:
         super().__init__(spec, model_cls, state_attribute=state_attribute, triggers=triggers)
-        if not state_attribute.isidentifier():
-            msg = f"state_attribute must be an identifier, got {state_attribute!r}"
-            raise ValueError(msg)
         self._steps: dict[str, dict[Any, _Step]] = {c: {} for c in self.flat.configs}
         self._probes: dict[str, dict[str, Any]] = {c: {} for c in self.flat.configs}
         self.sources: dict[tuple[str, str], str] = {}

@@ -124,16 +124,18 @@ def binding_problems(
         if attr is None or not callable(attr):
             (missing_guards if name in guard_names else missing_callbacks).append(name)
     if missing_guards:
-        problems.append(SpecProblem(f"guard missing on {model_cls.__qualname__}", missing_guards))
+        problems.append(SpecProblem(f"guard missing on {model_cls.__name__}", missing_guards))
     if missing_callbacks:
         problems.append(
-            SpecProblem(f"callback missing on {model_cls.__qualname__}", missing_callbacks)
+            SpecProblem(f"callback missing on {model_cls.__name__}", missing_callbacks)
         )
+    if not state_attribute.isidentifier() or keyword.iskeyword(state_attribute):
+        problems.append(SpecProblem("state attribute is not an identifier", [state_attribute]))
     slots = {s for k in model_cls.__mro__ for s in getattr(k, "__slots__", ())}
     has_dict = any("__dict__" in vars(k) for k in model_cls.__mro__ if k is not object)
     if state_attribute not in slots and not has_dict and not hasattr(model_cls, state_attribute):
         problems.append(
-            SpecProblem(f"state attribute missing on {model_cls.__qualname__}", [state_attribute])
+            SpecProblem(f"state attribute missing on {model_cls.__name__}", [state_attribute])
         )
     if triggers is not None:
         declared = set(spec.triggers())
@@ -141,13 +143,13 @@ def binding_problems(
         if values - declared:
             problems.append(
                 SpecProblem(
-                    f"{triggers.__qualname__} members not in the spec", sorted(values - declared)
+                    f"{triggers.__name__} members not in the spec", sorted(values - declared)
                 )
             )
         if declared - values:
             problems.append(
                 SpecProblem(
-                    f"spec triggers missing from {triggers.__qualname__}", sorted(declared - values)
+                    f"spec triggers missing from {triggers.__name__}", sorted(declared - values)
                 )
             )
     return problems

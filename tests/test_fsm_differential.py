@@ -1,0 +1,129 @@
+"""Differential test: the compiled executor behaves exactly like the reference one.
+
+Random sequences of steps — legal and illegal triggers, unknown triggers, guards set
+true or false, callbacks that raise, positional and keyword arguments, `may_fire`
+probes — go to one model driven by each executor. After every step the two must
+agree on the state, the full callback log (names, order, arguments) and the outcome
+(the same error type and message, or success).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsm_models import Boom, RecordingModel, recording_model_class
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.fsm.executor import Executor
+from unicache_fsm.fsm.loader import bundled_spec, load_spec
+from unicache_fsm.fsm.reference import ReferenceExecutor
+from unicache_fsm.fsm.spec import MachineSpec
+
+SPECS = Path(__file__).parent / "data" / "specs"
+
+
+def _spec(name: str) -> MachineSpec:
+    path = SPECS / f"{name}.toml"
+    return load_spec(path) if path.exists() else bundled_spec(name)
+
+
+MACHINES = ["load_transaction", "offload", "node_residency", "nested", "parallel"]
+PAIRS: dict[str, tuple[MachineSpec, Executor, Executor]] = {}
+for _name in MACHINES:
+    _s = _spec(_name)
+    _cls = recording_model_class(_s)
+    PAIRS[_name] = (_s, CompiledExecutor(_s, _cls), ReferenceExecutor(_s, _cls))
+
+
+def _outcome(call: Any) -> tuple[str, str]:
+    try:
+        result = call()
+    except Boom as exc:
+        return ("Boom", str(exc))
+    except Exception as exc:  # every other error must match exactly too
+        return (type(exc).__name__, str(exc))
+    return ("ok", repr(result))
+
+
+def _involved(ex: Executor, state: str, trigger: str) -> list[str]:
+    """Names a firing of `trigger` in `state` may call, in spec order."""
+    names: dict[str, None] = {}
+    for ft in ex.flat.table.get((state, trigger), ()):
+        t = ft.spec
+        for group in (t.prepare, t.conditions, t.unless, t.before, ft.exits, ft.enters, t.after):
+            names.update(dict.fromkeys(group))
+    return list(names)
+
+
+def _draw_step(data: st.DataObject, ex: Executor, state: str) -> dict[str, Any]:
+    """One step, biased towards triggers legal in `state` and callbacks they call."""
+    spec = ex.spec
+    allowed = list(ex.flat.triggers_from(state))
+    everything = [*spec.triggers(), "no_such_trigger"]
+    legal = bool(allowed) and data.draw(st.integers(0, 3)) > 0
+    trigger = data.draw(st.sampled_from(allowed if legal else everything))
+    involved = _involved(ex, state, trigger) or list(spec.callback_names()) or [None]
+    guards = sorted({n for t in spec.transitions for n in (*t.conditions, *t.unless)})
+    return {
+        "trigger": trigger,
+        "probe": data.draw(st.integers(0, 4)) == 0,
+        "guards": data.draw(st.fixed_dictionaries({g: st.booleans() for g in guards})),
+        "raise_in": data.draw(st.one_of(st.none(), st.none(), st.sampled_from(involved))),
+        "args": data.draw(st.lists(st.integers(0, 9), max_size=2).map(tuple)),
+        "kwargs": data.draw(
+            st.dictionaries(st.sampled_from(["n", "why"]), st.integers(0, 3), max_size=1)
+        ),
+    }
+
+
+def _run(name: str, data: st.DataObject, seen: set[str] | None = None) -> None:
+    _, compiled, reference = PAIRS[name]
+    models: dict[str, RecordingModel] = {}
+    for kind, ex in (("compiled", compiled), ("reference", reference)):
+        m = ex.model_cls(fsm_id=f"{name}-1")
+        ex.initialize(m)
+        models[kind] = m
+    for i in range(data.draw(st.integers(1, 30))):
+        step = _draw_step(data, compiled, models["compiled"].state)
+        outcomes = {}
+        for kind, ex in (("compiled", compiled), ("reference", reference)):
+            m = models[kind]
+            m.guards = dict(step["guards"])
+            m.raise_in = step["raise_in"]
+            fn = ex.may_fire if step["probe"] else ex.fire
+            outcomes[kind] = _outcome(
+                lambda fn=fn, m=m, s=step: fn(m, s["trigger"], *s["args"], **s["kwargs"])
+            )
+        c, r = models["compiled"], models["reference"]
+        context = f"step {i}: {step}"
+        assert outcomes["compiled"] == outcomes["reference"], context
+        assert c.state == r.state, context
+        assert c.log == r.log, context
+        if seen is not None:
+            seen.add(outcomes["compiled"][0])
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_compiled_agrees_with_reference(name: str) -> None:
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        _run(name, data)
+
+    check()
+
+
+def test_differential_sees_every_outcome_kind() -> None:
+    """The generator reaches success, illegal, unknown, guard veto and callback errors."""
+    seen: set[str] = set()
+
+    @given(data=st.data())
+    def collect(data: st.DataObject) -> None:
+        _run("nested", data, seen)
+
+    collect()
+    expected = {"ok", "IllegalTransitionError", "UnknownTriggerError", "GuardRejectedError"}
+    assert expected | {"Boom"} <= seen, seen
