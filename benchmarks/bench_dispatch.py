@@ -1,0 +1,281 @@
+"""Dispatch benchmark: what one load lifecycle costs through each way of running it.
+
+The lifecycle is the happy path of ``specs/load_transaction.toml``: prepare (two
+callbacks), start, land (one guard), commit (one callback) — four transitions, four
+callbacks, one guard. Every variant does the same calls on the same slotted model:
+
+- ``hand-written``: an enum state and a ``{(state, trigger): (dest, guard, callbacks)}``
+  dict, the dispatch one would write by hand;
+- ``compiled``: `CompiledExecutor` on the spec;
+- ``reference``: `ReferenceExecutor` (one shared `transitions` machine, no registration);
+- ``transitions/object``: plain `transitions`, one `Machine` per model (construction
+  included, as a load is a fresh object), the pattern DESIGN.md rules out.
+
+Then bytes per tracked model (tracemalloc over many models), compared with the same
+model class without FSM state. Ratios are of times measured in this one run.
+
+Run: ``python benchmarks/bench_dispatch.py [--quick]`` (or ``python benchmarks/run.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import gc
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from transitions import Machine
+
+from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.fsm.flat import flatten
+from unicache_fsm.fsm.loader import bundled_spec
+from unicache_fsm.fsm.reference import ReferenceExecutor
+
+LIFECYCLE = ("prepare", "start", "land", "commit")
+
+
+class Load:
+    """A load record as a scheduler would hold it (the FSM adds only `state`)."""
+
+    __slots__ = ("reserved", "rid", "state")
+    state: Any  # the FSM's state slot
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+        self.reserved = 0
+
+    def reserve_slots(self) -> None:
+        self.reserved += 1
+
+    def queue_store_load(self) -> None:
+        self.reserved += 1
+
+    def landed_everywhere(self) -> bool:
+        return True
+
+    def publish(self) -> None:
+        self.reserved -= 2
+
+    def release_reservation(self) -> None:
+        self.reserved = 0
+
+
+class BareLoad:
+    """`Load` without the state slot: the baseline for FSM memory."""
+
+    __slots__ = ("reserved", "rid")
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+        self.reserved = 0
+
+
+class LoadState(enum.Enum):
+    IDLE = 0
+    QUEUED = 1
+    LOADING = 2
+    LANDED = 3
+    COMMITTED = 4
+    ABORTED = 5
+
+
+_HAND: dict[tuple[LoadState, str], tuple[LoadState, Any, tuple[Any, ...], tuple[Any, ...]]] = {
+    (LoadState.IDLE, "prepare"): (
+        LoadState.QUEUED,
+        None,
+        (Load.reserve_slots,),
+        (Load.queue_store_load,),
+    ),
+    (LoadState.QUEUED, "start"): (LoadState.LOADING, None, (), ()),
+    (LoadState.LOADING, "land"): (LoadState.LANDED, Load.landed_everywhere, (), ()),
+    (LoadState.LANDED, "commit"): (LoadState.COMMITTED, None, (Load.publish,), ()),
+}
+
+
+def hand_fire(load: Load, trigger: str) -> None:
+    """Hand-written enum/dict dispatch with the same calls as the spec."""
+    entry = _HAND.get((load.state, trigger))
+    if entry is None:
+        msg = f"cannot {trigger} load {load.rid} in state {load.state}"
+        raise RuntimeError(msg)
+    dest, guard, before, after = entry
+    if guard is not None and not guard(load):
+        msg = f"guard rejected {trigger}"
+        raise RuntimeError(msg)
+    for cb in before:
+        cb(load)
+    load.state = dest
+    for cb in after:
+        cb(load)
+
+
+def _best(fn: Callable[[], None], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _per_object_machine(spec_name: str) -> Callable[[Load], Machine]:
+    flat = flatten(bundled_spec(spec_name))
+    transitions = []
+    for (config, trigger), group in flat.table.items():
+        for ft in group:
+            t = ft.spec
+            transitions.append(
+                {
+                    "trigger": trigger,
+                    "source": config,
+                    "dest": ft.dest,
+                    "conditions": list(t.conditions),
+                    "before": list(t.before),
+                    "after": list(t.after),
+                }
+            )
+    states = list(flat.configs)
+
+    def build(load: Load) -> Machine:
+        return Machine(
+            model=load,
+            states=states,
+            transitions=transitions,
+            initial=flat.initial,
+            auto_transitions=False,
+            model_attribute="state",
+        )
+
+    return build
+
+
+class _DictLoad:
+    """transitions needs a __dict__ on its models (it sets trigger methods)."""
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+        self.reserved = 0
+
+    reserve_slots = Load.reserve_slots
+    queue_store_load = Load.queue_store_load
+    landed_everywhere = Load.landed_everywhere
+    publish = Load.publish
+    release_reservation = Load.release_reservation
+
+
+def time_lifecycles(n: int, repeats: int) -> dict[str, float]:
+    """Seconds per lifecycle for each variant."""
+    compiled = CompiledExecutor("load_transaction", Load)
+    reference = ReferenceExecutor("load_transaction", Load)
+    results: dict[str, float] = {}
+
+    def hand() -> None:
+        for i in range(n):
+            load = Load(i)
+            load.state = LoadState.IDLE
+            for trig in LIFECYCLE:
+                hand_fire(load, trig)
+
+    def run_compiled() -> None:
+        fire, init = compiled.fire, compiled.initialize
+        for i in range(n):
+            load = Load(i)
+            init(load)
+            for trig in LIFECYCLE:
+                fire(load, trig)
+
+    def run_reference() -> None:
+        fire, init = reference.fire, reference.initialize
+        for i in range(n):
+            load = Load(i)
+            init(load)
+            for trig in LIFECYCLE:
+                fire(load, trig)
+
+    build = _per_object_machine("load_transaction")
+    small = max(n // 10, 50)
+
+    def per_object() -> None:
+        for i in range(small):
+            load = _DictLoad(i)
+            build(load)  # type: ignore[arg-type]
+            for trig in LIFECYCLE:
+                load.trigger(trig)  # type: ignore[attr-defined]
+
+    results["hand-written"] = _best(hand, repeats) / n
+    results["compiled"] = _best(run_compiled, repeats) / n
+    results["reference"] = _best(run_reference, max(1, repeats // 2)) / n
+    results["transitions/object"] = _best(per_object, max(1, repeats // 2)) / small
+    return results
+
+
+def bytes_per_model(n: int) -> dict[str, float]:
+    """Bytes per tracked model, and the part of it that the FSM adds."""
+    compiled = CompiledExecutor("load_transaction", Load)
+    build = _per_object_machine("load_transaction")
+
+    def measure(make: Callable[[int], Any]) -> float:
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        keep = [make(i) for i in range(n)]
+        after = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        del keep
+        return (after - before) / n
+
+    def with_fsm(i: int) -> Load:
+        load = Load(i)
+        compiled.initialize(load)
+        return load
+
+    def with_machine(i: int) -> tuple[Any, Machine]:
+        load = _DictLoad(i)
+        return load, build(load)  # type: ignore[arg-type]
+
+    bare = measure(BareLoad)
+    return {
+        "model without FSM": bare,
+        "model + compiled/reference FSM": measure(with_fsm),
+        "model + transitions Machine/object": measure(with_machine) if n <= 20_000 else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    args = parser.parse_args(argv)
+    n, repeats = (2_000, 3) if args.quick else (20_000, 7)
+
+    times = time_lifecycles(n, repeats)
+    hand = times["hand-written"]
+    print(f"load lifecycle ({len(LIFECYCLE)} transitions, 4 callbacks + 1 guard), n={n}")
+    print(f"{'variant':<22}{'us/lifecycle':>14}{'x hand':>10}{'compiled faster by':>22}")
+    for name, sec in times.items():
+        faster = sec / times["compiled"]
+        print(f"{name:<22}{sec * 1e6:>14.2f}{sec / hand:>10.2f}{faster:>21.1f}x")
+    ratio_hand = times["compiled"] / hand
+    ratio_ref = times["reference"] / times["compiled"]
+    print(
+        f"targets: compiled <= 2x hand-written: {ratio_hand:.2f}x "
+        f"({'met' if ratio_hand <= 2 else 'MISSED'}); "
+        f">= 8x faster than reference: {ratio_ref:.1f}x ({'met' if ratio_ref >= 8 else 'MISSED'})"
+    )
+
+    mem = bytes_per_model(2_000 if args.quick else 10_000)
+    print()
+    print(f"{'memory per tracked load':<36}{'bytes':>10}")
+    for name, b in mem.items():
+        print(f"{name:<36}{b:>10.0f}")
+    fsm_bytes = mem["model + compiled/reference FSM"] - mem["model without FSM"]
+    verdict = "met" if fsm_bytes <= 256 else "MISSED"
+    print(f"FSM share per load: {fsm_bytes:.0f} bytes (target <= 256: {verdict})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
