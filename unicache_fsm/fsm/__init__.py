@@ -1,7 +1,18 @@
-"""Machine specs as data, their validation, the two executors, and diagrams."""
+"""Machine specs as data, their validation, the two executors, and diagrams.
+
+Primitives, lowest first:
+
+- `parse_spec` / `load_spec` / `bundled_spec` — TOML to a validated `MachineSpec`.
+- `flatten` — a spec's meaning: configurations and flat transitions.
+- `CompiledExecutor` (hot paths) and `ReferenceExecutor` (`transitions`-backed) —
+  the same `Executor` API: `initialize`, `fire`, `may_fire`, `allowed_triggers`,
+  `state_of`, `is_active`, `is_final`.
+- Errors rooted in `UnicacheFsmError`.
+"""
 
 from __future__ import annotations
 
+from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.errors import (
     GuardRejectedError,
     IllegalTransitionError,
@@ -11,13 +22,34 @@ from unicache_fsm.fsm.errors import (
     UnknownStateError,
     UnknownTriggerError,
 )
+from unicache_fsm.fsm.executor import Executor, model_id
+from unicache_fsm.fsm.flat import FlatMachine, FlatTransition, flatten
+from unicache_fsm.fsm.loader import bundled_machines, bundled_spec, load_spec, parse_spec
+from unicache_fsm.fsm.reference import ReferenceExecutor
+from unicache_fsm.fsm.spec import ANY_STATE, MachineSpec, StateKind, StateSpec, TransitionSpec
 
 __all__ = [
+    "ANY_STATE",
+    "CompiledExecutor",
+    "Executor",
+    "FlatMachine",
+    "FlatTransition",
     "GuardRejectedError",
     "IllegalTransitionError",
     "InvalidSpecError",
+    "MachineSpec",
+    "ReferenceExecutor",
     "SpecProblem",
+    "StateKind",
+    "StateSpec",
+    "TransitionSpec",
     "UnicacheFsmError",
     "UnknownStateError",
     "UnknownTriggerError",
+    "bundled_machines",
+    "bundled_spec",
+    "flatten",
+    "load_spec",
+    "model_id",
+    "parse_spec",
 ]

@@ -1,0 +1,86 @@
+"""Packaging: the public namespace is locked, and the specs ship inside the wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import unicache_fsm.fsm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_fsm_namespace_is_locked() -> None:
+    assert sorted(unicache_fsm.fsm.__all__) == [
+        "ANY_STATE",
+        "CompiledExecutor",
+        "Executor",
+        "FlatMachine",
+        "FlatTransition",
+        "GuardRejectedError",
+        "IllegalTransitionError",
+        "InvalidSpecError",
+        "MachineSpec",
+        "ReferenceExecutor",
+        "SpecProblem",
+        "StateKind",
+        "StateSpec",
+        "TransitionSpec",
+        "UnicacheFsmError",
+        "UnknownStateError",
+        "UnknownTriggerError",
+        "bundled_machines",
+        "bundled_spec",
+        "flatten",
+        "load_spec",
+        "model_id",
+        "parse_spec",
+    ]
+    for name in unicache_fsm.fsm.__all__:
+        assert hasattr(unicache_fsm.fsm, name), name
+
+
+@pytest.mark.slow
+def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
+    out = tmp_path / "wheel"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("unicache_fsm-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    toml_in_wheel = sorted(
+        n for n in names if n.startswith("unicache_fsm/specs/") and n.endswith(".toml")
+    )
+    assert toml_in_wheel == sorted(
+        f"unicache_fsm/specs/{p.name}" for p in (ROOT / "specs").glob("*.toml")
+    )
+    assert "unicache_fsm/py.typed" in names
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(site)!r})
+        import unicache_fsm
+        from unicache_fsm.fsm import bundled_machines, bundled_spec
+        from unicache_fsm.fsm.loader import specs_dir
+        assert unicache_fsm.__file__.startswith({str(site)!r}), unicache_fsm.__file__
+        assert str(specs_dir()).startswith({str(site)!r}), specs_dir()
+        names = bundled_machines()
+        assert all(bundled_spec(n).name == n for n in names)
+        print(",".join(names))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path
+    )
+    machines = done.stdout.strip().split(",")
+    assert {"load_transaction", "node_residency", "offload"} <= set(machines)
