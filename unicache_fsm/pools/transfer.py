@@ -1,0 +1,143 @@
+"""Transfer descriptors: what moves between a pool's slots and the external store.
+
+These are the value types of the external-cache contract, named as SGLang names them
+so its users recognise them. They sit with the pools (below the tree, the linker and
+the stores, which all speak them); `unicache_fsm.linker` re-exports them.
+
+- `PoolName` — the logical pool a transfer addresses: KV (FULL), SWA, MAMBA.
+- `PoolHitPolicy` — how a store decides that a prefix is restorable for a pool:
+  ALL_PAGES (every page up to the boundary exists) or TRAILING_PAGES (only the last
+  N pages before the boundary must exist, N = the transfer's key count).
+- `LinkerTransferPhase` — LOOKUP (which pages exist), LOAD (device slots the store
+  writes into), OFFLOAD (device pages and their hashes handed to the store).
+- `ExternalLinkerLoadPhase` — PREPARE, COMMIT, ABORT: the phases of one load.
+- `PoolTransfer(name, device_indices, keys, hit_policy)` — int64 slot ids of whole
+  pages (none for LOOKUP) and one page hash per page, in the same order.
+- `PoolTransferResult(kv_hit_pages, extra_pool_hit_pages, restorable_prefix_pages)`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+import attrs
+import torch
+
+from unicache_fsm.pools.errors import LengthMismatchError, PoolError, TensorTypeError
+
+__all__ = [
+    "ExternalLinkerLoadPhase",
+    "InvalidPageKeyError",
+    "LinkerTransferPhase",
+    "PoolHitPolicy",
+    "PoolName",
+    "PoolTransfer",
+    "PoolTransferResult",
+    "check_page_key",
+]
+
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+
+
+class PoolName(str, enum.Enum):
+    """A logical pool; ``str()`` gives its value, as store keys use it."""
+
+    KV = "kv"
+    SWA = "swa"
+    MAMBA = "mamba"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PoolHitPolicy(str, enum.Enum):
+    ALL_PAGES = "all_pages"
+    TRAILING_PAGES = "trailing_pages"
+
+
+class LinkerTransferPhase(str, enum.Enum):
+    LOOKUP = "lookup"
+    LOAD = "load"
+    OFFLOAD = "offload"
+
+
+class ExternalLinkerLoadPhase(str, enum.Enum):
+    PREPARE = "prepare"
+    COMMIT = "commit"
+    ABORT = "abort"
+
+
+class InvalidPageKeyError(PoolError, ValueError):
+    """A page key is not a 64-digit lowercase hex SHA-256 digest."""
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+        super().__init__(
+            f"page key {key!r} is not 64 lowercase hex digits (a page hash from "
+            "unicache_fsm.hashing); refusing it so that no key can name a path or another tenant"
+        )
+
+
+def check_page_key(key: object) -> str:
+    """Return `key` if it is a valid page hash, else raise `InvalidPageKeyError`."""
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise InvalidPageKeyError(key)
+    return key
+
+
+def _keys(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise InvalidPageKeyError(value)
+    return tuple(check_page_key(k) for k in value)
+
+
+@attrs.frozen
+class PoolTransfer:
+    """One pool's part of a transfer: slots (whole pages) and one key per page.
+
+    `device_indices` is None for LOOKUP; otherwise a 1-D int64 tensor whose length is
+    ``len(keys) * page_size`` (checked by whoever knows the page size: the store).
+    """
+
+    name: PoolName
+    device_indices: torch.Tensor | None = attrs.field(default=None, eq=False)
+    keys: tuple[str, ...] = attrs.field(default=(), converter=_keys)
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+
+    def __attrs_post_init__(self) -> None:
+        idx = self.device_indices
+        if idx is None:
+            return
+        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1:
+            got = getattr(idx, "dtype", type(idx).__name__)
+            msg = f"{self.name} transfer device_indices must be a 1-D int64 tensor, got {got}"
+            raise TensorTypeError(msg, what="device_indices", got=got, expected=torch.int64)
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.keys)
+
+    def check_page_size(self, page_size: int) -> None:
+        """Raise `LengthMismatchError` unless indices cover exactly one page per key."""
+        if self.device_indices is None:
+            return
+        n = int(self.device_indices.numel())
+        want = len(self.keys) * page_size
+        if n != want:
+            msg = (
+                f"{self.name} transfer has {n} slots for {len(self.keys)} keys at page size "
+                f"{page_size}; expected {want} (one whole page per key)"
+            )
+            raise LengthMismatchError(
+                msg, left="device_indices", right="keys * page_size", left_len=n, right_len=want
+            )
+
+
+@attrs.frozen
+class PoolTransferResult:
+    """What a LOOKUP found: the usable prefix and every restorable boundary (pages)."""
+
+    kv_hit_pages: int = 0
+    extra_pool_hit_pages: dict[str, int] = attrs.field(factory=dict)
+    restorable_prefix_pages: tuple[int, ...] = ()
