@@ -1,0 +1,279 @@
+"""The ``unicache-fsm`` command line.
+
+``main(argv)`` parses the arguments, runs one subcommand and returns the exit code:
+0 on success, 1 when a check found something (``docs --check``), 2 on bad input
+(unknown machine or state, invalid spec file, Graphviz missing, bad arguments). Bad
+input prints exactly one line, ``unicache-fsm: error: ...``, on stderr and never a
+traceback.
+
+Subcommands (one `Command` each in `COMMANDS`; a new one is a function that adds
+its arguments, a function that runs it, and one entry in the table):
+
+- ``diagram [MACHINE] --format mermaid|dot|svg|png [--highlight STATE] [-o PATH]`` —
+  draw one machine (a bundled name or a ``.toml`` spec file) or, without MACHINE,
+  every bundled machine. Text formats go to stdout (several machines one after the
+  other, each preceded by a comment naming it) or to ``-o FILE``. Images need
+  Graphviz; with one machine ``-o`` is the file (default ``<machine>.<fmt>``), with
+  several it is a directory (default ``.``) receiving one file per machine; the
+  paths written are printed.
+- ``docs [--check] [--specs-dir DIR]`` — regenerate ``<machine>.md`` next to every
+  ``<machine>.toml`` (default: the bundled specs); ``--check`` writes nothing and
+  exits 1 listing the stale files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import attrs
+
+from unicache_fsm.fsm import loader
+from unicache_fsm.fsm.diagram import (
+    DiagramFormat,
+    render_dot,
+    render_image,
+    render_markdown_doc,
+    render_mermaid,
+)
+from unicache_fsm.fsm.errors import InvalidSpecError, UnicacheFsmError
+from unicache_fsm.fsm.spec import MachineSpec
+
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_OK", "Command", "main"]
+
+PROG = "unicache-fsm"
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+class CliError(UnicacheFsmError, ValueError):
+    """Bad command-line input that no library error describes (e.g. a bad ``-o``)."""
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """Reports usage errors as one ``unicache-fsm: error:`` line, not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message} (see {self.prog} --help)\n")
+
+
+@attrs.frozen
+class Command:
+    """One subcommand: its name, one-line help, argument setup and body.
+
+    `run` gets the parsed arguments, prints its results on stdout and returns the
+    exit code; it reports bad input by raising `UnicacheFsmError` (or `OSError`),
+    which `main` turns into one error line and exit code 2.
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# -- machine selection -----------------------------------------------------------------
+
+
+def _is_spec_path(arg: str) -> bool:
+    """A MACHINE argument names a file when it looks like one, else a bundled machine."""
+    return arg.endswith(".toml") or "/" in arg or "\\" in arg
+
+
+def _load_machine(arg: str) -> MachineSpec:
+    """A bundled machine by name, or the spec file at a path."""
+    if _is_spec_path(arg):
+        path = Path(arg)
+        if not path.is_file():
+            msg = f"no spec file {arg!r}"
+            raise CliError(msg)
+        return loader.load_spec(path)
+    known = loader.bundled_machines()
+    if arg not in known:
+        msg = (
+            f"unknown machine {arg!r}; bundled machines: {', '.join(known)} "
+            "(or give the path of a .toml spec file)"
+        )
+        raise CliError(msg)
+    return loader.bundled_spec(arg)
+
+
+def _machines(arg: str | None) -> list[MachineSpec]:
+    if arg is not None:
+        return [_load_machine(arg)]
+    return [loader.bundled_spec(name) for name in loader.bundled_machines()]
+
+
+# -- diagram ---------------------------------------------------------------------------
+
+
+def _diagram_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "machine",
+        nargs="?",
+        metavar="MACHINE",
+        help="a bundled machine name or a .toml spec file (default: every bundled machine)",
+    )
+    p.add_argument(
+        "-f",
+        "--format",
+        choices=[f.value for f in DiagramFormat],
+        default=DiagramFormat.MERMAID.value,
+        help="output format (default: mermaid); svg and png need Graphviz",
+    )
+    p.add_argument(
+        "--highlight",
+        metavar="STATE",
+        help="fill one state, named by dotted path (e.g. prepared.loading); needs MACHINE",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="PATH",
+        help="file to write (several machines as svg/png: a directory)",
+    )
+
+
+def _comment(fmt: DiagramFormat, name: str) -> str:
+    return f"%% machine: {name}" if fmt is DiagramFormat.MERMAID else f"// machine: {name}"
+
+
+def _run_diagram(args: argparse.Namespace) -> int:
+    fmt = DiagramFormat(args.format)
+    highlight: str | None = args.highlight
+    if highlight is not None and args.machine is None:
+        msg = "--highlight needs a MACHINE (state paths differ between machines)"
+        raise CliError(msg)
+    specs = _machines(args.machine)
+    output: Path | None = args.output
+    if fmt.is_image:
+        for path in _write_images(specs, fmt, highlight, output):
+            print(path)
+        return EXIT_OK
+    render = render_mermaid if fmt is DiagramFormat.MERMAID else render_dot
+    texts = [render(spec, highlight) for spec in specs]
+    if len(specs) > 1:
+        texts = [f"{_comment(fmt, s.name)}\n{t}" for s, t in zip(specs, texts, strict=True)]
+    text = "\n".join(texts)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        print(output)
+    return EXIT_OK
+
+
+def _write_images(
+    specs: Sequence[MachineSpec], fmt: DiagramFormat, highlight: str | None, output: Path | None
+) -> list[Path]:
+    """Render every spec first (so a failure writes nothing), then write the files."""
+    images = [(spec.name, render_image(spec, fmt, highlight)) for spec in specs]
+    if len(specs) == 1 and output is not None and not output.is_dir():
+        targets = [output]
+    else:
+        folder = output if output is not None else Path()
+        if folder.exists() and not folder.is_dir():
+            msg = f"-o {str(folder)!r} must be a directory when drawing several machines"
+            raise CliError(msg)
+        folder.mkdir(parents=True, exist_ok=True)
+        targets = [folder / f"{name}.{fmt.value}" for name, _ in images]
+    for target, (_, data) in zip(targets, images, strict=True):
+        target.write_bytes(data)
+    return targets
+
+
+# -- docs ------------------------------------------------------------------------------
+
+
+def _docs_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 listing the files that differ from what would be written",
+    )
+    p.add_argument(
+        "--specs-dir",
+        type=Path,
+        metavar="DIR",
+        help="the folder of *.toml specs to document (default: the bundled specs)",
+    )
+
+
+def _run_docs(args: argparse.Namespace) -> int:
+    folder: Path = args.specs_dir if args.specs_dir is not None else loader.specs_dir()
+    spec_files = sorted(folder.glob("*.toml"))
+    if not spec_files:
+        msg = f"no *.toml spec files in {str(folder)!r}"
+        raise CliError(msg)
+    stale: list[Path] = []
+    for spec_file in spec_files:
+        target = spec_file.with_suffix(".md")
+        text = render_markdown_doc(loader.load_spec(spec_file))
+        current = target.read_text(encoding="utf-8") if target.is_file() else None
+        if current == text:
+            continue
+        stale.append(target)
+        if not args.check:
+            target.write_text(text, encoding="utf-8", newline="\n")
+    if args.check:
+        for target in stale:
+            print(f"stale: {target} (run `{PROG} docs` to regenerate it)")
+        if stale:
+            return EXIT_CHECK_FAILED
+        print(f"{len(spec_files)} docs up to date")
+        return EXIT_OK
+    for target in stale:
+        print(f"wrote {target}")
+    print(f"{len(spec_files) - len(stale)} of {len(spec_files)} docs were up to date")
+    return EXIT_OK
+
+
+# -- entry point -----------------------------------------------------------------------
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "diagram", "draw machines as Mermaid, DOT, SVG or PNG", _diagram_arguments, _run_diagram
+    ),
+    Command("docs", "regenerate specs/<machine>.md from the specs", _docs_arguments, _run_docs),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(
+        prog=PROG, description="Diagrams, docs and checks for the unicache_fsm machine specs."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(run=command.run)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line (an `InvalidSpecError` lists its problems after a colon)."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.strerror or exc}: {exc.filename}"
+    lines = [line.strip().removeprefix("- ") for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, InvalidSpecError) and len(lines) > 1:
+        return f"{lines[0]} {'; '.join(lines[1:])}"
+    return " ".join(lines) or type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on `argv` (default ``sys.argv[1:]``); return the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already reported on stderr
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except (UnicacheFsmError, OSError) as exc:
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
