@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from unicache_fsm.fsm.flat import flatten
-from unicache_fsm.fsm.loader import bundled_spec, load_spec
+from unicache_fsm.fsm.loader import bundled_spec, load_spec, parse_spec
 
 SPECS = Path(__file__).parent / "data" / "specs"
 
@@ -57,3 +57,43 @@ def test_node_residency_never_evicts_in_flight_nodes() -> None:
             assert config in flat.final_configs and allowed == ()
         if flat.is_active(config, "device.evicted"):
             assert flat.is_active(config, "backup.backed_up"), config
+
+
+def test_any_source_in_a_parallel_machine_leaves_the_dest_region() -> None:
+    spec = parse_spec(
+        """
+machine = "p"
+parallel = true
+[states.a]
+[states.a.states.x]
+[states.a.states.y]
+[states.a.states.dead]
+final = true
+[states.b]
+[states.b.states.u]
+[states.b.states.v]
+[[transitions]]
+trigger = "go"
+source = "a.x"
+dest = "a.y"
+[[transitions]]
+trigger = "kill"
+source = "*"
+dest = "a.dead"
+[[transitions]]
+trigger = "flip"
+source = "b.u"
+dest = "b.v"
+requires = ["a.x", "a.y"]
+[[transitions]]
+trigger = "flop"
+source = "b.v"
+dest = "b.u"
+requires = ["a.x", "a.y"]
+"""
+    )
+    flat = flatten(spec)
+    assert flat.final_configs == {"a.dead,b.u", "a.dead,b.v"}
+    (kill,) = flat.table[("a.y,b.v", "kill")]
+    assert kill.dest == "a.dead,b.v"  # region b is untouched
+    assert kill.exited_states == ("a.y",)

@@ -161,9 +161,10 @@ class _Flattener:
 
     def any_source(self, dest: str, active: frozenset[str]) -> str:
         """The state a ``"*"`` transition leaves: the active top-level state (in a
-        parallel machine, the region that holds the dest)."""
+        parallel machine, the active state of the region that holds the dest)."""
         if self.spec.root.kind is StateKind.PARALLEL:
-            return dest.split(".")[0]
+            region = dest.split(".")[0]
+            return next(p for p in active if parent_path(p) == region)
         return next(p for p in active if p and "." not in p)
 
     def apply(self, t: TransitionSpec, src: str, active: frozenset[str]) -> FlatTransition | None:

@@ -126,9 +126,7 @@ def binding_problems(
     if missing_guards:
         problems.append(SpecProblem(f"guard missing on {model_cls.__name__}", missing_guards))
     if missing_callbacks:
-        problems.append(
-            SpecProblem(f"callback missing on {model_cls.__name__}", missing_callbacks)
-        )
+        problems.append(SpecProblem(f"callback missing on {model_cls.__name__}", missing_callbacks))
     if not state_attribute.isidentifier() or keyword.iskeyword(state_attribute):
         problems.append(SpecProblem("state attribute is not an identifier", [state_attribute]))
     slots = {s for k in model_cls.__mro__ for s in getattr(k, "__slots__", ())}
