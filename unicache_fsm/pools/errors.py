@@ -13,7 +13,8 @@ Running out of free pages is not an error: `alloc` returns None.
 - `PoolConfigError`: a constructor argument is unusable (page size < 1, layers < 1, ...).
 - `NotPageMultipleError`: a token count (pool size, `alloc` request) is not a multiple of P.
 - `DeviceUnavailableError`: a device was asked for that this process cannot use.
-- `TensorTypeError`: not a tensor, or the wrong dtype (slots are int64; KV data the pool's).
+- `TensorTypeError`: not a tensor, or the wrong dtype (slots are int64; KV data the pool's);
+  also a token count that is not an int.
 - `DeviceMismatchError`: a tensor lives on another device than the pool.
 - `TensorShapeError`: slots not 1-D, or KV data not ``[n, layers, width]``.
 - `LengthMismatchError`: two tensors that pair up element-wise differ in length.
@@ -83,9 +84,9 @@ class DeviceUnavailableError(PoolError, RuntimeError):
 
 
 class TensorTypeError(PoolError, TypeError):
-    """A tensor argument is not a tensor or has the wrong dtype.
+    """An argument has the wrong type: not a tensor, the wrong dtype, or a non-int count.
 
-    `what` names the argument, `got` is its dtype (or Python type), `expected` the dtype needed.
+    `what` names the argument, `got` is its dtype (or Python type), `expected` what is needed.
     """
 
     def __init__(self, message: str, *, what: str, got: object, expected: object) -> None:
