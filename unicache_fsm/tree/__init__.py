@@ -1,0 +1,55 @@
+"""The unified radix tree: nodes with explicit residency, components, and the audit.
+
+Modules: `params` (value types), `node` (`TreeNode`), `residency` (the node-residency
+machine bound to nodes), `offload` (`OffloadTicket`), `tree` (`RadixTree`,
+`TreeConfig`), `components` (FULL / SWA / MAMBA and their external-linker hooks),
+`audit` (`RadixTree.check`), `errors`.
+"""
+
+from __future__ import annotations
+
+from unicache_fsm.tree.errors import (
+    LockUnderflowError,
+    NodeStateError,
+    SlotTensorError,
+    TreeConsistencyError,
+    TreeError,
+    UnalignedKeyError,
+    UnsupportedComponentError,
+    ValueLengthError,
+)
+from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.tree.offload import OffloadTicket
+from unicache_fsm.tree.params import (
+    ComponentType,
+    EvictParams,
+    EvictResult,
+    InsertParams,
+    InsertResult,
+    MatchResult,
+)
+from unicache_fsm.tree.residency import ExecutorKind, ResidencyTrigger
+from unicache_fsm.tree.tree import RadixTree, TreeConfig
+
+__all__ = [
+    "ComponentType",
+    "EvictParams",
+    "EvictResult",
+    "ExecutorKind",
+    "InsertParams",
+    "InsertResult",
+    "LockUnderflowError",
+    "MatchResult",
+    "NodeStateError",
+    "OffloadTicket",
+    "RadixTree",
+    "ResidencyTrigger",
+    "SlotTensorError",
+    "TreeConfig",
+    "TreeConsistencyError",
+    "TreeError",
+    "TreeNode",
+    "UnalignedKeyError",
+    "UnsupportedComponentError",
+    "ValueLengthError",
+]

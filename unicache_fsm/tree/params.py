@@ -1,0 +1,128 @@
+"""Value types of the tree's operations (names as in SGLang's unified cache).
+
+- `ComponentType` — FULL (the backbone; every node has FULL data), SWA, MAMBA.
+- `InsertParams` — what `RadixTree.insert` takes: the key, the caller's FULL slots
+  aligned with it, how much of them the caller got from the tree (`prev_prefix_len`),
+  the request's SWA boundary (`swa_evicted_seqlen`), `chunked`, adopted-range tracking.
+- `InsertResult` — where the insert ended and which caller slots the tree adopted
+  (`adopted_ranges`, kept sorted and disjoint by `record_adopted_range`), plus the
+  write-through chain the insert triggered (root first).
+- `MatchResult` — the device prefix (length, slots, last device node) and the host
+  hit beyond it.
+- `EvictParams` / `EvictResult` — tokens to free in FULL and in SWA, and what was freed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import torch
+
+if TYPE_CHECKING:
+    from unicache_fsm.tree.node import TreeNode
+
+__all__ = [
+    "ComponentType",
+    "EvictParams",
+    "EvictResult",
+    "InsertParams",
+    "InsertResult",
+    "MatchResult",
+]
+
+
+class ComponentType(enum.IntEnum):
+    FULL = 0
+    SWA = 1
+    MAMBA = 2
+
+
+def _as_key(value: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
+    if isinstance(value, tuple):
+        return value
+    if isinstance(value, torch.Tensor):
+        return tuple(value.tolist())
+    return tuple(value)
+
+
+@attrs.frozen
+class InsertParams:
+    """One insert. `value[i]` is the caller's FULL slot for `key[i]`.
+
+    `prev_prefix_len` leading tokens of `value` came from the tree (the caller's match):
+    the insert neither frees nor adopts them. Below `swa_evicted_seqlen` the caller's
+    SWA slots are already freed: those tokens go in as SWA tombstones. `chunked`
+    inserts (chunked prefill, loads) neither count hits nor trigger write-through.
+    `namespace` is the request's namespace seed (`hashing.namespace_seed`), which
+    separates tenants in the tree and seeds its page hashes.
+    """
+
+    key: tuple[int, ...] = attrs.field(converter=_as_key)
+    value: torch.Tensor = attrs.field(eq=False)
+    prev_prefix_len: int = 0
+    swa_evicted_seqlen: int = 0
+    chunked: bool = False
+    track_adopted_ranges: bool = False
+    namespace: str | None = None
+
+
+@attrs.define(slots=True, eq=False)
+class InsertResult:
+    """What an insert did; see the module docstring."""
+
+    prefix_len: int = 0
+    last_device_node: TreeNode | None = None
+    adopted_ranges: dict[ComponentType, list[tuple[int, int]]] | None = None
+    write_through: list[TreeNode] = attrs.field(factory=list)
+
+    def record_adopted_range(self, component: ComponentType, start: int, end: int) -> None:
+        """Record that the tree took the caller's slots for tokens ``[start, end)``.
+
+        No-op when tracking is off or the range is empty. Ranges stay sorted and
+        disjoint whatever the call order; overlapping or touching ranges merge.
+        """
+        if self.adopted_ranges is None or start >= end:
+            return
+        ranges = self.adopted_ranges.setdefault(component, [])
+        merged_start, merged_end = start, end
+        kept: list[tuple[int, int]] = []
+        insert_at = 0
+        for s, e in ranges:
+            if e < merged_start:
+                kept.append((s, e))
+                insert_at = len(kept)
+            elif s > merged_end:
+                kept.append((s, e))
+            else:  # overlapping or touching: absorb
+                merged_start, merged_end = min(s, merged_start), max(e, merged_end)
+        kept.insert(insert_at, (merged_start, merged_end))
+        ranges[:] = kept
+
+
+@attrs.frozen
+class MatchResult:
+    """The device prefix of a key, and what more a host backup holds."""
+
+    device_indices: torch.Tensor = attrs.field(eq=False)
+    last_device_node: TreeNode = attrs.field(eq=False)
+    host_hit_length: int = 0
+    last_host_node: TreeNode | None = attrs.field(default=None, eq=False)
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.device_indices.numel())
+
+
+@attrs.frozen
+class EvictParams:
+    num_tokens: int = 0
+    swa_num_tokens: int = 0
+
+
+@attrs.frozen
+class EvictResult:
+    num_tokens: int = 0
+    swa_num_tokens: int = 0

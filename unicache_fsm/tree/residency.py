@@ -1,0 +1,100 @@
+"""Node residency: the `node_residency` spec bound to `TreeNode`.
+
+A node's residency is one string in `TreeNode.residency`, the configuration of the
+three parallel regions of ``specs/node_residency.toml`` (device / external / backup).
+It changes only through `Residency.fire`, i.e. through an executor; reads go through
+the precomputed sets below (one frozenset membership test each), so the derived
+flags (`external_cache_stored`, `backuped`, `evicted`) cost nothing.
+
+- `ResidencyTrigger` — the spec's triggers as an enum (checked against the spec when
+  the executor is bound).
+- `Residency(kind)` — the executor for tree nodes, compiled (default) or reference.
+- `RESIDENT`, `EVICTED`, `STORED`, `OFFLOADING`, `BACKED_UP`, `BACKING_UP` — the
+  configurations in which that state is active.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.fsm.executor import Executor
+from unicache_fsm.fsm.flat import flatten
+from unicache_fsm.fsm.loader import bundled_spec
+from unicache_fsm.fsm.reference import ReferenceExecutor
+
+if TYPE_CHECKING:
+    from unicache_fsm.tree.node import TreeNode
+
+__all__ = [
+    "BACKED_UP",
+    "BACKING_UP",
+    "EVICTED",
+    "INITIAL",
+    "OFFLOADING",
+    "RESIDENT",
+    "STORED",
+    "ExecutorKind",
+    "Residency",
+    "ResidencyTrigger",
+]
+
+MACHINE = "node_residency"
+
+
+class ResidencyTrigger(str, enum.Enum):
+    EVICT = "evict"
+    LOAD_BACK = "load_back"
+    UNEVICT = "unevict"
+    DELETE = "delete"
+    START_OFFLOAD = "start_offload"
+    OFFLOAD_SUCCEEDED = "offload_succeeded"
+    OFFLOAD_FAILED = "offload_failed"
+    MARK_STORED = "mark_stored"
+    DEMOTE = "demote"
+    START_BACKUP = "start_backup"
+    BACKUP_SUCCEEDED = "backup_succeeded"
+    BACKUP_FAILED = "backup_failed"
+    DROP_BACKUP = "drop_backup"
+
+
+class ExecutorKind(str, enum.Enum):
+    COMPILED = "compiled"
+    REFERENCE = "reference"
+
+
+_FLAT = flatten(bundled_spec(MACHINE))
+
+
+def _where(path: str) -> frozenset[str]:
+    return frozenset(c for c in _FLAT.configs if _FLAT.is_active(c, path))
+
+
+INITIAL = _FLAT.initial
+RESIDENT = _where("device.resident")
+EVICTED = _where("device.evicted")
+STORED = _where("external.stored")
+OFFLOADING = _where("external.offloading")
+BACKED_UP = _where("backup.backed_up")
+BACKING_UP = _where("backup.backing_up")
+
+
+class Residency:
+    """Fires residency triggers at tree nodes through one shared executor."""
+
+    __slots__ = ("executor", "fire")
+
+    def __init__(self, kind: ExecutorKind = ExecutorKind.COMPILED) -> None:
+        from unicache_fsm.tree.node import TreeNode  # node imports this module's sets
+
+        cls: type[Executor] = (
+            CompiledExecutor if kind is ExecutorKind.COMPILED else ReferenceExecutor
+        )
+        self.executor = cls(
+            MACHINE, TreeNode, state_attribute="residency", triggers=ResidencyTrigger
+        )
+        self.fire = self.executor.fire
+
+    def initialize(self, node: TreeNode, like: TreeNode | None = None) -> None:
+        self.executor.initialize(node, like)
