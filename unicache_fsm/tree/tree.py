@@ -340,12 +340,21 @@ class RadixTree:
 
     def _set_new_swa(self, node: TreeNode, swa_bound: int, result: InsertResult) -> TreeNode:
         """Give a node that just took caller FULL slots its SWA: live at/above the
-        request's boundary, tombstone below it (splitting at the boundary)."""
+        request's boundary, tombstone below it (splitting at the boundary).
+
+        Caller SWA slots still mapped below the boundary are freed here, so a tombstone
+        never keeps a mapping (the contract leaves that case open; we settle it).
+        """
+        assert isinstance(self.allocator, SWAAllocator)
         if swa_bound >= node.end:
+            assert node.full is not None
+            self.allocator.free_mapped_swa(node.full)
             node.swa = None
             return node
         if swa_bound > node.start:
             lower = self.split(node, swa_bound - node.start)
+            assert lower.full is not None
+            self.allocator.free_mapped_swa(lower.full)
             lower.swa = None
         assert node.full is not None
         node.swa = self._translate(node.full)
