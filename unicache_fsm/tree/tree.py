@@ -285,8 +285,7 @@ class RadixTree:
         n, prev = len(key), params.prev_prefix_len
         swa_bound = params.swa_evicted_seqlen if self.swa_enabled else 0
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
-        free_both: list[torch.Tensor] = []
-        free_full: list[torch.Tensor] = []
+        to_free: list[torch.Tensor] = []
         walked: list[TreeNode] = []
         node, pos, tick = self.root, 0, self._tick()
         while pos < n:
@@ -300,7 +299,7 @@ class RadixTree:
             if child.evicted:
                 child = self._unevict(child, value[pos:end], swa_bound, result)
             else:
-                child = self._overlap(child, value, prev, swa_bound, result, free_both, free_full)
+                child = self._overlap(child, value, prev, swa_bound, result, to_free)
             child.last_access = tick
             walked.append(child)
             node, pos = child, end
@@ -309,23 +308,21 @@ class RadixTree:
             node = self._new_leaf(node, key[pos:], value[pos:], ns, swa_bound, result, tick)
             walked.append(node)
         result.last_device_node = node
-        self._free(free_both, free_full)
+        self._free(to_free)
         if not params.chunked:
             self._count_hits(walked, result)
         return result
 
-    def _free(self, free_both: list[torch.Tensor], free_full: list[torch.Tensor]) -> None:
-        alloc = self.allocator
-        both = [t for t in free_both if t.numel()]
-        if both:
-            alloc.free(both[0] if len(both) == 1 else torch.cat(both))
-        full = [t for t in free_full if t.numel()]
-        if full:
-            slots = full[0] if len(full) == 1 else torch.cat(full)
-            if isinstance(alloc, SWAAllocator):
-                alloc.free_full_only(slots)
-            else:
-                alloc.free(slots)
+    def _free(self, to_free: list[torch.Tensor]) -> None:
+        """Free FULL slots the tree does not keep, with any SWA they still map to.
+
+        One combined free covers every case of the insert: the caller's duplicates
+        below its SWA boundary no longer map to SWA, those above free their SWA with
+        them, and a replaced tombstone FULL maps to nothing.
+        """
+        parts = [t for t in to_free if t.numel()]
+        if parts:
+            self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
 
     def _unevict(
         self, node: TreeNode, seg: torch.Tensor, swa_bound: int, result: InsertResult
@@ -368,8 +365,7 @@ class RadixTree:
         prev: int,
         swa_bound: int,
         result: InsertResult,
-        free_both: list[torch.Tensor],
-        free_full: list[torch.Tensor],
+        to_free: list[torch.Tensor],
     ) -> TreeNode:
         """A device node on the insert path keeps its slots; the caller's copies go."""
         start, end = node.start, node.end
@@ -378,28 +374,23 @@ class RadixTree:
             return node  # every caller slot here came from the tree itself
         if self.swa_enabled and node.swa is None and swa_bound < end and prev <= start:
             if swa_bound > start:  # the part below the request's window stays a tombstone
-                free_full.append(value[start:swa_bound])
+                to_free.append(value[start:swa_bound])
                 self.split(node, swa_bound - start)
             seg = value[node.start : end]
             swa_slots = self._translate(seg)
             if node.lock_ref == 0:
                 assert node.full is not None
-                free_full.append(node.full)  # a tombstone's FULL maps to no SWA
+                to_free.append(node.full)  # a tombstone's FULL maps to no SWA
                 node.full, node.swa = seg, swa_slots
                 result.record_adopted_range(FULL, node.start, end)
             else:  # locked: keep its FULL, pair the caller's SWA with it
                 assert node.full is not None and isinstance(self.allocator, SWAAllocator)
                 self.allocator.set_full_to_swa_mapping(node.full, swa_slots)
                 node.swa = swa_slots
-                free_full.append(seg)
+                to_free.append(seg)  # re-mapping above left it without SWA
             result.record_adopted_range(SWA, node.start, end)
             return node
-        if self.swa_enabled:
-            cut = min(max(swa_bound, dup_start), end)
-            free_full.append(value[dup_start:cut])
-            free_both.append(value[cut:end])
-        else:
-            free_both.append(value[dup_start:end])
+        to_free.append(value[dup_start:end])
         return node
 
     def _new_leaf(
