@@ -13,7 +13,8 @@
 
 Host slots come from a CPU `PagedAllocator` of the same size and P. Both copies check
 both sides (slots, page counts, layout) before moving a byte; each moves the batch as
-one gather, one device<->host transfer and one scatter.
+one gather, one blocking device<->host transfer through a reusable staging buffer
+(pinned when the pool is, grown to the largest batch seen), and one scatter.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ __all__ = ["HostKVPool"]
 class HostKVPool(KVPool):
     """A CPU `KVPool` (pinned when serving a CUDA pool) with device<->host page copies."""
 
-    __slots__ = ("_pinned",)
+    __slots__ = ("_pinned", "_staging_buffer")
 
     def __init__(
         self,
@@ -64,6 +65,10 @@ class HostKVPool(KVPool):
             pin_memory=pin_memory,
         )
         self._pinned = pin_memory
+        # Reused between copies (grown to the largest batch seen) so a transfer does not
+        # page-fault a fresh buffer every time; pinned when the pool is. Only the copy
+        # methods touch it, and every copy through it is complete before they return.
+        self._staging_buffer = torch.empty(0, dtype=dtype, pin_memory=pin_memory)
 
     @classmethod
     def for_device_pool(cls, device_pool: KVPool, size: int, *, name: str = "host") -> HostKVPool:
@@ -87,29 +92,32 @@ class HostKVPool(KVPool):
     ) -> None:
         """Copy whole device pages `device_slots` into host pages `host_slots` (D -> H)."""
         self._check_pair(device_pool, device_slots, host_slots)
-        rows = device_pool.read_pages(device_slots)
-        if rows.device.type != "cpu":
-            # One download into page-locked staging when pinned (faster DMA); blocking,
-            # so the rows are complete before they are scattered into the host pool.
-            staging = self._staging(device_slots.numel())
-            staging.copy_(rows)
-            rows = staging
-        self.write_pages(host_slots, rows)
+        staging = self._staging(device_slots.numel())
+        if device_pool.device.type == "cpu":
+            device_pool.read_pages(device_slots, out=staging)
+        else:
+            # Gather on the device, then one blocking download (DMA when pinned).
+            staging.copy_(device_pool.read_pages(device_slots))
+        self.write_pages(host_slots, staging)
 
     def restore_to(
         self, device_pool: KVPool, host_slots: torch.Tensor, device_slots: torch.Tensor
     ) -> None:
         """Copy whole host pages `host_slots` back into device pages `device_slots` (H -> D)."""
         self._check_pair(device_pool, device_slots, host_slots)
-        rows = self.read_pages(host_slots, out=self._staging(host_slots.numel()))
-        # From pinned staging the upload is asynchronous; torch keeps the staging block
-        # alive until the copy has run, and the scatter below is ordered after it.
-        rows = rows.to(device_pool.device, non_blocking=self._pinned)
-        device_pool.write_pages(device_slots, rows)
+        staging = self.read_pages(host_slots, out=self._staging(host_slots.numel()))
+        if device_pool.device.type != "cpu":
+            # Blocking upload: the staging buffer is reused by the next copy.
+            staging = staging.to(device_pool.device)
+        device_pool.write_pages(device_slots, staging)
 
     def _staging(self, num_slots: int) -> torch.Tensor:
+        """A contiguous ``[num_slots, layers, width]`` view of the reusable buffer."""
         shape = (num_slots, self.num_layers, self.width)
-        return torch.empty(shape, dtype=self.dtype, pin_memory=self._pinned)
+        need = num_slots * self.num_layers * self.width
+        if self._staging_buffer.numel() < need:
+            self._staging_buffer = torch.empty(need, dtype=self.dtype, pin_memory=self._pinned)
+        return self._staging_buffer[:need].view(shape)
 
     def _check_pair(
         self, device_pool: KVPool, device_slots: torch.Tensor, host_slots: torch.Tensor

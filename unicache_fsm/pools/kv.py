@@ -5,7 +5,8 @@
   (``num_slots = size + P``; row s holds slot s). Built to match an allocator with
   `KVPool.for_allocator(allocator, num_layers, width, dtype=...)`.
 - `read_pages(slots, out=None)` -> ``[len(slots), num_layers, width]`` copy of the
-  pages' rows, in the order given (`out`, if passed, is filled and returned).
+  pages' rows, in the order given. `out` (contiguous, same shape) is filled and
+  returned: reuse one on hot paths, since a fresh multi-MiB CPU tensor page-faults.
 - `write_pages(slots, data)`: store ``data`` (same shape, the pool's dtype and device)
   into the pages' rows. A page named twice is refused (the result would be undefined).
 
@@ -39,7 +40,7 @@ __all__ = ["KVPool"]
 class KVPool:
     """Per-slot KV bytes on one device, read and written whole pages at a time."""
 
-    __slots__ = ("_codec", "_data", "_device", "_layout", "_num_layers", "_pages", "_width")
+    __slots__ = ("_codec", "_data", "_device", "_layout", "_num_layers", "_rows", "_width")
 
     def __init__(
         self,
@@ -71,9 +72,10 @@ class KVPool:
         self._codec = SlotCodec(self._layout, self._device)
         shape = (self._layout.num_slots, num_layers, width)
         self._data = torch.zeros(shape, dtype=dtype, device=self._device, pin_memory=pin_memory)
-        # The same storage seen as [page, P, layers, width]: one row per page, so a page
-        # moves as one contiguous block in a single gather/scatter.
-        self._pages = self._data.view(-1, page_size, num_layers, width)
+        # The same storage seen as [page, P * layers * width]: one flat row per page, so
+        # a page moves as one contiguous block in a single gather/scatter (2-D rows are
+        # also what torch's CPU index kernels copy fastest).
+        self._rows = self._data.view(self._layout.num_pages + 1, -1)
 
     @classmethod
     def for_allocator(
@@ -133,7 +135,7 @@ class KVPool:
     @property
     def page_nbytes(self) -> int:
         """Bytes of one page (P slots x layers x width)."""
-        return self._pages[0].nbytes if self._pages.shape[0] else 0
+        return self._rows[0].nbytes
 
     def __repr__(self) -> str:
         return (
@@ -157,9 +159,11 @@ class KVPool:
                 raise TensorShapeError(
                     msg, what="out", got=tuple(out.shape), expected=tuple(out.shape)
                 )
-            torch.index_select(self._pages, 0, pages, out=out.view(self._pages_shape(pages)))
+            torch.index_select(
+                self._rows, 0, pages, out=out.view(pages.numel(), self._rows.shape[1])
+            )
             return out
-        rows = self._pages.index_select(0, pages)
+        rows = self._rows.index_select(0, pages)
         return rows.view(slots.numel(), self._num_layers, self._width)
 
     def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
@@ -174,16 +178,13 @@ class KVPool:
             )
             raise DuplicatePagesError(msg, pool=self.name, pages=dup)
         # reshape is a view for contiguous data (the common case), a copy otherwise.
-        self._pages.index_copy_(0, pages, data.reshape(self._pages_shape(pages)))
+        self._rows.index_copy_(0, pages, data.reshape(pages.numel(), self._rows.shape[1]))
 
     # -- internals ---------------------------------------------------------------------
 
     def _pages_of(self, slots: object, what: str) -> torch.Tensor:
         codec = self._codec
         return codec.to_pages(codec.check_index_tensor(slots, what), what)
-
-    def _pages_shape(self, pages: torch.Tensor) -> tuple[int, int, int, int]:
-        return (pages.numel(), self._layout.page_size, self._num_layers, self._width)
 
     def _check_data(self, data: object, num_slots: int, what: str) -> None:
         expected = (num_slots, self._num_layers, self._width)
