@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from array import array
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,8 +151,17 @@ class TestChainLaws:
         assert page_hashes([], 1) == []
 
     def test_accepts_any_int_sequence(self) -> None:
-        assert page_hashes(tuple(range(8)), 4) == page_hashes(list(range(8)), 4)
-        assert page_hashes(range(8), 4) == page_hashes(list(range(8)), 4)
+        expected = page_hashes(list(range(8)), 4)
+        assert page_hashes(tuple(range(8)), 4) == expected
+        assert page_hashes(range(8), 4) == expected
+        assert page_hashes(array("q", range(8)), 4) == expected
+        assert page_hashes(torch.arange(8), 4) == expected
+        assert page_hashes(torch.arange(8, dtype=torch.int32), 4) == expected
+
+    def test_tensor_tokens_outside_u32(self) -> None:
+        with pytest.raises(InvalidTokenError) as info:
+            page_hashes(torch.tensor([1, -5, 2, 3]), 4)
+        assert (info.value.index, info.value.token) == (1, -5)
 
     def test_boundary_token_values_pack(self) -> None:
         assert page_hashes([0, 2**32 - 1], 2) == reference_chain([0, 2**32 - 1], 2, None)

@@ -11,7 +11,8 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
 - `page_hash(page_tokens, prior)` -> hex key of one page: SHA-256 over the raw
   32-byte digest of `prior` (nothing when `prior` is None) then each token as an
   unsigned 32-bit little-endian integer.
-- `page_hashes(tokens, page_size, prior)` -> one hex key per *full* page of `tokens`,
+- `page_hashes(tokens, page_size, prior)` -> one hex key per *full* page of `tokens`
+  (any int sequence: list, tuple, range, 1-D tensor or array),
   chained: page i hashes on page i-1's digest, page 0 on `prior`. A trailing partial
   page is not hashed. `prior` is the namespace seed for a sequence head, or the key of
   the last page already hashed when a chain resumes.
@@ -148,7 +149,13 @@ def _prior_digest(prior: str | None) -> bytes:
 
 def _pack(tokens: Iterable[int]) -> bytes:
     """Tokens as unsigned 32-bit little-endian bytes, or a typed error naming the culprit."""
-    seq = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+    seq: Sequence[object]
+    if isinstance(tokens, (list, tuple)):
+        seq = tokens
+    elif hasattr(tokens, "tolist"):  # a torch tensor or array: one C-level conversion
+        seq = tokens.tolist()
+    else:
+        seq = list(tokens)
     try:
         packed = array("I", seq)
     except (OverflowError, TypeError) as exc:
