@@ -99,7 +99,6 @@ def bench_bandwidth(
 
     slots = random_pages(everything)
     host_slots = random_pages(host_everything)
-    n = slots.numel()
     kv.data.copy_(torch.randn(kv.data.shape, generator=gen).to(kv.dtype))
     rows_dev = kv.read_pages(slots)
     out = torch.empty_like(rows_dev)
@@ -111,22 +110,38 @@ def bench_bandwidth(
     dst_host = torch.empty(rows_dev.shape, dtype=kv.dtype, pin_memory=pin)
     src_host = torch.empty(rows_dev.shape, dtype=kv.dtype, pin_memory=pin)
     src_host.copy_(rows_dev)
-    t_copy_dev = _median_seconds(lambda: dst_dev.copy_(src_dev), device, repeats)
-    t_copy_d2h = _median_seconds(lambda: dst_host.copy_(src_dev), device, repeats)
-    t_copy_h2d = _median_seconds(lambda: dst_dev.copy_(src_host, non_blocking=pin), device, repeats)
 
-    cases = [
-        ("read_pages", lambda: kv.read_pages(slots, out=out), t_copy_dev),
-        ("write_pages", lambda: kv.write_pages(slots, rows_dev), t_copy_dev),
-        ("host backup (D->H)", lambda: host.backup_from(kv, slots, host_slots), t_copy_d2h),
-        ("host restore (H->D)", lambda: host.restore_to(kv, host_slots, slots), t_copy_h2d),
+    def copy_dev() -> object:
+        return dst_dev.copy_(src_dev)
+
+    def copy_d2h() -> object:
+        return dst_host.copy_(src_dev)
+
+    def copy_h2d() -> object:
+        return dst_dev.copy_(src_host, non_blocking=pin)
+
+    cases: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+        ("read_pages", lambda: kv.read_pages(slots, out=out), copy_dev),
+        ("write_pages", lambda: kv.write_pages(slots, rows_dev), copy_dev),
+        ("host backup (D->H)", lambda: host.backup_from(kv, slots, host_slots), copy_d2h),
+        ("host restore (H->D)", lambda: host.restore_to(kv, host_slots, slots), copy_h2d),
     ]
     results = []
-    for name, fn, t_base in cases:
-        t = _median_seconds(fn, device, repeats)
+    for name, fn, baseline in cases:
+        t, t_base = _paired_median_seconds(fn, baseline, device, repeats)
         results.append((name, nbytes / 2**20, nbytes / t / 1e9, t_base / t))
-    del n
     return results
+
+
+def _paired_median_seconds(
+    fn: Callable[[], object], baseline: Callable[[], object], device: torch.device, repeats: int
+) -> tuple[float, float]:
+    """Median times of `fn` and `baseline`, run alternately so both see the same machine."""
+    ours, base = [], []
+    for _ in range(repeats):
+        ours.append(_median_seconds(fn, device, 1))
+        base.append(_median_seconds(baseline, device, 1))
+    return statistics.median(ours), statistics.median(base)
 
 
 def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -166,9 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     shape = {
         "page_size": 16,
         "num_layers": 8,
-        "width": 512 if quick else 1024,
-        "pool_pages": 128 if quick else 1024,
-        "batch_pages": 64 if quick else 256,
+        "width": 1024,
+        "pool_pages": 256 if quick else 1024,
+        "batch_pages": 128 if quick else 256,
     }
     bw_rows = bench_bandwidth(device, repeats=5 if quick else 15, **shape)
     page_kib = shape["page_size"] * shape["num_layers"] * shape["width"] * 2 / 1024
