@@ -1,0 +1,419 @@
+"""Fault injection for any `ExternalStore`: a wrapper that makes the store misbehave on
+purpose, reproducibly, in every way the linker must survive.
+
+- `FaultKind` — what can go wrong (the value is the name used in policy strings):
+  - FAIL_LOOKUP (``fail_lookup``): `lookup` raises `StoreFaultError`.
+  - REFUSE_LOAD (``refuse_load``): `load` returns False; the inner store never sees it.
+  - FAIL_BATCH_BEFORE_START (``fail_batch_before_start``): `start_loading` cancels the
+    batch's loads in the inner store; the batch completes failed and no byte is written
+    (if the inner store cannot cancel, the batch runs and is reported failed).
+  - FAIL_BATCH_MIDWAY (``fail_batch_midway``): the batch runs in the inner store (its
+    pages land in the reserved slots) and is reported failed, like a short read.
+  - REFUSE_OFFLOAD (``refuse_offload``): `offload` returns False; nothing is queued.
+  - FAIL_OFFLOAD (``fail_offload``): the offload runs in the inner store but completes
+    False (the pages may be stored; the caller is told they are not).
+  - EVICT_AFTER_LOOKUP (``evict_after_lookup``): right after a `lookup` that found a
+    restorable prefix, the page at its largest boundary is evicted from the inner store
+    (every pool), so a `load` of that prefix is refused: the LOOKUP -> LOAD race.
+  - DELAY_COMPLETION (``delay_completion``): a completion is held back for
+    `FaultPolicy.delay_steps` `progress()` calls (FIFO order is kept: later completions
+    wait behind it).
+- `FaultRule(probability=0.0, every=0)` — when a kind fires: with `probability` per
+  eligible call, or deterministically on every `every`-th eligible call.
+- `FaultPolicy(rules, *, seed=0, delay_steps=2)` — one rule per kind, a
+  `random.Random(seed)` shared by the probabilistic rules, and `injected`, a Counter of
+  the faults actually injected per kind. Same rules, same seed, same calls: same faults.
+  `FaultPolicy.parse("refuse_load=0.3,fail_batch_midway=every:4,seed=7,delay_steps=3")`
+  builds one from a CLI-style string (`FaultPolicyError` naming the bad item);
+  ``str(policy)`` gives the canonical string back; `fresh()` a copy with clean counters.
+- `FaultyStore(inner, policy)` — an `ExternalStore` that forwards to `inner` and
+  injects faults per `policy`. It numbers its own load batches (the inner store's ids
+  are translated) and keeps its own completion FIFOs. Drive it from one thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import random
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.transfer import PoolName, PoolTransfer
+from unicache_fsm.store.errors import (
+    FaultPolicyError,
+    NoCompletionError,
+    StoreClosedError,
+    StoreFaultError,
+)
+from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
+
+__all__ = ["FaultKind", "FaultPolicy", "FaultRule", "FaultyStore"]
+
+
+class FaultKind(str, enum.Enum):
+    FAIL_LOOKUP = "fail_lookup"
+    REFUSE_LOAD = "refuse_load"
+    FAIL_BATCH_BEFORE_START = "fail_batch_before_start"
+    FAIL_BATCH_MIDWAY = "fail_batch_midway"
+    REFUSE_OFFLOAD = "refuse_offload"
+    FAIL_OFFLOAD = "fail_offload"
+    EVICT_AFTER_LOOKUP = "evict_after_lookup"
+    DELAY_COMPLETION = "delay_completion"
+
+
+def _check_rule(rule: FaultRule) -> None:
+    p, every = rule.probability, rule.every
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        msg = f"fault probability must be a number in [0, 1], got {p!r}"
+        raise FaultPolicyError(msg, item=repr(p))
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        msg = f"fault period `every` must be an int >= 0 (0: not periodic), got {every!r}"
+        raise FaultPolicyError(msg, item=repr(every))
+    if p and every:
+        msg = f"a fault rule is a probability or a period, not both (got {p} and every {every})"
+        raise FaultPolicyError(msg, item=f"{p}/every:{every}")
+
+
+@attrs.frozen(repr=False)
+class FaultRule:
+    """When one fault kind fires: with `probability`, or on every `every`-th call."""
+
+    probability: float = 0.0
+    every: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        _check_rule(self)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.probability or self.every)
+
+    def __str__(self) -> str:
+        return f"every:{self.every}" if self.every else repr(float(self.probability))
+
+    def __repr__(self) -> str:
+        if self.every:
+            return f"FaultRule(every={self.every})"
+        return f"FaultRule(probability={float(self.probability)!r})"
+
+
+def _int_item(item: str, name: str, value: str, low: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low:
+        msg = f"fault policy item {item!r}: {name} must be an int >= {low}"
+        raise FaultPolicyError(msg, item=item)
+    return number
+
+
+class FaultPolicy:
+    """Which faults to inject and when; see the module docstring."""
+
+    __slots__ = ("_calls", "_rng", "delay_steps", "injected", "rules", "seed")
+
+    def __init__(
+        self,
+        rules: Mapping[FaultKind, FaultRule] | None = None,
+        *,
+        seed: int = 0,
+        delay_steps: int = 2,
+    ) -> None:
+        pairs: Iterable[tuple[object, object]] = (rules or {}).items()
+        checked: dict[FaultKind, FaultRule] = {}
+        for kind, rule in pairs:
+            if not isinstance(kind, FaultKind) or not isinstance(rule, FaultRule):
+                msg = f"fault rules map FaultKind to FaultRule, got {kind!r}: {rule!r}"
+                raise FaultPolicyError(msg, item=repr(kind))
+            if rule.active:
+                checked[kind] = rule
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            msg = f"fault policy seed must be an int, got {seed!r}"
+            raise FaultPolicyError(msg, item=repr(seed))
+        if isinstance(delay_steps, bool) or not isinstance(delay_steps, int) or delay_steps < 1:
+            msg = f"delay_steps must be an int >= 1 (progress() calls), got {delay_steps!r}"
+            raise FaultPolicyError(msg, item=repr(delay_steps))
+        self.rules = checked
+        self.seed = seed
+        self.delay_steps = delay_steps
+        self.injected: collections.Counter[FaultKind] = collections.Counter()
+        self._calls: collections.Counter[FaultKind] = collections.Counter()
+        self._rng = random.Random(seed)
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPolicy:
+        """A policy from ``"kind=P|every:K, ..., seed=N, delay_steps=K"`` (or "" / "none")."""
+        given: object = text
+        if not isinstance(given, str):
+            msg = f"a fault policy string is a str, got {type(given).__name__}"
+            raise FaultPolicyError(msg, item=repr(given))
+        rules: dict[FaultKind, FaultRule] = {}
+        seed = 0
+        delay_steps = 2
+        seen: set[str] = set()
+        body = text.strip()
+        items = [] if body in ("", "none") else body.split(",")
+        kinds = {k.value: k for k in FaultKind}
+        for raw in items:
+            item = raw.strip()
+            name, sep, value = (part.strip() for part in item.partition("="))
+            if not sep or not name or not value:
+                msg = f"fault policy item {item!r} is not name=value (e.g. refuse_load=0.3)"
+                raise FaultPolicyError(msg, item=item)
+            if name in seen:
+                msg = f"fault policy names {name!r} twice; give each item once"
+                raise FaultPolicyError(msg, item=item)
+            seen.add(name)
+            if name == "seed":
+                seed = _int_item(item, "seed", value, -(2**63))
+            elif name == "delay_steps":
+                delay_steps = _int_item(item, "delay_steps", value, 1)
+            elif name in kinds:
+                rules[kinds[name]] = cls._parse_rule(item, value)
+            else:
+                valid = ", ".join([*kinds, "seed", "delay_steps"])
+                msg = f"fault policy item {item!r}: unknown name {name!r}; valid names: {valid}"
+                raise FaultPolicyError(msg, item=item)
+        return cls(rules, seed=seed, delay_steps=delay_steps)
+
+    @staticmethod
+    def _parse_rule(item: str, value: str) -> FaultRule:
+        if value.startswith("every:"):
+            return FaultRule(every=_int_item(item, "every", value[len("every:") :], 1))
+        try:
+            p = float(value)
+        except ValueError:
+            p = -1.0
+        if not 0.0 <= p <= 1.0:
+            msg = (
+                f"fault policy item {item!r}: the value must be a probability in [0, 1] "
+                "or every:K (K >= 1)"
+            )
+            raise FaultPolicyError(msg, item=item)
+        return FaultRule(probability=p)
+
+    def __str__(self) -> str:
+        parts = [f"{k.value}={self.rules[k]}" for k in FaultKind if k in self.rules]
+        return ",".join([*parts, f"seed={self.seed}", f"delay_steps={self.delay_steps}"])
+
+    def __repr__(self) -> str:
+        return f"FaultPolicy.parse({str(self)!r})"
+
+    def fresh(self) -> FaultPolicy:
+        """The same rules and seed with clean counters and a rewound random stream."""
+        return FaultPolicy(self.rules, seed=self.seed, delay_steps=self.delay_steps)
+
+    def roll(self, kind: FaultKind) -> bool:
+        """Whether to inject `kind` on this eligible call (counted in `injected` if so)."""
+        rule = self.rules.get(kind)
+        if rule is None:
+            return False
+        self._calls[kind] += 1
+        if rule.every:
+            hit = self._calls[kind] % rule.every == 0
+        else:
+            hit = self._rng.random() < rule.probability
+        if hit:
+            self.injected[kind] += 1
+        return hit
+
+
+@attrs.define(slots=True)
+class _LoadEntry:
+    batch: int
+    inner_batch: int | None  # None: the batch never reached the inner store
+    rids: tuple[str, ...]
+    force_fail: bool
+    success: bool | None = None
+    release_at: int = 0
+
+
+@attrs.define(slots=True)
+class _OffloadEntry:
+    force_fail: bool
+    success: bool | None = None
+    release_at: int = 0
+
+
+class FaultyStore:
+    """An `ExternalStore` that injects the faults of `policy` into `inner`."""
+
+    def __init__(self, inner: ExternalStore, policy: FaultPolicy) -> None:
+        self.inner = inner
+        self.policy = policy
+        self._queued: list[str] = []
+        self._loads: collections.deque[_LoadEntry] = collections.deque()
+        self._offloads: collections.deque[_OffloadEntry] = collections.deque()
+        self._tick = 0
+        self._next_batch = 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"FaultyStore({self.inner!r}, {self.policy!r})"
+
+    # -- forwarded with faults -----------------------------------------------------------
+
+    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
+        self._check_open("attach")
+        self.inner.attach(pools)
+
+    def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
+        self._check_open("lookup")
+        if self.policy.roll(FaultKind.FAIL_LOOKUP):
+            msg = f"lookup for {rid!r} failed (injected fault {FaultKind.FAIL_LOOKUP.value})"
+            raise StoreFaultError(msg, operation="lookup")
+        found = self.inner.lookup(rid, transfers)
+        if found and self.policy.roll(FaultKind.EVICT_AFTER_LOOKUP):
+            kv = next(t for t in transfers if t.name is PoolName.KV)
+            self.inner.evict([kv.keys[found[-1] - 1]])
+        return found
+
+    def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
+        self._check_open("load")
+        if self.policy.roll(FaultKind.REFUSE_LOAD):
+            return False
+        accepted = self.inner.load(rid, transfers)
+        if accepted:
+            self._queued.append(rid)
+        return accepted
+
+    def start_loading(self) -> int:
+        self._check_open("start_loading")
+        if not self._queued:
+            return -1
+        rids = tuple(self._queued)
+        self._queued.clear()
+        batch = self._next_batch
+        self._next_batch += 1
+        if self.policy.roll(FaultKind.FAIL_BATCH_BEFORE_START):
+            left = [rid for rid in rids if not self.inner.cancel_queued_load(rid)]
+            inner = self.inner.start_loading() if left else -1
+            entry = _LoadEntry(batch, inner if inner >= 0 else None, rids, force_fail=True)
+        else:
+            inner = self.inner.start_loading()
+            force = self.policy.roll(FaultKind.FAIL_BATCH_MIDWAY)
+            entry = _LoadEntry(batch, inner if inner >= 0 else None, rids, force_fail=force)
+        self._loads.append(entry)
+        if entry.inner_batch is None:
+            self._settle(entry, False)
+        return batch
+
+    def num_completed_loads(self) -> int:
+        self._check_open("num_completed_loads")
+        self._pull()
+        return self._ready(self._loads)
+
+    def pop_completed_load(self) -> LoadBatchResult:
+        if not self.num_completed_loads():
+            msg = "pop_completed_load: no load batch has completed; check num_completed_loads()"
+            raise NoCompletionError(msg, what="load")
+        entry = self._loads.popleft()
+        assert entry.success is not None
+        return LoadBatchResult(entry.batch, entry.rids, entry.success)
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        self._check_open("cancel_queued_load")
+        cancelled = self.inner.cancel_queued_load(rid)
+        if cancelled and rid in self._queued:
+            self._queued.remove(rid)
+        return cancelled
+
+    def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
+        self._check_open("offload")
+        if self.policy.roll(FaultKind.REFUSE_OFFLOAD):
+            return False
+        accepted = self.inner.offload(transfers)
+        if accepted:
+            self._offloads.append(_OffloadEntry(self.policy.roll(FaultKind.FAIL_OFFLOAD)))
+        return accepted
+
+    def num_completed_offloads(self) -> int:
+        self._check_open("num_completed_offloads")
+        self._pull()
+        return self._ready(self._offloads)
+
+    def pop_completed_offload(self) -> bool:
+        if not self.num_completed_offloads():
+            msg = "pop_completed_offload: no offload has completed; check num_completed_offloads()"
+            raise NoCompletionError(msg, what="offload")
+        entry = self._offloads.popleft()
+        assert entry.success is not None
+        return entry.success
+
+    def progress(self) -> int:
+        self._check_open("progress")
+        self._tick += 1
+        done = self.inner.progress()
+        self._pull()
+        return done
+
+    def evict(self, keys: Sequence[str], pool: PoolName | None = None) -> int:
+        self._check_open("evict")
+        return self.inner.evict(keys, pool)
+
+    def contains(self, pool: PoolName, key: str) -> bool:
+        self._check_open("contains")
+        return self.inner.contains(pool, key)
+
+    def reset(self) -> None:
+        self._check_open("reset")
+        self.inner.reset()
+        self._pull()
+        self._queued.clear()
+        entries: list[_LoadEntry | _OffloadEntry] = [*self._loads, *self._offloads]
+        for entry in entries:
+            if entry.success is None:  # the inner store lost it: report it failed
+                entry.success = False
+            entry.release_at = min(entry.release_at, self._tick)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.reset()
+        self.inner.close()
+        self._closed = True
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            msg = f"{operation}: the store is closed; create a new store"
+            raise StoreClosedError(msg, operation=operation)
+
+    def _settle(self, entry: _LoadEntry | _OffloadEntry, success: bool) -> None:
+        entry.success = success and not entry.force_fail
+        delay = self.policy.delay_steps if self.policy.roll(FaultKind.DELAY_COMPLETION) else 0
+        entry.release_at = self._tick + delay
+
+    def _ready(self, entries: Iterable[_LoadEntry | _OffloadEntry]) -> int:
+        count = 0
+        for entry in entries:
+            if entry.success is None or entry.release_at > self._tick:
+                break
+            count += 1
+        return count
+
+    def _pull(self) -> None:
+        """Take the inner store's completions into this wrapper's FIFOs."""
+        inner = self.inner
+        while inner.num_completed_loads():
+            result = inner.pop_completed_load()
+            entry = next(
+                (e for e in self._loads if e.success is None and e.inner_batch == result.batch),
+                None,
+            )
+            if entry is None:  # loads the inner store failed on its own (its reset)
+                entry = _LoadEntry(self._next_batch, result.batch, result.rids, False)
+                self._next_batch += 1
+                self._loads.append(entry)
+                self._queued = [r for r in self._queued if r not in result.rids]
+            self._settle(entry, result.success)
+        while inner.num_completed_offloads():
+            success = inner.pop_completed_offload()
+            pending = next((e for e in self._offloads if e.success is None), None)
+            if pending is not None:
+                self._settle(pending, success)

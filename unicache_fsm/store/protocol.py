@@ -1,0 +1,100 @@
+"""The external-store protocol: what the linker asks of any KV-store backend.
+
+A store holds page bytes filed under (pool, page hash). It reads device pages from the
+attached KV pools on OFFLOAD and writes stored pages into reserved device slots on LOAD;
+both are asynchronous: calls queue work, completions are popped later, in FIFO order.
+
+Primitives, in the order a caller uses them (one line each, with the contract):
+
+- `attach(pools)` — the device KV pools (by `PoolName`) the store reads from and writes
+  into; every pool must have the same page size P, else `StoreConfigError`.
+- `lookup(rid, transfers) -> list[int]` — every restorable prefix length in pages,
+  ascending, tail-relative (1..n); the rules are in `unicache_fsm.store.lookup`. Sparse
+  sets are normal (an SWA window stored only at offloaded node ends).
+- `load(rid, transfers) -> bool` — validate (keys, whole-page int64 indices inside the
+  attached pool, ``len(indices) == len(keys) * P``; typed error and nothing queued
+  otherwise) and queue; False = refused (rid already queued or in flight, a key no
+  longer present).
+- `start_loading() -> int` — move every queued load into one batch; the batch id, or -1
+  when nothing was queued.
+- `num_completed_loads() -> int`, `pop_completed_load() -> LoadBatchResult` — one
+  result per batch, FIFO; ``success`` is False when any page of the batch was missing
+  or failed its checksum (then nothing of the batch may be trusted: bytes may have been
+  written into the reserved slots, which the caller frees).
+- `cancel_queued_load(rid) -> bool` — True when a queued (not started) load was
+  cancelled; False otherwise (unknown rid, or already started).
+- `offload(transfers) -> bool` — validate and queue the persistence of device pages and
+  their keys; False = refused (nothing queued, nothing will complete).
+- `num_completed_offloads() -> int`, `pop_completed_offload() -> bool` — one success
+  flag per accepted offload, in submission order.
+- `progress() -> int` — drive completions. A synchronous store performs every started
+  load batch and every queued offload now and records their completions; a store with
+  a background worker only waits until it is idle. Returns the number of jobs (load
+  batches and offloads) it saw finish.
+- `evict(keys, pool=None) -> int` — store-side eviction of pages (capacity limits,
+  fault injection, tests); all pools when `pool` is None; returns pages removed.
+- `contains(pool, key) -> bool` — a cheap presence check, for tests and invariants.
+- `reset()` — quiesce: every queued or started load completes as failed, every pending
+  offload completes as failed; nothing is queued or in flight afterwards; stored pages
+  stay. Completions already recorded stay poppable.
+- `close()` — `reset()`, then release resources; any further call raises
+  `StoreClosedError` (a second `close()` is a no-op).
+
+Value type: `LoadBatchResult(batch, rids, success)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.transfer import PoolName, PoolTransfer
+
+__all__ = ["ExternalStore", "LoadBatchResult"]
+
+
+@attrs.frozen
+class LoadBatchResult:
+    """The completion of one load batch: its id, its loads' rids, and the verdict."""
+
+    batch: int
+    rids: tuple[str, ...]
+    success: bool
+
+
+@runtime_checkable
+class ExternalStore(Protocol):
+    """An asynchronous KV-page store; see the module docstring for each contract."""
+
+    def attach(self, pools: Mapping[PoolName, KVPool]) -> None: ...
+
+    def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]: ...
+
+    def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool: ...
+
+    def start_loading(self) -> int: ...
+
+    def num_completed_loads(self) -> int: ...
+
+    def pop_completed_load(self) -> LoadBatchResult: ...
+
+    def cancel_queued_load(self, rid: str) -> bool: ...
+
+    def offload(self, transfers: Sequence[PoolTransfer]) -> bool: ...
+
+    def num_completed_offloads(self) -> int: ...
+
+    def pop_completed_offload(self) -> bool: ...
+
+    def progress(self) -> int: ...
+
+    def evict(self, keys: Sequence[str], pool: PoolName | None = None) -> int: ...
+
+    def contains(self, pool: PoolName, key: str) -> bool: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...

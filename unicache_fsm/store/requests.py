@@ -1,0 +1,143 @@
+"""Attached pools and the validation of LOAD / OFFLOAD requests against them.
+
+Every store validates a request completely before it queues anything, the same way:
+
+- `AttachedPools(pools)` — the device KV pools a store was attached to, by `PoolName`;
+  all must be `KVPool`s of one page size P (`StoreConfigError` otherwise). Its
+  `page_size`, `names` and `pool(name, operation)` (`UnknownPoolError` for a pool
+  that is not attached, naming the attached ones).
+- `check_data_transfers(transfers, phase)` -> tuple of `CheckedTransfer`: at least one
+  transfer, one per pool, every pool attached, keys valid page hashes
+  (`InvalidPageKeyError`), `device_indices` present (`StoreTransferError`), a 1-D int64
+  tensor on the pool's device of whole pages inside the pool (the pool errors
+  `TensorTypeError`, `DeviceMismatchError`, `TensorShapeError`, `ForeignSlotsError`,
+  `UnalignedSlotsError`), ``len(indices) == len(keys) * P`` (`LengthMismatchError`);
+  for LOAD, no page named twice (`DuplicatePagesError`: the write would be undefined).
+- `CheckedTransfer(pool, keys, slots, pages)` — one validated transfer: its pool name,
+  keys, slot tensor and the page id of each key's page (same order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+import torch
+
+from unicache_fsm.pools.errors import DuplicatePagesError
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.slots import SlotCodec, preview
+from unicache_fsm.pools.transfer import (
+    LinkerTransferPhase,
+    PoolName,
+    PoolTransfer,
+    check_page_key,
+)
+from unicache_fsm.store.errors import StoreConfigError, StoreTransferError, UnknownPoolError
+
+__all__ = ["AttachedPools", "CheckedTransfer"]
+
+
+@attrs.frozen
+class CheckedTransfer:
+    """A validated LOAD/OFFLOAD transfer: `pages[i]` is the device page of `keys[i]`."""
+
+    pool: PoolName
+    keys: tuple[str, ...]
+    slots: torch.Tensor = attrs.field(eq=False, repr=False)
+    pages: torch.Tensor = attrs.field(eq=False, repr=False)
+
+
+class AttachedPools:
+    """The pools a store reads from and writes into, with one slot codec per pool."""
+
+    __slots__ = ("_codecs", "_page_size", "_pools")
+
+    def __init__(self, pools: Mapping[PoolName, KVPool]) -> None:
+        checked: dict[PoolName, KVPool] = {}
+        pairs: Iterable[tuple[object, object]] = pools.items()
+        for name, pool in pairs:
+            if not isinstance(name, PoolName):
+                msg = f"attach: pool names must be PoolName members, got {name!r}"
+                raise StoreConfigError(msg, argument="pools", value=name)
+            if not isinstance(pool, KVPool):
+                msg = f"attach: pool {name} must be a KVPool, got {type(pool).__name__}"
+                raise StoreConfigError(msg, argument="pools", value=pool)
+            checked[name] = pool
+        sizes = {name: pool.page_size for name, pool in checked.items()}
+        if len(set(sizes.values())) > 1:
+            listed = ", ".join(f"{n}={p}" for n, p in sizes.items())
+            msg = (
+                f"attach: pools have different page sizes ({listed}); a page hash names one "
+                "page of P tokens in every pool, so build all pools with the same page_size"
+            )
+            raise StoreConfigError(msg, argument="pools", value=sizes)
+        self._pools = checked
+        self._page_size = next(iter(sizes.values()), 0)
+        self._codecs = {n: SlotCodec(p.layout, p.device) for n, p in checked.items()}
+
+    @property
+    def page_size(self) -> int:
+        """P, or 0 when no pool is attached."""
+        return self._page_size
+
+    @property
+    def names(self) -> tuple[PoolName, ...]:
+        return tuple(self._pools)
+
+    def items(self) -> list[tuple[PoolName, KVPool]]:
+        return list(self._pools.items())
+
+    def pool(self, name: object, operation: str) -> KVPool:
+        """The attached pool called `name`, else `UnknownPoolError`."""
+        pool = self._pools.get(name) if isinstance(name, PoolName) else None
+        if pool is None:
+            attached = tuple(str(n) for n in self._pools)
+            msg = (
+                f"{operation}: pool {name!s} is not attached to this store (attached: "
+                f"{', '.join(attached) or 'none'}); call attach() with it first"
+            )
+            raise UnknownPoolError(msg, pool=name, attached=attached)
+        return pool
+
+    def check_data_transfers(
+        self, transfers: Sequence[PoolTransfer], phase: LinkerTransferPhase
+    ) -> tuple[CheckedTransfer, ...]:
+        """Validate a LOAD or OFFLOAD request; see the module docstring."""
+        op = phase.value
+        if isinstance(transfers, PoolTransfer) or not transfers:
+            msg = f"{op}: pass a non-empty sequence of PoolTransfer objects, got {transfers!r}"
+            raise StoreTransferError(msg, pool=None)
+        out: list[CheckedTransfer] = []
+        seen: set[PoolName] = set()
+        items: Sequence[object] = transfers
+        for t in items:
+            if not isinstance(t, PoolTransfer):
+                msg = f"{op}: transfers must be PoolTransfer objects, got {type(t).__name__}"
+                raise StoreTransferError(msg, pool=None)
+            if t.name in seen:
+                msg = f"{op}: pool {t.name} is named twice; pass one transfer per pool"
+                raise StoreTransferError(msg, pool=t.name)
+            seen.add(t.name)
+            pool = self.pool(t.name, op)
+            keys = tuple(check_page_key(k) for k in t.keys)
+            if t.device_indices is None:
+                msg = (
+                    f"{op}: the {t.name} transfer has no device_indices; a {op} moves bytes "
+                    "between device slots and the store, so pass the slots of its pages"
+                )
+                raise StoreTransferError(msg, pool=t.name)
+            codec = self._codecs[t.name]
+            what = f"{op} {t.name} device_indices"
+            slots = codec.check_index_tensor(t.device_indices, what)
+            t.check_page_size(self._page_size)
+            pages = codec.to_pages(slots, what)
+            if phase is LinkerTransferPhase.LOAD and SlotCodec.has_duplicates(pages):
+                dup = SlotCodec.duplicate_pages(pages)
+                msg = (
+                    f"{op}: the {t.name} transfer names page(s) {preview(dup)} more than once; "
+                    "which copy lands would be undefined, so pass each page once"
+                )
+                raise DuplicatePagesError(msg, pool=pool.name, pages=dup)
+            out.append(CheckedTransfer(t.name, keys, slots, pages))
+        return tuple(out)
