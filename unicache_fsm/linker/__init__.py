@@ -1,0 +1,48 @@
+"""The linker: transfer types and rank agreement (the load/offload linker comes later).
+
+Kept light on purpose: it re-exports the transfer descriptors from
+`unicache_fsm.pools.transfer` (PoolName, PoolHitPolicy, PoolTransfer, PoolTransferResult,
+LinkerTransferPhase, ExternalLinkerLoadPhase) and the rank-agreement names from
+`unicache_fsm.linker.ranks` (RankGroup and its implementations, `intersect_restorable`,
+`agree`).
+"""
+
+from __future__ import annotations
+
+from unicache_fsm.linker.ranks import (
+    RankGroup,
+    RankGroupError,
+    SingleRank,
+    ThreadRankGroup,
+    TorchDistRankGroup,
+    agree,
+    intersect_restorable,
+)
+from unicache_fsm.pools.transfer import (
+    ExternalLinkerLoadPhase,
+    InvalidPageKeyError,
+    LinkerTransferPhase,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+    check_page_key,
+)
+
+__all__ = [
+    "ExternalLinkerLoadPhase",
+    "InvalidPageKeyError",
+    "LinkerTransferPhase",
+    "PoolHitPolicy",
+    "PoolName",
+    "PoolTransfer",
+    "PoolTransferResult",
+    "RankGroup",
+    "RankGroupError",
+    "SingleRank",
+    "ThreadRankGroup",
+    "TorchDistRankGroup",
+    "agree",
+    "check_page_key",
+    "intersect_restorable",
+]
