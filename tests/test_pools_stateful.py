@@ -172,10 +172,13 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
             self.refused(self.a.free, TensorShapeError, slots_of(live[:1], self.p).view(1, -1))
         else:
             page = data.draw(st.sampled_from(live), label="page")
-            self.refused(self.a.free, UnalignedSlotsError, self.unaligned(page, kind, data))
+            slots = self.unaligned(page, kind, data)
+            # Shifting the last page up leaves the pool: foreign is reported before unaligned.
+            outside = int(slots.max()) >= self.a.num_slots
+            self.refused(self.a.free, ForeignSlotsError if outside else UnalignedSlotsError, slots)
 
     def unaligned(self, page: int, kind: str, data: st.DataObject) -> torch.Tensor:
-        """The slots of `page`, broken the way `kind` says (always inside the pool)."""
+        """The slots of `page`, broken the way `kind` says."""
         slots = slots_of([page], self.p)
         k = data.draw(st.integers(1, self.p - 1), label="by")
         if kind == "partial page":
