@@ -33,10 +33,18 @@ def _spec(name: str) -> MachineSpec:
 
 MACHINES = ["load_transaction", "offload", "node_residency", "nested", "parallel"]
 PAIRS: dict[str, tuple[MachineSpec, Executor, Executor]] = {}
+
+
+def _log_transition(_ex: Executor, model: RecordingModel, src: str, trig: str, dest: str) -> None:
+    model.log.append(("<transition>", (src, trig, dest), {}))
+
+
 for _name in MACHINES:
     _s = _spec(_name)
     _cls = recording_model_class(_s)
     PAIRS[_name] = (_s, CompiledExecutor(_s, _cls), ReferenceExecutor(_s, _cls))
+    for _ex in PAIRS[_name][1:]:
+        _ex.add_observer(_log_transition)  # observers see the same transitions, same place
 
 
 def _outcome(call: Any) -> tuple[str, str]:

@@ -222,3 +222,23 @@ def test_state_attribute_must_be_an_identifier(executor: type[Executor]) -> None
     with pytest.raises(InvalidSpecError) as info:
         executor(NESTED, NestedModel, state_attribute="my-state")
     assert info.value.names("state attribute is not an identifier") == ("my-state",)
+
+
+def test_observers_see_each_transition_after_the_state_change(
+    executor_cls: type[Executor],
+) -> None:
+    ex, m = _nested(executor_cls)
+    seen: list[tuple[str, str, str, str]] = []
+
+    def observer(_ex: Executor, model: RecordingModel, src: str, trig: str, dest: str) -> None:
+        seen.append((model.state, src, trig, dest))
+        model.log.append(("<observed>", (), {}))
+
+    ex.fire(m, "go")  # before the observer: not seen
+    ex.add_observer(observer)
+    ex.fire(m, "go")
+    assert seen == [("b.b2.x", "b.b1", "go", "b.b2.x")]
+    assert _names(m)[-5:] == ["exit_b1", "<observed>", "enter_b2", "enter_x", "after_go3"]
+    ex.remove_observer(observer)
+    ex.fire(m, "up")
+    assert len(seen) == 1

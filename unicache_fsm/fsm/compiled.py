@@ -33,9 +33,15 @@ def _calls(names: tuple[str, ...], indent: str) -> list[str]:
     return [f"{indent}model.{n}(*args, **kwargs)" for n in names]
 
 
-def _step_source(group: tuple[FlatTransition, ...], attr: str) -> tuple[str, dict[str, str]]:
-    """Source of one `(configuration, trigger)` step function and its constants."""
-    consts: dict[str, str] = {}
+def _step_source(
+    group: tuple[FlatTransition, ...], attr: str, observed: bool
+) -> tuple[str, dict[str, str]]:
+    """Source of one `(configuration, trigger)` step function and its constants.
+
+    With `observed`, the step calls ``NOTIFY(model, source, trigger, dest)`` right
+    after the state change.
+    """
+    consts: dict[str, str] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
     lines = ["def step(model, args, kwargs):"]
     if any(ft.spec.guarded for ft in group):
         lines.append("    rejected = None")
@@ -54,6 +60,8 @@ def _step_source(group: tuple[FlatTransition, ...], attr: str) -> tuple[str, dic
             body += [f"{ind}    break"]
         body += _calls(t.before, ind) + _calls(ft.exits, ind)
         body.append(f"{ind}model.{attr} = DEST{i}")
+        if observed:
+            body.append(f"{ind}NOTIFY(model, SOURCE, TRIGGER, DEST{i})")
         body += _calls(ft.enters, ind) + _calls(t.after, ind)
         body.append(f"{ind}return None")
         if guarded:
@@ -82,7 +90,7 @@ def _probe_source(group: tuple[FlatTransition, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _compile(source: str, name: str, consts: dict[str, str], filename: str) -> Any:
+def _compile(source: str, name: str, consts: dict[str, Any], filename: str) -> Any:
     namespace: dict[str, Any] = dict(consts)
     exec(compile(source, filename, "exec"), namespace)
     return namespace[name]
@@ -102,21 +110,34 @@ class CompiledExecutor(Executor):
         triggers: type[enum.Enum] | None = None,
     ) -> None:
         super().__init__(spec, model_cls, state_attribute=state_attribute, triggers=triggers)
-        self._steps: dict[str, dict[Any, _Step]] = {c: {} for c in self.flat.configs}
         self._probes: dict[str, dict[str, Any]] = {c: {} for c in self.flat.configs}
         self.sources: dict[tuple[str, str], str] = {}
         for (config, trigger), group in self.flat.table.items():
             filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
-            src, consts = _step_source(group, state_attribute)
-            self.sources[(config, trigger)] = src
-            step = _compile(src, "step", consts, filename)
-            self._steps[config][trigger] = step
+            self.sources[(config, trigger)] = _step_source(group, state_attribute, False)[0]
             self._probes[config][trigger] = _compile(_probe_source(group), "probe", {}, filename)
-        if triggers is not None:  # enum members hash by name: give them their own keys
-            for member in triggers:
-                for table in self._steps.values():
-                    if member.value in table:
-                        table[member] = table[member.value]
+        self._plain = self._build_steps(observed=False)
+        self._observed: dict[str, dict[Any, _Step]] | None = None
+        self._steps = self._plain
+
+    def _build_steps(self, *, observed: bool) -> dict[str, dict[Any, _Step]]:
+        steps: dict[str, dict[Any, _Step]] = {c: {} for c in self.flat.configs}
+        for (config, trigger), group in self.flat.table.items():
+            filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
+            src, consts = _step_source(group, self.state_attribute, observed)
+            extra: dict[str, Any] = {"NOTIFY": self._notify} if observed else {}
+            steps[config][trigger] = _compile(src, "step", {**consts, **extra}, filename)
+        for alias, name in self._alias.items():  # enum members hash by name: own keys
+            if alias is not name:
+                for table in steps.values():
+                    if name in table:
+                        table[alias] = table[name]
+        return steps
+
+    def _observers_changed(self) -> None:
+        if self.observers and self._observed is None:
+            self._observed = self._build_steps(observed=True)
+        self._steps = self._observed if self.observers and self._observed else self._plain
 
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         try:

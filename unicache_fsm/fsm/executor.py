@@ -21,6 +21,10 @@ Primitives:
   allocate in `prepare`).
 - `allowed_triggers(model)`, `state_of(model)`, `is_active(model, path)`,
   `is_final(model)` — queries that run no callback.
+- `add_observer(fn)` / `remove_observer(fn)` — call ``fn(executor, model, source,
+  trigger, dest)`` for every transition taken, right after the state change and before
+  the `on_enter` callbacks (traces, coverage counters). Without observers nothing is
+  paid for them.
 
 Neither executor is thread-safe: a scheduler drives its models from one thread.
 A trigger fired from inside a callback runs at once (nested), like `transitions`.
@@ -45,7 +49,10 @@ from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.validate import check_binding
 
-__all__ = ["Executor", "model_id"]
+__all__ = ["Executor", "Observer", "model_id"]
+
+#: ``fn(executor, model, source, trigger, dest)``, called for every transition taken.
+Observer = Callable[["Executor", Any, str, str, str], None]
 
 
 def model_id(model: object) -> str:
@@ -88,6 +95,24 @@ class Executor(abc.ABC):
         if triggers is not None:
             for member in triggers:
                 self._alias[member] = str(member.value)
+        self.observers: list[Observer] = []
+
+    # -- observers ---------------------------------------------------------------------
+    def add_observer(self, observer: Observer) -> None:
+        """Call `observer` for every transition taken from now on."""
+        self.observers.append(observer)
+        self._observers_changed()
+
+    def remove_observer(self, observer: Observer) -> None:
+        self.observers.remove(observer)
+        self._observers_changed()
+
+    def _observers_changed(self) -> None:  # noqa: B027 - an optional hook, not abstract
+        """Hook for executors that specialise their dispatch on having observers."""
+
+    def _notify(self, model: Any, source: str, trigger: str, dest: str) -> None:
+        for observer in self.observers:
+            observer(self, model, source, trigger, dest)
 
     # -- queries -----------------------------------------------------------------------
     def initialize(self, model: object, like: object | None = None) -> None:

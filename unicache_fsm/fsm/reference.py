@@ -114,9 +114,11 @@ class ReferenceExecutor(Executor):
         for name in cls._flat_of(event).exits:
             getattr(event.model, name)(*event.args, **event.kwargs)
 
-    @classmethod
-    def _run_enters(cls, event: EventData) -> None:
-        for name in cls._flat_of(event).enters:
+    def _run_enters(self, event: EventData) -> None:
+        flat = self._flat_of(event)
+        if self.observers:
+            self._notify(event.model, flat.source, flat.trigger, flat.dest)
+        for name in flat.enters:
             getattr(event.model, name)(*event.args, **event.kwargs)
 
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
