@@ -165,7 +165,7 @@ class FaultPolicy:
                 msg = f"fault policy item {item!r} is not name=value (e.g. refuse_load=0.3)"
                 raise FaultPolicyError(msg, item=item)
             if name in seen:
-                msg = f"fault policy names {name!r} twice; give each item once"
+                msg = f"fault policy item {item!r} names {name!r} a second time; give it once"
                 raise FaultPolicyError(msg, item=item)
             seen.add(name)
             if name == "seed":

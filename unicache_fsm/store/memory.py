@@ -312,7 +312,9 @@ class MemoryStore:
             if not self._load_results:
                 msg = "pop_completed_load: no load batch has completed; check num_completed_loads()"
                 raise NoCompletionError(msg, what="load")
-            return self._load_results.popleft()
+            result = self._load_results.popleft()
+            self._in_flight.difference_update(result.rids)
+            return result
 
     def cancel_queued_load(self, rid: str) -> bool:
         with self._cond:
@@ -564,8 +566,7 @@ class MemoryStore:
         self._load_results.append(LoadBatchResult(batch.batch, rids, ok))
 
     def _finish_load_books(self, record: StoreLoad) -> None:
-        self._unpin(record)
-        self._in_flight.discard(record.rid)
+        self._unpin(record)  # the rid stays in flight until its result is popped
         self._history.append(record)
 
     def _quiesce(self) -> None:
@@ -594,6 +595,7 @@ class MemoryStore:
                 record.batch = batch
                 LOAD_MACHINE.fire(record, StoreLoadTrigger.ABANDON)
                 self._finish_load_books(record)
+                self._in_flight.add(record.rid)
             rids = tuple(r.rid for r in records)
             self._load_results.append(LoadBatchResult(batch, rids, False))
 

@@ -13,8 +13,8 @@ Primitives, in the order a caller uses them (one line each, with the contract):
   sets are normal (an SWA window stored only at offloaded node ends).
 - `load(rid, transfers) -> bool` — validate (keys, whole-page int64 indices inside the
   attached pool, ``len(indices) == len(keys) * P``; typed error and nothing queued
-  otherwise) and queue; False = refused (rid already queued or in flight, a key no
-  longer present).
+  otherwise) and queue; False = refused (the rid is queued, or in flight: started and
+  its batch's result not yet popped; or a key is no longer present).
 - `start_loading() -> int` — move every queued load into one batch; the batch id, or -1
   when nothing was queued.
 - `num_completed_loads() -> int`, `pop_completed_load() -> LoadBatchResult` — one

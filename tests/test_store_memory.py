@@ -1,0 +1,819 @@
+"""The external-store contract, as a reusable suite, run here against `MemoryStore`.
+
+`StoreContract` holds every protocol test; a backend reuses it by subclassing it in a
+``Test*`` class that provides a ``store_factory`` fixture (a callable taking
+``capacity_pages=None`` and returning a fresh, unattached store) and, for the corruption
+test, overriding `corrupt`. `Rig` builds real torch pools (KV, SWA, MAMBA) on CPU and
+fills pages with random bytes. After the contract: memory-store specifics (store-side
+machines, background mode, invariants) and a Hypothesis state machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import attrs
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+)
+
+from unicache_fsm.hashing import page_hashes
+from unicache_fsm.pools import (
+    DuplicatePagesError,
+    ForeignSlotsError,
+    KVPool,
+    LengthMismatchError,
+    PagedAllocator,
+    TensorTypeError,
+    UnalignedSlotsError,
+)
+from unicache_fsm.pools.transfer import (
+    InvalidPageKeyError,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from unicache_fsm.store import (
+    LOAD_MACHINE,
+    OFFLOAD_MACHINE,
+    ExternalStore,
+    LoadBatchResult,
+    MemoryStore,
+    NoCompletionError,
+    StoreClosedError,
+    StoreConfigError,
+    StoreLoad,
+    StoreLoadState,
+    StoreOffloadState,
+    StoreStateError,
+    StoreTransferError,
+    UnknownPoolError,
+)
+
+KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
+TRAILING = PoolHitPolicy.TRAILING_PAGES
+StoreFactory = Callable[..., ExternalStore]
+
+
+class Rig:
+    """Real CPU pools of page size P with allocators, and helpers to fill and read pages."""
+
+    P = 4
+    LAYERS = 2
+    WIDTH = 8
+
+    def __init__(self, pages: int = 64) -> None:
+        self.allocs = {
+            name: PagedAllocator(pages * self.P, self.P, name=name.value) for name in PoolName
+        }
+        self.pools = {
+            name: KVPool.for_allocator(a, self.LAYERS, self.WIDTH)
+            for name, a in self.allocs.items()
+        }
+        self.gen = torch.Generator().manual_seed(1234)
+        self._chains = 0
+
+    def chain(self, n: int, prefix: Sequence[str] = ()) -> list[str]:
+        """`n` fresh page keys, continuing `prefix` (a hash chain of distinct tokens)."""
+        self._chains += 1
+        tokens = [self._chains * 100_000 + t for t in range((len(prefix) + n) * self.P)]
+        prior = prefix[-1] if prefix else None
+        return [*prefix, *page_hashes(tokens[len(prefix) * self.P :], self.P, prior)][len(prefix) :]
+
+    def alloc(self, pool: PoolName, n_pages: int) -> torch.Tensor:
+        slots = self.allocs[pool].alloc(n_pages * self.P)
+        assert slots is not None, "rig pool exhausted"
+        return slots
+
+    def fill(self, pool: PoolName, n_pages: int) -> torch.Tensor:
+        """Allocate `n_pages` and write random bytes into them."""
+        slots = self.alloc(pool, n_pages)
+        data = torch.randn(
+            (slots.numel(), self.LAYERS, self.WIDTH), generator=self.gen, dtype=torch.float32
+        )
+        self.pools[pool].write_pages(slots, data.to(torch.float16))
+        return slots
+
+    def read(self, pool: PoolName, slots: torch.Tensor) -> torch.Tensor:
+        return self.pools[pool].read_pages(slots)
+
+    def page(self, pool: PoolName, slots: torch.Tensor, i: int) -> torch.Tensor:
+        return self.read(pool, slots[i * self.P : (i + 1) * self.P])
+
+
+def drain(store: ExternalStore) -> tuple[list[LoadBatchResult], list[bool]]:
+    loads = [store.pop_completed_load() for _ in range(store.num_completed_loads())]
+    offloads = [store.pop_completed_offload() for _ in range(store.num_completed_offloads())]
+    return loads, offloads
+
+
+def offload_now(store: ExternalStore, transfers: Sequence[PoolTransfer]) -> bool:
+    assert store.offload(transfers)
+    store.progress()
+    (ok,) = drain(store)[1]
+    return ok
+
+
+def load_now(store: ExternalStore, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
+    assert store.load(rid, transfers)
+    batch = store.start_loading()
+    assert batch >= 0
+    store.progress()
+    loads, _ = drain(store)
+    assert [(r.batch, r.rids) for r in loads] == [(batch, (rid,))]
+    return loads[0].success
+
+
+def kv_lookup(keys: Sequence[str], **trailing: int) -> list[PoolTransfer]:
+    """A LOOKUP: the KV transfer plus a TRAILING_PAGES transfer per pool named."""
+    out = [PoolTransfer(KV, keys=keys)]
+    for name, n in trailing.items():
+        out.append(PoolTransfer(PoolName(name), keys=keys[len(keys) - n :], hit_policy=TRAILING))
+    return out
+
+
+class StoreContract:
+    """Every `ExternalStore` passes these; see the module docstring for how to reuse."""
+
+    @pytest.fixture
+    def rig(self) -> Rig:
+        return Rig()
+
+    @pytest.fixture
+    def store(self, store_factory: StoreFactory, rig: Rig) -> Iterator[ExternalStore]:
+        store = store_factory()
+        store.attach(rig.pools)
+        yield store
+        store.close()
+
+    def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
+        """Flip bytes of a stored page (backends override this)."""
+        assert isinstance(store, MemoryStore)
+        view = store.stored_bytes(pool, key)
+        assert view is not None
+        view[:8] ^= 0xFF
+
+    # -- round trips ----------------------------------------------------------------------
+
+    def test_is_an_external_store(self, store: ExternalStore) -> None:
+        assert isinstance(store, ExternalStore)
+
+    def test_round_trip_writes_exact_bytes_into_other_slots(
+        self, store: ExternalStore, rig: Rig
+    ) -> None:
+        keys = rig.chain(5)
+        src = rig.fill(KV, 5)
+        assert offload_now(store, [PoolTransfer(KV, src, keys)])
+        assert store.lookup("r", kv_lookup(keys)) == [1, 2, 3, 4, 5]
+        dst = rig.alloc(KV, 5)
+        assert load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+        assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+
+    def test_round_trip_of_kv_and_swa_window(self, store: ExternalStore, rig: Rig) -> None:
+        keys = rig.chain(6)
+        kv_src, swa_src = rig.fill(KV, 6), rig.fill(SWA, 2)
+        offload = [PoolTransfer(KV, kv_src, keys), PoolTransfer(SWA, swa_src, keys[-2:], TRAILING)]
+        assert offload_now(store, offload)
+        assert store.lookup("r", kv_lookup(keys, swa=2)) == [6]
+        kv_dst, swa_dst = rig.alloc(KV, 6), rig.alloc(SWA, 2)
+        load = [PoolTransfer(KV, kv_dst, keys), PoolTransfer(SWA, swa_dst, keys[-2:], TRAILING)]
+        assert load_now(store, "r", load)
+        assert torch.equal(rig.read(KV, kv_dst), rig.read(KV, kv_src))
+        assert torch.equal(rig.read(SWA, swa_dst), rig.read(SWA, swa_src))
+
+    def test_load_of_a_prefix_and_of_a_middle_page(self, store: ExternalStore, rig: Rig) -> None:
+        keys = rig.chain(4)
+        src = rig.fill(KV, 4)
+        assert offload_now(store, [PoolTransfer(KV, src, keys)])
+        dst = rig.alloc(KV, 2)
+        assert load_now(store, "a", [PoolTransfer(KV, dst, [keys[2], keys[0]])])
+        assert torch.equal(rig.page(KV, dst, 0), rig.page(KV, src, 2))
+        assert torch.equal(rig.page(KV, dst, 1), rig.page(KV, src, 0))
+
+    def test_offload_completions_are_fifo(self, store: ExternalStore, rig: Rig) -> None:
+        for _ in range(3):
+            assert store.offload([PoolTransfer(KV, rig.fill(KV, 2), rig.chain(2))])
+        assert store.num_completed_offloads() in (0, 1, 2, 3)  # background may be quick
+        store.progress()
+        assert drain(store) == ([], [True, True, True])
+
+    def test_one_batch_holds_every_queued_load(self, store: ExternalStore, rig: Rig) -> None:
+        keys = rig.chain(3)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 3), keys)])
+        for rid in ("a", "b", "c"):
+            assert store.load(rid, [PoolTransfer(KV, rig.alloc(KV, 1), keys[:1])])
+        batch = store.start_loading()
+        assert store.start_loading() == -1
+        store.progress()
+        assert drain(store) == ([LoadBatchResult(batch, ("a", "b", "c"), True)], [])
+
+    def test_pop_with_nothing_completed_is_a_typed_error(self, store: ExternalStore) -> None:
+        with pytest.raises(NoCompletionError):
+            store.pop_completed_load()
+        with pytest.raises(NoCompletionError):
+            store.pop_completed_offload()
+        assert store.start_loading() == -1
+
+    # -- lookup rules ---------------------------------------------------------------------
+
+    def test_lookup_all_pages_is_the_leading_run(self, store: ExternalStore, rig: Rig) -> None:
+        keys = rig.chain(5)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 5), keys)])
+        assert store.evict([keys[2]], KV) == 1
+        assert not store.contains(KV, keys[2]) and store.contains(KV, keys[3])
+        assert store.lookup("r", kv_lookup(keys)) == [1, 2]
+        assert store.evict([keys[0]]) == 1
+        assert store.lookup("r", kv_lookup(keys)) == []
+        assert store.lookup("r", kv_lookup(rig.chain(3))) == []
+
+    def test_lookup_extra_all_pages_pool_bounds_the_prefix(
+        self, store: ExternalStore, rig: Rig
+    ) -> None:
+        keys = rig.chain(4)
+        both = [
+            PoolTransfer(KV, rig.fill(KV, 4), keys),
+            PoolTransfer(MAMBA, rig.fill(MAMBA, 3), keys[:3]),
+        ]
+        assert offload_now(store, both)
+        assert store.lookup("r", [PoolTransfer(KV, keys=keys), PoolTransfer(MAMBA, keys=keys)]) == [
+            1,
+            2,
+            3,
+        ]
+
+    def test_lookup_trailing_pages_gives_sparse_sets(self, store: ExternalStore, rig: Rig) -> None:
+        # KV holds pages 0..5; SWA holds windows only around node ends: pages 0, 3, 4.
+        keys = rig.chain(6)
+        swa_keys = [keys[0], keys[3], keys[4]]
+        offload = [
+            PoolTransfer(KV, rig.fill(KV, 6), keys),
+            PoolTransfer(SWA, rig.fill(SWA, 3), swa_keys),
+        ]
+        assert offload_now(store, offload)
+        # window N = 2: L valid iff pages [L-2, L) are present (clipped at the tail start)
+        assert store.lookup("r", kv_lookup(keys, swa=2)) == [1, 5]
+        # N = 1: L valid iff page L-1 is present
+        assert store.lookup("r", kv_lookup(keys, swa=1)) == [1, 4, 5]
+        # N = 3: [2, 5) misses page 2
+        assert store.lookup("r", kv_lookup(keys, swa=3)) == [1]
+
+    def test_lookup_intersects_sets_where_min_of_maxima_is_wrong(
+        self, store: ExternalStore, rig: Rig
+    ) -> None:
+        keys = rig.chain(6)
+        offload = [
+            PoolTransfer(KV, rig.fill(KV, 6), keys),
+            PoolTransfer(SWA, rig.fill(SWA, 3), [keys[0], keys[3], keys[4]]),
+            PoolTransfer(MAMBA, rig.fill(MAMBA, 1), [keys[3]]),
+        ]
+        assert offload_now(store, offload)
+        assert store.lookup("r", kv_lookup(keys, swa=2)) == [1, 5]  # own max 5
+        assert store.lookup("r", kv_lookup(keys, mamba=1)) == [4]  # own max 4
+        # min of the maxima (6, 5, 4) would claim 4, which SWA cannot restore
+        assert store.lookup("r", kv_lookup(keys, swa=2, mamba=1)) == []
+
+    def test_lookup_rejects_malformed_requests(self, store: ExternalStore, rig: Rig) -> None:
+        keys = rig.chain(4)
+        with pytest.raises(StoreTransferError, match="no KV transfer"):
+            store.lookup("r", [PoolTransfer(SWA, keys=keys[-2:], hit_policy=TRAILING)])
+        with pytest.raises(StoreTransferError, match="twice"):
+            store.lookup("r", [PoolTransfer(KV, keys=keys), PoolTransfer(KV, keys=keys)])
+        with pytest.raises(StoreTransferError, match="last 2"):
+            store.lookup(
+                "r",
+                [
+                    PoolTransfer(KV, keys=keys),
+                    PoolTransfer(SWA, keys=keys[:2], hit_policy=TRAILING),
+                ],
+            )
+        with pytest.raises(StoreTransferError, match="ALL_PAGES"):
+            store.lookup("r", [PoolTransfer(KV, keys=keys, hit_policy=TRAILING)])
+
+    # -- failures -------------------------------------------------------------------------
+
+    def test_corrupt_page_fails_the_whole_batch(self, store: ExternalStore, rig: Rig) -> None:
+        keys, other = rig.chain(3), rig.chain(2)
+        src, other_src = rig.fill(KV, 3), rig.fill(KV, 2)
+        assert offload_now(store, [PoolTransfer(KV, src, keys)])
+        assert offload_now(store, [PoolTransfer(KV, other_src, other)])
+        self.corrupt(store, KV, keys[1])
+        assert store.lookup("r", kv_lookup(keys)) == [1, 2, 3]  # presence is not integrity
+        dst, other_dst = rig.alloc(KV, 3), rig.alloc(KV, 2)
+        before = rig.read(KV, dst).clone()
+        assert store.load("bad", [PoolTransfer(KV, dst, keys)])
+        assert store.load("good", [PoolTransfer(KV, other_dst, other)])
+        batch = store.start_loading()
+        store.progress()
+        assert drain(store)[0] == [LoadBatchResult(batch, ("bad", "good"), False)]
+        assert torch.equal(rig.read(KV, dst), before)  # corrupt bytes never written
+
+    def test_keys_are_write_once(self, store: ExternalStore, rig: Rig) -> None:
+        keys = rig.chain(2)
+        first, second = rig.fill(KV, 2), rig.fill(KV, 2)
+        assert not torch.equal(rig.read(KV, first), rig.read(KV, second))
+        assert offload_now(store, [PoolTransfer(KV, first, keys)])
+        assert offload_now(store, [PoolTransfer(KV, second, keys)])
+        dst = rig.alloc(KV, 2)
+        assert load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+        assert torch.equal(rig.read(KV, dst), rig.read(KV, first))
+
+    def test_load_is_refused_for_a_missing_key_and_a_busy_rid(
+        self, store: ExternalStore, rig: Rig
+    ) -> None:
+        keys = rig.chain(3)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 3), keys)])
+        assert not store.load("r", [PoolTransfer(KV, rig.alloc(KV, 4), [*keys, rig.chain(1)[0]])])
+        assert store.load("r", [PoolTransfer(KV, rig.alloc(KV, 3), keys)])
+        assert not store.load("r", [PoolTransfer(KV, rig.alloc(KV, 3), keys)])  # queued
+        batch = store.start_loading()
+        assert not store.load("r", [PoolTransfer(KV, rig.alloc(KV, 3), keys)])  # started
+        store.progress()
+        assert drain(store)[0] == [LoadBatchResult(batch, ("r",), True)]
+        assert store.load("r", [PoolTransfer(KV, rig.alloc(KV, 3), keys)])  # done: free again
+
+    def test_page_evicted_after_queueing_fails_the_batch(
+        self, store: ExternalStore, rig: Rig
+    ) -> None:
+        keys = rig.chain(3)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 3), keys)])
+        assert store.load("r", [PoolTransfer(KV, rig.alloc(KV, 3), keys)])
+        assert store.evict([keys[2]]) == 1
+        batch = store.start_loading()
+        store.progress()
+        assert drain(store)[0] == [LoadBatchResult(batch, ("r",), False)]
+
+    def test_cancel_queued_but_not_started(self, store: ExternalStore, rig: Rig) -> None:
+        keys = rig.chain(2)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), keys)])
+        dst = rig.alloc(KV, 2)
+        before = rig.read(KV, dst).clone()
+        assert store.load("a", [PoolTransfer(KV, dst, keys)])
+        assert store.cancel_queued_load("a")
+        assert not store.cancel_queued_load("a")
+        assert not store.cancel_queued_load("never")
+        assert store.start_loading() == -1
+        store.progress()
+        assert drain(store) == ([], [])
+        assert torch.equal(rig.read(KV, dst), before)
+        assert store.load("b", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+        batch = store.start_loading()
+        assert not store.cancel_queued_load("b")
+        store.progress()
+        assert drain(store)[0] == [LoadBatchResult(batch, ("b",), True)]
+
+    def test_reset_fails_everything_pending_and_keeps_stored_pages(
+        self, store: ExternalStore, rig: Rig
+    ) -> None:
+        keys = rig.chain(2)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), keys)])
+        # A background store may finish started work before reset: only what is still
+        # pending must fail, and every accepted job completes exactly once.
+        assert store.load("started", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+        started = store.start_loading()
+        assert store.load("queued", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+        new_keys = rig.chain(1)
+        assert store.offload([PoolTransfer(KV, rig.fill(KV, 1), new_keys)])
+        store.reset()
+        loads, offloads = drain(store)
+        assert [r.rids for r in loads] == [("started",), ("queued",)]
+        assert loads[0].batch == started and not loads[1].success
+        assert loads[1].batch not in (-1, started)
+        assert len(offloads) == 1
+        assert store.contains(KV, new_keys[0]) == offloads[0]
+        store.progress()
+        assert drain(store) == ([], [])
+        assert store.start_loading() == -1
+        assert store.contains(KV, keys[0]) and store.contains(KV, keys[1])
+        dst = rig.alloc(KV, 2)
+        assert load_now(store, "again", [PoolTransfer(KV, dst, keys)])
+
+    def test_closed_store_raises_on_every_call(self, store_factory: StoreFactory, rig: Rig) -> None:
+        store = store_factory()
+        store.attach(rig.pools)
+        keys = rig.chain(1)
+        store.close()
+        store.close()  # idempotent
+        t = PoolTransfer(KV, rig.alloc(KV, 1), keys)
+        calls: list[Callable[[], object]] = [
+            lambda: store.attach(rig.pools),
+            lambda: store.lookup("r", kv_lookup(keys)),
+            lambda: store.load("r", [t]),
+            store.start_loading,
+            store.num_completed_loads,
+            store.pop_completed_load,
+            lambda: store.cancel_queued_load("r"),
+            lambda: store.offload([t]),
+            store.num_completed_offloads,
+            store.pop_completed_offload,
+            store.progress,
+            lambda: store.evict(keys),
+            lambda: store.contains(KV, keys[0]),
+            store.reset,
+        ]
+        for call in calls:
+            with pytest.raises(StoreClosedError):
+                call()
+
+    # -- bad input: typed error, nothing queued -------------------------------------------
+
+    def _assert_nothing_queued(self, store: ExternalStore) -> None:
+        assert store.start_loading() == -1
+        store.progress()
+        assert drain(store) == ([], [])
+
+    @pytest.mark.parametrize("op", ["load", "offload"])
+    def test_bad_transfers_raise_typed_errors_and_queue_nothing(
+        self, store: ExternalStore, rig: Rig, op: str
+    ) -> None:
+        keys = rig.chain(2)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), keys)])
+
+        def submit(transfers: list[PoolTransfer]) -> bool:
+            return store.load("r", transfers) if op == "load" else store.offload(transfers)
+
+        def forged(**fields: object) -> PoolTransfer:
+            t = PoolTransfer(KV, rig.alloc(KV, 2), keys)
+            for name, value in fields.items():
+                object.__setattr__(t, name, value)  # bypass the constructor's own checks
+            return t
+
+        slots = rig.alloc(KV, 2)
+        cases: list[tuple[type[Exception], list[PoolTransfer]]] = [
+            (InvalidPageKeyError, [forged(keys=(keys[0], "../etc"))]),
+            (TensorTypeError, [forged(device_indices=slots.to(torch.int32))]),
+            (LengthMismatchError, [PoolTransfer(KV, slots, [*keys, rig.chain(1)[0]])]),
+            (UnalignedSlotsError, [PoolTransfer(KV, slots + 1, keys)]),
+            (
+                ForeignSlotsError,
+                [PoolTransfer(KV, torch.arange(8, dtype=torch.int64) + 10**6, keys)],
+            ),
+            (StoreTransferError, [PoolTransfer(KV, keys=keys)]),
+            (StoreTransferError, []),
+            (StoreTransferError, [PoolTransfer(KV, slots, keys), PoolTransfer(KV, slots, keys)]),
+        ]
+        if op == "load":
+            twice = torch.cat([slots[: rig.P], slots[: rig.P]])
+            cases.append((DuplicatePagesError, [PoolTransfer(KV, twice, keys)]))
+        for error, transfers in cases:
+            with pytest.raises(error):
+                submit(transfers)
+            self._assert_nothing_queued(store)
+        with pytest.raises(InvalidPageKeyError, match="64 lowercase hex"):
+            PoolTransfer(KV, slots, ["../etc", keys[1]])
+
+    def test_unknown_pool_is_a_typed_error(self, store_factory: StoreFactory, rig: Rig) -> None:
+        store = store_factory()
+        store.attach({KV: rig.pools[KV]})
+        keys = rig.chain(2)
+        swa = PoolTransfer(SWA, rig.alloc(SWA, 2), keys, TRAILING)
+        with pytest.raises(UnknownPoolError, match="swa"):
+            store.offload([PoolTransfer(KV, rig.fill(KV, 2), keys), swa])
+        with pytest.raises(UnknownPoolError):
+            store.load("r", [swa])
+        with pytest.raises(UnknownPoolError):
+            store.lookup("r", kv_lookup(keys, swa=1))
+        self._assert_nothing_queued(store)
+        store.close()
+
+    def test_attach_rejects_unequal_page_sizes(self, store_factory: StoreFactory, rig: Rig) -> None:
+        store = store_factory()
+        other = KVPool(16, 2, 1, 4)
+        with pytest.raises(StoreConfigError, match="page sizes"):
+            store.attach({KV: rig.pools[KV], SWA: other})
+        with pytest.raises(StoreConfigError):
+            store.attach({KV: object()})  # type: ignore[dict-item]
+        store.close()
+
+    # -- capacity -------------------------------------------------------------------------
+
+    def test_capacity_evicts_chain_ends_first(self, store_factory: StoreFactory, rig: Rig) -> None:
+        store = store_factory(capacity_pages=6)
+        store.attach(rig.pools)
+        x, y, w = rig.chain(4), rig.chain(2), rig.chain(2)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 4), x)])
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), y)])
+        # full: two new pages evict x's end, then its new end (not x's head, the oldest)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), w)])
+        assert store.lookup("x", kv_lookup(x)) == [1, 2]
+        assert store.lookup("y", kv_lookup(y)) == [1, 2]
+        assert store.lookup("w", kv_lookup(w)) == [1, 2]
+        # a branch off x's prefix keeps that prefix (it is part of the offload) and takes
+        # the least recently used chain end instead: y's
+        z = rig.chain(1, prefix=x[:2])
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 3), [*x[:2], *z])])
+        assert store.lookup("z", kv_lookup([*x[:2], *z])) == [1, 2, 3]
+        assert store.lookup("y", kv_lookup(y)) == [1]
+        assert store.lookup("w", kv_lookup(w)) == [1, 2]
+        store.close()
+
+    def test_capacity_never_evicts_pages_of_queued_loads(
+        self, store_factory: StoreFactory, rig: Rig
+    ) -> None:
+        store = store_factory(capacity_pages=4)
+        store.attach(rig.pools)
+        x = rig.chain(4)
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 4), x)])
+        dst = rig.alloc(KV, 4)
+        assert store.load("r", [PoolTransfer(KV, dst, x)])
+        assert not offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), rig.chain(2))])
+        assert not store.offload([PoolTransfer(KV, rig.fill(KV, 5), rig.chain(5))])  # never fits
+        batch = store.start_loading()
+        store.progress()
+        assert drain(store)[0] == [LoadBatchResult(batch, ("r",), True)]
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), rig.chain(2))])
+        assert store.lookup("x", kv_lookup(x)) == [1, 2]
+        store.close()
+
+
+class TestMemoryStore(StoreContract):
+    @pytest.fixture(params=["sync", "background"])
+    def store_factory(self, request: pytest.FixtureRequest) -> StoreFactory:
+        background = request.param == "background"
+
+        def make(capacity_pages: int | None = None) -> ExternalStore:
+            store = MemoryStore(capacity_pages=capacity_pages, background=background)
+            made.append(store)
+            return store
+
+        made: list[MemoryStore] = []
+        yield make
+        for store in made:
+            if not store._closed:
+                store.check_invariants()
+            assert store.last_error is None
+
+
+# -- memory-store specifics -----------------------------------------------------------------
+
+
+def _states(store: MemoryStore) -> list[tuple[str, str]]:
+    out = []
+    for record in store.recent_jobs():
+        if isinstance(record, StoreLoad):
+            out.append((record.rid, LOAD_MACHINE.state_of(record)))
+        else:
+            out.append((f"offload {record.seq}", OFFLOAD_MACHINE.state_of(record)))
+    return out
+
+
+def test_store_side_machines_end_in_the_right_states() -> None:
+    rig = Rig()
+    store = MemoryStore()
+    store.attach(rig.pools)
+    keys = rig.chain(2)
+    assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), keys)])
+    assert load_now(store, "ok", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+    view = store.stored_bytes(KV, keys[0])
+    assert view is not None
+    view[0] ^= 1
+    assert not load_now(store, "corrupt", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+    view[0] ^= 1
+    assert store.load("cancelled", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+    assert store.cancel_queued_load("cancelled")
+    assert store.load("reset", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+    assert store.offload([PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
+    store.reset()
+    assert _states(store) == [
+        ("offload 0", StoreOffloadState.LANDED),
+        ("ok", StoreLoadState.LANDED),
+        ("corrupt", StoreLoadState.FAILED),
+        ("cancelled", StoreLoadState.CANCELLED),
+        ("offload 1", StoreOffloadState.FAILED),
+        ("reset", StoreLoadState.FAILED),
+    ]
+    assert all(
+        (LOAD_MACHINE if isinstance(r, StoreLoad) else OFFLOAD_MACHINE).is_final(r)
+        for r in store.recent_jobs()
+    )
+    store.close()
+
+
+def test_headers_carry_key_pool_length_and_checksum() -> None:
+    rig = Rig()
+    store = MemoryStore()
+    store.attach(rig.pools)
+    keys = rig.chain(2)
+    src = rig.fill(KV, 2)
+    assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    header = store.header(KV, keys[1])
+    assert header is not None
+    assert (header.key, header.pool, header.nbytes) == (keys[1], KV, rig.pools[KV].page_nbytes)
+    stored = store.stored_bytes(KV, keys[1])
+    assert stored is not None
+    assert torch.equal(stored, rig.page(KV, src, 1).view(torch.uint8).reshape(-1))
+    assert store.header(SWA, keys[1]) is None and store.stored_bytes(KV, rig.chain(1)[0]) is None
+    assert sorted(store.stored_keys(KV)) == sorted(keys) and store.num_pages == 2
+    store.close()
+
+
+def test_reattach_is_refused_while_busy_and_checks_layouts() -> None:
+    rig = Rig()
+    store = MemoryStore()
+    store.attach(rig.pools)
+    keys = rig.chain(1)
+    assert store.offload([PoolTransfer(KV, rig.fill(KV, 1), keys)])
+    with pytest.raises(StoreStateError):
+        store.attach(rig.pools)
+    store.progress()
+    drain(store)
+    with pytest.raises(StoreConfigError, match="bytes"):
+        store.attach({KV: KVPool(64, Rig.P, 3, Rig.WIDTH)})
+    store.attach(rig.pools)
+    store.close()
+
+
+def test_constructor_arguments_are_checked() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(StoreConfigError):
+            MemoryStore(capacity_pages=bad)  # type: ignore[arg-type]
+    with pytest.raises(StoreConfigError):
+        MemoryStore(history=-1)
+
+
+def test_scattered_rows_and_slab_growth_keep_bytes_exact() -> None:
+    rig = Rig(pages=128)
+    store = MemoryStore()
+    store.attach(rig.pools)
+    chains = [(rig.chain(5), rig.fill(KV, 5)) for _ in range(8)]
+    for keys, src in chains:
+        assert store.offload([PoolTransfer(KV, src, keys)])
+    store.progress()
+    assert drain(store)[1] == [True] * 8
+    # punch holes, then store a chain that must take scattered rows
+    store.evict([k for keys, _ in chains[::2] for k in keys[1::2]])
+    last = (rig.chain(9), rig.fill(KV, 9))
+    assert offload_now(store, [PoolTransfer(KV, last[1], last[0])])
+    for keys, src in [*chains[1::2], last]:
+        dst = rig.alloc(KV, len(keys))
+        assert load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+        assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+    store.check_invariants()
+    store.close()
+
+
+def test_background_store_completes_without_progress() -> None:
+    rig = Rig()
+    store = MemoryStore(background=True)
+    store.attach(rig.pools)
+    keys = rig.chain(3)
+    assert store.offload([PoolTransfer(KV, rig.fill(KV, 3), keys)])
+    deadline = time.monotonic() + 10
+    while store.num_completed_offloads() == 0:
+        assert time.monotonic() < deadline, "worker never completed the offload"
+        time.sleep(0.001)
+    assert store.pop_completed_offload()
+    store.close()
+    assert store._worker is not None and not store._worker.is_alive()
+
+
+# -- Hypothesis: the memory store against a model -------------------------------------------
+
+
+@attrs.define
+class _PendingLoad:
+    rid: str
+    keys: list[str]
+    slots: torch.Tensor
+    batch: int = -1
+
+
+class MemoryStoreMachine(RuleBasedStateMachine):
+    """Offload chains, look up, load, evict, reset, in any order; the books must hold."""
+
+    chains = Bundle("chains")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rig = Rig(pages=256)
+        self.store = MemoryStore(capacity_pages=12)
+        self.store.attach({KV: self.rig.pools[KV]})
+        self.truth: dict[str, torch.Tensor] = {}  # key -> its page's bytes (one per key)
+        self.offloads_pending = 0
+        self.sources: list[torch.Tensor] = []  # device pages of offloads not yet done
+        self.queued: dict[str, _PendingLoad] = {}
+        self.started: dict[int, list[_PendingLoad]] = {}
+        self.next_rid = 0
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    @rule(target=chains, n=st.integers(1, 5), parent=st.none() | chains, cut=st.integers(0, 4))
+    def offload_chain(self, n: int, parent: list[str] | None, cut: int) -> list[str]:
+        prefix = parent[: min(cut, len(parent))] if parent else []
+        keys = [*prefix, *self.rig.chain(n, prefix=prefix)]
+        src = self.rig.alloc(KV, len(keys))
+        for i, k in enumerate(keys):  # a key always names the same bytes
+            if k not in self.truth:
+                shape = (Rig.P, Rig.LAYERS, Rig.WIDTH)
+                self.truth[k] = torch.randn(shape, generator=self.rig.gen).to(torch.float16)
+            self.rig.pools[KV].write_pages(src[i * Rig.P : (i + 1) * Rig.P], self.truth[k])
+        if self.store.offload([PoolTransfer(KV, src, keys)]):
+            self.offloads_pending += 1
+            self.sources.append(src)  # the store reads it at progress(): keep it until then
+        else:
+            self.rig.allocs[KV].free(src)
+        return keys
+
+    @rule(chain=chains)
+    def lookup(self, chain: list[str]) -> None:
+        found = self.store.lookup("l", kv_lookup(chain))
+        run = 0
+        while run < len(chain) and self.store.contains(KV, chain[run]):
+            run += 1
+        assert found == list(range(1, run + 1))
+
+    @rule(chain=chains, n=st.integers(1, 5))
+    def load(self, chain: list[str], n: int) -> None:
+        keys = chain[:n]
+        slots = self.rig.allocs[KV].alloc(len(keys) * Rig.P)
+        assert slots is not None
+        rid = f"r{self.next_rid}"
+        self.next_rid += 1
+        expected = all(self.store.contains(KV, k) for k in keys)
+        accepted = self.store.load(rid, [PoolTransfer(KV, slots, keys)])
+        assert accepted == expected
+        if accepted:
+            self.queued[rid] = _PendingLoad(rid, keys, slots)
+        else:
+            self.rig.allocs[KV].free(slots)
+
+    @rule()
+    def start(self) -> None:
+        batch = self.store.start_loading()
+        if not self.queued:
+            assert batch == -1
+            return
+        assert batch >= 0 and batch not in self.started
+        self.started[batch] = list(self.queued.values())
+        self.queued.clear()
+
+    @precondition(lambda self: bool(self.queued))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.queued)))
+        assert self.store.cancel_queued_load(rid)
+        self.rig.allocs[KV].free(self.queued.pop(rid).slots)
+
+    @rule(chain=chains, i=st.integers(0, 4))
+    def evict(self, chain: list[str], i: int) -> None:
+        key = chain[min(i, len(chain) - 1)]
+        had = self.store.contains(KV, key)
+        assert self.store.evict([key]) == int(had)
+        assert not self.store.contains(KV, key)
+
+    @rule()
+    def progress(self) -> None:
+        self.store.progress()
+        self._drain(reset=False)
+
+    @rule()
+    def reset(self) -> None:
+        self.store.reset()
+        self._drain(reset=True)
+
+    def _drain(self, *, reset: bool) -> None:
+        results = drain(self.store)
+        for result in results[0]:
+            if result.batch in self.started:
+                loads = self.started.pop(result.batch)
+            else:  # reset failed the loads that were only queued, as a new batch
+                assert reset and result.batch not in self.started
+                loads = list(self.queued.values())
+                self.queued.clear()
+            assert result.rids == tuple(p.rid for p in loads)
+            for p in loads:
+                if result.success:
+                    for i, k in enumerate(p.keys):
+                        got = self.rig.page(KV, p.slots, i)
+                        assert torch.equal(got, self.truth[k]), f"load {p.rid} page {i}"
+                self.rig.allocs[KV].free(p.slots)
+        self.offloads_pending -= len(results[1])
+        assert self.offloads_pending == 0, "an offload completion was lost or duplicated"
+        for src in self.sources:
+            self.rig.allocs[KV].free(src)
+        self.sources.clear()
+        assert not self.started, "a started batch did not complete"
+        if reset:
+            assert not self.queued
+
+    @invariant()
+    def books_hold(self) -> None:
+        self.store.check_invariants()
+        assert self.store.last_error is None
+        for key in self.truth:
+            stored = self.store.stored_bytes(KV, key)
+            if stored is not None:
+                assert torch.equal(stored, self.truth[key].view(torch.uint8).reshape(-1))
+
+
+TestMemoryStoreMachine = MemoryStoreMachine.TestCase
+TestMemoryStoreMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
