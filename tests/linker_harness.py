@@ -1,0 +1,499 @@
+"""A small serving system around one `ExternalLinker`, for the linker tests.
+
+`System.build(page_size, swa=...)` wires a FULL-only (`PagedAllocator`) or FULL+SWA
+(`SWAAllocator`) system: KV pools, a `RadixTree` in linker mode (write-through
+threshold 1), a `MemoryStore` (optionally inside a `FaultyStore`) attached to the
+pools, and the linker. Requests then go through it the way a scheduler would drive them:
+
+- `compute(rid, key)` — a request computes its KV: the device prefix from the tree,
+  fresh FULL slots (and SWA slots for its window, mapped) for the rest, deterministic
+  bytes written into the pools (`kv_bytes`), a non-chunked insert, and the
+  write-through chain offloaded (settled at once unless ``settle=False``).
+- `begin(rid, key)` — `match`, lock the device prefix, `load_back` (LOAD + PREPARE).
+- `drive()` — `start_loading`, `store.progress()`, `finish_loads`, `poll_offloads`
+  in a bounded loop until nothing is in flight (a load that never ends fails the test
+  as stuck).
+- `complete(req)` — the request uses the committed load (`load.slots`) or, after an
+  abort or a miss, recomputes the tail from the device prefix; then releases its lock.
+- `serve(rid, key)` — the three above in a row.
+- `audit()` — after every step: `tree.check` with the linker's reserved slots, every
+  lock accounted for, every stored node's pages in the store, the store's own books,
+  and the bytes of every resident node equal to `kv_bytes` of its tokens (so a load
+  that landed garbage, or landed into the wrong slots, is caught).
+
+`run_ranks(n, fn)` runs ``fn(rank, group)`` for n thread ranks (`ThreadRankGroup`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig, LinkerMatch
+from unicache_fsm.linker.load import ExternalLoad
+from unicache_fsm.linker.offload import PendingOffload
+from unicache_fsm.linker.ranks import RankGroup, ThreadRankGroup
+from unicache_fsm.pools import KVPool, PagedAllocator, SWAAllocator
+from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.faults import FaultPolicy, FaultyStore
+from unicache_fsm.store.memory import MemoryStore
+from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.tree import (
+    EvictParams,
+    ExecutorKind,
+    InsertParams,
+    RadixTree,
+    TreeConfig,
+    TreeNode,
+)
+
+__all__ = [
+    "NUM_LAYERS",
+    "WIDTH",
+    "Request",
+    "System",
+    "kv_bytes",
+    "path_slots",
+    "run_ranks",
+]
+
+NUM_LAYERS = 2
+WIDTH = 4
+HUGE = 10**9
+
+
+def kv_bytes(tokens: Sequence[int], start: int, *, swa: bool = False) -> torch.Tensor:
+    """The KV a "model" computes for `tokens` at absolute positions ``start, start+1, ...``.
+
+    Small integers (exact in float16) derived from token and position, different for
+    every layer and lane; the SWA pool holds the negated values, so FULL and SWA bytes
+    can never be mistaken for each other.
+    """
+    n = len(tokens)
+    t = torch.tensor(list(tokens), dtype=torch.int64)
+    pos = torch.arange(start, start + n, dtype=torch.int64)
+    base = (t * 7 + pos * 13) % 1000
+    lanes = torch.arange(NUM_LAYERS * WIDTH, dtype=torch.int64).view(1, NUM_LAYERS, WIDTH)
+    values = base.view(n, 1, 1) + lanes
+    if swa:
+        values = -(values + 1)
+    return values.to(torch.float16)
+
+
+def path_slots(node: TreeNode, stop: TreeNode | None = None) -> torch.Tensor:
+    """FULL slots of the nodes below `stop` (default: the root) down to `node`, root first."""
+    parts: list[torch.Tensor] = []
+    n: TreeNode | None = node
+    while n is not None and n is not stop and n.parent is not None:
+        assert n.full is not None, f"node {n.id} on the path has no FULL slots"
+        parts.append(n.full)
+        n = n.parent
+    parts.reverse()
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+
+@attrs.define(eq=False)
+class Request:
+    """One request as the harness drives it (fields filled as it goes)."""
+
+    rid: str
+    key: tuple[int, ...]
+    namespace: str | None = None
+    match: LinkerMatch | None = None
+    lock: TreeNode | None = None  # the node this request's own lock is on
+    load: ExternalLoad | None = None
+    prepared: bool = False
+    outcome: str = ""  # "committed" | "aborted" | "miss" | "computed"
+    slots: torch.Tensor | None = None  # FULL slots of the page-aligned key, when done
+    last_node: TreeNode | None = None
+    offload: PendingOffload | None = None
+
+
+@attrs.define(eq=False)
+class System:
+    """One rank's tree, pools, store and linker, plus the harness's own books."""
+
+    page_size: int
+    swa: bool
+    window: int  # SWA window in tokens (page multiple); 0 without SWA
+    allocator: PagedAllocator | SWAAllocator
+    kv: KVPool
+    swa_kv: KVPool | None
+    tree: RadixTree
+    memory: MemoryStore
+    store: ExternalStore
+    linker: ExternalLinker
+    locks: list[TreeNode] = attrs.field(factory=list)
+    audits: int = 0
+    check_stored: bool = True  # off while a test lets the store lose pages on purpose
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        page_size: int,
+        *,
+        swa: bool = False,
+        full_pages: int = 64,
+        swa_pages: int = 32,
+        window_pages: int = 2,
+        faults: FaultPolicy | None = None,
+        executor: ExecutorKind = ExecutorKind.COMPILED,
+        tree_executor: ExecutorKind = ExecutorKind.COMPILED,
+        group: RankGroup | None = None,
+        capacity_pages: int | None = None,
+    ) -> System:
+        p = page_size
+        kv = KVPool(full_pages * p, p, NUM_LAYERS, WIDTH)
+        pools = {PoolName.KV: kv}
+        swa_kv: KVPool | None = None
+        allocator: PagedAllocator | SWAAllocator
+        if swa:
+            allocator = SWAAllocator(full_pages * p, swa_pages * p, p)
+            swa_kv = KVPool(swa_pages * p, p, NUM_LAYERS, WIDTH, name="swa")
+            pools[PoolName.SWA] = swa_kv
+            # not a page multiple when P > 1, so the window rounds up to whole pages
+            sliding = window_pages * p - p // 2
+            config = TreeConfig(
+                sliding_window_size=sliding, write_through_threshold=1, executor=tree_executor
+            )
+        else:
+            allocator = PagedAllocator(full_pages * p, p)
+            config = TreeConfig(write_through_threshold=1, executor=tree_executor)
+        tree = RadixTree(allocator, config, kv_pool=kv)
+        memory = MemoryStore(capacity_pages=capacity_pages)
+        store: ExternalStore = memory if faults is None else FaultyStore(memory, faults)
+        store.attach(pools)
+        linker = ExternalLinker(tree, store, group=group, config=LinkerConfig(executor=executor))
+        return cls(
+            page_size=p,
+            swa=swa,
+            window=window_pages * p if swa else 0,
+            allocator=allocator,
+            kv=kv,
+            swa_kv=swa_kv,
+            tree=tree,
+            memory=memory,
+            store=store,
+            linker=linker,
+        )
+
+    @property
+    def faulty(self) -> FaultyStore:
+        assert isinstance(self.store, FaultyStore)
+        return self.store
+
+    # -- small helpers -------------------------------------------------------------------
+    def aligned(self, key: Sequence[int]) -> tuple[int, ...]:
+        n = len(key) // self.page_size * self.page_size
+        return tuple(key[:n])
+
+    def lock(self, node: TreeNode) -> TreeNode | None:
+        if node is self.tree.root:
+            return None
+        self.tree.inc_lock_ref(node)
+        self.locks.append(node)
+        return node
+
+    def unlock(self, node: TreeNode | None) -> None:
+        if node is None:
+            return
+        self.locks.remove(node)
+        self.tree.dec_lock_ref(node)
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            self.tree.evict(EvictParams(num_tokens=n - self.allocator.available_size()))
+            slots = self.allocator.alloc(n)
+        assert slots is not None, f"the FULL pool cannot hold {n} more tokens"
+        return slots
+
+    def _alloc_swa(self, n: int) -> torch.Tensor:
+        assert isinstance(self.allocator, SWAAllocator)
+        slots = self.allocator.alloc_swa(n)
+        if slots is None:
+            short = n - self.allocator.available_swa_size()
+            self.tree.evict(EvictParams(swa_num_tokens=short))
+            slots = self.allocator.alloc_swa(n)
+        assert slots is not None, f"the SWA pool cannot hold {n} more tokens"
+        return slots
+
+    def swa_boundary(self, n: int) -> int:
+        """The request's SWA boundary: only the last window keeps SWA."""
+        return max(0, n - self.window) if self.swa else 0
+
+    # -- requests ------------------------------------------------------------------------
+    def compute(
+        self,
+        rid: str,
+        key: Sequence[int],
+        *,
+        namespace: str | None = None,
+        offload: bool = True,
+        settle: bool = True,
+        swa_boundary: int | None = None,
+    ) -> Request:
+        """Compute `key` from its device prefix (no external lookup) and insert it."""
+        req = Request(rid, tuple(key), namespace)
+        full = self.aligned(key)
+        m = self.tree.match_prefix(full, namespace)
+        req.lock = self.lock(m.last_device_node)
+        self._compute_tail(req, m.device_indices, offload, settle, swa_boundary)
+        req.outcome = "computed"
+        return req
+
+    def _compute_tail(
+        self,
+        req: Request,
+        prefix: torch.Tensor,
+        offload: bool,
+        settle: bool,
+        swa_boundary: int | None,
+    ) -> None:
+        """Compute the page-aligned key past `prefix`, insert, offload, release the lock."""
+        key = self.aligned(req.key)
+        n, h = len(key), int(prefix.numel())
+        bound = self.swa_boundary(n) if swa_boundary is None else swa_boundary
+        if n > h:
+            fresh = self._alloc(n - h)
+            self.kv.write_pages(fresh, kv_bytes(key[h:], h))
+            live_from = max(h, bound)
+            if self.swa and n > live_from:
+                assert isinstance(self.allocator, SWAAllocator) and self.swa_kv is not None
+                sw = self._alloc_swa(n - live_from)
+                self.allocator.set_full_to_swa_mapping(fresh[live_from - h :], sw)
+                self.swa_kv.write_pages(sw, kv_bytes(key[live_from:], live_from, swa=True))
+            value = torch.cat([prefix, fresh])
+        else:
+            value = prefix
+        result = self.tree.insert(
+            InsertParams(
+                key=key,
+                value=value,
+                prev_prefix_len=h,
+                swa_evicted_seqlen=bound if self.swa else 0,
+                namespace=req.namespace,
+            )
+        )
+        assert result.last_device_node is not None
+        req.last_node = result.last_device_node
+        req.slots = path_slots(result.last_device_node)
+        assert req.slots.numel() == n
+        self.unlock(req.lock)
+        req.lock = None
+        if offload and result.write_through:
+            req.offload = self.linker.offload_nodes(result.write_through)
+            if settle:
+                self.store.progress()
+                self.linker.poll_offloads()
+
+    def begin(
+        self,
+        rid: str,
+        key: Sequence[int],
+        *,
+        namespace: str | None = None,
+        load: bool = True,
+        lock: bool = True,
+    ) -> Request:
+        """LOOKUP, lock the device prefix, and (with `load`) LOAD + PREPARE a hit."""
+        req = Request(rid, tuple(key), namespace)
+        req.match = self.linker.match(rid, key, namespace)
+        if lock:
+            req.lock = self.lock(req.match.device.last_device_node)
+        req.load = req.match.load
+        if load and req.load is not None:
+            req.prepared = self.linker.load_back(req.load)
+        return req
+
+    def in_flight(self) -> bool:
+        lk = self.linker
+        return bool(
+            lk.batches
+            or lk.offloads
+            or any(ld.state.startswith("prepared") for ld in lk.loads.values())
+        )
+
+    def drive(
+        self, max_steps: int = 12, *, audit: bool = True, fixed: bool = False
+    ) -> list[ExternalLoad]:
+        """Run loads and offloads to completion; fail as stuck after `max_steps` rounds.
+
+        With `fixed`, run exactly `max_steps` rounds whatever is in flight: ranks must
+        make the same collective calls, so a multi-rank scheduler steps every rank alike.
+        """
+        ended: list[ExternalLoad] = []
+        for _ in range(max_steps):
+            if not fixed and not self.in_flight():
+                return ended
+            self.linker.start_loading()
+            self.store.progress()
+            ended += self.linker.finish_loads()
+            self.linker.poll_offloads()
+            if audit:
+                self.audit()
+        assert not self.in_flight(), (
+            f"stuck after {max_steps} rounds: loads {list(self.linker.loads.values())}, "
+            f"batches {self.linker.batches}, offloads {list(self.linker.offloads)}"
+        )
+        return ended
+
+    def complete(
+        self,
+        req: Request,
+        *,
+        offload: bool = True,
+        settle: bool = True,
+    ) -> Request:
+        """Finish `req`: use its committed load, or recompute the tail; release its lock."""
+        assert req.match is not None
+        load = req.load
+        if load is not None and load.state == "committed":
+            assert load.slots is not None and load.endpoint is not None
+            # COMMIT released the linker's lock: hold the loaded path before allocating
+            self.unlock(req.lock)
+            req.lock = self.lock(load.endpoint)
+            prefix = load.slots
+            req.outcome = "committed"
+        else:
+            if load is not None and load.state == "idle":
+                self.linker.release_request(req.rid)
+            assert load is None or load.state == "aborted", f"{load!r} is still in flight"
+            req.outcome = "miss" if load is None else "aborted"
+            # recompute from the device prefix as it is now (it may have grown or gone)
+            self.unlock(req.lock)
+            m = self.tree.match_prefix(self.aligned(req.key), req.namespace)
+            req.lock = self.lock(m.last_device_node)
+            prefix = m.device_indices
+        self._compute_tail(req, prefix, offload, settle, None)
+        return req
+
+    def serve(self, rid: str, key: Sequence[int], *, namespace: str | None = None) -> Request:
+        req = self.begin(rid, key, namespace=namespace)
+        self.audit()
+        self.drive()
+        self.complete(req)
+        self.audit()
+        return req
+
+    # -- the audit -----------------------------------------------------------------------
+    def expected_locks(self) -> collections.Counter[int]:
+        """lock_ref every node should have: one per lock anchored on it or below it."""
+        expected: collections.Counter[int] = collections.Counter()
+        for anchor in [*self.linker.locks_held(), *self.locks]:
+            for n in anchor.path_from_root():
+                expected[n.id] += 1
+        return expected
+
+    def audit(self) -> None:
+        """Check every invariant of the system; raise AssertionError naming the culprit."""
+        self.audits += 1
+        tree = self.tree
+        full_out, swa_out = self.linker.reserved_slots()
+        tree.check(outside_full=full_out, outside_swa=swa_out)
+        # slot conservation, counted: free + tree-owned + reserved = capacity
+        nodes = list(tree.nodes())
+        owned = sum(int(n.full.numel()) for n in nodes if n.full is not None)
+        reserved = sum(int(t.numel()) for t in full_out)
+        assert self.allocator.available_size() + owned + reserved == self.kv.layout.size, (
+            f"FULL slots: {self.allocator.available_size()} free + {owned} tree + "
+            f"{reserved} reserved != {self.kv.layout.size}"
+        )
+        if isinstance(self.allocator, SWAAllocator):
+            owned_swa = sum(int(n.swa.numel()) for n in nodes if n.swa is not None)
+            reserved_swa = sum(int(t.numel()) for t in swa_out)
+            free_swa = self.allocator.available_swa_size()
+            assert free_swa + owned_swa + reserved_swa == self.allocator.swa_size, (
+                f"SWA slots: {free_swa} free + {owned_swa} tree + {reserved_swa} reserved "
+                f"!= {self.allocator.swa_size}"
+            )
+        # every lock is the linker's or the harness's
+        expected = self.expected_locks()
+        wrong = {n.id: (n.lock_ref, expected[n.id]) for n in nodes if n.lock_ref != expected[n.id]}
+        assert not wrong, f"lock_ref (actual, accounted) differs on nodes {wrong}"
+        # no node claims pages the store does not hold
+        if self.check_stored:
+            for n in nodes:
+                if n.external_cache_stored:
+                    assert n.hashes is not None
+                    missing = [h for h in n.hashes if not self.store.contains(PoolName.KV, h)]
+                    assert not missing, f"node {n.id} is stored but {len(missing)} pages are not"
+        self.memory.check_invariants()
+        # the bytes of every resident node are the bytes of its tokens
+        for n in nodes:
+            if not n.device_resident:
+                continue
+            assert n.full is not None
+            got = self.kv.read_pages(n.full)
+            if not torch.equal(got, kv_bytes(n.key, n.start)):
+                bad = int((got != kv_bytes(n.key, n.start)).any(-1).any(-1).nonzero()[0, 0])
+                msg = f"node {n.id} [{n.start}, {n.end}): FULL bytes wrong from token {bad}"
+                raise AssertionError(msg)
+            if n.swa is not None:
+                assert self.swa_kv is not None
+                got = self.swa_kv.read_pages(n.swa)
+                assert torch.equal(got, kv_bytes(n.key, n.start, swa=True)), (
+                    f"node {n.id} [{n.start}, {n.end}): SWA bytes wrong"
+                )
+
+    def assert_quiet(self) -> None:
+        """Everything finished: no lock anywhere, nothing reserved or in flight."""
+        assert not self.locks, f"the harness still holds locks on {self.locks}"
+        assert not self.linker.loads, f"loads left: {list(self.linker.loads.values())}"
+        assert not self.linker.batches and not self.linker.offloads
+        assert not self.linker.locks_held()
+        locked = [n for n in self.tree.nodes() if n.lock_ref]
+        assert not locked, f"locks left on {locked}"
+        offloading = [n for n in self.tree.nodes() if n.offloading]
+        assert not offloading, f"nodes left offloading: {offloading}"
+        self.audit()
+
+    # -- inspection helpers ----------------------------------------------------------------
+    def full_bytes(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.kv.read_pages(slots)
+
+    def swa_bytes_of(self, full_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mask of FULL slots with live SWA, the SWA bytes of those slots)."""
+        assert isinstance(self.allocator, SWAAllocator) and self.swa_kv is not None
+        sws = self.allocator.translate(full_slots)
+        live = sws != 0
+        return live, self.swa_kv.read_pages(sws[live])
+
+    def evict_all(self) -> None:
+        self.tree.evict(EvictParams(num_tokens=HUGE, swa_num_tokens=0))
+
+    def stored_nodes(self) -> list[TreeNode]:
+        return [n for n in self.tree.nodes() if n.external_cache_stored]
+
+
+def run_ranks(n: int, fn: Callable[[int, ThreadRankGroup], Any], timeout: float = 30.0) -> list:
+    """Run ``fn(rank, group)`` in one thread per rank; return the results, rank order.
+
+    An exception on any rank is re-raised (the first by rank) after every thread ended.
+    """
+    groups = ThreadRankGroup.create(n, timeout=timeout)
+    results: list[Any] = [None] * n
+    errors: list[BaseException | None] = [None] * n
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = fn(rank, groups[rank])
+        except BaseException as exc:  # reported to the caller below
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 10)
+        assert not t.is_alive(), "a rank thread hung"
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return results
