@@ -139,18 +139,24 @@ class _Slab:
         free[:old] = self.free
         self.data, self.free = data, free
 
-    def rows_of(self, rows: torch.Tensor) -> torch.Tensor:
-        """The bytes of `rows`, ``[n, page_nbytes]``: a view when they are contiguous."""
+    def rows_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The bytes of `rows` (``[n, page_nbytes]``) and the order they come in.
+
+        When the rows form one contiguous run in any order, the bytes are a view of the
+        run (no copy) and `order` says which of `rows` each view row is (``rows[order]``);
+        otherwise they are gathered into a staging buffer in the order given (None).
+        """
         n = rows.numel()
-        start = int(rows[0])
-        if int(rows[-1]) - start == n - 1 and bool((rows.diff() == 1).all()):
-            return self.data[start : start + n]
+        ascending, order = torch.sort(rows)
+        start = int(ascending[0])
+        if int(ascending[-1]) - start == n - 1 and bool((ascending.diff() == 1).all()):
+            return self.data[start : start + n], order
         if self.staging.shape[0] < n:
             size = max(n, 2 * self.staging.shape[0])
             self.staging = torch.empty((size, self.page_nbytes), dtype=torch.uint8)
         out = self.staging[:n]
         torch.index_select(self.data, 0, rows, out=out)
-        return out
+        return out, None
 
     def checksums(self, pages: torch.Tensor) -> torch.Tensor:
         """One 64-bit checksum per row of `pages` (``[n, page_nbytes]`` uint8, CPU)."""
@@ -657,13 +663,17 @@ class MemoryStore:
             if h.key != key or h.pool is not ct.pool or h.nbytes != pool.page_nbytes:
                 return False
         rows = torch.tensor([e.row for e in entries], dtype=torch.int64)
-        data = slab.rows_of(rows)
+        data, order = slab.rows_of(rows)
         expected = torch.tensor([e.header.checksum for e in entries], dtype=torch.int64)
+        slots = ct.slots
+        if order is not None:  # the bytes come in row order: send each page where it goes
+            expected = expected[order]
+            slots = slots.view(-1, pool.page_size).index_select(0, order).view(-1)
         if not torch.equal(slab.checksums(data), expected):
             return False
         n = len(entries) * pool.page_size
         pages = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
-        pool.write_pages(ct.slots, pages.to(pool.device))
+        pool.write_pages(slots, pages.to(pool.device))
         return True
 
     def _run_offload(self, record: StoreOffload) -> None:
