@@ -233,6 +233,92 @@ def _run_docs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- simulate ---------------------------------------------------------------------------
+
+
+def _simulate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload", default="multi_turn", help="multi_turn (default), few_shot, agentic or random"
+    )
+    p.add_argument("--requests", type=int, default=400, metavar="N", help="default 400")
+    p.add_argument("--page-size", type=int, default=16, metavar="P", help="a power of two")
+    p.add_argument("--store", choices=["memory"], default="memory", help="the external store")
+    p.add_argument(
+        "--pool-tokens",
+        type=int,
+        default=4096,
+        metavar="T",
+        help="device KV pool size in tokens (default 4096)",
+    )
+    p.add_argument(
+        "--swa-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="sliding window in tokens: adds the SWA component",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        metavar="C",
+        help="chunked prefill: tokens per step (a multiple of P)",
+    )
+    p.add_argument(
+        "--faults",
+        default=None,
+        metavar="POLICY",
+        help="fault injection, e.g. 'refuse_load=0.2,fail_batch_midway=every:5,seed=1'",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--executor", choices=["compiled", "reference"], default="compiled")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        metavar="FILE.jsonl",
+        help="record every transition as JSON lines",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _progress_bar(done: int, total: int) -> None:
+    """A one-line bar on stderr (only its last state when stderr is not a terminal)."""
+    if done != total and not sys.stderr.isatty():
+        return
+    width = 30
+    filled = width * done // max(total, 1)
+    end = "\n" if done == total else ""
+    bar = "#" * filled + "." * (width - filled)
+    print(f"\r  [{bar}] {done}/{total} requests", end=end, file=sys.stderr, flush=True)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from unicache_fsm.scheduler import SimConfig, Simulation
+    from unicache_fsm.tree.residency import ExecutorKind
+
+    config = SimConfig(
+        workload=args.workload,
+        requests=args.requests,
+        page_size=args.page_size,
+        pool_tokens=args.pool_tokens,
+        swa_window=args.swa_window,
+        chunk_size=args.chunk_size,
+        faults=args.faults,
+        seed=args.seed,
+        executor=ExecutorKind(args.executor),
+    )
+    sim = Simulation(config, trace_path=args.trace)
+    report = sim.run(progress=_progress_bar)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    else:
+        print(report.format())
+    return EXIT_OK
+
+
 # -- entry point -----------------------------------------------------------------------
 
 COMMANDS: tuple[Command, ...] = (
@@ -240,12 +326,19 @@ COMMANDS: tuple[Command, ...] = (
         "diagram", "draw machines as Mermaid, DOT, SVG or PNG", _diagram_arguments, _run_diagram
     ),
     Command("docs", "regenerate specs/<machine>.md from the specs", _docs_arguments, _run_docs),
+    Command(
+        "simulate",
+        "serve a workload through the reference scheduler loop and report",
+        _simulate_arguments,
+        _run_simulate,
+    ),
 )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(
-        prog=PROG, description="Diagrams, docs and checks for the unicache_fsm machine specs."
+        prog=PROG,
+        description="Simulation, diagrams, docs and checks for the unicache_fsm machines.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:

@@ -1,0 +1,461 @@
+"""The reference scheduler loop: a serving engine's step, with the linker embedded.
+
+`Simulation(config).run()` builds a real system (torch KV pools on CPU, a paged or
+SWA allocator, the radix tree, the embedded memory store — optionally behind a fault
+injector — and the external linker) and serves a workload. Each step:
+
+1. admit waiting requests whose predecessor finished: ``linker.match`` (device prefix
+   and LOOKUP), lock the device prefix, ``load_back`` for external hits;
+2. ``start_loading`` the batch's store loads, let the store progress, and
+   ``finish_loads``: a committed load extends the request's prefix (its KV bytes are
+   checked against what recompute produces); an aborted one falls back to recompute;
+3. forward the ready requests: allocate slots (evicting the shortfall), write KV
+   computed from the tokens (`forward.synth_kv`), and insert what is computed —
+   ``cache_unfinished`` (chunked) after a prefill chunk, ``cache_finished`` at the end,
+   then offload the write-through chain and release the request;
+4. let the store progress and complete offloads (``poll_offloads``);
+5. audit: ``tree.check`` with every slot held outside the tree, lock balance, and
+   every stored node's pages present in the store (when the store cannot evict).
+
+Every load, offload and node-residency change is a transition fired through the
+engine; the loop never sets a state.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import torch
+
+from unicache_fsm.fsm.errors import UnicacheFsmError
+from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
+from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig
+from unicache_fsm.linker.load import ExternalLoad
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.swa import SWAAllocator
+from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.scheduler.forward import namespace_salt, synth_kv
+from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
+from unicache_fsm.scheduler.request import Request
+from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
+from unicache_fsm.store.faults import FaultPolicy, FaultyStore
+from unicache_fsm.store.memory import MemoryStore
+from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.tree.params import EvictParams, InsertParams
+from unicache_fsm.tree.residency import ExecutorKind
+from unicache_fsm.tree.tree import RadixTree, TreeConfig
+
+__all__ = ["SimConfig", "SimConfigError", "Simulation", "SimulationStalledError"]
+
+SWA_SALT = 7919
+
+
+class SimConfigError(UnicacheFsmError, ValueError):
+    """A simulation setting that cannot work; names the setting."""
+
+
+class SimulationStalledError(UnicacheFsmError, RuntimeError):
+    """No request could make progress for many steps (the pool is too small)."""
+
+
+@attrs.frozen
+class SimConfig:
+    """Everything a simulation run depends on (the same config gives the same run)."""
+
+    workload: str = "multi_turn"
+    requests: int = 400
+    page_size: int = 16
+    pool_tokens: int = 8192
+    swa_window: int | None = None
+    faults: str | None = None
+    seed: int = 0
+    executor: ExecutorKind = ExecutorKind.COMPILED
+    prompt_len: int = 256
+    output_len: int = 32
+    max_batch: int = 8
+    chunk_size: int | None = None
+    num_layers: int = 2
+    width: int = 64
+    audit_every: int = 1
+    verify_loads: bool = True
+
+    def validate(self, specs: list[RequestSpec]) -> None:
+        p = self.page_size
+        if p < 1 or p & (p - 1):
+            msg = f"--page-size must be a power of two, got {p}"
+            raise SimConfigError(msg)
+        if self.requests < 1:
+            msg = f"--requests must be at least 1, got {self.requests}"
+            raise SimConfigError(msg)
+        if self.chunk_size is not None and (self.chunk_size < p or self.chunk_size % p):
+            msg = f"--chunk-size must be a positive multiple of the page size {p}"
+            raise SimConfigError(msg)
+        if self.swa_window is not None and self.swa_window < 1:
+            msg = f"--swa-window must be at least 1 token, got {self.swa_window}"
+            raise SimConfigError(msg)
+        longest = max(len(s.tokens) for s in specs)
+        need = 2 * (math.ceil(longest / p) + 1) * p
+        if self.pool_tokens < need or self.pool_tokens % p:
+            msg = (
+                f"--pool-tokens {self.pool_tokens} is too small for this workload: its longest "
+                f"request has {longest} tokens; use a multiple of {p} of at least {need}"
+            )
+            raise SimConfigError(msg)
+
+
+class Simulation:
+    """One scheduler run over a workload; see the module docstring."""
+
+    def __init__(self, config: SimConfig, *, trace_path: str | Path | None = None) -> None:
+        self.config = config
+        self.specs = make_workload(
+            config.workload,
+            requests=config.requests,
+            prompt_len=config.prompt_len,
+            output_len=config.output_len,
+            seed=config.seed,
+        )
+        config.validate(self.specs)
+        p = self.page_size = config.page_size
+        dtype = torch.float16
+        self.allocator: PagedAllocator | SWAAllocator
+        pools: dict[PoolName, KVPool] = {}
+        if config.swa_window is None:
+            self.allocator = PagedAllocator(config.pool_tokens, p)
+            self.window = 0
+        else:
+            swa_tokens = config.pool_tokens  # requests hold SWA for their window only
+            self.allocator = SWAAllocator(config.pool_tokens, swa_tokens, p)
+            self.window = math.ceil(config.swa_window / p) * p
+            pools[PoolName.SWA] = KVPool(
+                swa_tokens, p, config.num_layers, config.width, dtype=dtype, name="swa"
+            )
+        self.kv = KVPool(config.pool_tokens, p, config.num_layers, config.width, dtype=dtype)
+        pools[PoolName.KV] = self.kv
+        self.swa_kv = pools.get(PoolName.SWA)
+        self.tree = RadixTree(
+            self.allocator,
+            TreeConfig(
+                sliding_window_size=config.swa_window,
+                write_through_threshold=1,
+                executor=config.executor,
+            ),
+            kv_pool=self.kv,
+        )
+        self.policy = FaultPolicy.parse(config.faults) if config.faults else None
+        self.memory = MemoryStore()
+        self.store: ExternalStore = (
+            FaultyStore(self.memory, self.policy) if self.policy else self.memory
+        )
+        self.store.attach(pools)
+        self.linker = ExternalLinker(
+            self.tree, self.store, config=LinkerConfig(executor=config.executor)
+        )
+        self.counter = TransitionCounter()
+        self.executors = [
+            self.tree.residency.executor,
+            self.linker.load_machine,
+            self.linker.offload_machine,
+        ]
+        attach(self.counter, *self.executors)
+        self.trace = TraceRecorder(trace_path) if trace_path is not None else None
+        if self.trace is not None:
+            attach(self.trace, *self.executors)
+        self.report = SimReport(config=attrs.asdict(config, value_serializer=_plain))
+        self.waiting: collections.deque[RequestSpec] = collections.deque(self.specs)
+        self.ready: collections.deque[Request] = collections.deque()
+        self.loading: dict[str, Request] = {}
+        self.done: set[str] = set()
+
+    # -- building blocks -----------------------------------------------------------------
+    def _salt(self, spec: RequestSpec) -> int:
+        return namespace_salt(spec.namespace)
+
+    def _alloc(self, n: int) -> torch.Tensor | None:
+        short = n - self.allocator.available_size()
+        if short > 0:
+            self.tree.evict(EvictParams(num_tokens=short))
+        return self.allocator.alloc(n)
+
+    def _alloc_swa(self, n: int) -> torch.Tensor | None:
+        assert isinstance(self.allocator, SWAAllocator)
+        short = n - self.allocator.available_swa_size()
+        if short > 0:
+            self.tree.evict(EvictParams(swa_num_tokens=short))
+        return self.allocator.alloc_swa(n)
+
+    def _relock(self, req: Request, node: TreeNode) -> None:
+        self.tree.inc_lock_ref(node)
+        self.tree.dec_lock_ref(req.lock_node)
+        req.lock_node = node
+
+    # -- 1. admission --------------------------------------------------------------------
+    def _admit(self) -> int:
+        """Admit waiting requests, within the batch size and a token budget of half the
+        pool: what live requests lock then never keeps the next allocation short."""
+        admitted = 0
+        live = [*self.ready, *self.loading.values()]
+        budget = self.config.pool_tokens // 2 - sum(len(r.tokens) for r in live)
+        for spec in list(self.waiting):
+            if len(live) + admitted >= self.config.max_batch:
+                break
+            if spec.after is not None and spec.after not in self.done:
+                continue
+            if len(spec.tokens) > budget:
+                break  # first come, first served: wait for room
+            budget -= len(spec.tokens)
+            self.waiting.remove(spec)
+            admitted += 1
+            m = self.linker.match(spec.rid, spec.prompt, spec.namespace)
+            node = m.device.last_device_node
+            self.tree.inc_lock_ref(node)
+            req = Request(
+                spec=spec,
+                tokens=spec.tokens,
+                lock_node=node,
+                prefix_len=m.device.prefix_len,
+                prefix_slots=m.device.device_indices,
+            )
+            self.report.prompt_tokens += len(spec.prompt)
+            self.report.device_hit_tokens += req.prefix_len
+            if m.load is not None and self.linker.load_back(m.load):
+                req.load = m.load
+                self.loading[spec.rid] = req
+            else:
+                self.ready.append(req)
+        return admitted
+
+    # -- 2. loads ------------------------------------------------------------------------
+    def _loads(self) -> int:
+        if any(
+            r.load is not None and r.load.state == "prepared.queued" for r in self.loading.values()
+        ):
+            self.linker.start_loading()
+        self.store.progress()
+        ended = self.linker.finish_loads()
+        for load in ended:
+            req = self.loading.pop(load.rid)
+            req.load = None
+            if load.state == "committed":
+                self._adopt_load(req, load)
+            self.ready.append(req)
+        return len(ended)
+
+    def _adopt_load(self, req: Request, load: ExternalLoad) -> None:
+        assert load.slots is not None and load.endpoint is not None and load.ctx is not None
+        if self.config.verify_loads:
+            self._verify(req, load)
+        self.report.loaded_tokens += load.prefix_len - load.device_hit_len
+        req.prefix_len = load.prefix_len
+        req.prefix_slots = load.slots
+        self._relock(req, load.endpoint)
+
+    def _verify(self, req: Request, load: ExternalLoad) -> None:
+        c = self.config
+        assert load.slots is not None
+        want = synth_kv(
+            req.tokens,
+            0,
+            load.prefix_len,
+            c.num_layers,
+            c.width,
+            self.kv.dtype,
+            self._salt(req.spec),
+        )
+        ok = torch.equal(self.kv.read_pages(load.slots), want)
+        if ok and self.swa_kv is not None:
+            assert isinstance(self.allocator, SWAAllocator)
+            swa = self.allocator.translate(load.slots)
+            live = (swa != 0).nonzero().flatten()
+            if live.numel():
+                # live SWA comes in whole pages, so the live positions are whole pages too
+                want_swa = synth_kv(
+                    req.tokens,
+                    0,
+                    load.prefix_len,
+                    c.num_layers,
+                    c.width,
+                    self.kv.dtype,
+                    self._salt(req.spec) + SWA_SALT,
+                )[live]
+                ok = torch.equal(self.swa_kv.read_pages(swa[live]), want_swa)
+        if ok:
+            self.report.loads_verified += 1
+        else:
+            self.report.loads_mismatched += 1
+
+    # -- 3. forward and insert -----------------------------------------------------------
+    def _forward(self) -> int:
+        finished = 0
+        for _ in range(len(self.ready)):
+            req = self.ready[0]
+            outcome = self._step_request(req)
+            if outcome is None:
+                break  # out of slots: keep FIFO order, try again next step
+            self.ready.popleft()
+            if outcome:
+                finished += 1
+            else:
+                self.ready.append(req)  # more prefill chunks to go
+        return finished
+
+    def _step_request(self, req: Request) -> bool | None:
+        """Compute the next chunk; True when finished, False for more, None when short."""
+        c, p = self.config, self.page_size
+        total, prompt_len = len(req.tokens), len(req.spec.prompt)
+        start = req.prefix_len
+        end = total if c.chunk_size is None else min(total, start + c.chunk_size)
+        if c.chunk_size is not None and end < prompt_len:
+            end = end // p * p  # chunks end on page boundaries
+        n = end - start
+        size = math.ceil(n / p) * p
+        slots = self._alloc(size)
+        if slots is None:
+            return None
+        # the request keeps SWA KV only for its last window (below it: tombstones)
+        swa_bound = max(start, (end - self.window) // p * p) if self.swa_kv else start
+        swa_slots = None
+        if self.swa_kv is not None:
+            swa_slots = self._alloc_swa(start + size - swa_bound)
+            if swa_slots is None:
+                self.allocator.free(slots)
+                return None
+            assert isinstance(self.allocator, SWAAllocator)
+            self.allocator.set_full_to_swa_mapping(slots[swa_bound - start :], swa_slots)
+        salt = self._salt(req.spec)
+        rows = torch.zeros(size, c.num_layers, c.width, dtype=self.kv.dtype)
+        rows[:n] = synth_kv(req.tokens, start, end, c.num_layers, c.width, self.kv.dtype, salt)
+        self.kv.write_pages(slots, rows)
+        req.own_slots = slots
+        if swa_slots is not None:
+            assert self.swa_kv is not None
+            rows[:n] = synth_kv(
+                req.tokens, start, end, c.num_layers, c.width, self.kv.dtype, salt + SWA_SALT
+            )
+            self.swa_kv.write_pages(swa_slots, rows[swa_bound - start :])
+            req.own_swa = swa_slots
+        self.report.computed_tokens += max(0, min(end, prompt_len) - start)
+        self.report.decoded_tokens += max(0, end - max(start, prompt_len))
+        finished = end == total
+        aligned = end // p * p
+        if aligned > start:
+            result = self.tree.insert(
+                InsertParams(
+                    key=req.tokens[:aligned],
+                    value=torch.cat([req.prefix_slots, slots[: aligned - start]]),
+                    prev_prefix_len=start,
+                    swa_evicted_seqlen=min(swa_bound, aligned),
+                    chunked=not finished,
+                    namespace=req.spec.namespace,
+                )
+            )
+            if result.write_through:
+                self.linker.offload_nodes(result.write_through)
+            endpoint = result.last_device_node
+            assert endpoint is not None
+            if endpoint.external_cache_stored:
+                self.linker.verify_stored(endpoint)
+            if not finished:  # cache_unfinished: continue from the tree's canonical slots
+                req.prefix_slots = self.linker._path_slots(endpoint, self.tree.root)
+                req.prefix_len = aligned
+                self._relock(req, endpoint)
+        leftover = slots[aligned - start :]
+        if leftover.numel():
+            self.allocator.free(leftover)  # the partial last page (and its SWA)
+        req.own_slots = req.own_swa = None
+        if finished:
+            self.tree.dec_lock_ref(req.lock_node)
+            self.linker.release_request(req.rid)
+            self.done.add(req.rid)
+            self.report.requests_served += 1
+        return finished
+
+    # -- 4. offloads ---------------------------------------------------------------------
+    def _offloads(self) -> int:
+        self.store.progress()
+        return len(self.linker.poll_offloads())
+
+    # -- 5. audit ------------------------------------------------------------------------
+    def audit(self) -> None:
+        full, swa = self.linker.reserved_slots()
+        for req in [*self.ready, *self.loading.values()]:
+            f, s = req.outside_slots()
+            full += f
+            swa += s
+        self.tree.check(outside_full=full, outside_swa=swa)
+        held = collections.Counter[int]()
+        anchors = [r.lock_node for r in [*self.ready, *self.loading.values()]]
+        for node in anchors + self.linker.locks_held():
+            for n in node.path_from_root():
+                held[n.id] += 1
+        for n in self.tree.nodes():
+            if n.lock_ref != held[n.id]:
+                msg = f"lock balance: node {n.id} has lock_ref {n.lock_ref}, holders {held[n.id]}"
+                raise AssertionError(msg)
+        if self.policy is None or not self.policy.rules:
+            for n in self.tree.nodes():
+                if n.external_cache_stored and n.hashes is not None:
+                    missing = [k for k in n.hashes if not self.memory.contains(PoolName.KV, k)]
+                    if missing:
+                        msg = f"node {n.id} is stored but the store lacks {len(missing)} page(s)"
+                        raise AssertionError(msg)
+        self.report.audits_passed += 1
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimReport:
+        t0 = time.perf_counter()
+        stalled, step = 0, 0
+        total = len(self.specs)
+        while self.waiting or self.ready or self.loading:
+            step += 1
+            moved = self._admit() + self._loads() + self._forward() + self._offloads()
+            if step % self.config.audit_every == 0:
+                self.audit()
+            stalled = 0 if moved else stalled + 1
+            if stalled > 50:
+                msg = (
+                    f"no progress for {stalled} steps with {len(self.ready)} ready and "
+                    f"{len(self.loading)} loading requests; raise --pool-tokens"
+                )
+                raise SimulationStalledError(msg)
+            if progress is not None:
+                progress(len(self.done), total)
+        for _ in range(100):  # drain the offloads still in flight
+            if not self.linker.offloads:
+                break
+            self._offloads()
+        self.audit()
+        self.report.wall_seconds = time.perf_counter() - t0
+        self.report.steps = step
+        self._finish_report()
+        if self.trace is not None:
+            self.trace.close()
+        return self.report
+
+    def _finish_report(self) -> None:
+        r, stats = self.report, self.linker.stats
+        r.loads_committed = stats.loads_committed
+        r.loads_aborted = dict(stats.loads_aborted)
+        r.offloads_published = stats.offloads_published
+        r.offloads_failed = stats.offloads_failed
+        r.nodes_demoted = stats.nodes_demoted
+        page_bytes = self.kv.page_nbytes
+        r.bytes_loaded = stats.pages_loaded * page_bytes
+        r.bytes_offloaded = stats.pages_offloaded * page_bytes
+        r.transitions = self.counter.per_machine()
+        r.faults_injected = (
+            {k.value: v for k, v in self.policy.injected.items()} if self.policy else {}
+        )
+        per_transition = {ex.name: calibrate_dispatch(ex) for ex in self.executors}
+        r.fsm_seconds = sum(r.transitions.get(n, 0) * s for n, s in per_transition.items())
+
+
+def _plain(_inst: object, _field: object, value: object) -> object:
+    return value.value if isinstance(value, ExecutorKind) else value
