@@ -10,6 +10,7 @@ machines, background mode, invariants) and a Hypothesis state machine.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -41,6 +42,7 @@ from unicache_fsm.pools.transfer import (
     PoolHitPolicy,
     PoolName,
     PoolTransfer,
+    PoolTransferResult,
 )
 from unicache_fsm.store import (
     LOAD_MACHINE,
@@ -57,6 +59,8 @@ from unicache_fsm.store import (
     StoreStateError,
     StoreTransferError,
     UnknownPoolError,
+    lookup_result,
+    restorable_prefix_pages,
 )
 
 KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
@@ -817,3 +821,59 @@ class MemoryStoreMachine(RuleBasedStateMachine):
 
 TestMemoryStoreMachine = MemoryStoreMachine.TestCase
 TestMemoryStoreMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def test_lookup_result_reports_every_figure_of_the_rules() -> None:
+    keys = Rig().chain(6)
+    held = {KV: set(keys), SWA: {keys[0], keys[3], keys[4]}, MAMBA: {keys[3]}}
+
+    def present(pool: PoolName, ks: Sequence[str]) -> list[bool]:
+        return [k in held[pool] for k in ks]
+
+    result = lookup_result(kv_lookup(keys, swa=2), present)
+    assert result == PoolTransferResult(5, {"swa": 5}, (1, 5))
+    result = lookup_result(kv_lookup(keys, swa=2, mamba=1), present)
+    assert result == PoolTransferResult(0, {"swa": 5, "mamba": 4}, ())
+    assert restorable_prefix_pages(kv_lookup(keys, mamba=1), present) == [4]
+    held[KV].discard(keys[2])  # the KV run bounds everything
+    assert lookup_result(kv_lookup(keys, swa=2), present) == PoolTransferResult(1, {"swa": 1}, (1,))
+    assert lookup_result(kv_lookup([]), present) == PoolTransferResult(0, {}, ())
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_calls_from_many_threads_keep_the_books(background: bool) -> None:
+    rig = Rig(pages=256)
+    store = MemoryStore(background=background, capacity_pages=40)
+    store.attach(rig.pools)
+    work = [(rig.chain(4), rig.fill(KV, 4), rig.alloc(KV, 4)) for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            keys, src, dst = work[i]
+            assert store.offload([PoolTransfer(KV, src, keys)])
+            store.progress()
+            store.lookup(f"r{i}", kv_lookup(keys))
+            if store.load(f"r{i}", [PoolTransfer(KV, dst, keys)]):
+                store.start_loading()
+            store.progress()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    store.progress()
+    loads, offloads = drain(store)
+    assert offloads == [True] * len(work)
+    landed = {rid for r in loads if r.success for rid in r.rids}
+    assert sum(len(r.rids) for r in loads) == len({rid for r in loads for rid in r.rids})
+    for i, (_, src, dst) in enumerate(work):
+        if f"r{i}" in landed:
+            assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+    store.check_invariants()
+    assert store.last_error is None
+    store.close()

@@ -26,7 +26,8 @@ primitive of `unicache_fsm.store.protocol` (see there for the contracts) and add
   records, newest last), `check_invariants()`, `last_error`.
 
 Thread safety: every public call may come from any thread; one lock guards the store's
-books, and bytes move outside it (only the thread performing jobs moves bytes).
+books, and bytes move outside it, by one thread at a time (the worker, or the caller of
+`progress()`).
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ class MemoryStore:
         self.background = bool(background)
         self.last_error: BaseException | None = None
         self._cond = threading.Condition(threading.Lock())
+        self._performing = threading.Lock()  # one thread moves bytes at a time
         self._pools = AttachedPools({})
         self._slabs: dict[PoolName, _Slab] = {}
         self._pages: dict[_Ident, _Entry] = {}
@@ -377,20 +379,21 @@ class MemoryStore:
                     self._cond.wait()
                 return outstanding
         done = 0
-        while True:
-            with self._cond:
-                self._check_open("progress")
-                if not self._jobs:
-                    return done
-                job = self._jobs.popleft()
-                self._busy = True
-            try:
-                self._run(job)
-            finally:
+        with self._performing:
+            while True:
                 with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-            done += 1
+                    self._check_open("progress")
+                    if not self._jobs:
+                        return done
+                    job = self._jobs.popleft()
+                    self._busy = True
+                try:
+                    self._run(job)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
+                done += 1
 
     def evict(self, keys: Sequence[str], pool: PoolName | None = None) -> int:
         if isinstance(keys, str):
@@ -457,7 +460,10 @@ class MemoryStore:
             return None if entry is None else entry.header
 
     def stored_bytes(self, pool: PoolName, key: str) -> torch.Tensor | None:
-        """A live uint8 view of a stored page (None if absent); writes corrupt the page."""
+        """A live uint8 view of a stored page (None if absent); writes corrupt the page.
+
+        The view stays live until the store grows its slab for that pool (an offload).
+        """
         with self._cond:
             entry = self._pages.get((pool, key))
             if entry is None:
