@@ -15,7 +15,9 @@ primitive of `unicache_fsm.store.protocol` (see there for the contracts) and add
   pages that have no stored children, and a parent whose last child went is evicted
   next, so chains shrink from their end and the remaining prefixes stay restorable.
   Pages pinned by queued or started loads, and pages of the offload being stored, are
-  never evicted for capacity (`evict()` itself removes what it is told to).
+  never evicted for capacity (`evict()` itself removes what it is told to). `offload`
+  refuses (False) pages that could never fit; an offload that cannot make room when it
+  runs completes False and publishes nothing.
 - Completion: synchronous by default (`progress()` performs every started load batch
   and queued offload, in submission order); with ``background=True`` a worker thread
   performs them as they come and `progress()` waits until it is idle.
@@ -243,7 +245,7 @@ class MemoryStore:
             if self._queued or self._jobs or self._busy or self._in_flight:
                 msg = (
                     "attach: loads or offloads are queued or in flight; re-attach only when "
-                    "the store is idle (drain completions or call reset() first)"
+                    "the store is idle (reset() fails pending work; then pop every result)"
                 )
                 raise StoreStateError(msg, operation="attach")
             for name, pool in attached.items():
