@@ -152,6 +152,16 @@ def test_gloo_processes_agree_on_the_largest_common_length(
 ) -> None:
     world = len(sets)
     init = f"file://{tmp_path / 'rendezvous'}"
-    mp.spawn(_gloo_rank, args=(world, init, sets, num_pages, str(tmp_path)), nprocs=world)
+    args = (world, init, sets, num_pages, str(tmp_path))
+    # fork: no torch re-import per rank (a spawned rank costs seconds on 2 cores)
+    context = mp.start_processes(
+        _gloo_rank, args=args, nprocs=world, join=False, start_method="fork"
+    )
+    deadline = time.monotonic() + 60
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("gloo ranks did not finish within 60 s")
     facts = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     assert facts == [[r, world, expected, True, False] for r in range(world)]
