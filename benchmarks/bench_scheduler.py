@@ -1,8 +1,8 @@
 """Scheduler benchmark: the reference loop with the compiled vs the reference executor.
 
-The same multi-turn workload (2,000 requests; 300 with ``--quick``) runs twice in one
-process, alternately per executor (best of `--repeats` runs each), with per-step audits and KV verification off (they are
-tests, not serving work). Printed:
+The same multi-turn workload (2,000 requests; 300 with ``--quick``) runs in one
+process with each executor, alternately (best of ``--repeats`` runs each), with
+per-step audits and KV verification off (they are tests, not serving work). Printed:
 
 - wall time and requests/s per executor, and the end-to-end ratio;
 - the FSM layer's share of the wall time: transitions fired times the executor's own
