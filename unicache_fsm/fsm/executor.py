@@ -23,8 +23,8 @@ Primitives:
   `is_final(model)` — queries that run no callback.
 - `add_observer(fn)` / `remove_observer(fn)` — call ``fn(executor, model, source,
   trigger, dest)`` for every transition taken, right after the state change and before
-  the `on_enter` callbacks (traces, coverage counters). Without observers nothing is
-  paid for them.
+  the `on_enter` callbacks (traces, coverage counters), and for every `initialize`
+  (trigger `INIT_TRIGGER`, source ``""``). Without observers nothing is paid for them.
 
 Neither executor is thread-safe: a scheduler drives its models from one thread.
 A trigger fired from inside a callback runs at once (nested), like `transitions`.
@@ -49,7 +49,10 @@ from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.validate import check_binding
 
-__all__ = ["Executor", "Observer", "model_id"]
+__all__ = ["INIT_TRIGGER", "Executor", "Observer", "model_id"]
+
+#: The trigger observers see when a model is initialized (never a spec trigger).
+INIT_TRIGGER = "<init>"
 
 #: ``fn(executor, model, source, trigger, dest)``, called for every transition taken.
 Observer = Callable[["Executor", Any, str, str, str], None]
@@ -116,9 +119,14 @@ class Executor(abc.ABC):
 
     # -- queries -----------------------------------------------------------------------
     def initialize(self, model: object, like: object | None = None) -> None:
-        """Set `model`'s state slot to the initial configuration (or to `like`'s)."""
+        """Set `model`'s state slot to the initial configuration (or to `like`'s).
+
+        Observers see it as a pseudo-transition ``("", INIT_TRIGGER, config)``.
+        """
         config = self.flat.initial if like is None else self.state_of(like)
         setattr(model, self.state_attribute, config)
+        if self.observers:
+            self._notify(model, "", INIT_TRIGGER, config)
 
     def state_of(self, model: object) -> str:
         """The model's configuration name; `UnknownStateError` if the slot holds garbage."""

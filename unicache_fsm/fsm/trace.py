@@ -4,7 +4,8 @@
   enough to leave on for fuzzing and simulation; `per_machine()` sums per machine.
 - `TraceRecorder` — one JSON object per transition (``seq``, ``machine``, ``model``,
   ``source``, ``trigger``, ``dest``), written to a JSONL file as it happens, or kept in
-  a ring buffer of the last `capacity` records.
+  a ring buffer of the last `capacity` records. Initializations are recorded too
+  (trigger ``"<init>"``, empty source), so a trace can be replayed from the start.
 - `attach(observer, *executors)` — register one observer on several executors.
 
 Both are plain `Executor` observers (see `fsm.executor`).
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from unicache_fsm.fsm.executor import Executor, Observer, model_id
+from unicache_fsm.fsm.executor import INIT_TRIGGER, Executor, Observer, model_id
 
 __all__ = ["TraceRecorder", "TransitionCounter", "attach"]
 
@@ -36,7 +37,8 @@ class TransitionCounter:
         self.counts: collections.Counter[tuple[str, str, str, str]] = collections.Counter()
 
     def __call__(self, ex: Executor, model: Any, source: str, trigger: str, dest: str) -> None:
-        self.counts[(ex.name, source, trigger, dest)] += 1
+        if trigger != INIT_TRIGGER:
+            self.counts[(ex.name, source, trigger, dest)] += 1
 
     def per_machine(self) -> dict[str, int]:
         out: dict[str, int] = collections.defaultdict(int)
