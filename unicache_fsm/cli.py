@@ -9,7 +9,8 @@ traceback.
 Subcommands (one `Command` each in `COMMANDS`; a new one is a function that adds
 its arguments, a function that runs it, and one entry in the table):
 
-- ``diagram [MACHINE] --format mermaid|dot|svg|png [--highlight STATE] [-o PATH]`` —
+- ``diagram [MACHINE] --format mermaid|dot|svg|png [--highlight STATE] [--coverage F]
+  [-o PATH]`` —
   draw one machine (a bundled name or a ``.toml`` spec file) or, without MACHINE,
   every bundled machine. Text formats go to stdout (several machines one after the
   other, each preceded by a comment naming it) or to ``-o FILE``. Images need
@@ -19,19 +20,26 @@ its arguments, a function that runs it, and one entry in the table):
 - ``docs [--check] [--specs-dir DIR]`` — regenerate ``<machine>.md`` next to every
   ``<machine>.toml`` (default: the bundled specs); ``--check`` writes nothing and
   exits 1 listing the stale files.
+- ``check-trace FILE.jsonl`` — replay a trace against the specs; exit 1 with the
+  first illegal step and its context.
+- ``simulate [...]`` — serve a workload through the reference scheduler loop and print
+  the report (``--json``); ``--trace`` records every transition, ``--coverage``
+  writes transition counts that ``diagram --coverage`` draws.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 import attrs
 
 from unicache_fsm.fsm import loader
+from unicache_fsm.fsm.conformance import check_trace, read_trace
+from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import (
     DiagramFormat,
     render_dot,
@@ -137,10 +145,30 @@ def _diagram_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="file to write (several machines as svg/png: a directory)",
     )
+    p.add_argument(
+        "--coverage",
+        type=Path,
+        metavar="FILE.json",
+        help="label and colour each arrow by how often a run took it (from simulate/fuzz)",
+    )
 
 
 def _comment(fmt: DiagramFormat, name: str) -> str:
     return f"%% machine: {name}" if fmt is DiagramFormat.MERMAID else f"// machine: {name}"
+
+
+def _coverage_of(
+    path: Path | None,
+) -> Callable[[MachineSpec], Mapping[tuple[int, str], int] | None]:
+    """Per-spec declared-arrow counts from a coverage file (None: draw without)."""
+    if path is None:
+        return lambda spec: None
+    try:
+        cov = Coverage.load(path)
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = f"--coverage {str(path)!r} is not a coverage file ({exc})"
+        raise CliError(msg) from None
+    return cov.declared
 
 
 def _run_diagram(args: argparse.Namespace) -> int:
@@ -150,13 +178,14 @@ def _run_diagram(args: argparse.Namespace) -> int:
         msg = "--highlight needs a MACHINE (state paths differ between machines)"
         raise CliError(msg)
     specs = _machines(args.machine)
+    coverage = _coverage_of(args.coverage)
     output: Path | None = args.output
     if fmt.is_image:
-        for path in _write_images(specs, fmt, highlight, output):
+        for path in _write_images(specs, fmt, highlight, output, coverage):
             print(path)
         return EXIT_OK
     render = render_mermaid if fmt is DiagramFormat.MERMAID else render_dot
-    texts = [render(spec, highlight) for spec in specs]
+    texts = [render(spec, highlight, coverage(spec)) for spec in specs]
     if len(specs) > 1:
         texts = [f"{_comment(fmt, s.name)}\n{t}" for s, t in zip(specs, texts, strict=True)]
     text = "\n".join(texts)
@@ -169,10 +198,14 @@ def _run_diagram(args: argparse.Namespace) -> int:
 
 
 def _write_images(
-    specs: Sequence[MachineSpec], fmt: DiagramFormat, highlight: str | None, output: Path | None
+    specs: Sequence[MachineSpec],
+    fmt: DiagramFormat,
+    highlight: str | None,
+    output: Path | None,
+    coverage: Callable[[MachineSpec], Mapping[tuple[int, str], int] | None],
 ) -> list[Path]:
     """Render every spec first (so a failure writes nothing), then write the files."""
-    images = [(spec.name, render_image(spec, fmt, highlight)) for spec in specs]
+    images = [(spec.name, render_image(spec, fmt, highlight, coverage(spec))) for spec in specs]
     if len(specs) == 1 and output is not None and not output.is_dir():
         targets = [output]
     else:
@@ -279,6 +312,13 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE.jsonl",
         help="record every transition as JSON lines",
     )
+    p.add_argument(
+        "--coverage",
+        type=Path,
+        default=None,
+        metavar="FILE.json",
+        help="write transition coverage (default with --trace: TRACE.coverage.json)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -312,10 +352,38 @@ def _run_simulate(args: argparse.Namespace) -> int:
     )
     sim = Simulation(config, trace_path=args.trace)
     report = sim.run(progress=_progress_bar)
+    coverage_path: Path | None = args.coverage
+    if coverage_path is None and args.trace is not None:
+        coverage_path = Path(args.trace).with_suffix(".coverage.json")
+    if coverage_path is not None:
+        Coverage.from_counter(sim.counter).save(coverage_path)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
         print(report.format())
+    return EXIT_OK
+
+
+# -- check-trace ------------------------------------------------------------------------
+
+
+def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", type=Path, metavar="FILE.jsonl", help="a trace from --trace")
+    p.add_argument("--context", type=int, default=5, help="previous records shown (default 5)")
+
+
+def _run_check_trace(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        result = check_trace(read_trace(args.trace), context=args.context)
+    except json.JSONDecodeError as exc:
+        msg = f"{str(args.trace)!r} is not JSON lines ({exc})"
+        raise CliError(msg) from None
+    if result.violation is not None:
+        print(result.violation.describe())
+        return EXIT_CHECK_FAILED
+    print(f"{result.records} records, {result.models} models: every step is legal")
     return EXIT_OK
 
 
@@ -326,6 +394,12 @@ COMMANDS: tuple[Command, ...] = (
         "diagram", "draw machines as Mermaid, DOT, SVG or PNG", _diagram_arguments, _run_diagram
     ),
     Command("docs", "regenerate specs/<machine>.md from the specs", _docs_arguments, _run_docs),
+    Command(
+        "check-trace",
+        "replay a JSONL trace against the specs; report the first illegal step",
+        _check_trace_arguments,
+        _run_check_trace,
+    ),
     Command(
         "simulate",
         "serve a workload through the reference scheduler loop and report",

@@ -24,15 +24,22 @@ bytes (Graphviz images aside, which depend on the installed Graphviz).
 `highlight` names a state by dotted path; it is filled in the diagram (Mermaid:
 ``classDef highlight`` + ``class <id> highlight``); a path the spec does not declare
 raises `UnknownStateError`. Edge labels come from `fsm.graph.edge_label`.
+
+`coverage` (counts per declared arrow, `fsm.coverage.Coverage.declared`) adds how often
+each arrow was taken to its label — ``(12x)`` or ``(never taken)`` — and in DOT/SVG
+colours it: never-taken arrows red and dashed, taken ones blue, wider with log count.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+import attrs
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.graph import GraphEdge, GraphNode, MachineGraph, build_graph
@@ -52,6 +59,9 @@ __all__ = [
 
 #: The fill of a highlighted state, in both Mermaid and DOT.
 HIGHLIGHT_COLOR = "#ff9966"
+#: With coverage: arrows never taken (dashed), and arrows taken (width grows with log count).
+NEVER_COLOR = "#cc0000"
+TAKEN_COLOR = "#1f5fbf"
 
 _INDENT = "    "
 _GRAPHVIZ_TIMEOUT_S = 60.0
@@ -199,7 +209,7 @@ class _MermaidWriter:
                 self.emit(depth, f"{self.ids[child.path]} --> [*]")
         for e in self.edges.get(node.path, ()):
             src, dst = self.ids[e.source], self.ids[e.dest]
-            self.emit(depth, f"{src} --> {dst} : {_mermaid_text(e.label)}")
+            self.emit(depth, f"{src} --> {dst} : {_mermaid_text(_counted_label(e))}")
 
     def render(self, highlight: str | None) -> str:
         self.emit(0, "stateDiagram-v2")
@@ -217,12 +227,30 @@ class _MermaidWriter:
         return "\n".join(self.lines) + "\n"
 
 
-def render_mermaid(spec: MachineSpec, highlight: str | None = None) -> str:
-    """Mermaid ``stateDiagram-v2`` text of a spec; see the module docstring."""
+Coverage = Mapping[tuple[int, str], int]
+
+
+def _graph(spec: MachineSpec, highlight: str | None, coverage: Coverage | None) -> MachineGraph:
     graph = build_graph(spec)
     if highlight is not None:
         graph.node(highlight)  # fail before rendering anything
-    return _MermaidWriter(graph).render(highlight)
+    if coverage is not None:
+        edges = tuple(attrs.evolve(e, count=coverage.get(e.key, 0)) for e in graph.edges)
+        graph = attrs.evolve(graph, edges=edges)
+    return graph
+
+
+def _counted_label(edge: GraphEdge) -> str:
+    if edge.count is None:
+        return edge.label
+    return f"{edge.label} ({edge.count}x)" if edge.count else f"{edge.label} (never taken)"
+
+
+def render_mermaid(
+    spec: MachineSpec, highlight: str | None = None, coverage: Coverage | None = None
+) -> str:
+    """Mermaid ``stateDiagram-v2`` text of a spec; see the module docstring."""
+    return _MermaidWriter(_graph(spec, highlight, coverage)).render(highlight)
 
 
 # -- DOT -------------------------------------------------------------------------------
@@ -296,12 +324,17 @@ class _DotWriter:
     def edge(self, depth: int, edge: GraphEdge) -> None:
         tail, ltail = self.anchor(edge.source)
         head, lhead = self.anchor(edge.dest)
-        attrs = [f"label={_dot_quote(edge.label)}"]
+        attrs = [f"label={_dot_quote(_counted_label(edge))}"]
         # Graphviz ignores (with a warning) a clip at a cluster holding both ends.
         if ltail is not None and ltail != lhead:
             attrs.append(f"ltail={_dot_quote(ltail)}")
         if lhead is not None and lhead != ltail:
             attrs.append(f"lhead={_dot_quote(lhead)}")
+        if edge.count == 0:
+            attrs += [f'color="{NEVER_COLOR}"', f'fontcolor="{NEVER_COLOR}"', "style=dashed"]
+        elif edge.count is not None:
+            width = 1.0 + math.log10(edge.count)
+            attrs += [f'color="{TAKEN_COLOR}"', f"penwidth={width:.1f}"]
         self.emit(depth, f"{_dot_quote(tail)} -> {_dot_quote(head)} [{', '.join(attrs)}];")
 
     def render(self) -> str:
@@ -320,20 +353,24 @@ class _DotWriter:
         return "\n".join(self.lines) + "\n"
 
 
-def render_dot(spec: MachineSpec, highlight: str | None = None) -> str:
+def render_dot(
+    spec: MachineSpec, highlight: str | None = None, coverage: Coverage | None = None
+) -> str:
     """Graphviz DOT text of a spec; see the module docstring."""
-    graph = build_graph(spec)
-    if highlight is not None:
-        graph.node(highlight)
-    return _DotWriter(graph, highlight).render()
+    return _DotWriter(_graph(spec, highlight, coverage), highlight).render()
 
 
-def render_image(spec: MachineSpec, fmt: DiagramFormat, highlight: str | None = None) -> bytes:
+def render_image(
+    spec: MachineSpec,
+    fmt: DiagramFormat,
+    highlight: str | None = None,
+    coverage: Coverage | None = None,
+) -> bytes:
     """SVG or PNG bytes, made by piping `render_dot` through Graphviz ``dot``."""
     if not fmt.is_image:
         msg = f"render_image makes svg or png, not {fmt.value}; use render_{fmt.value}"
         raise ValueError(msg)
-    dot_text = render_dot(spec, highlight)
+    dot_text = render_dot(spec, highlight, coverage)
     exe = shutil.which("dot")
     if exe is None:
         raise GraphvizNotFoundError(fmt.value)

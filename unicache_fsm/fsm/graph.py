@@ -76,6 +76,12 @@ class GraphEdge:
     label: str
     transition: TransitionSpec
     from_any: bool = False
+    count: int | None = None  # times taken, when drawn with coverage
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """The coverage key of this arrow (`fsm.coverage.EdgeKey`)."""
+        return (self.transition.index, "*" if self.from_any else self.source)
 
     @property
     def trigger(self) -> str:
