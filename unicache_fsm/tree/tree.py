@@ -9,8 +9,8 @@ error):
   the last node end that has a live SWA window (or live SWA from the root) behind it.
   Beyond the device prefix, host-backed evicted nodes count as a host hit.
 - `insert(InsertParams) -> InsertResult` — walk root to leaf: device nodes keep
-  their slots and the caller's duplicates past `prev_prefix_len` are freed (below the
-  request's SWA boundary FULL only, above it FULL + mapped SWA); evicted nodes are
+  their slots and the caller's duplicates past `prev_prefix_len` are freed (with any
+  SWA slots they still map to); evicted nodes are
   unevicted with the caller's slots; an SWA tombstone in the caller's window takes the
   caller's SWA (and FULL, unless locked); a new leaf takes the caller's slots. Every
   adoption is recorded with `record_adopted_range`. Non-chunked inserts count hits and
