@@ -12,7 +12,10 @@
 - `node_page_keys(node, P)`: the page identities of one node.
 - `TreeSnapshot` / `tree_snapshot(tree)`: everything observable about a tree and its
   allocator, to show that a refused call changed nothing.
-- `slots(*values)`: an int64 slot tensor.
+- `slots(values)`: an int64 slot tensor.
+- `request_slots(alloc, n, first, swa_bound)` / `serve(tree, key, ...)`: what a
+  scheduler does for one request (allocate its tail, map and trim its SWA; match,
+  lock, insert, unlock).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from hypothesis import strategies as st
 
 from unicache_fsm.hashing import namespace_seed
 from unicache_fsm.pools import SWAAllocator
-from unicache_fsm.tree import RadixTree, TreeNode
+from unicache_fsm.tree import InsertParams, InsertResult, RadixTree, TreeNode
 
 PAGE_SIZES = (1, 4, 16)
 NS_A = namespace_seed(cache_salt="tenant-a")
@@ -188,3 +191,54 @@ def ranges_of(flags: Sequence[bool], page_size: int) -> list[tuple[int, int]]:
         else:
             out.append((start, end))
     return out
+
+
+def request_slots(
+    alloc: object, first: int, n: int, swa_bound: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh FULL slots for tokens ``[first, n)`` and, with an `SWAAllocator`, mapped
+    SWA slots of which those below `swa_bound` are freed again (the request's window
+    moved past them). Returns (FULL slots, the SWA slots still held)."""
+    from unicache_fsm.pools import PagedAllocator
+
+    assert isinstance(alloc, PagedAllocator | SWAAllocator)
+    full = alloc.alloc(n - first)
+    assert full is not None, "test pool too small"
+    if not isinstance(alloc, SWAAllocator):
+        return full, torch.empty(0, dtype=torch.int64)
+    swa = alloc.alloc_swa(n - first)
+    assert swa is not None, "test SWA pool too small"
+    alloc.set_full_to_swa_mapping(full, swa)
+    drop = min(max(0, swa_bound - first), n - first)
+    if drop:
+        alloc.free_swa(swa[:drop])
+    return full, swa[drop:]
+
+
+def serve(
+    tree: RadixTree,
+    key: Sequence[int],
+    *,
+    namespace: str | None = None,
+    chunked: bool = False,
+    swa_bound: int = 0,
+) -> InsertResult:
+    """One request the way a scheduler runs it: match, lock, alloc the tail, insert
+    with ``prev_prefix_len`` = the match, unlock."""
+    key = tuple(key)
+    m = tree.match_prefix(key, namespace)
+    tree.inc_lock_ref(m.last_device_node)
+    fresh, _ = request_slots(tree.allocator, m.prefix_len, len(key), swa_bound)
+    result = tree.insert(
+        InsertParams(
+            key,
+            torch.cat([m.device_indices, fresh]),
+            prev_prefix_len=m.prefix_len,
+            swa_evicted_seqlen=swa_bound,
+            chunked=chunked,
+            track_adopted_ranges=True,
+            namespace=namespace,
+        )
+    )
+    tree.dec_lock_ref(m.last_device_node)
+    return result
