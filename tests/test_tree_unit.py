@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tree_strategies import (
     NS_A,
     NS_B,
+    key_of,
     node_tokens,
     request_slots,
     serve,
@@ -66,10 +67,6 @@ def swa_free_pages(tree: RadixTree) -> set[int]:
 
 def pages_of(values: torch.Tensor, page_size: int) -> set[int]:
     return {s // page_size for s in values.tolist()}
-
-
-def key_of(n: int, base: int = 1) -> tuple[int, ...]:
-    return tuple(range(base, base + n))
 
 
 # -- record_adopted_range (notes §4) ------------------------------------------------------
@@ -193,7 +190,7 @@ def test_insert_three_node_example_with_swa(page_size: int) -> None:
     assert pages_of(value[6:24], page_size) <= free_pages(tree)
     # SWA of tokens [18, 24) freed with its FULL slots; [24, 28) adopted by the leaf.
     assert pages_of(fresh_swa[:6], page_size) <= swa_free_pages(tree)
-    assert tree.allocator.available_swa_size() == swa_available - 4  # type: ignore[union-attr]
+    assert swa_of(tree).available_swa_size() == swa_available - 4
     leaf = result.last_device_node
     assert leaf is not None and leaf.swa is not None
     assert leaf.swa.tolist() == fresh_swa[6:].tolist()
@@ -631,7 +628,7 @@ def test_evict_swa_tombstones_unlocked_nodes_only() -> None:
     assert result == type(result)(0, 8)
     assert a.swa is not None and b.swa is None and b.full is not None  # FULL stays
     assert pages_of(b_swa, p) <= swa_free_pages(tree)
-    assert tree.allocator.available_swa_size() == swa_available + 8  # type: ignore[union-attr]
+    assert swa_of(tree).available_swa_size() == swa_available + 8
     tree.dec_lock_ref(a)
     tree.check()
 

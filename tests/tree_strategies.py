@@ -49,6 +49,11 @@ def page_pattern(i: int, page_size: int) -> tuple[int, ...]:
     return (i + 1,) * page_size
 
 
+def key_of(n: int, base: int = 1) -> tuple[int, ...]:
+    """`n` distinct tokens ``base, base + 1, ...``."""
+    return tuple(range(base, base + n))
+
+
 def build_key(pattern_ids: Sequence[int], page_size: int) -> tuple[int, ...]:
     return tuple(t for i in pattern_ids for t in page_pattern(i, page_size))
 
