@@ -373,3 +373,21 @@ def test_swa_allocator_needs_a_window() -> None:
         RadixTree(SWAAllocator(16, 16, 4))
     with pytest.raises(TreeError):
         RadixTree(PagedAllocator(16, 4), TreeConfig(sliding_window_size=4))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tree bug: evict(EvictParams(swa_num_tokens=...)) on a FULL-only tree fails a "
+    "bare assert instead of freeing nothing (or raising a typed error)",
+)
+def test_swa_eviction_on_a_full_only_tree() -> None:
+    scene = full_scene()
+    tree = scene.tree
+    before = tree_snapshot(tree)
+    try:
+        result = tree.evict(EvictParams(swa_num_tokens=4 * P))
+    except TreeError:
+        pass
+    else:
+        assert result.swa_num_tokens == 0
+    assert tree_snapshot(tree) == before
