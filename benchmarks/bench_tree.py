@@ -1,0 +1,204 @@
+"""Tree benchmark: insert + match throughput of `RadixTree` on a shared-prefix workload.
+
+Run ``python benchmarks/bench_tree.py`` (``--quick`` for a smoke run, ``--profile`` to
+print where the time goes). The workload is the one of DESIGN.md: 10,000 requests,
+each one of 100 shared 256-token prompts followed by 64 tokens of its own, FULL only.
+Per request, as a scheduler does it without eviction:
+
+    m = tree.match_prefix(key)
+    fresh = allocator.alloc(len(key) - m.prefix_len)
+    tree.insert(InsertParams(key, cat(m.device_indices, fresh), prev_prefix_len=m.prefix_len))
+
+with a `PagedAllocator` big enough to hold everything. It prints, for P = 1 and
+P = 16, hashing on and off (`TreeConfig(hash_pages=...)`): insert + match ops/s (two
+ops per request, over the time spent inside the two tree calls), the same over the
+whole loop (allocation and `torch.cat` included), and tokens/s of `match_prefix` and
+of `insert` separately; then the DESIGN.md targets (>= 35k ops/s at P = 16, >= 25k
+at P = 1, on 2 cores) as met / MISSED. A benchmark, not a test: nothing asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from unicache_fsm.pools import PagedAllocator
+from unicache_fsm.tree import InsertParams, RadixTree, TreeConfig
+
+__all__ = ["main"]
+
+NUM_PROMPTS = 100
+PROMPT_LEN = 256
+UNIQUE_LEN = 64
+TARGETS = {16: 35_000.0, 1: 25_000.0}  # insert+match ops/s, DESIGN.md
+
+
+@attrs.frozen
+class Row:
+    page_size: int
+    hash_pages: bool
+    requests: int
+    match_s: float
+    insert_s: float
+    loop_s: float
+    tokens: int
+
+    @property
+    def ops_per_s(self) -> float:
+        return 2 * self.requests / (self.match_s + self.insert_s)
+
+    @property
+    def loop_ops_per_s(self) -> float:
+        return 2 * self.requests / self.loop_s
+
+
+def workload(num_requests: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """`num_requests` keys: a random one of the shared prompts, then unique tokens."""
+    rng = random.Random(seed)
+    prompts = [
+        tuple(rng.randrange(1, 50_000) for _ in range(PROMPT_LEN)) for _ in range(NUM_PROMPTS)
+    ]
+    next_token = 100_000  # unique tails never collide with a prompt or with each other
+    keys = []
+    for _ in range(num_requests):
+        tail = tuple(range(next_token, next_token + UNIQUE_LEN))
+        next_token += UNIQUE_LEN
+        keys.append(rng.choice(prompts) + tail)
+    return keys
+
+
+def run(keys: Sequence[tuple[int, ...]], page_size: int, hash_pages: bool) -> Row:
+    """Serve every key once (match, alloc, insert) and time the tree calls."""
+    total = NUM_PROMPTS * PROMPT_LEN + len(keys) * UNIQUE_LEN
+    alloc = PagedAllocator(-(-total // page_size) * page_size + page_size, page_size)
+    tree = RadixTree(alloc, TreeConfig(hash_pages=hash_pages))
+    clock = time.perf_counter
+    match_s = insert_s = 0.0
+    start = clock()
+    for key in keys:
+        t0 = clock()
+        m = tree.match_prefix(key)
+        t1 = clock()
+        matched = m.prefix_len
+        fresh = alloc.alloc(len(key) - matched)
+        assert fresh is not None, "the benchmark's pool must hold everything"
+        value = torch.cat([m.device_indices, fresh]) if matched else fresh
+        t2 = clock()
+        tree.insert(InsertParams(key, value, prev_prefix_len=matched))
+        t3 = clock()
+        match_s += t1 - t0
+        insert_s += t3 - t2
+    loop_s = clock() - start
+    tokens = sum(len(k) for k in keys)
+    return Row(page_size, hash_pages, len(keys), match_s, insert_s, loop_s, tokens)
+
+
+def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(title)
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    print()
+
+
+def profile(keys: Sequence[tuple[int, ...]], page_size: int, hash_pages: bool, top: int) -> str:
+    """cProfile of one run; the `top` functions by internal time."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run(keys, page_size, hash_pages)
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="1,000 requests, one run each")
+    parser.add_argument("--requests", type=int, default=None, help="override the count")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per row (best kept)")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print a cProfile of each page size"
+    )
+    args = parser.parse_args(argv)
+    num = args.requests or (1_000 if args.quick else 10_000)
+    repeat = args.repeat or (1 if args.quick else 3)
+    keys = workload(num)
+    threads = torch.get_num_threads()
+    print(
+        f"bench_tree: torch {torch.__version__}, {threads} CPU threads; {num:,} requests = "
+        f"one of {NUM_PROMPTS} shared {PROMPT_LEN}-token prompts + {UNIQUE_LEN} unique tokens"
+    )
+    print()
+    rows: list[Row] = []
+    for page_size in (16, 1):
+        for hash_pages in (True, False):
+            run(keys[:200], page_size, hash_pages)  # warm-up: first dispatches, allocator
+            runs = [run(keys, page_size, hash_pages) for _ in range(repeat)]
+            rows.append(max(runs, key=lambda r: r.ops_per_s))
+    _print_table(
+        f"insert + match, FULL only (best of {repeat}; ops = match + insert, 2 per request)",
+        (
+            "P",
+            "hashing",
+            "ops/s (tree calls)",
+            "ops/s (whole loop)",
+            "match tok/s",
+            "insert tok/s",
+            "us/match",
+            "us/insert",
+        ),
+        [
+            (
+                str(r.page_size),
+                "on" if r.hash_pages else "off",
+                f"{r.ops_per_s:,.0f}",
+                f"{r.loop_ops_per_s:,.0f}",
+                f"{r.tokens / r.match_s:,.0f}",
+                f"{r.tokens / r.insert_s:,.0f}",
+                f"{r.match_s / r.requests * 1e6:.1f}",
+                f"{r.insert_s / r.requests * 1e6:.1f}",
+            )
+            for r in rows
+        ],
+    )
+    note = " (quick run: fewer requests, not the DESIGN.md workload)" if num != 10_000 else ""
+    target_rows = []
+    for r in rows:
+        target = TARGETS[r.page_size]
+        verdict = "met" if r.ops_per_s >= target else "MISSED"
+        target_rows.append(
+            (
+                str(r.page_size),
+                "on" if r.hash_pages else "off",
+                f"{r.ops_per_s:,.0f}",
+                f">= {target:,.0f}",
+                f"{r.ops_per_s / target:.2f}x",
+                verdict,
+            )
+        )
+    _print_table(
+        f"DESIGN.md targets, tree calls on 2 cores{note}",
+        ("P", "hashing", "ops/s", "target", "ratio", "verdict"),
+        target_rows,
+    )
+    if args.profile:
+        for page_size in (16, 1):
+            print(f"cProfile, P = {page_size}, hashing on, top 25 by internal time")
+            print(profile(keys, page_size, True, 25))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
