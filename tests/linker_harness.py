@@ -10,9 +10,9 @@ pools, and the linker. Requests then go through it the way a scheduler would dri
   bytes written into the pools (`kv_bytes`), a non-chunked insert, and the
   write-through chain offloaded (settled at once unless ``settle=False``).
 - `begin(rid, key)` — `match`, lock the device prefix, `load_back` (LOAD + PREPARE).
-- `drive()` — `start_loading`, `store.progress()`, `finish_loads`, `poll_offloads`
-  in a bounded loop until nothing is in flight (a load that never ends fails the test
-  as stuck).
+- `drive()` — `start_loading`, `store.progress()`, `finish_loads` (after which each
+  committed request locks its loaded path at once), `poll_offloads` in a bounded loop
+  until nothing is in flight (a load that never ends fails the test as stuck).
 - `complete(req)` — the request uses the committed load (`load.slots`) or, after an
   abort or a miss, recomputes the tail from the device prefix; then releases its lock.
 - `serve(rid, key)` — the three above in a row.
@@ -129,6 +129,7 @@ class System:
     store: ExternalStore
     linker: ExternalLinker
     locks: list[TreeNode] = attrs.field(factory=list)
+    requests: dict[str, Request] = attrs.field(factory=dict)  # begun, not completed
     audits: int = 0
     check_stored: bool = True  # off while a test lets the store lose pages on purpose
 
@@ -304,6 +305,7 @@ class System:
     ) -> Request:
         """LOOKUP, lock the device prefix, and (with `load`) LOAD + PREPARE a hit."""
         req = Request(rid, tuple(key), namespace)
+        self.requests[rid] = req
         req.match = self.linker.match(rid, key, namespace)
         if lock:
             req.lock = self.lock(req.match.device.last_device_node)
@@ -334,7 +336,7 @@ class System:
                 return ended
             self.linker.start_loading()
             self.store.progress()
-            ended += self.linker.finish_loads()
+            ended += self.finish_loads()
             self.linker.poll_offloads()
             if audit:
                 self.audit()
@@ -343,6 +345,27 @@ class System:
             f"batches {self.linker.batches}, offloads {list(self.linker.offloads)}"
         )
         return ended
+
+    def finish_loads(self) -> list[ExternalLoad]:
+        """`linker.finish_loads()`, then each committed request locks its loaded path.
+
+        COMMIT releases the linker's lock, so nothing holds the loaded tail until the
+        request does: a scheduler must lock `load.endpoint` before it allocates again.
+        """
+        ended = self.linker.finish_loads()
+        for load in ended:
+            req = self.requests.get(load.rid)
+            if req is not None and req.load is load and load.state == "committed":
+                self._hold_loaded_path(req)
+        return ended
+
+    def _hold_loaded_path(self, req: Request) -> None:
+        load = req.load
+        assert load is not None and load.state == "committed" and load.endpoint is not None
+        if req.lock is load.endpoint:
+            return
+        self.unlock(req.lock)
+        req.lock = self.lock(load.endpoint)
 
     def complete(
         self,
@@ -355,10 +378,9 @@ class System:
         assert req.match is not None
         load = req.load
         if load is not None and load.state == "committed":
-            assert load.slots is not None and load.endpoint is not None
+            assert load.slots is not None
             # COMMIT released the linker's lock: hold the loaded path before allocating
-            self.unlock(req.lock)
-            req.lock = self.lock(load.endpoint)
+            self._hold_loaded_path(req)
             prefix = load.slots
             req.outcome = "committed"
         else:
@@ -372,6 +394,7 @@ class System:
             req.lock = self.lock(m.last_device_node)
             prefix = m.device_indices
         self._compute_tail(req, prefix, offload, settle, None)
+        self.requests.pop(req.rid, None)
         return req
 
     def serve(self, rid: str, key: Sequence[int], *, namespace: str | None = None) -> Request:

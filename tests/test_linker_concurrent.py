@@ -14,7 +14,7 @@ import torch
 from linker_harness import System, kv_bytes
 
 from unicache_fsm.pools.transfer import PoolName
-from unicache_fsm.tree import ComponentType
+from unicache_fsm.tree import ComponentType, EvictParams
 
 
 def key_of(pages: int, p: int, base: int = 100) -> tuple[int, ...]:
@@ -173,4 +173,65 @@ def test_two_loads_of_one_prefix_in_one_batch(swa: bool) -> None:
     assert s.linker.stats.pages_loaded == 6 and s.linker.stats.pages_duplicate == 6
     s.complete(b)
     s.complete(c)
+    s.assert_quiet()
+
+
+@pytest.mark.parametrize("swa", [False, True], ids=["full", "swa"])
+def test_anchor_split_between_load_back_and_commit(swa: bool) -> None:
+    """Another request matches inside B's device prefix: the anchor's node splits, the
+    linker's lock and path walk still hold."""
+    p = 4
+    s = System.build(p, swa=swa)
+    x = key_of(8, p)
+    s.compute("A1", x[: 4 * p])
+    s.compute("A2", x)
+    s.tree.evict(EvictParams(num_tokens=4 * p))
+    b = s.begin("B", x)
+    assert b.load is not None and b.prepared and b.match is not None
+    anchor = b.load.anchor
+    assert anchor.start < 3 * p < anchor.end
+    s.compute("C", (*x[: 3 * p], *key_of(2, p, base=700)))  # splits the anchor's node
+    assert anchor.start == 3 * p, "the anchor node was not split"
+    s.audit()
+    s.drive()
+    assert b.load.state == "committed" and b.load.slots is not None
+    assert torch.equal(b.load.slots[: 4 * p], b.match.device.device_indices)
+    assert torch.equal(s.full_bytes(b.load.slots), kv_bytes(x, 0))
+    s.complete(b)
+    s.assert_quiet()
+
+
+def test_load_restores_the_window_of_swa_evicted_device_nodes() -> None:
+    """The device prefix is cut back where SWA was evicted; the load brings the window
+    back, and the tombstone in the window takes the loaded FULL and SWA pages."""
+    p = 4
+    s = System.build(p, swa=True, window_pages=2)
+    x = key_of(6, p)
+    first = s.compute("A1", x[: 2 * p], swa_boundary=0)  # [0, 2P) keeps live SWA
+    s.compute("A2", x)  # [2P, 4P) tombstone, [4P, 6P) live
+    assert first.last_node is not None
+    guard = s.lock(first.last_node)
+    s.tree.evict(EvictParams(swa_num_tokens=2 * p))  # tombstones [4P, 6P)
+    s.unlock(guard)
+    assert [n.swa is None for n in sorted(s.tree.nodes(), key=lambda n: n.start)] == [
+        False,
+        True,
+        True,
+    ]
+    window_node = next(n for n in s.tree.nodes() if n.start == 4 * p)
+    old_full = window_node.full.clone()
+    b = s.begin("B", x)
+    assert b.match is not None and b.load is not None
+    assert b.match.device.prefix_len == 2 * p and b.match.external_hit_len == 4 * p
+    s.drive()
+    load = b.load
+    assert load.state == "committed" and load.slots is not None
+    kv = [t for t in load.committed if t.name is PoolName.KV]
+    assert len(kv) == 1 and kv[0].num_pages == 2  # only the window's tombstone adopted
+    assert s.linker.stats.pages_duplicate == 2
+    assert pages_of(old_full, p) <= free_pages(s, PoolName.KV)
+    live, got = s.swa_bytes_of(load.slots)
+    assert bool(live[4 * p :].all())
+    assert torch.equal(got, kv_bytes(x, 0, swa=True)[live])
+    s.complete(b)
     s.assert_quiet()

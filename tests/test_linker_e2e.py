@@ -81,6 +81,10 @@ def test_offload_evict_load_commit_byte_for_byte(p: int, swa: bool) -> None:
     s.audit()
     s.complete(b)
     assert b.outcome == "committed"
+    # the loaded path is stored: B's own insert offloads only what B computed past it
+    if b.offload is not None:
+        assert all(n.start >= len(x) for n in b.offload.ticket.publish)
+    assert s.linker.stats.offloads_submitted == (2 if b.offload is not None else 1)
     s.audit()
     # a third request now hits the device, not the store
     c = s.begin("C", x)
