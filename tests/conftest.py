@@ -7,20 +7,12 @@ Profiles (choose with ``UNICACHE_FSM_PROFILE``; CI sets nothing and gets ``ci``)
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
 
-settings.register_profile("dev", max_examples=30, deadline=None)
-settings.register_profile(
-    "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "fuzz", max_examples=5_000, deadline=None, suppress_health_check=list(HealthCheck)
-)
-settings.load_profile(os.environ.get("UNICACHE_FSM_PROFILE", "ci"))
+from unicache_fsm.testing.profiles import load_profile
+
+load_profile()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

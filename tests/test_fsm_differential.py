@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsm_models import Boom, RecordingModel, recording_model_class
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fsm_models import Boom, RecordingModel, recording_model_class
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.loader import bundled_spec, load_spec

@@ -6,8 +6,8 @@ import enum
 from pathlib import Path
 
 import pytest
-from fsm_models import Boom, RecordingModel, recording_model_class
 
+from fsm_models import Boom, RecordingModel, recording_model_class
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.errors import (
     GuardRejectedError,

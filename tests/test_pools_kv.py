@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pool_strategies import PAGE_SIZES, page_sizes, slots_of
 
+from pool_strategies import PAGE_SIZES, page_sizes, slots_of
 from unicache_fsm.pools import (
     DeviceMismatchError,
     DeviceUnavailableError,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pool_strategies import PAGE_SIZES, pages_in, slots_of, snapshot
 
+from pool_strategies import PAGE_SIZES, pages_in, slots_of, snapshot
 from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.pools import (
     DeviceMismatchError,

@@ -24,6 +24,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from pool_strategies import (
     PagedSnapshot,
     page_sizes,
@@ -32,7 +33,6 @@ from pool_strategies import (
     snapshot,
     swa_snapshot,
 )
-
 from unicache_fsm.pools import (
     DoubleFreeError,
     DuplicatePagesError,

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from pool_strategies import PAGE_SIZES, pages_in, slots_of, swa_snapshot
 
+from pool_strategies import PAGE_SIZES, pages_in, slots_of, swa_snapshot
 from unicache_fsm.pools import (
     DeviceMismatchError,
     DoubleFreeError,

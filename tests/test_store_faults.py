@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from test_store_memory import KV, Rig, StoreContract, StoreFactory, drain, kv_lookup
 
+from test_store_memory import KV, Rig, StoreContract, StoreFactory, drain, kv_lookup
 from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.store import (
     LOAD_MACHINE,

@@ -42,16 +42,16 @@ P = 4
 class Scene:
     """A populated tree and handles into it."""
 
-    tree: RadixTree
+    tree: RadixTree = attrs.field(repr=False)
     key: tuple[int, ...]
-    leaf: TreeNode  # [8, 16) under [0, 8), unlocked, unstored
-    locked: TreeNode  # a locked leaf on another branch
-    stored: TreeNode  # a stored node
-    ticket: OffloadTicket  # an offload in flight over `shipping`
-    shipping: TreeNode
+    leaf: TreeNode = attrs.field(repr=False)  # [8, 16) under [0, 8), unlocked, unstored
+    locked: TreeNode = attrs.field(repr=False)  # a locked leaf on another branch
+    stored: TreeNode = attrs.field(repr=False)  # a stored node
+    ticket: OffloadTicket = attrs.field(repr=False)  # an offload in flight over `shipping`
+    shipping: TreeNode = attrs.field(repr=False)
     # slots a request allocated for an insert that has not happened (yet)
-    outside_full: list[torch.Tensor] = attrs.field(factory=list)
-    outside_swa: list[torch.Tensor] = attrs.field(factory=list)
+    outside_full: list[torch.Tensor] = attrs.field(factory=list, repr=False)
+    outside_swa: list[torch.Tensor] = attrs.field(factory=list, repr=False)
 
     def check(self) -> None:
         self.tree.check(outside_full=self.outside_full, outside_swa=self.outside_swa)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -166,11 +167,13 @@ class TreeMachine(RuleBasedStateMachine):
             n += 1
         return n
 
-    def _snapshot_refused(self, call: object, error: type[Exception], *args: object) -> None:
+    def _snapshot_refused(
+        self, call: Callable[..., object], error: type[Exception], *args: object
+    ) -> None:
         """`call(*args)` raises exactly `error` and changes nothing observable."""
         before = tree_snapshot(self.tree)
         with pytest.raises(error) as info:
-            call(*args)  # type: ignore[operator]
+            call(*args)
         assert type(info.value) is error, f"expected {error.__name__}, got {info.value!r}"
         assert tree_snapshot(self.tree) == before, "a refused call changed the tree"
 

@@ -1,0 +1,1 @@
+"""The public fuzzing kit (see the submodules)."""
