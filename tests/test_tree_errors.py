@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from tree_strategies import key_of, request_slots, serve, tree_snapshot
 
+from tree_strategies import key_of, request_slots, serve, tree_snapshot
 from unicache_fsm.fsm.errors import IllegalTransitionError, UnicacheFsmError
 from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
 from unicache_fsm.tree import (

@@ -50,6 +50,7 @@ from hypothesis.stateful import (
     multiple,
     rule,
 )
+
 from tree_strategies import (
     PageKey,
     build_key,
@@ -63,7 +64,6 @@ from tree_strategies import (
     tree_pages,
     tree_snapshot,
 )
-
 from unicache_fsm.pools import PagedAllocator, SWAAllocator
 from unicache_fsm.tree import (
     ComponentType,

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tree_strategies import (
     NS_A,
     NS_B,
@@ -24,7 +25,6 @@ from tree_strategies import (
     slots,
     tree_pages,
 )
-
 from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
 from unicache_fsm.tree import (
