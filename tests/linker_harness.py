@@ -495,7 +495,9 @@ class System:
         return [n for n in self.tree.nodes() if n.external_cache_stored]
 
 
-def run_ranks(n: int, fn: Callable[[int, ThreadRankGroup], Any], timeout: float = 30.0) -> list:
+def run_ranks(
+    n: int, fn: Callable[[int, ThreadRankGroup], Any], timeout: float = 30.0
+) -> list[Any]:
     """Run ``fn(rank, group)`` in one thread per rank; return the results, rank order.
 
     An exception on any rank is re-raised (the first by rank) after every thread ended.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from linker_harness import System, kv_bytes
 
-from unicache_fsm.pools.transfer import PoolName
+from linker_harness import System, kv_bytes
+from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.tree import ComponentType, EvictParams
 
 
@@ -21,9 +21,14 @@ def key_of(pages: int, p: int, base: int = 100) -> tuple[int, ...]:
     return tuple(range(base, base + pages * p))
 
 
+def slots_of(t: PoolTransfer) -> torch.Tensor:
+    assert t.device_indices is not None
+    return t.device_indices
+
+
 def reserved_of(s: System, rid: str) -> dict[PoolName, torch.Tensor]:
     load = s.linker.loads[rid]
-    return {t.name: t.device_indices.clone() for t in load.transfers}
+    return {t.name: slots_of(t).clone() for t in load.transfers}
 
 
 def free_pages(s: System, pool: PoolName) -> set[int]:
@@ -73,22 +78,22 @@ def test_concurrent_insert_keeps_only_adopted_pages(
     if adopted_pages:
         assert len(kv) == 1
         assert kv[0].num_pages == adopted_pages
-        assert torch.equal(kv[0].device_indices, reserved[PoolName.KV][c_pages * p :])
+        assert torch.equal(slots_of(kv[0]), reserved[PoolName.KV][c_pages * p :])
         assert kv[0].keys == load.tail_hashes[c_pages:]
-        assert torch.equal(load.slots[c_pages * p :], kv[0].device_indices)
+        assert torch.equal(load.slots[c_pages * p :], slots_of(kv[0]))
     else:
         assert kv == []
     assert s.linker.stats.pages_loaded == adopted_pages
     assert s.linker.stats.pages_duplicate == c_pages
     # every reserved FULL page that was not adopted is free again
-    kept = pages_of(kv[0].device_indices, p) if kv else set()
+    kept = pages_of(slots_of(kv[0]), p) if kv else set()
     dropped = pages_of(reserved[PoolName.KV], p) - kept
     assert len(dropped) == c_pages
     assert dropped <= free_pages(s, PoolName.KV)
     assert s.allocator.available_size() == free_before + c_pages * p
     if swa:
         swa_kept = [t for t in load.committed if t.name is PoolName.SWA]
-        kept_swa = pages_of(swa_kept[0].device_indices, p) if swa_kept else set()
+        kept_swa = pages_of(slots_of(swa_kept[0]), p) if swa_kept else set()
         assert pages_of(reserved[PoolName.SWA], p) - kept_swa <= free_pages(s, PoolName.SWA)
         # B's window reads the right SWA bytes through the mapping
         live, got = s.swa_bytes_of(load.slots)
@@ -139,7 +144,7 @@ def test_swa_tombstone_in_the_window_takes_the_loaded_pages(
         assert s.linker.stats.pages_duplicate == 8
     else:
         assert len(kv) == 1 and kv[0].num_pages == 2
-        assert torch.equal(kv[0].device_indices, reserved[PoolName.KV][6 * p :])
+        assert torch.equal(slots_of(kv[0]), reserved[PoolName.KV][6 * p :])
         assert torch.equal(load.slots[6 * p : 8 * p], reserved[PoolName.KV][6 * p :])
         assert pages_of(c_window_full, p) <= free_pages(s, PoolName.KV)
     assert torch.equal(s.full_bytes(load.slots), kv_bytes(x, 0))
@@ -219,6 +224,7 @@ def test_load_restores_the_window_of_swa_evicted_device_nodes() -> None:
         True,
     ]
     window_node = next(n for n in s.tree.nodes() if n.start == 4 * p)
+    assert window_node.full is not None
     old_full = window_node.full.clone()
     b = s.begin("B", x)
     assert b.match is not None and b.load is not None

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from linker_harness import System, kv_bytes
 
+from linker_harness import System, kv_bytes
 from unicache_fsm.hashing import namespace_seed, page_hashes
 from unicache_fsm.linker.load import ExternalLoad
-from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.tree import EvictParams, ExecutorKind
 
 SYSTEMS = [
@@ -21,6 +21,11 @@ SYSTEMS = [
     for p in (1, 16)
     for swa in (False, True)
 ]
+
+
+def slots_of(t: PoolTransfer) -> torch.Tensor:
+    assert t.device_indices is not None
+    return t.device_indices
 
 
 def key_of(pages: int, p: int, base: int = 100) -> tuple[int, ...]:
@@ -101,7 +106,9 @@ def test_partial_device_hit_resumes_the_chain(p: int, swa: bool) -> None:
     s.compute("A1", x[: 4 * p])
     a = s.compute("A2", x)
     assert a.last_node is not None
-    tail_node_hashes = [h for n in a.last_node.path_from_root() if n.end > 4 * p for h in n.hashes]
+    tail_node_hashes = [
+        h for n in a.last_node.path_from_root() if n.end > 4 * p for h in n.hashes or ()
+    ]
     assert len(tail_node_hashes) == 4
     s.tree.evict(EvictParams(num_tokens=4 * p))
     s.audit()
@@ -180,7 +187,7 @@ def scenario(p: int, swa: bool, executor: ExecutorKind) -> dict[str, object]:
     return {
         "state": load.state,
         "slots": load.slots.tolist(),
-        "committed": [(t.name, t.keys, t.device_indices.tolist()) for t in load.committed],
+        "committed": [(t.name, t.keys, slots_of(t).tolist()) for t in load.committed],
         "stats": s.linker.describe(),
         "tree": sorted(
             (n.start, n.end, n.residency, None if n.full is None else n.full.tolist())

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from linker_harness import System, kv_bytes, run_ranks
 
+from linker_harness import System, kv_bytes, run_ranks
 from unicache_fsm.linker.load import AbortReason
 from unicache_fsm.linker.ranks import ThreadRankGroup
 from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
@@ -37,7 +37,7 @@ def on_rank(faulty_rank: int, kind: FaultKind) -> Callable[[int], FaultPolicy]:
     return lambda rank: always(kind) if rank == faulty_rank else FaultPolicy()
 
 
-def ranks(n: int, fn: Callable[[int, ThreadRankGroup], Any], timeout: float = 20.0) -> list:
+def ranks(n: int, fn: Callable[[int, ThreadRankGroup], Any], timeout: float = 20.0) -> list[Any]:
     return run_ranks(n, fn, timeout=timeout)
 
 

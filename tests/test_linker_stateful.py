@@ -21,8 +21,9 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from linker_harness import Request, System, kv_bytes
 
+from linker_harness import Request, System, kv_bytes
+from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.tree import EvictParams
 
@@ -136,9 +137,7 @@ class LinkerMachine(RuleBasedStateMachine):
         self.sys.store.evict(lost)
         self.reverify()
 
-    def pools(self) -> list:
-        from unicache_fsm.pools.transfer import PoolName
-
+    def pools(self) -> list[PoolName]:
         return [PoolName.KV, PoolName.SWA] if self.sys.swa else [PoolName.KV]
 
     @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES - 1))
