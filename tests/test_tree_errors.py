@@ -190,11 +190,6 @@ def test_prefix_length_outside_the_key(scene: Scene, value: int) -> None:
     scene.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: insert does not check that the caller's slots are whole, allocated "
-    "pages; misaligned slots are adopted silently",
-)
 def test_unaligned_slots_are_refused() -> None:
     scene = full_scene()
     tree = scene.tree
@@ -206,11 +201,6 @@ def test_unaligned_slots_are_refused() -> None:
     assert tree_snapshot(tree) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: insert does not check that the caller's slots are allocated; a new "
-    "leaf adopts free pages silently",
-)
 def test_unallocated_slots_are_refused() -> None:
     scene = full_scene()
     tree = scene.tree
@@ -221,11 +211,6 @@ def test_unallocated_slots_are_refused() -> None:
     assert tree_snapshot(tree) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: insert frees the caller's duplicates only after adopting its new "
-    "leaf; a duplicate that is not allocated raises DoubleFreeError with the tree changed",
-)
 def test_unallocated_duplicate_slots_are_refused_before_any_change() -> None:
     scene = full_scene()
     tree = scene.tree
@@ -255,11 +240,6 @@ def test_split_the_root(scene: Scene) -> None:
     refused(scene, TreeError, scene.tree.split, scene.tree.root, P)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: split() does not check residency; splitting a deleted node links it "
-    "back into its old parent (with freed slots)",
-)
 def test_split_of_deleted_node_is_refused() -> None:
     tree = RadixTree(PagedAllocator(16 * P, P))
     node = serve(tree, key_of(2 * P)).last_device_node
@@ -375,11 +355,6 @@ def test_swa_allocator_needs_a_window() -> None:
         RadixTree(PagedAllocator(16, 4), TreeConfig(sliding_window_size=4))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: evict(EvictParams(swa_num_tokens=...)) on a FULL-only tree fails a "
-    "bare assert instead of freeing nothing (or raising a typed error)",
-)
 def test_swa_eviction_on_a_full_only_tree() -> None:
     scene = full_scene()
     tree = scene.tree

@@ -69,6 +69,7 @@ from unicache_fsm.tree import (
     ComponentType,
     EvictParams,
     InsertParams,
+    InsertParamsError,
     LockUnderflowError,
     MatchResult,
     NodeStateError,
@@ -497,30 +498,35 @@ class TreeMachine(RuleBasedStateMachine):
         return result.write_through
 
     def _check_write_through(self, pks: list[PageKey], chain: list[TreeNode]) -> None:
+        """The write-through list merges the chain of every eligible node, root first:
+        each chain runs up from the node to the first stored/offloading page."""
         p = self.page_size
         busy = self.stored | self._in_flight()
+        for earlier, later in itertools.pairwise(chain):
+            assert earlier.end <= later.start, "write-through list is not root-first"
+            up = later.parent
+            while up is not None and up is not earlier:
+                up = up.parent
+            assert up is earlier, "write-through nodes are not on one path"
+        for i, node in enumerate(chain):
+            assert not node.external_cache_stored and not node.offloading
+            if i == 0 or node.parent is not chain[i - 1]:  # a chain starts here
+                top = node.parent
+                assert top is not None
+                assert top is self.tree.root or top.external_cache_stored or top.offloading
         if chain:
-            for parent, child in itertools.pairwise(chain):
-                assert child.parent is parent, "write-through chain is not root-first"
-            top = chain[0].parent
-            assert top is not None
-            assert top is self.tree.root or top.external_cache_stored or top.offloading
-            for node in chain:
-                assert not node.external_cache_stored and not node.offloading
-            assert set(node_page_keys(chain[-1], p)) <= set(pks)
             assert chain[-1].hit_count >= self.threshold
         if self.swa:
             return
-        eligible = [self.hits[pk] >= self.threshold and pk not in busy for pk in pks]
-        if not any(eligible):
-            assert chain == [], f"write-through {chain!r} with no eligible node"
-            return
-        d = max(j for j, e in enumerate(eligible) if e)
-        c = d
-        while c > 0 and pks[c - 1] not in busy:
-            c -= 1
+        wanted: set[int] = set()
+        for d, pk in enumerate(pks):
+            if self.hits[pk] >= self.threshold and pk not in busy:
+                c = d
+                while c > 0 and pks[c - 1] not in busy:
+                    c -= 1
+                wanted.update(range(c, d + 1))
         got = [pk for node in chain for pk in node_page_keys(node, p)]
-        assert got == pks[c : d + 1], "write-through chain covers the wrong pages"
+        assert got == [pks[i] for i in sorted(wanted)], "write-through covers the wrong pages"
 
     # -- bad inserts: typed error, nothing changed ---------------------------------------
     @rule(req=requests, kind=st.sampled_from(["key", "length", "dtype", "2d", "prev"]))
@@ -543,7 +549,8 @@ class TreeMachine(RuleBasedStateMachine):
         else:
             if p == 1:
                 return
-            prev, error = prev + 1, UnalignedKeyError
+            prev = prev + 1
+            error = InsertParamsError if prev > len(key) else UnalignedKeyError
         params = InsertParams(key, value, prev_prefix_len=prev, namespace=req.namespace)
         self._snapshot_refused(self.tree.insert, error, params)
 
@@ -551,8 +558,8 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(target=nodes, node=nodes, k_pages=st.integers(0, MAX_PAGES), off=st.integers(0, 3))
     def split(self, node: TreeNode, k_pages: int, off: int) -> object:
         p = self.page_size
-        if not in_tree(node):
-            # A deleted node: see test_split_of_deleted_node_is_refused (xfail, tree bug).
+        if not in_tree(node):  # a deleted node: the tree refuses and changes nothing
+            self._snapshot_refused(self.tree.split, NodeStateError, node, p)
             return multiple()
         k = k_pages * p + (1 if p > 1 and off == 0 else 0)
         if k % p:

@@ -703,12 +703,6 @@ def test_evict_host_deletes_evicted_leaves() -> None:
     tree.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: load_back's shortfall eviction can evict the path it is loading "
-    "(a node it has just loaded back, or a resident ancestor), leaving a device child "
-    "under an evicted parent",
-)
 def test_load_back_never_evicts_its_own_path() -> None:
     p = 1
     alloc = PagedAllocator(8, p)
@@ -775,11 +769,6 @@ def test_namespaces_separate_tenants() -> None:
 # -- aliasing -----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: an SWA-tombstone adoption keeps a view of the "
-    "caller's value tensor instead of a copy, so reusing that buffer rewrites the tree",
-)
 def test_adopted_slots_do_not_alias_the_callers_value() -> None:
     tree = swa_tree(1, window=2)
     key = key_of(4)
@@ -791,11 +780,6 @@ def test_adopted_slots_do_not_alias_the_callers_value() -> None:
     assert node.full is not None and node.full.tolist() == fresh.tolist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tree bug: an unevict keeps a view of the caller's value tensor instead of a "
-    "copy, so reusing that buffer rewrites the tree",
-)
 def test_unevicted_slots_do_not_alias_the_callers_value() -> None:
     tree, _ = host_tree()
     key = key_of(8)

@@ -43,6 +43,8 @@ __all__ = [
     "InvalidTokenError",
     "NamespaceFieldError",
     "PageSizeError",
+    "check_prior",
+    "check_tokens",
     "namespace_seed",
     "page_hash",
     "page_hashes",
@@ -185,6 +187,16 @@ def _check_page_size(page_size: int) -> None:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         msg = f"page_size must be an int >= 1, got {page_size!r}"
         raise PageSizeError(msg, page_size=page_size)
+
+
+def check_tokens(tokens: Sequence[int]) -> None:
+    """Raise `InvalidTokenError` unless every token is an unsigned 32-bit integer."""
+    _pack(tokens)
+
+
+def check_prior(prior: str | None) -> None:
+    """Raise `InvalidPriorHashError` unless `prior` is None or a 64-hex-digit hash/seed."""
+    _prior_digest(prior)
 
 
 def page_hash(page_tokens: Sequence[int], prior: str | None = None) -> str:

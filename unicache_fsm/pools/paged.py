@@ -162,6 +162,14 @@ class PagedAllocator:
         self._num_free = top + n
         self._is_free.index_fill_(0, pages, True)
 
+    def check_live(self, slots: object, what: str = "slots") -> None:
+        """Raise a typed error unless `slots` are whole, distinct, allocated pages.
+
+        For callers about to take ownership of slots (the tree adopting an insert's
+        value): one gather, nothing changed.
+        """
+        self._live_pages(slots, what=what, freeing=False)
+
     def _live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
         """Page ids of `slots`, which must be whole, distinct, currently allocated pages.
 

@@ -186,6 +186,10 @@ class SWAAllocator:
                 codec.raise_out_of_pool(full_slots, "full_slots to translate", allow_page0=True)
         return self._full_to_swa.index_select(0, full_slots)
 
+    def check_live(self, full_slots: object, what: str = "full_slots") -> None:
+        """Raise a typed error unless `full_slots` are whole, distinct, allocated FULL pages."""
+        self._full.check_live(full_slots, what)
+
     # -- frees -------------------------------------------------------------------------
 
     def free(self, full_slots: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ machine bound to nodes), `offload` (`OffloadTicket`), `tree` (`RadixTree`,
 from __future__ import annotations
 
 from unicache_fsm.tree.errors import (
+    InsertParamsError,
     LockUnderflowError,
     NodeStateError,
     SlotTensorError,
@@ -37,6 +38,7 @@ __all__ = [
     "EvictResult",
     "ExecutorKind",
     "InsertParams",
+    "InsertParamsError",
     "InsertResult",
     "LockUnderflowError",
     "MatchResult",

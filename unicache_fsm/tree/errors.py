@@ -5,6 +5,7 @@ An operation that raises one of these has changed nothing in the tree or its poo
 
 - `UnalignedKeyError`: a key (or a length inside it) that is not whole pages.
 - `ValueLengthError`: an insert whose slot tensor does not match its key.
+- `InsertParamsError`: an insert's `prev_prefix_len` / `swa_evicted_seqlen` outside its key.
 - `SlotTensorError`: a slot tensor with the wrong dtype, shape or device.
 - `LockUnderflowError`: unlocking a node whose path is not locked.
 - `NodeStateError`: an operation that the node's residency does not allow now (e.g.
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from unicache_fsm.fsm.errors import UnicacheFsmError
 
 __all__ = [
+    "InsertParamsError",
     "LockUnderflowError",
     "NodeStateError",
     "SlotTensorError",
@@ -52,6 +54,13 @@ class ValueLengthError(TreeError, ValueError):
         super().__init__(message)
         self.key_len = key_len
         self.value_len = value_len
+
+
+class InsertParamsError(TreeError, ValueError):
+    def __init__(self, message: str, *, what: str, value: int) -> None:
+        super().__init__(message)
+        self.what = what
+        self.value = value
 
 
 class SlotTensorError(TreeError, TypeError):

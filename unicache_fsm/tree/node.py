@@ -95,6 +95,6 @@ class TreeNode:
 
     def __repr__(self) -> str:
         return (
-            f"TreeNode(id={self.id}, span=[{self.start}, {self.end}), "
+            f"TreeNode(id={self.id}, start={self.start}, end={self.end}, "
             f"residency={self.residency!r}, lock_ref={self.lock_ref})"
         )

@@ -52,6 +52,7 @@ from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.tree.errors import (
+    InsertParamsError,
     LockUnderflowError,
     NodeStateError,
     SlotTensorError,
@@ -238,7 +239,7 @@ class RadixTree:
         for n in path:
             assert n.full is not None
             full.append(n.full)
-        indices = full[0] if len(full) == 1 else torch.cat(full)
+        indices = full[0].clone() if len(full) == 1 else torch.cat(full)  # never the tree's own
         return MatchResult(indices, path[-1], host_len, host_node)
 
     def _cut_to_swa_window(self, path: list[TreeNode]) -> list[TreeNode]:
@@ -276,8 +277,13 @@ class RadixTree:
         ):
             if not 0 <= v <= len(key):
                 msg = f"{what} = {v} is outside the key [0, {len(key)}]"
-                raise UnalignedKeyError(msg, what=what, value=v, page_size=self.page_size)
+                raise InsertParamsError(msg, what=what, value=v)
             self._check_aligned(what, v)
+        # the slots the tree may take must be the caller's: whole, allocated pages
+        self.allocator.check_live(value[params.prev_prefix_len :], "insert value")
+        if self.config.hash_pages:  # hashing errors must come before any change
+            hashing.check_tokens(key)
+            hashing.check_prior(params.namespace)
 
     def insert(self, params: InsertParams) -> InsertResult:
         self._check_insert(params)
@@ -328,7 +334,7 @@ class RadixTree:
         self, node: TreeNode, seg: torch.Tensor, swa_bound: int, result: InsertResult
     ) -> TreeNode:
         """An evicted node on the insert path takes the caller's slots."""
-        node.full = seg
+        node.full = seg.clone()  # never a view of the caller's tensor
         self._fire(node, T.UNEVICT)
         result.record_adopted_range(FULL, node.start, node.end)
         if self.swa_enabled:
@@ -381,7 +387,7 @@ class RadixTree:
             if node.lock_ref == 0:
                 assert node.full is not None
                 to_free.append(node.full)  # a tombstone's FULL maps to no SWA
-                node.full, node.swa = seg, swa_slots
+                node.full, node.swa = seg.clone(), swa_slots
                 result.record_adopted_range(FULL, node.start, end)
             else:  # locked: keep its FULL, pair the caller's SWA with it
                 assert node.full is not None and isinstance(self.allocator, SWAAllocator)
@@ -421,8 +427,10 @@ class RadixTree:
         return leaf
 
     def _count_hits(self, walked: list[TreeNode], result: InsertResult) -> None:
+        """Count a hit on every device node walked; the write-through list merges the
+        chains of every node that reached the threshold (root first, each node once)."""
         threshold = self.config.write_through_threshold
-        deepest = None
+        chosen: dict[int, TreeNode] = {}
         for node in walked:
             if node.device_resident:
                 node.hit_count += 1
@@ -432,14 +440,16 @@ class RadixTree:
                     and node.hashes is not None
                     and not node.external_cache_stored
                     and not node.offloading
+                    and node.id not in chosen
                 ):
-                    deepest = node
-        if deepest is not None:
-            result.write_through = self.offload_chain(deepest)
+                    for n in self.offload_chain(node):
+                        chosen[n.id] = n
+        result.write_through = sorted(chosen.values(), key=lambda n: n.start)
 
     # -- split -------------------------------------------------------------------------
     def split(self, node: TreeNode, k: int) -> TreeNode:
         """Cut `node` after `k` tokens (a page multiple, 0 < k < len); return the new parent."""
+        self._check_in_tree(node, "split")
         self._check_aligned("split position", k)
         if not 0 < k < len(node.key) or node.parent is None:
             msg = f"cannot split node {node.id} of {len(node.key)} tokens at {k}"
@@ -520,7 +530,11 @@ class RadixTree:
 
     def evict(self, params: EvictParams) -> EvictResult:
         freed = self._evict_full(params.num_tokens) if params.num_tokens > 0 else 0
-        freed_swa = self._evict_swa(params.swa_num_tokens) if params.swa_num_tokens > 0 else 0
+        freed_swa = (
+            self._evict_swa(params.swa_num_tokens)
+            if params.swa_num_tokens > 0 and self.swa_enabled
+            else 0
+        )
         return EvictResult(freed, freed_swa)
 
     def _evict_full(self, num_tokens: int) -> int:
@@ -579,6 +593,15 @@ class RadixTree:
         chain.reverse()
         return chain
 
+    @staticmethod
+    def _is_ancestor(anc: TreeNode, node: TreeNode) -> bool:
+        n = node.parent
+        while n is not None:
+            if n is anc:
+                return True
+            n = n.parent
+        return False
+
     def begin_offload(self, chain: Sequence[TreeNode]) -> OffloadTicket:
         """Move a root-first chain to offloading and lock it; see `tree.offload`."""
         if not chain:
@@ -592,8 +615,8 @@ class RadixTree:
                 problem = "it has no page hashes (the tree was built with hash_pages=False)"
             elif node.external_cache_stored or node.offloading:
                 problem = "it is already stored or offloading"
-            elif i and node.parent is not chain[i - 1]:
-                problem = f"it is not the child of node {chain[i - 1].id} (chains go root first)"
+            elif i and not self._is_ancestor(chain[i - 1], node):
+                problem = f"it is not below node {chain[i - 1].id} (chains go root first)"
             if problem:
                 msg = f"cannot offload node {node.id}: {problem}"
                 raise NodeStateError(msg, node_id=node.id, state=node.residency)
@@ -679,20 +702,25 @@ class RadixTree:
         """Copy the host backups of the evicted nodes on the path to `node` back to the
         device (evicting the shortfall first). False if the device pool stays short."""
         kv, host, _ = self._host_parts()
-        for n in node.path_from_root():
-            if not n.evicted:
-                continue
-            need = len(n.key)
-            short = need - self.allocator.available_size()
-            if short > 0:
-                self.evict(EvictParams(num_tokens=short))
-            slots = self.allocator.alloc(need)
-            if slots is None:
-                return False
-            assert n.host is not None
-            host.restore_to(kv, n.host, slots)
-            n.full, n.swa = slots, None
-            self._fire(n, T.LOAD_BACK)
+        self.inc_lock_ref(node)  # making room must not evict what this loads back
+        try:
+            for n in node.path_from_root():
+                if not n.evicted:
+                    continue
+                need = len(n.key)
+                short = need - self.allocator.available_size()
+                if short > 0:
+                    self.evict(EvictParams(num_tokens=short))
+                slots = self.allocator.alloc(need)
+                if slots is None:
+                    return False
+                assert n.host is not None
+                host.restore_to(kv, n.host, slots)
+                n.full, n.swa = slots, None
+                n.last_access = self._tick()
+                self._fire(n, T.LOAD_BACK)
+        finally:
+            self.dec_lock_ref(node)
         return True
 
     def drop_backup(self, node: TreeNode) -> None:
