@@ -45,9 +45,8 @@ def serve(linker: ExternalLinker, kv: KVPool, rid: str, tokens: tuple[int, ...])
         linker.start_loading()
         store.progress()  # a real store lands pages asynchronously, layer by layer
         for load in linker.finish_loads():
-            if load.state == "committed" and load.slots is not None and load.endpoint:
-                tree.inc_lock_ref(load.endpoint)
-                tree.dec_lock_ref(node)
+            if load.committed_ok and load.slots is not None and load.endpoint:
+                tree.dec_lock_ref(node)  # COMMIT handed us a lock on the loaded path's end
                 node, prefix, start = load.endpoint, load.slots, load.prefix_len
     # 3. compute the rest (allocating, evicting the shortfall first)
     need = -(-(len(tokens) - start) // P) * P

@@ -347,11 +347,8 @@ class System:
         return ended
 
     def finish_loads(self) -> list[ExternalLoad]:
-        """`linker.finish_loads()`, then each committed request locks its loaded path.
-
-        COMMIT releases the linker's lock, so nothing holds the loaded tail until the
-        request does: a scheduler must lock `load.endpoint` before it allocates again.
-        """
+        """`linker.finish_loads()`, then each committed request takes over the lock
+        COMMIT left on `load.endpoint` (the loaded path stays put until it is done)."""
         ended = self.linker.finish_loads()
         for load in ended:
             req = self.requests.get(load.rid)
@@ -360,12 +357,14 @@ class System:
         return ended
 
     def _hold_loaded_path(self, req: Request) -> None:
+        """Take over the lock COMMIT handed us on the loaded path's end (once)."""
         load = req.load
         assert load is not None and load.state == "committed" and load.endpoint is not None
         if req.lock is load.endpoint:
             return
         self.unlock(req.lock)
-        req.lock = self.lock(load.endpoint)
+        self.locks.append(load.endpoint)
+        req.lock = load.endpoint
 
     def complete(
         self,
@@ -379,8 +378,7 @@ class System:
         load = req.load
         if load is not None and load.state == "committed":
             assert load.slots is not None
-            # COMMIT released the linker's lock: hold the loaded path before allocating
-            self._hold_loaded_path(req)
+            self._hold_loaded_path(req)  # the lock COMMIT handed over
             prefix = load.slots
             req.outcome = "committed"
         else:
@@ -409,7 +407,15 @@ class System:
     def expected_locks(self) -> collections.Counter[int]:
         """lock_ref every node should have: one per lock anchored on it or below it."""
         expected: collections.Counter[int] = collections.Counter()
-        for anchor in [*self.linker.locks_held(), *self.locks]:
+        handed = [  # COMMIT's lock on the loaded path, not yet taken over by its request
+            r.load.endpoint
+            for r in self.requests.values()
+            if r.load is not None
+            and r.load.committed_ok
+            and r.load.endpoint is not None
+            and r.lock is not r.load.endpoint
+        ]
+        for anchor in [*self.linker.locks_held(), *self.locks, *handed]:
             for n in anchor.path_from_root():
                 expected[n.id] += 1
         return expected

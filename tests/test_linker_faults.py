@@ -308,11 +308,6 @@ def test_release_while_loading_and_the_batch_fails(swa: bool) -> None:
     s.assert_quiet()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="linker bug: match() for a rid whose load is loading overwrites loads[rid]; "
-    "the old load's abort then pops the new one (orphaned, never started, slots leaked)",
-)
 def test_match_again_while_loading() -> None:
     s = System.build(P)
     x = key_of(8)
@@ -327,8 +322,11 @@ def test_match_again_while_loading() -> None:
     s.linker.finish_loads()  # the old load ends (aborted: released)
     assert b.load is not None and b.load.state == "aborted"
     assert s.linker.load_back(again.load)
-    s.drive()
-    assert again.load.state == "committed"
+    s.linker.start_loading()
+    s.store.progress()
+    assert s.linker.finish_loads() == [again.load]
+    assert again.load.state == "committed" and again.load.endpoint is not None
+    s.tree.dec_lock_ref(again.load.endpoint)  # the lock COMMIT handed over
     s.unlock(b.lock)
     s.assert_quiet()
 
@@ -371,11 +369,6 @@ def test_reset_with_loads_and_offloads_in_flight(swa: bool) -> None:
     s.assert_quiet()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="linker bug: reset() leaves the store's completed offload results in its FIFO; "
-    "poll_offloads later pairs a stale True with a new, failed offload",
-)
 def test_reset_does_not_leave_stale_offload_verdicts() -> None:
     s = System.build(P, capacity_pages=4)
     w_key, y_key = key_of(4, base=300), key_of(4, base=600)

@@ -210,11 +210,6 @@ def test_sparse_restorable_sets_intersect_to_the_largest_common_boundary(
 
 
 # -- divergent outcomes the linker does not agree on (bugs) -----------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="linker bug: load_back's outcome is not agreed across ranks; a store that "
-    "refuses the load on one rank leaves the other ranks' load loading forever",
-)
 @pytest.mark.parametrize(
     "kind", [FaultKind.REFUSE_LOAD, FaultKind.EVICT_AFTER_LOOKUP], ids=lambda k: k.value
 )
@@ -239,11 +234,6 @@ def test_a_refused_load_on_one_rank_aborts_everywhere(kind: FaultKind) -> None:
     assert {r[0] for r in results} == {"aborted"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="linker bug: offload acceptance is not agreed across ranks; a refusal on one "
-    "rank leaves the others' offload pending, later completed with another chain's verdict",
-)
 def test_a_refused_offload_on_one_rank_fails_everywhere() -> None:
     x, y = key_of(6), key_of(4, base=500)
 
@@ -264,11 +254,6 @@ def test_a_refused_offload_on_one_rank_fails_everywhere() -> None:
     assert results == [("failed", "published", True)] * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="linker bug: verify_stored returns before its collective when the lookup "
-    "fails on one rank; the other ranks wait in intersect_restorable (hang / RankGroupError)",
-)
 def test_verify_stored_with_a_failed_lookup_on_one_rank() -> None:
     x = key_of(4)
 

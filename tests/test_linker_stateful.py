@@ -3,10 +3,7 @@ store faults interleaved at random, with the harness's audit as the invariant.
 
 Rules are the scheduler's moves (compute, begin a load, step the store, complete,
 release, evict in the tree or in the store, reset); preconditions keep them legal.
-Injected faults come from a seeded `FaultPolicy` over every `FaultKind`. Two known
-linker bugs are stepped around here (each has its own strict xfail test): rids are
-never matched twice (`test_match_again_while_loading`), and a reset drains the store's
-stale offload completions (`test_reset_does_not_leave_stale_offload_verdicts`).
+Injected faults come from a seeded `FaultPolicy` over every `FaultKind`.
 """
 
 from __future__ import annotations
@@ -149,9 +146,6 @@ class LinkerMachine(RuleBasedStateMachine):
     def reset(self) -> None:
         s = self.sys
         s.linker.reset()
-        # step around the stale-verdict bug: drop the completions reset() left behind
-        while s.store.num_completed_offloads():
-            s.store.pop_completed_offload()
 
     # -- invariant and teardown ------------------------------------------------------------
     @invariant()

@@ -10,14 +10,16 @@ Primitives, in the order a scheduler step uses them:
   per component, the store's restorable boundaries intersected across ranks (0/1
   mask, MIN). A hit creates an idle `ExternalLoad` held for the request.
 - `load_back(load)` — LOAD + PREPARE (``idle → prepared``): reserve slots, map SWA,
-  queue the store load. False when it aborted instead (the request recomputes).
+  queue the store load; the outcome is agreed across ranks (MIN), so a load runs
+  everywhere or nowhere. False when it aborted instead (the request recomputes).
 - `start_loading()` — start every queued store load as one batch.
 - `finish_loads()` — take completed batches (count MIN across ranks), agree on each
   verdict (MIN), COMMIT the landed loads and ABORT the rest; returns the loads that
-  ended.
+  ended. A committed load hands the caller one lock on `load.endpoint` (the end of
+  the loaded path), which the caller releases with ``tree.dec_lock_ref``.
 - `offload_nodes(chain)` — hand a root-first chain of nodes (a write-through result)
-  to the store; `poll_offloads()` completes them FIFO with verdicts agreed across
-  ranks.
+  to the store, acceptance agreed across ranks; `poll_offloads()` completes them FIFO
+  with verdicts agreed across ranks.
 - `verify_stored(node)` — LOOKUP a stored path and demote the nodes whose pages the
   store lost.
 - `release_request(rid)` — abort a request's load (deferred while its batch runs).
@@ -27,6 +29,12 @@ Primitives, in the order a scheduler step uses them:
 Every reserved slot ends exactly one way: adopted by the tree at COMMIT, freed as a
 duplicate at COMMIT, or freed by ABORT. Nothing is published before the verdict, so no
 node claims KV that never landed.
+
+Collective calls: with several ranks, every rank calls `match`, `load_back`,
+`finish_loads`, `offload_nodes`, `poll_offloads` and `verify_stored` in the same order
+with the same arguments (their trees stay identical because every decision that
+could differ — restorable prefixes, PREPARE, store acceptance, verdicts, completion
+counts — is agreed by a MIN all-reduce before the tree changes).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from unicache_fsm import hashing
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.reference import ReferenceExecutor
-from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadTrigger
+from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadTrigger, PendingOffload
 from unicache_fsm.linker.ranks import RankGroup, SingleRank, agree, intersect_restorable
 from unicache_fsm.pools.transfer import (
@@ -142,9 +150,13 @@ class ExternalLinker:
         )
         self.load_machine = kind("load_transaction", ExternalLoad, triggers=LoadTrigger)
         self.offload_machine = kind("offload", PendingOffload, triggers=OffloadTrigger)
-        self.loads: dict[str, ExternalLoad] = {}  # every load not yet final
+        self.loads: dict[str, ExternalLoad] = {}  # every load not yet final, by rid
+        # loads released while their batch runs: they still own slots and a lock
+        self.draining: list[ExternalLoad] = []
         self.batches: dict[int, list[ExternalLoad]] = {}
-        self.offloads: deque[PendingOffload] = deque()  # accepted, not completed, FIFO
+        # accepted offloads not completed, FIFO; None marks a store offload this rank
+        # queued but the group refused: its completion is popped and dropped locally
+        self.offloads: deque[PendingOffload | None] = deque()
         self.stats = LinkerStats()
         self._offload_ids = 0
 
@@ -198,11 +210,15 @@ class ExternalLinker:
 
     # -- LOAD + PREPARE ----------------------------------------------------------------
     def load_back(self, load: ExternalLoad) -> bool:
-        """Reserve, prepare and queue `load`; False when it was aborted instead."""
+        """Reserve, prepare and queue `load` on every rank, or on none; False when it was
+        aborted instead (a collective call: the outcome is agreed across ranks)."""
+        refusal: AbortReason | None = None
         try:
             self.load_machine.fire(load, L.PREPARE)
         except _LoadRefused as refused:
-            self._abort(load, refused.reason)
+            refusal = refused.reason
+        if not agree(self.group, refusal is None):
+            self._abort(load, refusal or AbortReason.PEER_ABORTED)
             return False
         self.stats.loads_prepared += 1
         return True
@@ -244,7 +260,7 @@ class ExternalLinker:
         batch = self.store.start_loading()
         if batch < 0:
             return batch
-        queued = [ld for ld in self.loads.values() if ld.state == "prepared.queued"]
+        queued = [ld for ld in self.loads.values() if ld.state == LoadState.QUEUED]
         for load in queued:
             self.load_machine.fire(load, L.START)
             load.batch = batch
@@ -259,13 +275,14 @@ class ExternalLinker:
             result = self.store.pop_completed_load()
             verdict = agree(self.group, result.success)
             for load in self.batches.pop(result.batch, []):
-                if load.state != "prepared.loading":
+                if load.state != LoadState.LOADING:
                     continue
                 load.verdict = verdict
                 if verdict and not load.abort_pending:
                     self.load_machine.fire(load, L.LAND)
                     self.load_machine.fire(load, L.COMMIT)
-                    del self.loads[load.rid]
+                    if self.loads.get(load.rid) is load:
+                        del self.loads[load.rid]
                     self.stats.loads_committed += 1
                 else:
                     reason = AbortReason.RELEASED if verdict else AbortReason.LOAD_FAILED
@@ -308,6 +325,7 @@ class ExternalLinker:
         load.committed, load.endpoint = committed, endpoint
         load.slots = torch.cat([load.device_prefix, canonical])
         tree.mark_stored_path(endpoint, load.anchor)
+        tree.inc_lock_ref(endpoint)  # the caller's, from now on: the loaded path stays put
         tree.dec_lock_ref(load.anchor)
         load.transfers = []
 
@@ -326,13 +344,16 @@ class ExternalLinker:
     def _abort(self, load: ExternalLoad, reason: AbortReason) -> None:
         load.abort_reason = reason
         self.load_machine.fire(load, L.ABORT)
-        self.loads.pop(load.rid, None)
+        if self.loads.get(load.rid) is load:
+            del self.loads[load.rid]
+        elif load in self.draining:
+            self.draining.remove(load)
         self.stats.loads_aborted[reason.value] = self.stats.loads_aborted.get(reason.value, 0) + 1
 
     def _release(self, load: ExternalLoad) -> None:
-        if load.state == "idle":
+        if load.state == LoadState.IDLE:
             return  # nothing was reserved (or PREPARE undid its own work)
-        if load.state == "prepared.queued":
+        if load.state == LoadState.QUEUED:
             self.store.cancel_queued_load(load.rid)
         assert load.ctx is not None
         for c, t in reversed(list(zip(self.components, load.transfers, strict=True))):
@@ -345,8 +366,11 @@ class ExternalLinker:
         load = self.loads.get(rid)
         if load is None:
             return
-        if load.state == "prepared.loading":
-            load.abort_pending = True  # the store may still write into its slots
+        if load.state == LoadState.LOADING:
+            # the store may still write into its slots: abort when the batch ends
+            load.abort_pending = True
+            del self.loads[rid]
+            self.draining.append(load)
             return
         self._abort(load, AbortReason.RELEASED)
 
@@ -363,9 +387,12 @@ class ExternalLinker:
         )
         self.offload_machine.initialize(record)
         try:
-            record.accepted = self.store.offload(transfers)
+            queued = self.store.offload(transfers)
         except StoreFaultError:
-            record.accepted = False
+            queued = False
+        record.accepted = agree(self.group, queued)
+        if queued and not record.accepted:
+            self.offloads.append(None)  # drop its completion when it comes
         self.stats.offloads_submitted += 1
         self.offload_machine.fire(record, OFF.SUBMIT)
         if record.accepted:
@@ -385,12 +412,22 @@ class ExternalLinker:
         return merged
 
     def poll_offloads(self) -> list[PendingOffload]:
-        """Complete the offloads every rank has finished, FIFO, with agreed verdicts."""
-        local = min(self.store.num_completed_offloads(), len(self.offloads))
+        """Complete the offloads every rank has finished, FIFO, with agreed verdicts
+        (a collective call: one count all-reduce, then one verdict per offload)."""
+        while self.offloads and self.offloads[0] is None and self.store.num_completed_offloads():
+            self.store.pop_completed_offload()  # this rank's offload the group refused
+            self.offloads.popleft()
+        run = 0
+        for record in self.offloads:
+            if record is None:
+                break
+            run += 1
+        local = min(self.store.num_completed_offloads(), run)
         count = self.group.all_reduce_min([local])[0]
         done = []
         for _ in range(count):
             record = self.offloads.popleft()
+            assert record is not None
             record.success = agree(self.group, self.store.pop_completed_offload())
             self.offload_machine.fire(record, OFF.COMPLETE)
             done.append(record)
@@ -412,6 +449,9 @@ class ExternalLinker:
         """LOOKUP the stored path root→`node`; demote nodes whose pages are gone.
 
         Returns how many nodes were demoted (they become eligible for offload again).
+        `stored` is about FULL (KV) pages: a lost SWA window only narrows what LOOKUP
+        restores, and re-offloading a node whose SWA is tombstoned could not bring it
+        back, so SWA losses demote nothing.
         """
         path = node.path_from_root()
         if not path or any(n.hashes is None for n in path):
@@ -421,8 +461,8 @@ class ExternalLinker:
         assert transfer is not None
         try:
             restorable = self.store.lookup(f"verify-{node.id}", [transfer])
-        except StoreFaultError:
-            return 0  # cannot tell: keep the nodes as they are
+        except StoreFaultError:  # cannot tell: no evidence of loss, but stay in the collective
+            restorable = list(range(1, len(keys) + 1))
         present = intersect_restorable(self.group, restorable, len(keys)) * self.page_size
         demoted = 0
         for n in path:
@@ -433,13 +473,23 @@ class ExternalLinker:
 
     # -- lifecycle ---------------------------------------------------------------------
     def reset(self) -> None:
-        """Quiesce the store, then abort every load and fail every pending offload."""
+        """Quiesce the store, then abort every load and fail every pending offload.
+
+        The store's own results of what it quiesced are drained and dropped: the
+        records they belong to end here, failed.
+        """
         self.store.reset()
-        for load in list(self.loads.values()):
+        while self.store.num_completed_loads():
+            self.store.pop_completed_load()
+        while self.store.num_completed_offloads():
+            self.store.pop_completed_offload()
+        for load in [*self.loads.values(), *self.draining]:
             self._abort(load, AbortReason.RESET)
         self.batches.clear()
         while self.offloads:
             record = self.offloads.popleft()
+            if record is None:
+                continue
             record.success = False
             self.offload_machine.fire(record, OFF.COMPLETE)
 
@@ -452,7 +502,7 @@ class ExternalLinker:
         """(FULL, SWA) slots reserved by prepared loads: held outside the tree."""
         full: list[torch.Tensor] = []
         swa: list[torch.Tensor] = []
-        for load in self.loads.values():
+        for load in [*self.loads.values(), *self.draining]:
             for t in load.transfers:
                 assert t.device_indices is not None
                 (swa if t.name is PoolName.SWA else full).append(t.device_indices)
@@ -460,8 +510,8 @@ class ExternalLinker:
 
     def locks_held(self) -> list[TreeNode]:
         """The node each of the linker's outstanding locks is anchored on."""
-        held = [ld.anchor for ld in self.loads.values() if ld.transfers]
-        held += [rec.ticket.anchor for rec in self.offloads]
+        held = [ld.anchor for ld in [*self.loads.values(), *self.draining] if ld.transfers]
+        held += [rec.ticket.anchor for rec in self.offloads if rec is not None]
         return held
 
     def describe(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ machine decides *when* work happens and the linker *how*:
 - `queue_store_load` (after ``prepare``) — hand the transfers to the store.
 - `landed_everywhere` (guard of ``land``) — the batch verdict agreed across ranks.
 - `publish` (before ``commit``) — insert the tail, keep the adopted pages, free the
-  duplicates, mark the path stored, release the anchor lock.
+  duplicates, mark the path stored, and move the anchor lock to the loaded path's end:
+  the caller owns that lock on `endpoint` and releases it when the request is done.
 - `release_reservation` (before ``abort``) — free exactly what was reserved, cancel a
   queued store load, release the anchor lock, publish nothing.
 
@@ -33,7 +34,7 @@ from unicache_fsm.tree.node import TreeNode
 if TYPE_CHECKING:
     from unicache_fsm.linker.linker import ExternalLinker
 
-__all__ = ["AbortReason", "ExternalLoad", "LoadTrigger"]
+__all__ = ["AbortReason", "ExternalLoad", "LoadState", "LoadTrigger"]
 
 
 class LoadTrigger(str, enum.Enum):
@@ -44,6 +45,17 @@ class LoadTrigger(str, enum.Enum):
     ABORT = "abort"
 
 
+class LoadState(str, enum.Enum):
+    """The configurations of the `load_transaction` machine (what `ExternalLoad.state` holds)."""
+
+    IDLE = "idle"
+    QUEUED = "prepared.queued"
+    LOADING = "prepared.loading"
+    LANDED = "prepared.landed"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
 class AbortReason(str, enum.Enum):
     """Why a load ended aborted (the request then recomputes the tail)."""
 
@@ -52,6 +64,7 @@ class AbortReason(str, enum.Enum):
     LOAD_FAILED = "load_failed"  # the batch verdict (MIN across ranks) was failure
     RELEASED = "released"  # the request went away before the load finished
     RESET = "reset"  # the linker was reset or closed
+    PEER_ABORTED = "peer_aborted"  # this rank could prepare, another rank could not
 
 
 @attrs.define(slots=True, eq=False, repr=False)
@@ -79,6 +92,15 @@ class ExternalLoad:
     @property
     def fsm_id(self) -> str:
         return self.rid
+
+    @property
+    def in_flight(self) -> bool:
+        """Reserved slots the store may still write into (prepared, not yet ended)."""
+        return self.state in (LoadState.QUEUED, LoadState.LOADING, LoadState.LANDED)
+
+    @property
+    def committed_ok(self) -> bool:
+        return self.state == LoadState.COMMITTED
 
     @property
     def device_hit_len(self) -> int:

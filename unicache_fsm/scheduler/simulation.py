@@ -35,7 +35,7 @@ import torch
 from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
 from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig
-from unicache_fsm.linker.load import ExternalLoad
+from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.swa import SWAAllocator
@@ -235,7 +235,7 @@ class Simulation:
     # -- 2. loads ------------------------------------------------------------------------
     def _loads(self) -> int:
         if any(
-            r.load is not None and r.load.state == "prepared.queued" for r in self.loading.values()
+            r.load is not None and r.load.state == LoadState.QUEUED for r in self.loading.values()
         ):
             self.linker.start_loading()
         self.store.progress()
@@ -243,7 +243,7 @@ class Simulation:
         for load in ended:
             req = self.loading.pop(load.rid)
             req.load = None
-            if load.state == "committed":
+            if load.committed_ok:
                 self._adopt_load(req, load)
             self.ready.append(req)
         return len(ended)
@@ -255,7 +255,8 @@ class Simulation:
         self.report.loaded_tokens += load.prefix_len - load.device_hit_len
         req.prefix_len = load.prefix_len
         req.prefix_slots = load.slots
-        self._relock(req, load.endpoint)
+        self.tree.dec_lock_ref(req.lock_node)
+        req.lock_node = load.endpoint  # COMMIT handed us a lock on it
 
     def _verify(self, req: Request, load: ExternalLoad) -> None:
         c = self.config
