@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linker_harness import System, kv_bytes
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
+from unicache_fsm.testing.system import System, kv_bytes
 from unicache_fsm.tree import ComponentType, EvictParams
 
 

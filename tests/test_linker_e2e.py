@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linker_harness import System, kv_bytes
 from unicache_fsm.hashing import namespace_seed, page_hashes
 from unicache_fsm.linker.load import ExternalLoad
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
+from unicache_fsm.testing.system import System, kv_bytes
 from unicache_fsm.tree import EvictParams, ExecutorKind
 
 SYSTEMS = [

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linker_harness import System, kv_bytes
 from unicache_fsm.linker.load import AbortReason
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.testing.system import System, kv_bytes
 from unicache_fsm.tree import EvictParams
 
 P = 4

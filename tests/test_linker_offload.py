@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from linker_harness import System
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.testing.system import System
 from unicache_fsm.tree import TreeNode
 
 P = 4

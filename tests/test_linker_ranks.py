@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from linker_harness import System, kv_bytes, run_ranks
 from unicache_fsm.linker.load import AbortReason
 from unicache_fsm.linker.ranks import ThreadRankGroup
 from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.testing.system import System, kv_bytes, run_ranks
 
 P = 4
 ROUNDS = 5

@@ -19,9 +19,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from linker_harness import Request, System, kv_bytes
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.testing.system import Request, System, kv_bytes
 from unicache_fsm.tree import EvictParams
 
 DOCS = 3

@@ -1,4 +1,4 @@
-"""A small serving system around one `ExternalLinker`, for the linker tests.
+"""A small serving system around one `ExternalLinker`: the kit's system under test.
 
 `System.build(page_size, swa=...)` wires a FULL-only (`PagedAllocator`) or FULL+SWA
 (`SWAAllocator`) system: KV pools, a `RadixTree` in linker mode (write-through
@@ -26,7 +26,6 @@ pools, and the linker. Requests then go through it the way a scheduler would dri
 
 from __future__ import annotations
 
-import collections
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,11 +37,12 @@ from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig, LinkerMatch
 from unicache_fsm.linker.load import ExternalLoad
 from unicache_fsm.linker.offload import PendingOffload
 from unicache_fsm.linker.ranks import RankGroup, ThreadRankGroup
-from unicache_fsm.pools import KVPool, PagedAllocator, SWAAllocator
+from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.faults import FaultPolicy, FaultyStore
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.testing import invariants as inv
 from unicache_fsm.tree import (
     EvictParams,
     ExecutorKind,
@@ -125,7 +125,7 @@ class System:
     kv: KVPool
     swa_kv: KVPool | None
     tree: RadixTree
-    memory: MemoryStore
+    backend: ExternalStore  # the store itself (inside `store` when faults are injected)
     store: ExternalStore
     linker: ExternalLinker
     locks: list[TreeNode] = attrs.field(factory=list)
@@ -148,7 +148,11 @@ class System:
         tree_executor: ExecutorKind = ExecutorKind.COMPILED,
         group: RankGroup | None = None,
         capacity_pages: int | None = None,
+        store_factory: Callable[[], ExternalStore] | None = None,
+        host_pages: int = 0,
     ) -> System:
+        """Wire a system; `store_factory` puts your own store backend in it (default: a
+        `MemoryStore`), `host_pages` adds the host backup tier."""
         p = page_size
         kv = KVPool(full_pages * p, p, NUM_LAYERS, WIDTH)
         pools = {PoolName.KV: kv}
@@ -166,9 +170,15 @@ class System:
         else:
             allocator = PagedAllocator(full_pages * p, p)
             config = TreeConfig(write_through_threshold=1, executor=tree_executor)
-        tree = RadixTree(allocator, config, kv_pool=kv)
-        memory = MemoryStore(capacity_pages=capacity_pages)
-        store: ExternalStore = memory if faults is None else FaultyStore(memory, faults)
+        host_pool = HostKVPool(host_pages * p, p, NUM_LAYERS, WIDTH) if host_pages else None
+        host_alloc = PagedAllocator(host_pages * p, p, name="host") if host_pages else None
+        tree = RadixTree(
+            allocator, config, kv_pool=kv, host_pool=host_pool, host_allocator=host_alloc
+        )
+        backend: ExternalStore = (
+            store_factory() if store_factory else MemoryStore(capacity_pages=capacity_pages)
+        )
+        store: ExternalStore = backend if faults is None else FaultyStore(backend, faults)
         store.attach(pools)
         linker = ExternalLinker(tree, store, group=group, config=LinkerConfig(executor=executor))
         return cls(
@@ -179,10 +189,16 @@ class System:
             kv=kv,
             swa_kv=swa_kv,
             tree=tree,
-            memory=memory,
+            backend=backend,
             store=store,
             linker=linker,
         )
+
+    @property
+    def memory(self) -> MemoryStore:
+        """The backend, when it is the embedded `MemoryStore`."""
+        assert isinstance(self.backend, MemoryStore), type(self.backend).__name__
+        return self.backend
 
     @property
     def faulty(self) -> FaultyStore:
@@ -351,6 +367,12 @@ class System:
         COMMIT left on `load.endpoint` (the loaded path stays put until it is done)."""
         ended = self.linker.finish_loads()
         for load in ended:
+            inv.committed_load_sound(self.tree, load)
+            if load.ctx is not None:
+                for ranges in load.ctx.adopted_ranges.values():
+                    inv.adopted_ranges_shape(
+                        ranges, self.page_size, load.device_hit_len, load.prefix_len
+                    )
             req = self.requests.get(load.rid)
             if req is not None and req.load is load and load.state == "committed":
                 self._hold_loaded_path(req)
@@ -404,9 +426,9 @@ class System:
         return req
 
     # -- the audit -----------------------------------------------------------------------
-    def expected_locks(self) -> collections.Counter[int]:
-        """lock_ref every node should have: one per lock anchored on it or below it."""
-        expected: collections.Counter[int] = collections.Counter()
+    def lock_holders(self) -> list[TreeNode]:
+        """The anchor of every outstanding lock: the linker's, ours, and those COMMIT
+        handed to a request that has not taken them over yet."""
         handed = [  # COMMIT's lock on the loaded path, not yet taken over by its request
             r.load.endpoint
             for r in self.requests.values()
@@ -415,61 +437,30 @@ class System:
             and r.load.endpoint is not None
             and r.lock is not r.load.endpoint
         ]
-        for anchor in [*self.linker.locks_held(), *self.locks, *handed]:
-            for n in anchor.path_from_root():
-                expected[n.id] += 1
-        return expected
+        return [*self.linker.locks_held(), *self.locks, *handed]
 
     def audit(self) -> None:
-        """Check every invariant of the system; raise AssertionError naming the culprit."""
+        """Check every invariant of the system (`testing.invariants`); raise
+        `InvariantViolation` naming the invariant and the culprit."""
         self.audits += 1
-        tree = self.tree
-        full_out, swa_out = self.linker.reserved_slots()
-        tree.check(outside_full=full_out, outside_swa=swa_out)
-        # slot conservation, counted: free + tree-owned + reserved = capacity
-        nodes = list(tree.nodes())
-        owned = sum(int(n.full.numel()) for n in nodes if n.full is not None)
-        reserved = sum(int(t.numel()) for t in full_out)
-        assert self.allocator.available_size() + owned + reserved == self.kv.layout.size, (
-            f"FULL slots: {self.allocator.available_size()} free + {owned} tree + "
-            f"{reserved} reserved != {self.kv.layout.size}"
-        )
-        if isinstance(self.allocator, SWAAllocator):
-            owned_swa = sum(int(n.swa.numel()) for n in nodes if n.swa is not None)
-            reserved_swa = sum(int(t.numel()) for t in swa_out)
-            free_swa = self.allocator.available_swa_size()
-            assert free_swa + owned_swa + reserved_swa == self.allocator.swa_size, (
-                f"SWA slots: {free_swa} free + {owned_swa} tree + {reserved_swa} reserved "
-                f"!= {self.allocator.swa_size}"
-            )
-        # every lock is the linker's or the harness's
-        expected = self.expected_locks()
-        wrong = {n.id: (n.lock_ref, expected[n.id]) for n in nodes if n.lock_ref != expected[n.id]}
-        assert not wrong, f"lock_ref (actual, accounted) differs on nodes {wrong}"
-        # no node claims pages the store does not hold
+        tree, linker = self.tree, self.linker
+        full_out, swa_out = linker.reserved_slots()
+        inv.slot_conservation(tree, full_out, swa_out)
+        inv.no_concurrent_offloads(tree)
+        inv.lock_balance(tree, self.lock_holders())
+        inv.nothing_in_flight_evicted(tree, linker)
         if self.check_stored:
-            for n in nodes:
-                if n.external_cache_stored:
-                    assert n.hashes is not None
-                    missing = [h for h in n.hashes if not self.store.contains(PoolName.KV, h)]
-                    assert not missing, f"node {n.id} is stored but {len(missing)} pages are not"
-        self.memory.check_invariants()
-        # the bytes of every resident node are the bytes of its tokens
-        for n in nodes:
-            if not n.device_resident:
-                continue
-            assert n.full is not None
-            got = self.kv.read_pages(n.full)
-            if not torch.equal(got, kv_bytes(n.key, n.start)):
-                bad = int((got != kv_bytes(n.key, n.start)).any(-1).any(-1).nonzero()[0, 0])
-                msg = f"node {n.id} [{n.start}, {n.end}): FULL bytes wrong from token {bad}"
-                raise AssertionError(msg)
-            if n.swa is not None:
-                assert self.swa_kv is not None
-                got = self.swa_kv.read_pages(n.swa)
-                assert torch.equal(got, kv_bytes(n.key, n.start, swa=True)), (
-                    f"node {n.id} [{n.start}, {n.end}): SWA bytes wrong"
-                )
+            inv.stored_pages_present(tree, self.store)
+        check = getattr(self.backend, "check_invariants", None)
+        if callable(check):
+            check()  # the backend's own books, when it keeps any
+        inv.kv_bytes_match(
+            tree,
+            self.kv,
+            kv_bytes,
+            swa_kv=self.swa_kv,
+            expected_swa=lambda key, start: kv_bytes(key, start, swa=True),
+        )
 
     def assert_quiet(self) -> None:
         """Everything finished: no lock anywhere, nothing reserved or in flight."""

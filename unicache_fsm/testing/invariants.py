@@ -1,0 +1,228 @@
+"""The contract's invariants as functions, for tests and for fuzzing your own system.
+
+Each function checks one invariant of ``CONTRACT.md`` and raises `InvariantViolation`
+(an `AssertionError`) naming the invariant and the culprit; it changes nothing.
+
+- `slot_conservation(tree, outside_full, outside_swa)` — free ⊎ tree-owned ⊎ held
+  outside = capacity, per pool, no slot owned twice; includes the tree's own audit
+  (`RadixTree.check`: structure, residency vs data, mapping consistency, hash chain).
+- `mapping_consistency(tree)` — ``mapping[FULL slot] == SWA slot`` for every node with
+  SWA data, 0 for tombstones (also part of `slot_conservation`).
+- `hash_chain(tree)` — every node's page hashes chain from its parent's.
+- `lock_balance(tree, holders)` — each node's lock_ref equals the locks whose anchor is
+  the node or below it: every lock taken is accounted for, none is stranded.
+- `nothing_in_flight_evicted(tree, linker)` — the anchors of live loads and the nodes
+  of pending offloads are still in the tree, on the device.
+- `no_concurrent_offloads(tree)` — a node is in at most one pending offload, and is
+  ``offloading`` exactly while it is.
+- `stored_pages_present(tree, store)` — no node marked stored lacks a page in the
+  store (no node claims KV that never landed).
+- `adopted_ranges_shape(ranges, page_size, start, end)` — sorted, disjoint, not
+  touching, page-aligned, within ``[start, end)``.
+- `committed_load_sound(tree, load)` — after COMMIT, every kept KV page is owned by
+  the tree at its position, and the request's slots are the tree's canonical ones.
+- `restorable_intersection(per_rank, num_pages, result)` — the agreed boundary is in
+  every rank's set and is the largest such (0 when there is none).
+- `kv_bytes_match(tree, kv, expected)` — every resident node's KV bytes are the bytes
+  its tokens should have (a load that landed garbage or in the wrong slots shows here).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from unicache_fsm.linker.linker import ExternalLinker
+from unicache_fsm.linker.load import ExternalLoad, LoadState
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.swa import SWAAllocator
+from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.tree.errors import TreeConsistencyError
+from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.tree.tree import RadixTree
+
+__all__ = [
+    "InvariantViolation",
+    "adopted_ranges_shape",
+    "committed_load_sound",
+    "hash_chain",
+    "kv_bytes_match",
+    "lock_balance",
+    "mapping_consistency",
+    "no_concurrent_offloads",
+    "nothing_in_flight_evicted",
+    "restorable_intersection",
+    "slot_conservation",
+    "stored_pages_present",
+]
+
+
+class InvariantViolation(AssertionError):
+    """An invariant of the contract does not hold; `invariant` names it."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        self.invariant = invariant
+        self.detail = detail
+        super().__init__(f"invariant {invariant!r} violated: {detail}")
+
+
+def _tree_findings(tree: RadixTree, **outside: Sequence[torch.Tensor]) -> tuple[str, ...]:
+    try:
+        tree.check(**outside)
+    except TreeConsistencyError as exc:
+        return exc.findings
+    return ()
+
+
+def slot_conservation(
+    tree: RadixTree,
+    outside_full: Sequence[torch.Tensor] = (),
+    outside_swa: Sequence[torch.Tensor] = (),
+) -> None:
+    findings = _tree_findings(tree, outside_full=outside_full, outside_swa=outside_swa)
+    if findings:
+        raise InvariantViolation("slot conservation", "; ".join(findings[:8]))
+    nodes = list(tree.nodes())
+    alloc = tree.allocator
+    owned = sum(int(n.full.numel()) for n in nodes if n.full is not None)
+    held = sum(int(t.numel()) for t in outside_full)
+    size = alloc.full_size if isinstance(alloc, SWAAllocator) else alloc.size
+    if alloc.available_size() + owned + held != size:
+        detail = f"FULL: {alloc.available_size()} free + {owned} tree + {held} held != {size}"
+        raise InvariantViolation("slot conservation", detail)
+    if isinstance(alloc, SWAAllocator):
+        owned_swa = sum(int(n.swa.numel()) for n in nodes if n.swa is not None)
+        held_swa = sum(int(t.numel()) for t in outside_swa)
+        free = alloc.available_swa_size()
+        if free + owned_swa + held_swa != alloc.swa_size:
+            detail = f"SWA: {free} free + {owned_swa} tree + {held_swa} held != {alloc.swa_size}"
+            raise InvariantViolation("slot conservation", detail)
+
+
+def mapping_consistency(tree: RadixTree) -> None:
+    alloc = tree.allocator
+    if not isinstance(alloc, SWAAllocator):
+        return
+    for n in tree.nodes():
+        if n.full is None:
+            continue
+        mapped = alloc.translate(n.full)
+        if n.swa is not None and not torch.equal(mapped, n.swa):
+            raise InvariantViolation("mapping consistency", f"node {n.id}: mapping[full] != swa")
+        if n.swa is None and bool((mapped != 0).any()):
+            raise InvariantViolation("mapping consistency", f"tombstone {n.id} still maps")
+
+
+def hash_chain(tree: RadixTree) -> None:
+    bad = [f for f in _tree_findings(tree) if "hash" in f]
+    if bad:
+        raise InvariantViolation("hash chain", "; ".join(bad[:8]))
+
+
+def lock_balance(tree: RadixTree, holders: Iterable[TreeNode]) -> None:
+    expected: collections.Counter[int] = collections.Counter()
+    for anchor in holders:
+        for n in anchor.path_from_root():
+            expected[n.id] += 1
+    wrong = {
+        n.id: (n.lock_ref, expected[n.id]) for n in tree.nodes() if n.lock_ref != expected[n.id]
+    }
+    if wrong:
+        raise InvariantViolation("lock balance", f"lock_ref (actual, accounted) by node: {wrong}")
+
+
+def nothing_in_flight_evicted(tree: RadixTree, linker: ExternalLinker) -> None:
+    live = [ld.anchor for ld in [*linker.loads.values(), *linker.draining] if ld.transfers]
+    pending = [n for rec in linker.offloads if rec is not None for n in rec.ticket.publish]
+    for node in [*live, *pending]:
+        if node is not tree.root and not node.device_resident:
+            detail = f"node {node.id} is in flight but {node.residency}"
+            raise InvariantViolation("nothing in flight evicted", detail)
+
+
+def no_concurrent_offloads(tree: RadixTree) -> None:
+    for n in tree.nodes():
+        ticket = n.pending_offload
+        listed = ticket is not None and not ticket.finished and n in ticket.publish
+        if n.offloading != listed:
+            detail = f"node {n.id} offloading={n.offloading} but its ticket is {ticket!r}"
+            raise InvariantViolation("no concurrent offloads", detail)
+
+
+def stored_pages_present(tree: RadixTree, store: ExternalStore) -> None:
+    for n in tree.nodes():
+        if n.external_cache_stored and n.hashes is not None:
+            missing = [h for h in n.hashes if not store.contains(PoolName.KV, h)]
+            if missing:
+                detail = f"node {n.id} is stored but the store lacks {len(missing)} of its pages"
+                raise InvariantViolation("stored pages present", detail)
+
+
+def adopted_ranges_shape(
+    ranges: Sequence[tuple[int, int]], page_size: int, start: int, end: int
+) -> None:
+    prev_end = -1
+    for lo, hi in ranges:
+        if not start <= lo < hi <= end or lo % page_size or hi % page_size:
+            detail = f"range {(lo, hi)} not page-aligned inside [{start}, {end})"
+            raise InvariantViolation("adopted ranges shape", detail)
+        if lo <= prev_end:
+            raise InvariantViolation("adopted ranges shape", f"{list(ranges)} overlap or touch")
+        prev_end = hi
+
+
+def committed_load_sound(tree: RadixTree, load: ExternalLoad) -> None:
+    if load.state != LoadState.COMMITTED:
+        return
+    assert load.endpoint is not None and load.slots is not None
+    canonical = [n.full for n in load.endpoint.path_from_root() if n.full is not None]
+    tree_slots = torch.cat(canonical) if canonical else tree._empty
+    if not torch.equal(tree_slots[: load.prefix_len], load.slots):
+        raise InvariantViolation("COMMIT soundness", f"{load.rid}: slots are not the tree's")
+    kept = set(tree_slots.tolist())
+    for t in load.committed:
+        if t.name is PoolName.KV and t.device_indices is not None:
+            stray = set(t.device_indices.tolist()) - kept
+            if stray:
+                detail = f"{load.rid}: kept {len(stray)} loaded slots the tree does not own"
+                raise InvariantViolation("COMMIT soundness", detail)
+
+
+def restorable_intersection(per_rank: Sequence[Sequence[int]], num_pages: int, result: int) -> None:
+    common = set(range(1, num_pages + 1))
+    for s in per_rank:
+        common &= set(s)
+    best = max(common, default=0)
+    if result != best:
+        detail = f"agreed {result}, but the largest boundary every rank can restore is {best}"
+        raise InvariantViolation("restorable intersection", detail)
+
+
+def kv_bytes_match(
+    tree: RadixTree,
+    kv: KVPool,
+    expected: Callable[[tuple[int, ...], int], torch.Tensor],
+    *,
+    swa_kv: KVPool | None = None,
+    expected_swa: Callable[[tuple[int, ...], int], torch.Tensor] | None = None,
+) -> None:
+    for n in tree.nodes():
+        if not n.device_resident or n.full is None:
+            continue
+        want = expected(n.key, n.start)
+        got = kv.read_pages(n.full)
+        if not torch.equal(got, want):
+            bad = int((got != want).flatten(1).any(1).nonzero()[0, 0])
+            detail = f"node {n.id} [{n.start}, {n.end}): FULL bytes wrong from token {bad}"
+            raise InvariantViolation("KV bytes", detail)
+        if (
+            n.swa is not None
+            and swa_kv is not None
+            and expected_swa is not None
+            and not torch.equal(swa_kv.read_pages(n.swa), expected_swa(n.key, n.start))
+        ):
+            detail = f"node {n.id} [{n.start}, {n.end}): SWA bytes wrong"
+            raise InvariantViolation("KV bytes", detail)

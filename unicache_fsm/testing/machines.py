@@ -1,0 +1,379 @@
+"""`SystemMachine`: a Hypothesis state machine over tree + linker + store + host tier.
+
+Rules are a scheduler's moves and the world's events — requests computing or loading
+prefixes, the store progressing, loads landing or failing, completing, releasing,
+evicting (device, SWA, host), backing up and loading back from the host tier, the
+store losing pages, resets — plus one rule that fires an arbitrary trigger at an
+arbitrary live machine (on a shadow copy) and checks that the engine either allows it
+or raises exactly `IllegalTransitionError`. Preconditions mirror guards; every
+invariant of `testing.invariants` runs after every step (`System.audit`); the
+teardown drains everything and checks that nothing is left locked or in flight.
+
+Use it as is (``TestSystem = SystemMachine.TestCase``), pin a configuration with the
+class attributes, or put your own store backend in the whole system::
+
+    class MyStoreInSystem(SystemMachine):
+        def make_store(self) -> ExternalStore:
+            return MyStore()
+
+    TestMyStoreInSystem = MyStoreInSystem.TestCase
+
+Class attributes: `page_sizes`, `swa_choices`, `fault_rates` (each run draws one of
+each), `host_pages` (0 turns the host tier off). Every transition any run takes is
+counted in the class's `coverage` (a `TransitionCounter`), for coverage reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from unicache_fsm.fsm.errors import GuardRejectedError, IllegalTransitionError
+from unicache_fsm.fsm.executor import Executor
+from unicache_fsm.fsm.trace import TransitionCounter
+from unicache_fsm.linker.load import ExternalLoad, LoadState
+from unicache_fsm.linker.offload import PendingOffload
+from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store import jobs
+from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.testing.system import Request, System, kv_bytes
+from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.tree.params import EvictParams
+
+__all__ = ["SystemMachine"]
+
+DOCS = 3
+MAX_PAGES = 8
+MAX_OPEN = 3
+
+
+@attrs.define(slots=True, eq=False)
+class _ShadowLoad(ExternalLoad):
+    """A load whose callbacks do nothing: for firing arbitrary triggers safely."""
+
+    def reserve_slots(self) -> None:
+        pass
+
+    def queue_store_load(self) -> None:
+        pass
+
+    def publish(self) -> None:
+        pass
+
+    def release_reservation(self) -> None:
+        pass
+
+
+@attrs.define(slots=True, eq=False)
+class _ShadowOffload(PendingOffload):
+    def release_nodes(self) -> None:
+        pass
+
+
+class SystemMachine(RuleBasedStateMachine):
+    """The whole system under random operation; see the module docstring."""
+
+    page_sizes: ClassVar[tuple[int, ...]] = (1, 4)
+    swa_choices: ClassVar[tuple[bool, ...]] = (False, True)
+    fault_rates: ClassVar[tuple[float, ...]] = (0.0, 0.1, 0.25)
+    host_pages: ClassVar[int] = 12
+    store_capacities: ClassVar[tuple[int | None, ...]] = (None, 24, 6)
+    coverage: ClassVar[TransitionCounter] = TransitionCounter()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.coverage = TransitionCounter()  # each class counts its own runs
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s: System | None = None
+        self.open: dict[str, Request] = {}
+        self.next_rid = 0
+        self.policy = FaultPolicy()
+        self._observed: list[Executor] = []
+
+    # -- hooks for users -------------------------------------------------------------
+    def make_store(self) -> ExternalStore | None:
+        """The store backend under test; None means the embedded `MemoryStore`."""
+        return None
+
+    # -- setup -----------------------------------------------------------------------
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        cls = type(self)
+        p = data.draw(st.sampled_from(cls.page_sizes), label="page_size")
+        swa = data.draw(st.sampled_from(cls.swa_choices), label="swa")
+        rate = data.draw(st.sampled_from(cls.fault_rates), label="fault_rate")
+        seed = data.draw(st.integers(0, 2**16), label="seed")
+        capacity = data.draw(st.sampled_from(cls.store_capacities), label="capacity_pages")
+        rules = {k: FaultRule(probability=rate) for k in FaultKind} if rate else {}
+        self.policy = FaultPolicy(rules, seed=seed, delay_steps=2)
+        backend = self.make_store()
+        self.s = System.build(
+            p,
+            swa=swa,
+            faults=FaultPolicy(),
+            host_pages=cls.host_pages,
+            capacity_pages=capacity,
+            store_factory=(lambda: backend) if backend is not None else None,
+        )
+        self.s.faulty.policy = self.policy
+        # a store with a capacity drops pages whenever it needs room, so "stored" can be
+        # stale until the next LOOKUP demotes; the check stays on for unbounded stores
+        self.s.check_stored = capacity is None
+        self._observed = [
+            self.s.tree.residency.executor,
+            self.s.linker.load_machine,
+            self.s.linker.offload_machine,
+            jobs.LOAD_MACHINE,
+            jobs.OFFLOAD_MACHINE,
+        ]
+        for ex in self._observed:
+            ex.add_observer(cls.coverage)
+
+    @property
+    def sys(self) -> System:
+        assert self.s is not None
+        return self.s
+
+    def key(self, doc: int, pages: int, extra: int) -> tuple[int, ...]:
+        p = self.sys.page_size
+        base = tuple(range(1000 * (doc + 1), 1000 * (doc + 1) + MAX_PAGES * p))
+        return base[: pages * p] + tuple(range(50, 50 + extra))
+
+    def rid(self, what: str) -> str:
+        self.next_rid += 1
+        return f"{what}{self.next_rid}"
+
+    def reverify(self) -> None:
+        """Demote what the store lost (looked up with faults off, so it can tell)."""
+        s = self.sys
+        s.faulty.policy = FaultPolicy()
+        for node in s.stored_nodes():
+            s.linker.verify_stored(node)
+        s.faulty.policy = self.policy
+
+    def nodes(self, want: str) -> list[TreeNode]:
+        """Tree nodes by id: ``resident``, ``evicted`` or ``backed`` (resident, backed up)."""
+        picks: dict[str, Callable[[TreeNode], bool]] = {
+            "resident": lambda n: n.device_resident,
+            "evicted": lambda n: n.evicted,
+            "backed": lambda n: n.device_resident and n.backuped,
+        }
+        pick = picks[want]
+        return sorted((n for n in self.sys.tree.nodes() if pick(n)), key=lambda n: n.id)
+
+    # -- requests --------------------------------------------------------------------
+    @precondition(lambda self: self.s is not None)
+    @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES), settle=st.booleans())
+    def compute(self, doc: int, pages: int, settle: bool) -> None:
+        self.sys.compute(self.rid("c"), self.key(doc, pages, 0), settle=settle)
+        self.reverify()
+
+    @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
+    @rule(
+        doc=st.integers(0, DOCS - 1),
+        pages=st.integers(1, MAX_PAGES),
+        extra=st.integers(0, 3),
+        prepare=st.booleans(),
+    )
+    def begin(self, doc: int, pages: int, extra: int, prepare: bool) -> None:
+        """LOOKUP (and, with `prepare`, LOAD + PREPARE a hit) for a new request."""
+        rid = self.rid("r")
+        self.open[rid] = self.sys.begin(rid, self.key(doc, pages, extra), load=prepare)
+        self.reverify()  # an injected evict_after_lookup loses a stored page
+
+    @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
+    @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES))
+    def revisit(self, doc: int, pages: int) -> None:
+        """A prefix is computed and offloaded, memory pressure evicts it, and a new
+        request for it finds it in the store: the path every external load takes."""
+        s = self.sys
+        s.compute(self.rid("c"), self.key(doc, pages, 0), settle=True)
+        s.tree.evict(EvictParams(num_tokens=pages * s.page_size))
+        rid = self.rid("r")
+        self.open[rid] = s.begin(rid, self.key(doc, pages, 1))
+        self.reverify()
+
+    @precondition(lambda self: self.s is not None)
+    @rule()
+    def start_only(self) -> None:
+        """Start the queued loads and stop there (a reset may now meet a started batch)."""
+        self.sys.linker.start_loading()
+
+    @precondition(lambda self: self.s is not None)
+    @rule()
+    def step(self) -> None:
+        s = self.sys
+        s.linker.start_loading()
+        s.store.progress()
+        s.finish_loads()
+        s.linker.poll_offloads()
+        self.reverify()
+
+    @precondition(lambda self: bool(self.open))
+    @rule(data=st.data())
+    def complete(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.open)))
+        req = self.open[rid]
+        if req.load is not None and req.load.in_flight:
+            return  # a later step ends it
+        self.sys.complete(req)
+        del self.open[rid]
+        assert req.slots is not None
+        assert torch.equal(self.sys.full_bytes(req.slots), kv_bytes(self.sys.aligned(req.key), 0))
+        self.reverify()
+
+    @precondition(lambda self: bool(self.open))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.open)))
+        self.sys.linker.release_request(rid)
+
+    # -- memory pressure and the store losing pages ------------------------------------
+    @precondition(lambda self: self.s is not None)
+    @rule(pages=st.integers(1, 2 * MAX_PAGES), swa_pages=st.integers(0, MAX_PAGES))
+    def evict_tree(self, pages: int, swa_pages: int) -> None:
+        p = self.sys.page_size
+        self.sys.tree.evict(EvictParams(num_tokens=pages * p, swa_num_tokens=swa_pages * p))
+
+    @precondition(lambda self: self.s is not None)
+    @rule(data=st.data())
+    def evict_store(self, data: st.DataObject) -> None:
+        nodes = [n for n in self.sys.tree.nodes() if n.hashes]
+        if not nodes:
+            return
+        node = data.draw(st.sampled_from(sorted(nodes, key=lambda n: n.id)))
+        assert node.hashes is not None
+        lost = data.draw(st.lists(st.sampled_from(node.hashes), min_size=1, max_size=2))
+        pool = data.draw(
+            st.sampled_from([PoolName.KV, PoolName.SWA] if self.sys.swa else [PoolName.KV])
+        )
+        self.sys.store.evict(lost, pool)
+        self.reverify()
+
+    @precondition(lambda self: self.s is not None and bool(self.s.linker.loads))
+    @rule(data=st.data())
+    def lose_loading_page(self, data: st.DataObject) -> None:
+        """The store loses a page a queued or started load is about to read."""
+        loads = [ld for ld in self.sys.linker.loads.values() if ld.in_flight]
+        if loads:
+            load = data.draw(st.sampled_from(loads))
+            self.sys.store.evict([data.draw(st.sampled_from(load.tail_hashes))])
+            self.reverify()  # a tree node may hold the same page
+
+    @precondition(lambda self: self.s is not None)
+    @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES - 1))
+    def split_by_match(self, doc: int, pages: int) -> None:
+        p = self.sys.page_size
+        self.sys.tree.match_prefix(self.key(doc, pages, 0) + tuple(range(7, 7 + p)))
+
+    @precondition(lambda self: self.s is not None)
+    @rule()
+    def reset(self) -> None:
+        self.sys.linker.reset()
+
+    # -- the host tier ---------------------------------------------------------------
+    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
+    @rule(data=st.data())
+    def backup(self, data: st.DataObject) -> None:
+        candidates = [n for n in self.nodes("resident") if not n.backuped]
+        if candidates:
+            self.sys.tree.backup(data.draw(st.sampled_from(candidates)))
+
+    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
+    @rule(data=st.data())
+    def load_back(self, data: st.DataObject) -> None:
+        evicted = self.nodes("evicted")
+        if evicted:
+            self.sys.tree.load_back(data.draw(st.sampled_from(evicted)))
+
+    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
+    @rule(data=st.data())
+    def drop_backup(self, data: st.DataObject) -> None:
+        leaves = [
+            n for n in self.nodes("backed") if not any(c.backuped for c in n.children.values())
+        ]
+        if leaves:
+            self.sys.tree.drop_backup(data.draw(st.sampled_from(leaves)))
+
+    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
+    @rule(pages=st.integers(1, MAX_PAGES))
+    def evict_host(self, pages: int) -> None:
+        self.sys.tree.evict_host(pages * self.sys.page_size)
+
+    # -- any trigger, any machine ----------------------------------------------------
+    @precondition(lambda self: self.s is not None)
+    @rule(data=st.data())
+    def fire_anything(self, data: st.DataObject) -> None:
+        """Fire an arbitrary trigger at a shadow of an arbitrary live model: the engine
+        allows it (maybe vetoed by a guard) or raises exactly IllegalTransitionError."""
+        s = self.sys
+        live: list[tuple[Executor, Any]] = [(s.tree.residency.executor, n) for n in s.tree.nodes()]
+        live += [(s.linker.load_machine, ld) for ld in s.linker.loads.values()]
+        live += [(s.linker.offload_machine, r) for r in s.linker.offloads if r is not None]
+        if not live:
+            return
+        ex, model = data.draw(st.sampled_from(live))
+        trigger = data.draw(st.sampled_from(ex.spec.triggers()))
+        shadow = self._shadow(model)
+        ex.initialize(shadow, like=model)
+        allowed = trigger in ex.allowed_triggers(shadow)
+        try:
+            ex.fire(shadow, trigger)
+        except GuardRejectedError:
+            assert allowed, f"{trigger} vetoed by a guard but not allowed from {shadow!r}"
+        except IllegalTransitionError as exc:
+            assert type(exc) is IllegalTransitionError and not allowed, exc
+        else:
+            assert allowed, f"{trigger} fired from {model!r} though not allowed"
+
+    @staticmethod
+    def _shadow(model: Any) -> Any:
+        if isinstance(model, TreeNode):
+            return TreeNode(id=-model.id, key=model.key, start=model.start, parent=None)
+        if isinstance(model, ExternalLoad):
+            fields = {a.name: getattr(model, a.name) for a in attrs.fields(ExternalLoad)}
+            return _ShadowLoad(**fields)
+        assert isinstance(model, PendingOffload)
+        fields = {a.name: getattr(model, a.name) for a in attrs.fields(PendingOffload)}
+        return _ShadowOffload(**fields)
+
+    # -- invariants and teardown -----------------------------------------------------
+    @invariant()
+    def audited(self) -> None:
+        if self.s is not None:
+            self.s.audit()
+
+    def teardown(self) -> None:
+        if self.s is None:
+            return
+        s = self.s
+        try:
+            s.faulty.policy = self.policy = FaultPolicy()
+            for _ in range(20):
+                if not s.in_flight():
+                    break
+                self.step()
+            for req in list(self.open.values()):
+                if req.load is not None and req.load.state == LoadState.IDLE:
+                    s.linker.release_request(req.rid)
+                s.complete(req)
+            self.open.clear()
+            s.drive(max_steps=20)
+            s.assert_quiet()
+        finally:
+            for ex in self._observed:
+                ex.remove_observer(type(self).coverage)
