@@ -1,0 +1,137 @@
+"""Mutation check: bugs planted in the library are caught by the public kit.
+
+Each test plants one bug with monkeypatch, runs the kit (the whole-system machine, or
+the rank-agreement property), and asserts that it fails on the invariant that bug
+breaks. Shrinking is off: finding the failure is what is checked here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.errors import FailedHealthCheck
+from hypothesis.stateful import run_state_machine_as_test
+
+from unicache_fsm.linker import linker as linker_mod
+from unicache_fsm.linker import ranks
+from unicache_fsm.pools.transfer import ExternalLinkerLoadPhase
+from unicache_fsm.testing.invariants import InvariantViolation
+from unicache_fsm.testing.machines import SystemMachine
+from unicache_fsm.testing.ranks import check_rank_agreement
+from unicache_fsm.tree import components
+from unicache_fsm.tree.errors import TreeError
+from unicache_fsm.tree.tree import RadixTree
+
+HUNT = settings(
+    max_examples=400,
+    stateful_step_count=40,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+)
+
+
+def _machine(p: int, swa: bool, faults: bool) -> type[SystemMachine]:
+    attrs = {
+        "page_sizes": (p,),
+        "swa_choices": (swa,),
+        "fault_rates": (0.25,) if faults else (0.0,),
+        "store_capacities": (None,),
+    }
+    return type(f"Hunt_P{p}_{swa}_{faults}", (SystemMachine,), attrs)
+
+
+def _caught(machine: type[SystemMachine]) -> BaseException:
+    with pytest.raises((AssertionError, TreeError, FailedHealthCheck)) as info:
+        run_state_machine_as_test(machine, settings=HUNT)
+    return info.value
+
+
+def test_abort_that_forgets_the_swa_slots_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    swa_hook = components.SwaComponent.update_external_linker_load
+    full_hook = components.FullComponent.update_external_linker_load
+
+    def swa_leaky(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
+        if phase is ExternalLinkerLoadPhase.ABORT:
+            return None  # forgets to free the window's SWA pages ...
+        return swa_hook(self, phase, transfer, ctx)
+
+    def full_only(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
+        if phase is ExternalLinkerLoadPhase.ABORT and self.tree.swa_enabled:
+            self.tree.allocator.free_full_only(transfer.device_indices)
+            return None  # ... and frees FULL without the SWA it maps to
+        return full_hook(self, phase, transfer, ctx)
+
+    monkeypatch.setattr(components.SwaComponent, "update_external_linker_load", swa_leaky)
+    monkeypatch.setattr(components.FullComponent, "update_external_linker_load", full_only)
+    err = _caught(_machine(4, True, True))
+    assert "slot conservation" in str(err) or "leaked" in str(err), err
+
+
+def test_commit_that_keeps_a_non_adopted_page_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = components.FullComponent.update_external_linker_load
+
+    def greedy(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
+        if phase is ExternalLinkerLoadPhase.COMMIT:
+            return transfer  # keeps every loaded page, duplicates included
+        return real(self, phase, transfer, ctx)
+
+    monkeypatch.setattr(components.FullComponent, "update_external_linker_load", greedy)
+    err = _caught(_machine(1, False, False))
+    assert "COMMIT soundness" in str(err), err
+
+
+def test_split_that_drops_the_pending_offload_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = RadixTree.split
+
+    def forgetful(self: RadixTree, node: Any, k: int) -> Any:
+        ticket = node.pending_offload
+        top = real(self, node, k)
+        if ticket is not None:  # the new half loses its place in the publish list
+            ticket.publish.remove(top)
+            top.pending_offload = None
+        return top
+
+    monkeypatch.setattr(RadixTree, "split", forgetful)
+    err = _caught(_machine(4, False, False))
+    assert "offload" in str(err), err
+
+
+def test_eviction_that_ignores_locks_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def careless(self: RadixTree, node: Any) -> bool:
+        return (
+            node.parent is not None
+            and node.device_resident
+            and not node.offloading
+            and not any(c.device_resident for c in node.children.values())
+        )
+
+    monkeypatch.setattr(RadixTree, "_evictable_leaf", careless)
+    err = _caught(_machine(4, False, False))  # a locked prefix vanishes under its request
+    assert "not in the tree" in str(err) or "lock" in str(err), err
+
+
+def test_failed_loads_committed_as_landed_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real: Callable[..., bool] = linker_mod.agree
+
+    def optimist(group: Any, flag: bool) -> bool:
+        real(group, flag)
+        return True  # every verdict "agreed" as success: failed batches get published
+
+    monkeypatch.setattr(linker_mod, "agree", optimist)
+    err = _caught(_machine(4, False, True))
+    assert "KV bytes" in str(err) or "stored pages present" in str(err), err
+
+
+def test_intersection_by_minimum_of_maxima_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def min_of_maxima(group: Any, restorable: Any, num_pages: int) -> int:
+        best = max(restorable, default=0)
+        return group.all_reduce_min([best])[0]
+
+    monkeypatch.setattr(ranks, "intersect_restorable", min_of_maxima)
+    hunt = settings(max_examples=300, database=None, phases=[Phase.generate])
+    with pytest.raises(InvariantViolation, match="restorable intersection"):
+        check_rank_agreement(with_settings=hunt)
