@@ -64,7 +64,7 @@ def run_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 def test_commands_are_a_table() -> None:
-    assert [c.name for c in COMMANDS] == ["diagram", "docs", "check-trace", "simulate"]
+    assert [c.name for c in COMMANDS] == ["diagram", "docs", "check-trace", "fuzz", "simulate"]
 
 
 # -- diagram: text formats ---------------------------------------------------------------

@@ -7,10 +7,13 @@ every declared transition of every spec must have been taken at least once.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from unicache_fsm.cli import main
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.loader import bundled_machines, bundled_spec
 from unicache_fsm.fsm.trace import TransitionCounter
@@ -51,3 +54,14 @@ def test_every_declared_transition_is_taken() -> None:
         (name, arrow) for name in bundled_machines() for arrow in cov.missing(bundled_spec(name))
     }
     assert missing <= UNREACHABLE_IN_SYNC_MODE, sorted(missing - UNREACHABLE_IN_SYNC_MODE)
+
+
+def test_fuzz_command_runs_and_writes_coverage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cov.json"
+    assert main(["fuzz", "--minutes", "0.05", "--page-size", "4", "--coverage", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "no invariant broken" in text and "declared transitions taken" in text
+    assert Coverage.load(out).counts["node_residency"]
+    assert main(["fuzz", "--minutes", "0"]) == 2

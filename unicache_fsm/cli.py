@@ -22,6 +22,9 @@ its arguments, a function that runs it, and one entry in the table):
   exits 1 listing the stale files.
 - ``check-trace FILE.jsonl`` — replay a trace against the specs; exit 1 with the
   first illegal step and its context.
+- ``fuzz --minutes M [--coverage F]`` — run the whole-system Hypothesis machine for M
+  minutes; a summary of steps, steps/s and transition coverage; exit 1 on a failure
+  (after Hypothesis printed the falsifying program).
 - ``simulate [...]`` — serve a workload through the reference scheduler loop and print
   the report (``--json``); ``--trace`` records every transition, ``--coverage``
   writes transition counts that ``diagram --coverage`` draws.
@@ -322,7 +325,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _progress_bar(done: int, total: int) -> None:
+def _progress_bar(done: int, total: int, unit: str = "requests") -> None:
     """A one-line bar on stderr (only its last state when stderr is not a terminal)."""
     if done != total and not sys.stderr.isatty():
         return
@@ -330,7 +333,7 @@ def _progress_bar(done: int, total: int) -> None:
     filled = width * done // max(total, 1)
     end = "\n" if done == total else ""
     bar = "#" * filled + "." * (width - filled)
-    print(f"\r  [{bar}] {done}/{total} requests", end=end, file=sys.stderr, flush=True)
+    print(f"\r  [{bar}] {done}/{total} {unit}", end=end, file=sys.stderr, flush=True)
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
@@ -361,6 +364,86 @@ def _run_simulate(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
         print(report.format())
+    return EXIT_OK
+
+
+# -- fuzz -------------------------------------------------------------------------------
+
+
+def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--minutes", type=float, default=1.0, metavar="M", help="how long (default 1)")
+    p.add_argument(
+        "--page-size",
+        type=int,
+        choices=[1, 4, 16],
+        default=None,
+        metavar="P",
+        help="one page size (default: 1 and 4)",
+    )
+    p.add_argument(
+        "--swa",
+        choices=["on", "off", "both"],
+        default="both",
+        help="run with the SWA component, without, or both (default)",
+    )
+    p.add_argument(
+        "--coverage",
+        type=Path,
+        default=None,
+        metavar="FILE.json",
+        help="write the transitions taken (for diagram --coverage)",
+    )
+
+
+def _run_fuzz(args: argparse.Namespace) -> int:
+    import time
+
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from unicache_fsm.testing.machines import SystemMachine
+
+    if args.minutes <= 0:
+        msg = f"--minutes must be positive, got {args.minutes}"
+        raise CliError(msg)
+    swa = {"on": (True,), "off": (False,), "both": (False, True)}[args.swa]
+    pages = (args.page_size,) if args.page_size else SystemMachine.page_sizes
+    machine: type[SystemMachine] = type(
+        "Fuzz", (SystemMachine,), {"page_sizes": pages, "swa_choices": swa}
+    )
+    batch = settings(max_examples=25, stateful_step_count=50, deadline=None, database=None)
+    total = args.minutes * 60.0
+    start = time.perf_counter()
+    examples = 0
+    failure: BaseException | None = None
+    while time.perf_counter() - start < total:
+        try:
+            run_state_machine_as_test(machine, settings=batch)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # the kit found a bug: Hypothesis printed the program
+            failure = exc
+            break
+        examples += 25
+        done = min(time.perf_counter() - start, total)
+        _progress_bar(int(done), int(total), unit="s")
+    elapsed = time.perf_counter() - start
+    _progress_bar(int(total), int(total), unit="s")
+    cov = Coverage.from_counter(machine.coverage)
+    arrows = missing = 0
+    for name in loader.bundled_machines():
+        spec = loader.bundled_spec(name)
+        arrows += len(cov.declared(spec))
+        missing += len(cov.missing(spec))
+    if args.coverage is not None:
+        cov.save(args.coverage)
+    print(
+        f"examples       {examples} ({machine.steps} rule steps, "
+        f"{machine.steps / elapsed:.0f} steps/s, {elapsed:.0f} s)"
+    )
+    print(f"coverage       {arrows - missing}/{arrows} declared transitions taken")
+    if failure is not None:
+        print(f"FAILED         {type(failure).__name__}: {str(failure).splitlines()[0]}")
+        return EXIT_CHECK_FAILED
+    print("result         no invariant broken")
     return EXIT_OK
 
 
@@ -399,6 +482,12 @@ COMMANDS: tuple[Command, ...] = (
         "replay a JSONL trace against the specs; report the first illegal step",
         _check_trace_arguments,
         _run_check_trace,
+    ),
+    Command(
+        "fuzz",
+        "fuzz the whole system (tree, linker, store, host tier) for a while",
+        _fuzz_arguments,
+        _run_fuzz,
     ),
     Command(
         "simulate",

@@ -17,7 +17,9 @@ executor to the same observable behaviour as `ReferenceExecutor`.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 from unicache_fsm.fsm.executor import Executor
@@ -90,9 +92,15 @@ def _probe_source(group: tuple[FlatTransition, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.lru_cache(maxsize=4096)
+def _code(source: str, filename: str) -> CodeType:
+    """Compiled once per process: every executor of a spec shares the code objects."""
+    return compile(source, filename, "exec")
+
+
 def _compile(source: str, name: str, consts: dict[str, Any], filename: str) -> Any:
     namespace: dict[str, Any] = dict(consts)
-    exec(compile(source, filename, "exec"), namespace)
+    exec(_code(source, filename), namespace)
     return namespace[name]
 
 

@@ -29,6 +29,7 @@ Semantics (those of statecharts, restricted to what the specs need):
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import deque
 from collections.abc import Iterable
@@ -266,6 +267,11 @@ class _Flattener:
         )
 
 
+@functools.lru_cache(maxsize=256)
 def flatten(spec: MachineSpec) -> FlatMachine:
-    """Resolve a spec's hierarchy into reachable configurations and flat transitions."""
+    """Resolve a spec's hierarchy into reachable configurations and flat transitions.
+
+    Specs are immutable, so the result is computed once per spec and shared (callers
+    must not mutate it).
+    """
     return _Flattener(spec).run()

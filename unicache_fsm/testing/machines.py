@@ -91,10 +91,12 @@ class SystemMachine(RuleBasedStateMachine):
     host_pages: ClassVar[int] = 12
     store_capacities: ClassVar[tuple[int | None, ...]] = (None, 24, 6)
     coverage: ClassVar[TransitionCounter] = TransitionCounter()
+    steps: ClassVar[int] = 0  # rule steps run by this class (each one audited)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.coverage = TransitionCounter()  # each class counts its own runs
+        cls.steps = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -355,6 +357,7 @@ class SystemMachine(RuleBasedStateMachine):
     @invariant()
     def audited(self) -> None:
         if self.s is not None:
+            type(self).steps += 1
             self.s.audit()
 
     def teardown(self) -> None:

@@ -26,6 +26,7 @@ pools, and the linker. Requests then go through it the way a scheduler would dri
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,8 +73,13 @@ def kv_bytes(tokens: Sequence[int], start: int, *, swa: bool = False) -> torch.T
 
     Small integers (exact in float16) derived from token and position, different for
     every layer and lane; the SWA pool holds the negated values, so FULL and SWA bytes
-    can never be mistaken for each other.
+    can never be mistaken for each other. Read-only: the result may be shared.
     """
+    return _kv_bytes(tuple(tokens), start, swa)
+
+
+@functools.lru_cache(maxsize=8192)
+def _kv_bytes(tokens: tuple[int, ...], start: int, swa: bool) -> torch.Tensor:
     n = len(tokens)
     t = torch.tensor(list(tokens), dtype=torch.int64)
     pos = torch.arange(start, start + n, dtype=torch.int64)

@@ -1,0 +1,884 @@
+"""A Hypothesis state machine that fuzzes any `ExternalStore` beside a simple model.
+
+Subclass `StoreMachine`, implement `make_store()` (a fresh, unattached store), and let
+pytest collect its `TestCase`::
+
+    from unicache_fsm.store.protocol import ExternalStore
+    from unicache_fsm.testing.profiles import load_profile
+    from unicache_fsm.testing.store_machine import StoreMachine
+
+    load_profile()  # dev / ci / fuzz from UNICACHE_FSM_PROFILE (default ci); a conftest.py
+                    # usually does this, before any `TestCase` is read
+
+    class MyStoreMachine(StoreMachine):
+        lossless = True  # my store never drops, refuses or fails anything on its own
+
+        def make_store(self) -> ExternalStore:
+            return MyStore()
+
+    TestMyStore = MyStoreMachine.TestCase  # its settings come from the loaded profile
+
+In a script, ``hypothesis.stateful.run_state_machine_as_test(MyStoreMachine,
+settings=...)`` runs it. A failure raises `AssertionError` naming the page, the call
+and the rule broken, and Hypothesis prints the shortest program it found, one protocol
+call per line (``state.offload(...)``, ``state.lookup(...)``): a pasteable reproduction.
+
+The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on real CPU
+`KVPool` pools (one per name in `pool_names`, page size drawn by `open_store`):
+
+- `offload` — a chain of pages (the first pages of a parent chain, then new ones) is
+  written into fresh device slots with its *truth* bytes (a fixed function of pool and
+  key) and offloaded: KV for every page, SWA / MAMBA for a trailing window;
+- `progress`; `poll_offloads` — pop every recorded offload flag, oldest first;
+- `lookup` — a chain's tail, with a TRAILING_PAGES window for each extra pool;
+- `load` (a run of a chain's pages) and `load_restorable` (a lookup, then a load of one
+  boundary it reported, as the linker does) — the destination slots hold `POISON` first;
+- `start_loading`, `poll_loads`, `cancel_queued_load` (of a ticket that may by then be
+  queued, started or finished);
+- `evict` (pages of a chain; one pool or all), `reset`;
+- `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
+
+The model, per page ``(pool, key)``: *may* — could be in the store (an accepted offload
+named it, and since the test last evicted it an offload of it was accepted or was still
+pending); *stored* — a successful offload stored it and the test has not evicted it
+since (the store may still have dropped it on its own, unless `lossless`); *tainted* —
+`corrupt` flipped its bytes and the test has not evicted it since.
+
+What is checked, in the rules and after every step (invariants):
+
+- completions: one flag per accepted offload, FIFO; one result per started batch, FIFO,
+  listing exactly its loads; `reset()` completes every pending job (queued loads fail);
+  never more completions recorded than jobs pending; with `progress_completes` (the
+  protocol's rule), after `progress()` every queued offload and started batch has its
+  completion — a lost completion is caught there;
+- bytes: a batch reported successful wrote exactly the truth bytes into every slot of
+  every load in it (a page the store lost or skipped still shows the poison); offload
+  source slots are never written;
+- LOOKUP: boundaries ascending, distinct, within ``1..n``, and each one restorable by the
+  rules of `unicache_fsm.store.lookup` applied to *may* (a boundary over a page the test
+  evicted, or never offloaded, is a lie); `contains` is False off *may*; `evict`
+  removes no more pages than *may* holds;
+- `lossless = True` (the store never drops, refuses or fails on its own) adds: every
+  offload is accepted and succeeds; lookups report at least the rules applied to
+  *stored*; `contains` is True on *stored*; `evict` removes every *stored* page named;
+  a load of *stored* pages (or of a boundary a lookup just reported) is accepted, and
+  its batch lands unless the test evicted, corrupted or reset under it;
+- the store's own ``check_invariants()``, when it has one.
+
+A store may raise `StoreFaultError` from `lookup`, `load` or `offload` (a failing
+backend): the machine treats it as the linker does — a miss, a refusal.
+
+`MemoryStoreMachine` is the reference subclass (the embedded `MemoryStore`, with a
+capacity small enough that it evicts on its own).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import attrs
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from unicache_fsm.hashing import page_hashes
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
+from unicache_fsm.store.errors import StoreFaultError
+from unicache_fsm.store.lookup import restorable_prefix_pages
+from unicache_fsm.store.memory import MemoryStore
+from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
+from unicache_fsm.testing.strategies import page_sizes
+
+__all__ = ["POISON", "Chain", "LoadTicket", "MemoryStoreMachine", "StoreMachine"]
+
+KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
+Ident = tuple[PoolName, str]
+
+POISON = 2048.0
+"""Written into every load destination first; truth bytes are integers in (-1000, 1000)."""
+
+_TRUTH_BOUND = 1000
+_POOL_INDEX = {name: i for i, name in enumerate(PoolName)}
+
+
+@attrs.frozen
+class Chain:
+    """A chain of whole pages (a bundle value): page i is `page_size` copies of token
+    ``pages[i]``; `keys` are their page hashes, chained from no namespace."""
+
+    page_size: int
+    pages: tuple[int, ...]
+    keys: tuple[str, ...] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "keys", tuple(page_hashes(self.tokens, self.page_size)))
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(v for v in self.pages for _ in range(self.page_size))
+
+
+@attrs.frozen
+class LoadTicket:
+    """The rid of a load the store accepted (a bundle value; it may be done by now)."""
+
+    rid: str
+
+
+@attrs.define(eq=False)
+class _Part:
+    """One pool's share of a test transfer: its keys and the device slots they use."""
+
+    pool: PoolName
+    keys: tuple[str, ...]
+    slots: torch.Tensor = attrs.field(repr=False)
+
+
+@attrs.define(eq=False)
+class _Offload:
+    """An accepted offload awaiting its flag; `evicted`: pages the test evicted meanwhile."""
+
+    number: int
+    parts: tuple[_Part, ...]
+    idents: frozenset[Ident]
+    evicted: set[Ident] = attrs.field(factory=set)
+    ran: bool = False  # a progress() came since: the store has performed it (or failed it)
+    reset: bool = False  # a reset() may fail it
+
+
+@attrs.define(eq=False)
+class _Load:
+    """An accepted load; `clean`: a lossless store must land it (see the module doc)."""
+
+    rid: str
+    parts: tuple[_Part, ...]
+    idents: frozenset[Ident]
+    clean: bool
+
+
+def _short(ident: Ident) -> str:
+    return f"({ident[0].value}, {ident[1][:12]}...)"
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Fuzzes the `ExternalStore` that `make_store` returns; see the module docstring.
+
+    Class attributes a subclass may set: `pool_names` (KV first; windows drawn for pools
+    not attached are ignored), `lossless`, `progress_completes`, `pool_pages` (device
+    pages per pool), `num_layers`, `width`, `max_chain_pages`.
+    """
+
+    pool_names: ClassVar[tuple[PoolName, ...]] = (KV, SWA, MAMBA)
+    lossless: ClassVar[bool] = False
+    """True: the store never drops, refuses or fails anything on its own (stricter checks)."""
+    progress_completes: ClassVar[bool] = True
+    """True (the protocol's rule): `progress()` finishes every started batch and queued
+    offload. False for a store that holds completions back on purpose (FaultyStore's
+    delay_completion)."""
+    pool_pages: ClassVar[int] = 512
+    num_layers: ClassVar[int] = 2
+    width: ClassVar[int] = 4
+    max_chain_pages: ClassVar[int] = 8
+
+    chains: Bundle[Chain] = Bundle("chains")
+    loads: Bundle[LoadTicket] = Bundle("loads")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._store: ExternalStore | None = None
+        self.page_size = 0
+        self.allocators: dict[PoolName, PagedAllocator] = {}
+        self.kv_pools: dict[PoolName, KVPool] = {}
+        self.known: set[Ident] = set()  # every page the test named to the store
+        self.may: set[Ident] = set()
+        self.stored: set[Ident] = set()
+        self.tainted: set[Ident] = set()
+        self.absent_because: dict[Ident, str] = {}
+        self.offloads: collections.deque[_Offload] = collections.deque()
+        self.queued: dict[str, _Load] = {}
+        self.started: dict[int, list[_Load]] = {}  # start order
+        self.orphans: dict[str, _Load] = {}  # queued at a reset: a failed result is due
+        self.done: set[str] = set()  # rids whose result was popped, or cancelled
+        self.refused: set[str] = set()  # rids of tickets the store never accepted
+        self._truth_pages: dict[Ident, torch.Tensor] = {}
+        self._offload_number = 0
+        self._load_number = 0
+        self._lookup_number = 0
+        # Calls (not answers, which may vary with a background store's timing) that make
+        # start_loading and reset worth a step; they guard those two rules.
+        self._load_calls_since_start = 0
+        self._calls_since_reset = 0
+        self._evict_number = 0
+
+    # -- what a subclass provides ------------------------------------------------------
+
+    def make_store(self) -> ExternalStore:
+        """A fresh, unattached store (the machine attaches its pools)."""
+        msg = (
+            f"{type(self).__name__} must implement make_store(self) -> ExternalStore, "
+            "returning a fresh store of the kind under test"
+        )
+        raise NotImplementedError(msg)
+
+    def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
+        """Flip bytes of a stored page. Override it to enable the `corrupt_page` rule."""
+        msg = f"{type(self).__name__} does not override corrupt(store, pool, key)"
+        raise NotImplementedError(msg)
+
+    # -- setup and teardown ------------------------------------------------------------
+
+    @property
+    def store(self) -> ExternalStore:
+        assert self._store is not None, "the store is opened by the open_store initializer"
+        return self._store
+
+    @initialize(page_size=page_sizes())
+    def open_store(self, page_size: int) -> None:
+        """Build the pools for page size `page_size` and attach a fresh store to them."""
+        names = self.pool_names
+        assert names and names[0] is KV and len(set(names)) == len(names), (
+            f"{type(self).__name__}.pool_names = {names!r}: list KV first, each pool once"
+        )
+        self.page_size = page_size
+        self.allocators = {
+            name: PagedAllocator(self.pool_pages * page_size, page_size, name=name.value)
+            for name in names
+        }
+        self.kv_pools = {
+            name: KVPool.for_allocator(alloc, self.num_layers, self.width)
+            for name, alloc in self.allocators.items()
+        }
+        self._store = self.make_store()
+        self._store.attach(self.kv_pools)
+
+    def teardown(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    # -- rules: offloads -----------------------------------------------------------------
+
+    @precondition(lambda self: self._has_room())
+    @rule(
+        target=chains,
+        parent=st.none() | chains,
+        cut=st.integers(0, 8),
+        pages=st.lists(st.integers(0, 3), min_size=1, max_size=4).map(tuple),
+        swa=st.integers(0, 3),
+        mamba=st.integers(0, 2),
+        settle=st.booleans(),
+    )
+    def offload(
+        self,
+        parent: Chain | None,
+        cut: int,
+        pages: tuple[int, ...],
+        swa: int,
+        mamba: int,
+        settle: bool,
+    ) -> Chain:
+        """Offload a chain: KV for every page, a trailing window for SWA / MAMBA; with
+        `settle`, then `progress()` and `poll_offloads()` (as a serving loop would)."""
+        self._calls_since_reset += 1
+        base = parent.pages[:cut] if parent is not None else ()
+        chain = Chain(self.page_size, (*base, *pages)[: self.max_chain_pages])
+        parts = tuple(
+            self._source(pool, keys) for pool, keys in self._pool_keys(chain.keys, swa, mamba)
+        )
+        idents = frozenset((part.pool, key) for part in parts for key in part.keys)
+        self.known |= idents
+        try:
+            accepted = self.store.offload(self._transfers(parts))
+        except StoreFaultError:
+            accepted = False
+        self._check_bool("offload", accepted)
+        number = self._offload_number
+        self._offload_number += 1
+        if accepted:
+            self.offloads.append(_Offload(number, parts, idents))
+            self.may |= idents
+            if settle:
+                self.progress()
+                self.poll_offloads()
+            return chain
+        assert not self.lossless, (
+            f"offload #{number} of {len(chain.keys)} page(s) was refused, but the store is "
+            "lossless (set lossless = False if it may refuse)"
+        )
+        for part in parts:
+            self.allocators[part.pool].free(part.slots)
+        for ident in idents - self.may:
+            self.absent_because.setdefault(ident, "every offload naming it was refused")
+        return chain
+
+    @rule()
+    def progress(self) -> None:
+        """progress(): every queued offload and started batch is performed (a background
+        store's worker is idle), though a store may still hold the completions back."""
+        done = self.store.progress()
+        for record in self.offloads:
+            record.ran = True
+        assert isinstance(done, int) and done >= 0, (
+            f"progress() returned {done!r}; expected the number of jobs it saw finish (>= 0)"
+        )
+        if not self.progress_completes:
+            return
+        recorded = self.store.num_completed_offloads()
+        assert recorded == len(self.offloads), (
+            f"after progress(), {recorded} offload completion(s) are recorded for "
+            f"{len(self.offloads)} offload(s) awaiting one: progress() must finish every "
+            "queued offload, so a completion was lost (set progress_completes = False "
+            "for a store that holds completions back on purpose)"
+        )
+        self._check_load_count("after progress()", exact=True)
+
+    @rule()
+    def poll_offloads(self) -> None:
+        """Pop every recorded offload flag; each settles the oldest pending offload."""
+        count = self.store.num_completed_offloads()
+        self._check_offload_count(count)
+        for _ in range(count):
+            ok = self.store.pop_completed_offload()
+            record = self.offloads.popleft()
+            self._check_bool(f"pop_completed_offload() for offload #{record.number}", ok)
+            for part in record.parts:
+                wrong = self._wrong_page(part)
+                assert wrong is None, (
+                    f"the device slots offload #{record.number} reads from were written "
+                    f"while it was pending: {part.pool.value} page {wrong}"
+                )
+                self.allocators[part.pool].free(part.slots)
+            if ok:
+                self.stored |= record.idents - record.evicted
+            else:
+                assert not self.lossless or record.reset, (
+                    f"offload #{record.number} completed False, but the store is lossless "
+                    "and no reset() came before it finished"
+                )
+
+    # -- rules: lookups and loads --------------------------------------------------------
+
+    @rule(chain=chains, start=st.integers(0, 7), swa=st.integers(0, 3), mamba=st.integers(0, 2))
+    def lookup(self, chain: Chain, start: int, swa: int, mamba: int) -> None:
+        """Look up a chain's tail (from page `start`); the answer must match the model."""
+        self._lookup(chain, start, swa, mamba)
+
+    @precondition(lambda self: self._has_room())
+    @rule(
+        target=loads,
+        chain=chains,
+        start=st.integers(0, 7),
+        count=st.integers(1, 8),
+        swa=st.integers(0, 3),
+        mamba=st.integers(0, 2),
+        settle=st.booleans(),
+    )
+    def load(
+        self, chain: Chain, start: int, count: int, swa: int, mamba: int, settle: bool
+    ) -> LoadTicket:
+        """Load `count` pages of a chain from page `start` (windows for SWA / MAMBA);
+        with `settle`, then `start_loading()`, `progress()` and `poll_loads()`."""
+        self._load_calls_since_start += 1
+        self._calls_since_reset += 1
+        first = min(start, len(chain.keys) - 1)
+        pool_keys = self._pool_keys(chain.keys[first : first + count], swa, mamba)
+        idents = {(pool, key) for pool, keys in pool_keys for key in keys}
+        must = None
+        if self.lossless and idents <= self.stored - self.tainted:
+            must = "every page of it was stored by a successful offload and not evicted since"
+        return self._queue_load(pool_keys, must, settle)
+
+    @precondition(lambda self: self._has_room())
+    @rule(
+        target=loads,
+        chain=chains,
+        start=st.integers(0, 7),
+        swa=st.integers(0, 3),
+        mamba=st.integers(0, 2),
+        pick=st.integers(0, 7),
+        settle=st.booleans(),
+    )
+    def load_restorable(
+        self, chain: Chain, start: int, swa: int, mamba: int, pick: int, settle: bool
+    ) -> LoadTicket:
+        """Look up a tail, then load the pages of one boundary it reported (pick 0: the
+        largest), as the linker does: KV up to it, each window's pages just before it;
+        `settle` as for `load`."""
+        self._load_calls_since_start += 1
+        self._calls_since_reset += 1
+        tail, windows, found = self._lookup(chain, start, swa, mamba)
+        if not found:
+            rid = self._next_rid()  # never sent: the bundle's contents must not depend
+            self.refused.add(rid)  # on the store's answers (background stores vary)
+            return LoadTicket(rid)
+        boundary = found[-1 - pick % len(found)]
+        pool_keys = [(KV, tail[:boundary])]
+        pool_keys += [(pool, tail[max(0, boundary - n) : boundary]) for pool, n in windows]
+        must = f"lookup just reported boundary {boundary}" if self.lossless else None
+        return self._queue_load(pool_keys, must, settle)
+
+    @precondition(lambda self: self._load_calls_since_start > 0)
+    @rule(settle=st.booleans())
+    def start_loading(self, settle: bool) -> None:
+        """Start every queued load as one batch; with `settle`, then `progress()` and
+        `poll_loads()`."""
+        self._start_loading()
+        if settle:
+            self.progress()
+            self.poll_loads()
+
+    def _start_loading(self) -> None:
+        self._load_calls_since_start = 0
+        batch = self.store.start_loading()
+        assert isinstance(batch, int) and not isinstance(batch, bool), (
+            f"start_loading() returned {batch!r}; expected an int batch id (or -1)"
+        )
+        if not self.queued:
+            assert batch == -1, f"start_loading() returned {batch} with no load queued: want -1"
+            return
+        rids = tuple(self.queued)
+        assert batch >= 0, (
+            f"start_loading() returned {batch} with loads {rids} queued; expected a batch id"
+        )
+        assert batch not in self.started, (
+            f"start_loading() returned batch id {batch}, which an earlier batch still uses"
+        )
+        self.started[batch] = list(self.queued.values())
+        self.queued.clear()
+
+    @rule()
+    def poll_loads(self) -> None:
+        """Pop every recorded batch result and check it (rids, order, bytes)."""
+        count = self.store.num_completed_loads()
+        self._check_load_count("num_completed_loads()", recorded=count)
+        for _ in range(count):
+            self._settle_batch(self.store.pop_completed_load())
+
+    @rule(ticket=consumes(loads))
+    def cancel_queued_load(self, ticket: LoadTicket) -> None:
+        """Cancel a load: True exactly when it is still queued (not started, not done)."""
+        rid = ticket.rid
+        cancelled = self.store.cancel_queued_load(rid)
+        self._check_bool(f"cancel_queued_load({rid!r})", cancelled)
+        record = self.queued.pop(rid, None)
+        if record is None:
+            if rid in self.refused:
+                where = "refused (or never sent)"
+            elif rid in self.done:
+                where = "finished"
+            else:
+                where = "started (or failed by a reset)"
+            assert not cancelled, (
+                f"cancel_queued_load({rid!r}) returned True, but that load is {where}, "
+                "not queued; only a queued load can be cancelled"
+            )
+            return
+        assert cancelled, (
+            f"cancel_queued_load({rid!r}) returned False, but that load is queued and not "
+            "started; a queued load must be cancellable"
+        )
+        self.done.add(rid)
+        self._free(record.parts)
+
+    # -- rules: eviction, reset, corruption ----------------------------------------------
+
+    @rule(
+        chain=chains,
+        first=st.integers(0, 7),
+        count=st.integers(1, 3),
+        pool=st.none() | st.sampled_from(PoolName),
+    )
+    def evict(self, chain: Chain, first: int, count: int, pool: PoolName | None) -> None:
+        """Evict `count` pages of a chain from page `first`, in one pool or all."""
+        if pool is not None and pool not in self.kv_pools:
+            return  # a pool this machine does not attach
+        start = min(first, len(chain.keys) - 1)
+        keys = chain.keys[start : start + count]
+        pools = self.pool_names if pool is None else (pool,)
+        idents = {(name, key) for name in pools for key in keys}
+        removed = self.store.evict(list(keys), pool)
+        number = self._evict_number
+        self._evict_number += 1
+        most = len(idents & self.may)
+        least = len(idents & self.stored) if self.lossless else 0
+        assert isinstance(removed, int) and least <= removed <= most, (
+            f"evict #{number} of {len(keys)} key(s) (pool {pool}) returned {removed!r}, but "
+            f"{most} of those pages can be in the store"
+            + (f" and {least} surely are (the store is lossless)" if self.lossless else "")
+        )
+        pending = {ident for rec in self.offloads if not rec.ran for ident in rec.idents}
+        for record in self.offloads:
+            record.evicted |= idents & record.idents  # its success will not cover them
+        for ident in idents:
+            self.stored.discard(ident)
+            self.tainted.discard(ident)
+            if ident not in pending:
+                self.may.discard(ident)
+                self.absent_because[ident] = (
+                    f"the test evicted it (evict #{number}), after every offload of it the "
+                    "store accepted had run"
+                )
+        self._disturb(idents)
+
+    @precondition(lambda self: self._calls_since_reset > 0)
+    @rule()
+    def reset(self) -> None:
+        """reset(): every pending job completes (loads as failed); stored pages stay."""
+        self._calls_since_reset = 0
+        self.store.reset()
+        for record in self.offloads:
+            record.reset = record.ran = True  # nothing is queued or in flight afterwards
+        for load in self._pending_loads():
+            load.clean = False
+        self.orphans.update(self.queued)
+        self.queued.clear()
+        recorded = self.store.num_completed_offloads()
+        assert recorded == len(self.offloads), (
+            f"after reset(), {recorded} offload completion(s) are recorded for "
+            f"{len(self.offloads)} pending offload(s); reset() must complete every one"
+        )
+        self._check_load_count("after reset()", exact=True)
+
+    @precondition(lambda self: type(self).corrupt is not StoreMachine.corrupt)
+    @rule(chain=chains, index=st.integers(0, 7), pool=st.sampled_from(PoolName))
+    def corrupt_page(self, chain: Chain, index: int, pool: PoolName) -> None:
+        """Flip the bytes of a stored page (only when the subclass overrides `corrupt`)."""
+        key = chain.keys[min(index, len(chain.keys) - 1)]
+        if pool not in self.kv_pools or not self.store.contains(pool, key):
+            return
+        self.corrupt(self.store, pool, key)
+        self.tainted.add((pool, key))
+        self._disturb({(pool, key)})
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def completions_never_exceed_jobs(self) -> None:
+        self._check_offload_count(self.store.num_completed_offloads())
+        self._check_load_count("num_completed_loads()")
+
+    @invariant()
+    def presence_matches_the_model(self) -> None:
+        for ident in sorted(self.known):
+            if ident not in self.may:
+                assert not self.store.contains(*ident), (
+                    f"contains{_short(ident)} is True, but that page cannot be in the "
+                    f"store: {self._absent_reason(ident)}"
+                )
+            elif self.lossless and ident in self.stored:
+                assert self.store.contains(*ident), (
+                    f"contains{_short(ident)} is False, but a successful offload stored it "
+                    "and the test has not evicted it since; the store is lossless, so it "
+                    "lost the page"
+                )
+
+    @invariant()
+    def store_books_hold(self) -> None:
+        check = getattr(self.store, "check_invariants", None)
+        if callable(check):
+            check()
+
+    # -- helpers: pools and transfers ----------------------------------------------------
+
+    def _has_room(self) -> bool:
+        need = self.max_chain_pages * self.page_size
+        return all(alloc.available_size() >= need for alloc in self.allocators.values())
+
+    def _pool_keys(
+        self, keys: tuple[str, ...], swa: int, mamba: int
+    ) -> list[tuple[PoolName, tuple[str, ...]]]:
+        """KV for every key, then each attached extra pool's trailing window (if any)."""
+        out = [(KV, keys)]
+        for pool, window in ((SWA, swa), (MAMBA, mamba)):
+            if window and pool in self.kv_pools:
+                out.append((pool, keys[-window:]))
+        return out
+
+    def _transfers(self, parts: tuple[_Part, ...]) -> list[PoolTransfer]:
+        return [
+            PoolTransfer(
+                part.pool,
+                part.slots,
+                part.keys,
+                PoolHitPolicy.ALL_PAGES if part.pool is KV else PoolHitPolicy.TRAILING_PAGES,
+            )
+            for part in parts
+        ]
+
+    def _alloc(self, pool: PoolName, pages: int) -> torch.Tensor:
+        slots = self.allocators[pool].alloc(pages * self.page_size)
+        assert slots is not None, "the _has_room precondition keeps a chain's worth free"
+        return slots
+
+    def _free(self, parts: tuple[_Part, ...]) -> None:
+        for part in parts:
+            self.allocators[part.pool].free(part.slots)
+
+    def _truth(self, ident: Ident) -> torch.Tensor:
+        """The bytes of page `ident`: integers in (-1000, 1000), fixed by pool and key."""
+        page = self._truth_pages.get(ident)
+        if page is None:
+            pool, key = ident
+            gen = torch.Generator().manual_seed(int(key[:15], 16) * 4 + _POOL_INDEX[pool])
+            shape = (self.page_size, self.num_layers, self.width)
+            values = torch.randint(-_TRUTH_BOUND + 1, _TRUTH_BOUND, shape, generator=gen)
+            page = self._truth_pages[ident] = values.to(self.kv_pools[pool].dtype)
+        return page
+
+    def _source(self, pool: PoolName, keys: tuple[str, ...]) -> _Part:
+        slots = self._alloc(pool, len(keys))
+        self.kv_pools[pool].write_pages(slots, torch.cat([self._truth((pool, k)) for k in keys]))
+        return _Part(pool, keys, slots)
+
+    def _destination(self, pool: PoolName, keys: tuple[str, ...]) -> _Part:
+        slots = self._alloc(pool, len(keys))
+        kv = self.kv_pools[pool]
+        poison = torch.full((slots.numel(), kv.num_layers, kv.width), POISON, dtype=kv.dtype)
+        kv.write_pages(slots, poison)
+        return _Part(pool, keys, slots)
+
+    def _wrong_page(self, part: _Part) -> str | None:
+        """None when `part`'s slots hold its truth bytes, else which page is wrong, how."""
+        n, p = len(part.keys), self.page_size
+        got = self.kv_pools[part.pool].read_pages(part.slots).view(n, p, -1)
+        want = torch.stack([self._truth((part.pool, k)) for k in part.keys]).view(n, p, -1)
+        same = (got == want).flatten(1).all(1)
+        if bool(same.all()):
+            return None
+        i = int((~same).nonzero()[0, 0])
+        where = f"{i} (key {part.keys[i][:12]}...)"
+        page = got[i]
+        if bool((page == POISON).all()):
+            return f"{where} still holds the poison: the store never wrote it"
+        twins = [j for j in range(n) if bool((page == want[j]).all())]
+        if twins:
+            return f"{where} holds the bytes of page {twins[0]} of the same transfer"
+        return f"{where} holds bytes that are not this page's"
+
+    # -- helpers: lookups ----------------------------------------------------------------
+
+    def _lookup(
+        self, chain: Chain, start: int, swa: int, mamba: int
+    ) -> tuple[tuple[str, ...], list[tuple[PoolName, int]], list[int]]:
+        """LOOKUP of a chain's tail; (tail, windows, the boundaries found, checked)."""
+        tail = chain.keys[min(start, len(chain.keys) - 1) :]
+        windows = [(pool, len(keys)) for pool, keys in self._pool_keys(tail, swa, mamba)[1:]]
+        transfers = [PoolTransfer(KV, keys=tail)]
+        transfers += [
+            PoolTransfer(pool, keys=tail[-n:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+            for pool, n in windows
+        ]
+        rid = f"lookup-{self._lookup_number}"
+        self._lookup_number += 1
+        try:
+            found = self.store.lookup(rid, transfers)
+        except StoreFaultError:
+            assert not self.lossless, f"lookup({rid!r}) raised StoreFaultError on a lossless store"
+            return tail, windows, []
+        self._check_boundaries(rid, tail, windows, transfers, found)
+        return tail, windows, list(found)
+
+    def _check_boundaries(
+        self,
+        rid: str,
+        tail: tuple[str, ...],
+        windows: list[tuple[PoolName, int]],
+        transfers: list[PoolTransfer],
+        found: object,
+    ) -> None:
+        n = len(tail)
+        assert (
+            isinstance(found, list)
+            and all(isinstance(b, int) and not isinstance(b, bool) for b in found)
+            and found == sorted(set(found))
+            and all(1 <= b <= n for b in found)
+        ), (
+            f"lookup({rid!r}) of a {n}-page tail returned {found!r}; expected a list of "
+            f"distinct ascending prefix lengths within 1..{n}"
+        )
+        may = restorable_prefix_pages(transfers, self._present(self.may))
+        for boundary in found:
+            if boundary in may:
+                continue
+            needed = [(KV, key) for key in tail[:boundary]]
+            needed += [
+                (pool, key) for pool, w in windows for key in tail[max(0, boundary - w) : boundary]
+            ]
+            gone = next(ident for ident in needed if ident not in self.may)
+            raise AssertionError(
+                f"lookup({rid!r}) reported prefix {boundary} of a {n}-page tail as "
+                f"restorable, but page {tail.index(gone[1])} of the tail {_short(gone)} "
+                f"cannot be in the store: {self._absent_reason(gone)}"
+            )
+        if self.lossless:
+            surely = restorable_prefix_pages(transfers, self._present(self.stored - self.tainted))
+            missing = sorted(set(surely) - set(found))
+            assert not missing, (
+                f"lookup({rid!r}) returned {found}, missing restorable prefix(es) {missing}: "
+                "every page up to them was stored by a successful offload and not evicted "
+                "since, and the store is lossless"
+            )
+
+    @staticmethod
+    def _present(pages: set[Ident]) -> Callable[[PoolName, Sequence[str]], list[bool]]:
+        def present(pool: PoolName, keys: Sequence[str]) -> list[bool]:
+            return [(pool, key) in pages for key in keys]
+
+        return present
+
+    def _absent_reason(self, ident: Ident) -> str:
+        return self.absent_because.get(ident, "the test never offloaded it")
+
+    # -- helpers: loads ------------------------------------------------------------------
+
+    def _queue_load(
+        self, pool_keys: list[tuple[PoolName, tuple[str, ...]]], must: str | None, settle: bool
+    ) -> LoadTicket:
+        rid = self._next_rid()
+        parts = tuple(self._destination(pool, keys) for pool, keys in pool_keys if keys)
+        idents = frozenset((part.pool, key) for part in parts for key in part.keys)
+        self.known |= idents
+        try:
+            accepted = self.store.load(rid, self._transfers(parts))
+        except StoreFaultError:
+            accepted = False
+        self._check_bool(f"load({rid!r})", accepted)
+        if not accepted:
+            self._free(parts)
+            pages = ", ".join(f"{len(p.keys)} {p.pool.value}" for p in parts)
+            assert must is None, (
+                f"load({rid!r}) of {pages} page(s) was refused, but {must}; a lossless "
+                "store must accept it"
+            )
+            self.refused.add(rid)
+            return LoadTicket(rid)  # a refused load's ticket: cancelling it must say False
+        clean = self.lossless and idents <= self.stored - self.tainted
+        self.queued[rid] = _Load(rid, parts, idents, clean)
+        if settle:
+            self._start_loading()
+            self.progress()
+            self.poll_loads()
+        return LoadTicket(rid)
+
+    def _next_rid(self) -> str:
+        rid = f"load-{self._load_number}"
+        self._load_number += 1
+        return rid
+
+    def _pending_loads(self) -> list[_Load]:
+        started = [load for batch in self.started.values() for load in batch]
+        return [*self.queued.values(), *started]
+
+    def _disturb(self, idents: set[Ident]) -> None:
+        for load in self._pending_loads():
+            if load.idents & idents:
+                load.clean = False
+
+    def _settle_batch(self, result: LoadBatchResult) -> None:
+        batch, rids, success = result.batch, tuple(result.rids), result.success
+        self._check_bool(f"the success of load batch {batch}", success)
+        assert len(set(rids)) == len(rids), f"load batch {batch} lists a rid twice: {rids}"
+        if batch in self.started:
+            oldest = next(iter(self.started))
+            assert batch == oldest, (
+                f"load batch {batch} completed before batch {oldest}, which started first; "
+                "load results are FIFO"
+            )
+            loads = self.started.pop(batch)
+            expected = tuple(load.rid for load in loads)
+            assert sorted(rids) == sorted(expected), (
+                f"load batch {batch} reports rids {rids}, but the batch holds {expected}"
+            )
+        else:
+            stray = [rid for rid in rids if rid not in self.orphans]
+            assert rids and not stray, (
+                f"pop_completed_load() returned batch {batch} with rids {rids}: no such "
+                f"batch is awaiting its result, and {stray or 'no rid'} was queued at a reset"
+            )
+            assert not success, (
+                f"load batch {batch} (loads {rids}, queued when reset() came) reported "
+                "success; reset() must fail every queued load"
+            )
+            loads = [self.orphans.pop(rid) for rid in rids]
+        if success:
+            for load in loads:
+                for part in load.parts:
+                    wrong = self._wrong_page(part)
+                    assert wrong is None, (
+                        f"load batch {batch} reported success, but load {load.rid!r} "
+                        f"{part.pool.value} page {wrong}"
+                    )
+        else:
+            assert not (self.lossless and all(load.clean for load in loads)), (
+                f"load batch {batch} ({rids}) failed, but every page of it was stored by a "
+                "successful offload and nothing evicted, corrupted or reset it since; the "
+                "store is lossless"
+            )
+        for load in loads:
+            self.done.add(load.rid)
+            self._free(load.parts)
+
+    # -- helpers: completion counts ------------------------------------------------------
+
+    def _check_offload_count(self, recorded: int) -> None:
+        assert 0 <= recorded <= len(self.offloads), (
+            f"num_completed_offloads() is {recorded}, but only {len(self.offloads)} "
+            "accepted offload(s) await a flag: a completion was duplicated (or a refused "
+            "offload completed)"
+        )
+
+    def _check_load_count(self, when: str, *, exact: bool = False, recorded: int = -1) -> None:
+        """Recorded batch results vs. what awaits one: each started batch, plus the loads
+        queued at a reset (reported in one or more failed batches)."""
+        if recorded < 0:
+            recorded = self.store.num_completed_loads()
+        most = len(self.started) + len(self.orphans)
+        least = len(self.started) + bool(self.orphans) if exact else 0
+        assert least <= recorded <= most, (
+            f"{when}: {recorded} load batch result(s) are recorded, but {len(self.started)} "
+            f"started batch(es) and {len(self.orphans)} load(s) failed by a reset await "
+            + (
+                "theirs: a result was lost"
+                if recorded < least
+                else "theirs: a result was duplicated"
+            )
+        )
+
+    @staticmethod
+    def _check_bool(what: str, value: object) -> None:
+        assert isinstance(value, bool), f"{what} returned {value!r}; expected a bool"
+
+
+class MemoryStoreMachine(StoreMachine):
+    """The reference subclass: the embedded `MemoryStore`, with `capacity_pages` small
+    enough that it evicts on its own (so it is not lossless); corruption flips a stored
+    page's first 8 bytes through `MemoryStore.stored_bytes`."""
+
+    capacity_pages: ClassVar[int | None] = 24
+    background: ClassVar[bool] = False
+
+    def make_store(self) -> ExternalStore:
+        return MemoryStore(capacity_pages=self.capacity_pages, background=self.background)
+
+    def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
+        assert isinstance(store, MemoryStore)
+        view = store.stored_bytes(pool, key)
+        assert view is not None, "corrupt_page checks contains() first"
+        view[:8] ^= 0xFF
+
+    @invariant()
+    def no_swallowed_error(self) -> None:
+        store = self.store
+        assert isinstance(store, MemoryStore)
+        assert store.last_error is None, f"the store swallowed {store.last_error!r}"
