@@ -91,13 +91,17 @@ class TreeConfig:
     `sliding_window_size` (tokens) turns the SWA component on; it needs an
     `SWAAllocator`. `write_through_threshold`: offload a node once a non-chunked insert
     walk has hit it that many times (1 in linker mode; None: never). `hash_pages`:
-    compute page hashes on node creation (needed for external stores).
+    compute page hashes on node creation (needed for external stores). `check_slots`:
+    verify before each insert that the slots the tree may take are whole, allocated
+    pages (one allocator gather, ~25 µs; a typed error instead of a corrupted tree when
+    a caller passes foreign slots — turn off only on a trusted hot path).
     """
 
     sliding_window_size: int | None = None
     write_through_threshold: int | None = None
     hash_pages: bool = True
     executor: ExecutorKind = ExecutorKind.COMPILED
+    check_slots: bool = True
 
 
 class RadixTree:
@@ -280,7 +284,8 @@ class RadixTree:
                 raise InsertParamsError(msg, what=what, value=v)
             self._check_aligned(what, v)
         # the slots the tree may take must be the caller's: whole, allocated pages
-        self.allocator.check_live(value[params.prev_prefix_len :], "insert value")
+        if self.config.check_slots:
+            self.allocator.check_live(value[params.prev_prefix_len :], "insert value")
         if self.config.hash_pages:  # hashing errors must come before any change
             hashing.check_tokens(key)
             hashing.check_prior(params.namespace)
