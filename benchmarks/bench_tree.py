@@ -77,11 +77,13 @@ def workload(num_requests: int, seed: int = 0) -> list[tuple[int, ...]]:
     return keys
 
 
-def run(keys: Sequence[tuple[int, ...]], page_size: int, hash_pages: bool) -> Row:
+def run(
+    keys: Sequence[tuple[int, ...]], page_size: int, hash_pages: bool, check_slots: bool = True
+) -> Row:
     """Serve every key once (match, alloc, insert) and time the tree calls."""
     total = NUM_PROMPTS * PROMPT_LEN + len(keys) * UNIQUE_LEN
     alloc = PagedAllocator(-(-total // page_size) * page_size + page_size, page_size)
-    tree = RadixTree(alloc, TreeConfig(hash_pages=hash_pages))
+    tree = RadixTree(alloc, TreeConfig(hash_pages=hash_pages, check_slots=check_slots))
     gc.collect()  # the previous run's tree is cyclic garbage: do not time its collection
     clock = time.perf_counter
     match_s = insert_s = 0.0
@@ -133,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="also print a cProfile of each page size"
     )
+    parser.add_argument(
+        "--no-slot-check",
+        action="store_true",
+        help="TreeConfig(check_slots=False): skip the per-insert slot ownership check",
+    )
     args = parser.parse_args(argv)
     num = args.requests or (1_000 if args.quick else 10_000)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -140,14 +147,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = torch.get_num_threads()
     print(
         f"bench_tree: torch {torch.__version__}, {threads} CPU threads; {num:,} requests = "
-        f"one of {NUM_PROMPTS} shared {PROMPT_LEN}-token prompts + {UNIQUE_LEN} unique tokens"
+        f"one of {NUM_PROMPTS} shared {PROMPT_LEN}-token prompts + {UNIQUE_LEN} unique tokens; "
+        f"slot ownership check {'off' if args.no_slot_check else 'on'}"
     )
+    check = not args.no_slot_check
     print()
     rows: list[Row] = []
     for page_size in (16, 1):
         for hash_pages in (True, False):
-            run(keys[:200], page_size, hash_pages)  # warm-up: first dispatches, allocator
-            runs = [run(keys, page_size, hash_pages) for _ in range(repeat)]
+            run(keys[:200], page_size, hash_pages, check)  # warm-up: dispatches, allocator
+            runs = [run(keys, page_size, hash_pages, check) for _ in range(repeat)]
             rows.append(max(runs, key=lambda r: r.ops_per_s))
     _print_table(
         f"insert + match, FULL only (best of {repeat}; ops = match + insert, 2 per request)",
