@@ -31,18 +31,24 @@ The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on re
   key) and offloaded: KV for every page, SWA / MAMBA for a trailing window;
 - `progress`; `poll_offloads` — pop every recorded offload flag, oldest first;
 - `lookup` — a chain's tail, with a TRAILING_PAGES window for each extra pool;
-- `load` (a run of a chain's pages) and `load_restorable` (a lookup, then a load of one
-  boundary it reported, as the linker does) — the destination slots hold `POISON` first;
+- `load` (any run of a chain's KV pages) and `load_restorable` (a lookup, then a load
+  of one boundary it reported, with its windows, as the linker does) — the destination
+  slots hold `POISON` first;
 - `start_loading`, `poll_loads`, `cancel_queued_load` (of a ticket that may by then be
-  queued, started or finished);
+  queued, started, finished or refused);
 - `evict` (pages of a chain; one pool or all), `reset`;
 - `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
 
+`offload`, `load`, `load_restorable` and `start_loading` take a `settle` flag: then
+they also run `progress()` and poll, as a serving loop would, so that most programs
+reach completions (the plain interleavings stay reachable with ``settle=False``).
+
 The model, per page ``(pool, key)``: *may* — could be in the store (an accepted offload
-named it, and since the test last evicted it an offload of it was accepted or was still
-pending); *stored* — a successful offload stored it and the test has not evicted it
-since (the store may still have dropped it on its own, unless `lossless`); *tainted* —
-`corrupt` flipped its bytes and the test has not evicted it since.
+named it and the test has not evicted it since, or evicted it while an accepted offload
+of it had not yet run: no `progress()` or `reset()` since); *stored* — a successful
+offload stored it and the test has not evicted it since (the store may still have
+dropped it on its own, unless `lossless`); *tainted* — `corrupt` flipped its bytes and
+the test has not evicted it since.
 
 What is checked, in the rules and after every step (invariants):
 
@@ -57,7 +63,8 @@ What is checked, in the rules and after every step (invariants):
 - LOOKUP: boundaries ascending, distinct, within ``1..n``, and each one restorable by the
   rules of `unicache_fsm.store.lookup` applied to *may* (a boundary over a page the test
   evicted, or never offloaded, is a lie); `contains` is False off *may*; `evict`
-  removes no more pages than *may* holds;
+  removes no more pages than *may* holds; `cancel_queued_load` is True exactly for a
+  queued load;
 - `lossless = True` (the store never drops, refuses or fails on its own) adds: every
   offload is accepted and succeeds; lookups report at least the rules applied to
   *stored*; `contains` is True on *stored*; `evict` removes every *stored* page named;
@@ -66,7 +73,19 @@ What is checked, in the rules and after every step (invariants):
 - the store's own ``check_invariants()``, when it has one.
 
 A store may raise `StoreFaultError` from `lookup`, `load` or `offload` (a failing
-backend): the machine treats it as the linker does — a miss, a refusal.
+backend): the machine treats it as the linker does — a miss, a refusal. A store with a
+worker thread answers differently from run to run; the machine draws nothing from the
+store's answers (a refused load still yields a ticket, and the guards count calls, not
+results), so Hypothesis can fuzz it too. Keep ``pool_pages`` above
+``stateful_step_count * max_chain_pages`` so that the room guard never closes.
+
+To draw more per program (a fault policy, a capacity), override the initializer under
+the same name and call the base one::
+
+    @initialize(page_size=st.sampled_from((1, 4)), policy=fault_policies())
+    def open_store(self, page_size: int, policy: FaultPolicy) -> None:
+        self.policy = policy  # make_store wraps its store in FaultyStore(store, policy)
+        super().open_store(page_size)
 
 `MemoryStoreMachine` is the reference subclass (the embedded `MemoryStore`, with a
 capacity small enough that it evicts on its own).
@@ -99,7 +118,6 @@ from unicache_fsm.store.errors import StoreFaultError
 from unicache_fsm.store.lookup import restorable_prefix_pages
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
-from unicache_fsm.testing.strategies import page_sizes
 
 __all__ = ["POISON", "Chain", "LoadTicket", "MemoryStoreMachine", "StoreMachine"]
 
@@ -175,11 +193,13 @@ def _short(ident: Ident) -> str:
 class StoreMachine(RuleBasedStateMachine):
     """Fuzzes the `ExternalStore` that `make_store` returns; see the module docstring.
 
-    Class attributes a subclass may set: `pool_names` (KV first; windows drawn for pools
-    not attached are ignored), `lossless`, `progress_completes`, `pool_pages` (device
-    pages per pool), `num_layers`, `width`, `max_chain_pages`.
+    Class attributes a subclass may set: `page_sizes`, `pool_names` (KV first; windows
+    drawn for pools not attached are ignored), `lossless`, `progress_completes`,
+    `pool_pages` (device pages per pool), `num_layers`, `width`, `max_chain_pages`.
     """
 
+    page_sizes: ClassVar[tuple[int, ...]] = (1, 2, 4, 8, 16)
+    """Each program draws its page size P from these."""
     pool_names: ClassVar[tuple[PoolName, ...]] = (KV, SWA, MAMBA)
     lossless: ClassVar[bool] = False
     """True: the store never drops, refuses or fails anything on its own (stricter checks)."""
@@ -244,7 +264,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self._store is not None, "the store is opened by the open_store initializer"
         return self._store
 
-    @initialize(page_size=page_sizes())
+    @initialize(page_size=st.runner().flatmap(lambda m: st.sampled_from(m.page_sizes)))
     def open_store(self, page_size: int) -> None:
         """Build the pools for page size `page_size` and attach a fresh store to them."""
         names = self.pool_names
@@ -291,7 +311,7 @@ class StoreMachine(RuleBasedStateMachine):
         """Offload a chain: KV for every page, a trailing window for SWA / MAMBA; with
         `settle`, then `progress()` and `poll_offloads()` (as a serving loop would)."""
         self._calls_since_reset += 1
-        base = parent.pages[:cut] if parent is not None else ()
+        base = parent.pages[: cut % (len(parent.pages) + 1)] if parent is not None else ()
         chain = Chain(self.page_size, (*base, *pages)[: self.max_chain_pages])
         parts = tuple(
             self._source(pool, keys) for pool, keys in self._pool_keys(chain.keys, swa, mamba)
@@ -380,24 +400,19 @@ class StoreMachine(RuleBasedStateMachine):
         chain=chains,
         start=st.integers(0, 7),
         count=st.integers(1, 8),
-        swa=st.integers(0, 3),
-        mamba=st.integers(0, 2),
         settle=st.booleans(),
     )
-    def load(
-        self, chain: Chain, start: int, count: int, swa: int, mamba: int, settle: bool
-    ) -> LoadTicket:
-        """Load `count` pages of a chain from page `start` (windows for SWA / MAMBA);
-        with `settle`, then `start_loading()`, `progress()` and `poll_loads()`."""
+    def load(self, chain: Chain, start: int, count: int, settle: bool) -> LoadTicket:
+        """Load `count` KV pages of a chain from page `start` (any run, not only a
+        prefix); with `settle`, then `start_loading()`, `progress()` and `poll_loads()`."""
         self._load_calls_since_start += 1
         self._calls_since_reset += 1
-        first = min(start, len(chain.keys) - 1)
-        pool_keys = self._pool_keys(chain.keys[first : first + count], swa, mamba)
-        idents = {(pool, key) for pool, keys in pool_keys for key in keys}
+        first = start % len(chain.keys)
+        keys = chain.keys[first : first + count]
         must = None
-        if self.lossless and idents <= self.stored - self.tainted:
+        if self.lossless and {(KV, key) for key in keys} <= self.stored - self.tainted:
             must = "every page of it was stored by a successful offload and not evicted since"
-        return self._queue_load(pool_keys, must, settle)
+        return self._queue_load([(KV, keys)], must, settle)
 
     @precondition(lambda self: self._has_room())
     @rule(
@@ -503,7 +518,7 @@ class StoreMachine(RuleBasedStateMachine):
         """Evict `count` pages of a chain from page `first`, in one pool or all."""
         if pool is not None and pool not in self.kv_pools:
             return  # a pool this machine does not attach
-        start = min(first, len(chain.keys) - 1)
+        start = first % len(chain.keys)
         keys = chain.keys[start : start + count]
         pools = self.pool_names if pool is None else (pool,)
         idents = {(name, key) for name in pools for key in keys}
@@ -554,7 +569,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(chain=chains, index=st.integers(0, 7), pool=st.sampled_from(PoolName))
     def corrupt_page(self, chain: Chain, index: int, pool: PoolName) -> None:
         """Flip the bytes of a stored page (only when the subclass overrides `corrupt`)."""
-        key = chain.keys[min(index, len(chain.keys) - 1)]
+        key = chain.keys[index % len(chain.keys)]
         if pool not in self.kv_pools or not self.store.contains(pool, key):
             return
         self.corrupt(self.store, pool, key)
@@ -672,7 +687,7 @@ class StoreMachine(RuleBasedStateMachine):
         self, chain: Chain, start: int, swa: int, mamba: int
     ) -> tuple[tuple[str, ...], list[tuple[PoolName, int]], list[int]]:
         """LOOKUP of a chain's tail; (tail, windows, the boundaries found, checked)."""
-        tail = chain.keys[min(start, len(chain.keys) - 1) :]
+        tail = chain.keys[start % len(chain.keys) :]
         windows = [(pool, len(keys)) for pool, keys in self._pool_keys(tail, swa, mamba)[1:]]
         transfers = [PoolTransfer(KV, keys=tail)]
         transfers += [
