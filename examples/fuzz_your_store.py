@@ -1,10 +1,11 @@
-"""Fuzzing your own store backend with the kit (about 150 lines).
+"""Fuzzing your own store backend with the kit.
 
 `DictStore` is a toy `ExternalStore`: page bytes in a plain dict, every job done in
 `progress()`. It reuses the library's request validation (`AttachedPools`) and LOOKUP
 rules (`restorable_prefix_pages`), so it is short and honest. `DictStoreMachine` is all
 it takes to fuzz it: a `StoreMachine` subclass with `make_store`. `LeakyDictStore` has
-a planted bug (after `evict`, its lookup still reports the page), which the kit catches.
+a planted bug (after `evict`, lookup, load and contains still see the page), which the
+kit catches.
 
 Run: ``python examples/fuzz_your_store.py [--examples N] [--leaky]`` — exit 0 when the
 store passes, 1 with the kit's report when it fails.

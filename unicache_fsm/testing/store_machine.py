@@ -128,6 +128,9 @@ POISON = 2048.0
 """Written into every load destination first; truth bytes are integers in (-1000, 1000)."""
 
 _TRUTH_BOUND = 1000
+# Built, not sampled: Hypothesis prints a str-mixin enum member with its angle-bracket
+# repr, but an object from `builds` as the call that made it: ``PoolName('swa')``.
+_POOL_NAMES = st.builds(PoolName, st.sampled_from([name.value for name in PoolName]))
 _POOL_INDEX = {name: i for i, name in enumerate(PoolName)}
 
 
@@ -150,7 +153,8 @@ class Chain:
 
 @attrs.frozen
 class LoadTicket:
-    """The rid of a load the store accepted (a bundle value; it may be done by now)."""
+    """The rid of a load the machine asked for (a bundle value): by now it may be queued,
+    started, finished, or refused (or never sent, when a lookup found nothing)."""
 
     rid: str
 
@@ -328,18 +332,17 @@ class StoreMachine(RuleBasedStateMachine):
         if accepted:
             self.offloads.append(_Offload(number, parts, idents))
             self.may |= idents
-            if settle:
-                self.progress()
-                self.poll_offloads()
-            return chain
-        assert not self.lossless, (
-            f"offload #{number} of {len(chain.keys)} page(s) was refused, but the store is "
-            "lossless (set lossless = False if it may refuse)"
-        )
-        for part in parts:
-            self.allocators[part.pool].free(part.slots)
-        for ident in idents - self.may:
-            self.absent_because.setdefault(ident, "every offload naming it was refused")
+        else:
+            assert not self.lossless, (
+                f"offload #{number} of {len(chain.keys)} page(s) was refused, but the store "
+                "is lossless (set lossless = False if it may refuse)"
+            )
+            self._free(parts)
+            for ident in idents - self.may:
+                self.absent_because.setdefault(ident, "every offload naming it was refused")
+        if settle:  # whatever the answer: what the machine does next must not depend on it
+            self.progress()
+            self.poll_offloads()
         return chain
 
     @rule()
@@ -412,7 +415,7 @@ class StoreMachine(RuleBasedStateMachine):
         must = None
         if self.lossless and {(KV, key) for key in keys} <= self.stored - self.tainted:
             must = "every page of it was stored by a successful offload and not evicted since"
-        return self._queue_load([(KV, keys)], must, settle)
+        return self._settled(self._queue_load([(KV, keys)], must), settle)
 
     @precondition(lambda self: self._has_room())
     @rule(
@@ -436,12 +439,12 @@ class StoreMachine(RuleBasedStateMachine):
         if not found:
             rid = self._next_rid()  # never sent: the bundle's contents must not depend
             self.refused.add(rid)  # on the store's answers (background stores vary)
-            return LoadTicket(rid)
+            return self._settled(LoadTicket(rid), settle)
         boundary = found[-1 - pick % len(found)]
         pool_keys = [(KV, tail[:boundary])]
         pool_keys += [(pool, tail[max(0, boundary - n) : boundary]) for pool, n in windows]
         must = f"lookup just reported boundary {boundary}" if self.lossless else None
-        return self._queue_load(pool_keys, must, settle)
+        return self._settled(self._queue_load(pool_keys, must), settle)
 
     @precondition(lambda self: self._load_calls_since_start > 0)
     @rule(settle=st.booleans())
@@ -512,7 +515,7 @@ class StoreMachine(RuleBasedStateMachine):
         chain=chains,
         first=st.integers(0, 7),
         count=st.integers(1, 3),
-        pool=st.none() | st.sampled_from(PoolName),
+        pool=st.none() | _POOL_NAMES,
     )
     def evict(self, chain: Chain, first: int, count: int, pool: PoolName | None) -> None:
         """Evict `count` pages of a chain from page `first`, in one pool or all."""
@@ -528,7 +531,8 @@ class StoreMachine(RuleBasedStateMachine):
         most = len(idents & self.may)
         least = len(idents & self.stored) if self.lossless else 0
         assert isinstance(removed, int) and least <= removed <= most, (
-            f"evict #{number} of {len(keys)} key(s) (pool {pool}) returned {removed!r}, but "
+            f"evict #{number} of {len(keys)} key(s) ({pool or 'all pools'}) returned "
+            f"{removed!r}, but "
             f"{most} of those pages can be in the store"
             + (f" and {least} surely are (the store is lossless)" if self.lossless else "")
         )
@@ -566,7 +570,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._check_load_count("after reset()", exact=True)
 
     @precondition(lambda self: type(self).corrupt is not StoreMachine.corrupt)
-    @rule(chain=chains, index=st.integers(0, 7), pool=st.sampled_from(PoolName))
+    @rule(chain=chains, index=st.integers(0, 7), pool=_POOL_NAMES)
     def corrupt_page(self, chain: Chain, index: int, pool: PoolName) -> None:
         """Flip the bytes of a stored page (only when the subclass overrides `corrupt`)."""
         key = chain.keys[index % len(chain.keys)]
@@ -679,6 +683,10 @@ class StoreMachine(RuleBasedStateMachine):
         twins = [j for j in range(n) if bool((page == want[j]).all())]
         if twins:
             return f"{where} holds the bytes of page {twins[0]} of the same transfer"
+        for other in self.kv_pools:
+            theirs = self._truth((other, part.keys[i])).view(p, -1)
+            if other is not part.pool and bool((page == theirs).all()):
+                return f"{where} holds this key's {other.value} page"
         return f"{where} holds bytes that are not this page's"
 
     # -- helpers: lookups ----------------------------------------------------------------
@@ -758,7 +766,7 @@ class StoreMachine(RuleBasedStateMachine):
     # -- helpers: loads ------------------------------------------------------------------
 
     def _queue_load(
-        self, pool_keys: list[tuple[PoolName, tuple[str, ...]]], must: str | None, settle: bool
+        self, pool_keys: list[tuple[PoolName, tuple[str, ...]]], must: str | None
     ) -> LoadTicket:
         rid = self._next_rid()
         parts = tuple(self._destination(pool, keys) for pool, keys in pool_keys if keys)
@@ -780,11 +788,16 @@ class StoreMachine(RuleBasedStateMachine):
             return LoadTicket(rid)  # a refused load's ticket: cancelling it must say False
         clean = self.lossless and idents <= self.stored - self.tainted
         self.queued[rid] = _Load(rid, parts, idents, clean)
+        return LoadTicket(rid)
+
+    def _settled(self, ticket: LoadTicket, settle: bool) -> LoadTicket:
+        """With `settle`: start_loading, progress, poll_loads (whether or not the load
+        was accepted: the guards must not depend on the store's answers)."""
         if settle:
             self._start_loading()
             self.progress()
             self.poll_loads()
-        return LoadTicket(rid)
+        return ticket
 
     def _next_rid(self) -> str:
         rid = f"load-{self._load_number}"
