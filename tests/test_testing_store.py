@@ -89,9 +89,6 @@ class FaultyMemoryStoreMachine(StoreMachine):
 
 TestUnboundedMemoryStoreMachine = UnboundedMemoryStoreMachine.TestCase
 TestBackgroundMemoryStoreMachine = BackgroundMemoryStoreMachine.TestCase
-TestBackgroundMemoryStoreMachine.settings = settings(
-    TestBackgroundMemoryStoreMachine.settings, max_examples=40
-)
 TestFaultyMemoryStoreMachine = FaultyMemoryStoreMachine.TestCase
 
 
@@ -110,10 +107,10 @@ def test_open_store_attaches_real_pools() -> None:
 
 # -- broken stores are caught ----------------------------------------------------------------
 
-# The ci profile's examples; deterministic, and no shrinking (minutes at 50 steps), so a
-# printed program is long: it is replayed below rather than read.
+# The ci profile, whatever profile runs the suite; deterministic, and no shrinking
+# (minutes at 50 steps), so a printed program is long: it is replayed below, not read.
 CATCH = settings(
-    settings(),
+    settings.get_profile("ci"),
     database=None,
     derandomize=True,
     report_multiple_bugs=False,
