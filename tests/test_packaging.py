@@ -84,3 +84,28 @@ def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
     )
     machines = done.stdout.strip().split(",")
     assert {"load_transaction", "node_residency", "offload"} <= set(machines)
+
+
+def test_testing_kit_namespace_is_locked() -> None:
+    import unicache_fsm.testing as kit
+
+    assert sorted(kit.__all__) == [
+        "Chain",
+        "InvariantViolation",
+        "LoadTicket",
+        "MemoryStoreMachine",
+        "POISON",
+        "StoreMachine",
+        "System",
+        "SystemMachine",
+        "check_rank_agreement",
+        "fault_policies",
+        "keys_with_shared_prefixes",
+        "load_profile",
+        "page_key_chains",
+        "page_sizes",
+        "pool_sizes",
+        "token_keys",
+    ]
+    for name in kit.__all__:
+        assert getattr(kit, name) is not None, name

@@ -14,18 +14,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-import attrs
 import pytest
 import torch
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    invariant,
-    precondition,
-    rule,
-)
 
 from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools import (
@@ -680,147 +670,8 @@ def test_background_store_completes_without_progress() -> None:
 
 
 # -- Hypothesis: the memory store against a model -------------------------------------------
-
-
-@attrs.define
-class _PendingLoad:
-    rid: str
-    keys: list[str]
-    slots: torch.Tensor
-    batch: int = -1
-
-
-class MemoryStoreMachine(RuleBasedStateMachine):
-    """Offload chains, look up, load, evict, reset, in any order; the books must hold."""
-
-    chains = Bundle("chains")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rig = Rig(pages=256)
-        self.store = MemoryStore(capacity_pages=12)
-        self.store.attach({KV: self.rig.pools[KV]})
-        self.truth: dict[str, torch.Tensor] = {}  # key -> its page's bytes (one per key)
-        self.offloads_pending = 0
-        self.sources: list[torch.Tensor] = []  # device pages of offloads not yet done
-        self.queued: dict[str, _PendingLoad] = {}
-        self.started: dict[int, list[_PendingLoad]] = {}
-        self.next_rid = 0
-
-    def teardown(self) -> None:
-        self.store.close()
-
-    @rule(target=chains, n=st.integers(1, 5), parent=st.none() | chains, cut=st.integers(0, 4))
-    def offload_chain(self, n: int, parent: list[str] | None, cut: int) -> list[str]:
-        prefix = parent[: min(cut, len(parent))] if parent else []
-        keys = [*prefix, *self.rig.chain(n, prefix=prefix)]
-        src = self.rig.alloc(KV, len(keys))
-        for i, k in enumerate(keys):  # a key always names the same bytes
-            if k not in self.truth:
-                shape = (Rig.P, Rig.LAYERS, Rig.WIDTH)
-                self.truth[k] = torch.randn(shape, generator=self.rig.gen).to(torch.float16)
-            self.rig.pools[KV].write_pages(src[i * Rig.P : (i + 1) * Rig.P], self.truth[k])
-        if self.store.offload([PoolTransfer(KV, src, keys)]):
-            self.offloads_pending += 1
-            self.sources.append(src)  # the store reads it at progress(): keep it until then
-        else:
-            self.rig.allocs[KV].free(src)
-        return keys
-
-    @rule(chain=chains)
-    def lookup(self, chain: list[str]) -> None:
-        found = self.store.lookup("l", kv_lookup(chain))
-        run = 0
-        while run < len(chain) and self.store.contains(KV, chain[run]):
-            run += 1
-        assert found == list(range(1, run + 1))
-
-    @rule(chain=chains, n=st.integers(1, 5))
-    def load(self, chain: list[str], n: int) -> None:
-        keys = chain[:n]
-        slots = self.rig.allocs[KV].alloc(len(keys) * Rig.P)
-        assert slots is not None
-        rid = f"r{self.next_rid}"
-        self.next_rid += 1
-        expected = all(self.store.contains(KV, k) for k in keys)
-        accepted = self.store.load(rid, [PoolTransfer(KV, slots, keys)])
-        assert accepted == expected
-        if accepted:
-            self.queued[rid] = _PendingLoad(rid, keys, slots)
-        else:
-            self.rig.allocs[KV].free(slots)
-
-    @rule()
-    def start(self) -> None:
-        batch = self.store.start_loading()
-        if not self.queued:
-            assert batch == -1
-            return
-        assert batch >= 0 and batch not in self.started
-        self.started[batch] = list(self.queued.values())
-        self.queued.clear()
-
-    @precondition(lambda self: bool(self.queued))
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.queued)))
-        assert self.store.cancel_queued_load(rid)
-        self.rig.allocs[KV].free(self.queued.pop(rid).slots)
-
-    @rule(chain=chains, i=st.integers(0, 4))
-    def evict(self, chain: list[str], i: int) -> None:
-        key = chain[min(i, len(chain) - 1)]
-        had = self.store.contains(KV, key)
-        assert self.store.evict([key]) == int(had)
-        assert not self.store.contains(KV, key)
-
-    @rule()
-    def progress(self) -> None:
-        self.store.progress()
-        self._drain(reset=False)
-
-    @rule()
-    def reset(self) -> None:
-        self.store.reset()
-        self._drain(reset=True)
-
-    def _drain(self, *, reset: bool) -> None:
-        results = drain(self.store)
-        for result in results[0]:
-            if result.batch in self.started:
-                loads = self.started.pop(result.batch)
-            else:  # reset failed the loads that were only queued, as a new batch
-                assert reset and result.batch not in self.started
-                loads = list(self.queued.values())
-                self.queued.clear()
-            assert result.rids == tuple(p.rid for p in loads)
-            for p in loads:
-                if result.success:
-                    for i, k in enumerate(p.keys):
-                        got = self.rig.page(KV, p.slots, i)
-                        assert torch.equal(got, self.truth[k]), f"load {p.rid} page {i}"
-                self.rig.allocs[KV].free(p.slots)
-        self.offloads_pending -= len(results[1])
-        assert self.offloads_pending == 0, "an offload completion was lost or duplicated"
-        for src in self.sources:
-            self.rig.allocs[KV].free(src)
-        self.sources.clear()
-        assert not self.started, "a started batch did not complete"
-        if reset:
-            assert not self.queued
-
-    @invariant()
-    def books_hold(self) -> None:
-        self.store.check_invariants()
-        assert self.store.last_error is None
-        for key in self.truth:
-            stored = self.store.stored_bytes(KV, key)
-            if stored is not None:
-                assert torch.equal(stored, self.truth[key].view(torch.uint8).reshape(-1))
-
-
-TestMemoryStoreMachine = MemoryStoreMachine.TestCase
-TestMemoryStoreMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+# The public kit's `unicache_fsm.testing.store_machine.MemoryStoreMachine` is that machine;
+# tests/test_testing_store.py runs it.
 
 
 def test_lookup_result_reports_every_figure_of_the_rules() -> None:

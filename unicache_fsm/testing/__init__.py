@@ -11,6 +11,61 @@
   subclass it with `make_store()`.
 - `ranks` — the rank-agreement property (sparse restorable sets, MIN verdicts).
 
-Submodules are imported on use (``from unicache_fsm.testing.machines import
-SystemMachine``) so that importing the kit's profiles stays cheap.
+Every name in `__all__` is importable from here; each is loaded from its submodule
+on first use, so importing the kit's profiles stays cheap.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "POISON",
+    "Chain",
+    "InvariantViolation",
+    "LoadTicket",
+    "MemoryStoreMachine",
+    "StoreMachine",
+    "System",
+    "SystemMachine",
+    "check_rank_agreement",
+    "fault_policies",
+    "keys_with_shared_prefixes",
+    "load_profile",
+    "page_key_chains",
+    "page_sizes",
+    "pool_sizes",
+    "token_keys",
+]
+
+_HOME = {
+    "POISON": "store_machine",
+    "Chain": "store_machine",
+    "LoadTicket": "store_machine",
+    "MemoryStoreMachine": "store_machine",
+    "StoreMachine": "store_machine",
+    "InvariantViolation": "invariants",
+    "System": "system",
+    "SystemMachine": "machines",
+    "check_rank_agreement": "ranks",
+    "fault_policies": "strategies",
+    "keys_with_shared_prefixes": "strategies",
+    "page_key_chains": "strategies",
+    "page_sizes": "strategies",
+    "pool_sizes": "strategies",
+    "token_keys": "strategies",
+    "load_profile": "profiles",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Names are imported from their submodule on first use (torch stays unloaded
+    until a machine or the system is needed)."""
+    home = _HOME.get(name)
+    if home is None:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
