@@ -309,7 +309,7 @@ class ExternalLinker:
         )
         endpoint = result.last_device_node
         assert endpoint is not None and result.adopted_ranges is not None
-        canonical = self._path_slots(endpoint, load.anchor)
+        canonical = tree.path_slots(endpoint, load.anchor)
         assert canonical.numel() == len(load.tail_hashes) * p, "canonical tail length"
         ctx.adopted_ranges = result.adopted_ranges
         ctx.canonical_full = canonical
@@ -328,17 +328,6 @@ class ExternalLinker:
         tree.inc_lock_ref(endpoint)  # the caller's, from now on: the loaded path stays put
         tree.dec_lock_ref(load.anchor)
         load.transfers = []
-
-    def _path_slots(self, endpoint: TreeNode, anchor: TreeNode) -> torch.Tensor:
-        """FULL slots of the nodes from below `anchor` down to `endpoint`, root first."""
-        parts: list[torch.Tensor] = []
-        node: TreeNode | None = endpoint
-        while node is not anchor:
-            assert node is not None and node.full is not None
-            parts.append(node.full)
-            node = node.parent
-        parts.reverse()
-        return torch.cat(parts) if parts else self.tree._empty
 
     # -- ABORT -------------------------------------------------------------------------
     def _abort(self, load: ExternalLoad, reason: AbortReason) -> None:

@@ -364,7 +364,7 @@ class Simulation:
             if endpoint.external_cache_stored:
                 self.linker.verify_stored(endpoint)
             if not finished:  # cache_unfinished: continue from the tree's canonical slots
-                req.prefix_slots = self.linker._path_slots(endpoint, self.tree.root)
+                req.prefix_slots = self.tree.path_slots(endpoint)
                 req.prefix_len = aligned
                 self._relock(req, endpoint)
         leftover = slots[aligned - start :]

@@ -178,8 +178,7 @@ def committed_load_sound(tree: RadixTree, load: ExternalLoad) -> None:
     if load.state != LoadState.COMMITTED:
         return
     assert load.endpoint is not None and load.slots is not None
-    canonical = [n.full for n in load.endpoint.path_from_root() if n.full is not None]
-    tree_slots = torch.cat(canonical) if canonical else tree._empty
+    tree_slots = tree.path_slots(load.endpoint)
     if not torch.equal(tree_slots[: load.prefix_len], load.slots):
         raise InvariantViolation("COMMIT soundness", f"{load.rid}: slots are not the tree's")
     kept = set(tree_slots.tolist())

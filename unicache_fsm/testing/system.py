@@ -59,7 +59,6 @@ __all__ = [
     "Request",
     "System",
     "kv_bytes",
-    "path_slots",
     "run_ranks",
 ]
 
@@ -89,18 +88,6 @@ def _kv_bytes(tokens: tuple[int, ...], start: int, swa: bool) -> torch.Tensor:
     if swa:
         values = -(values + 1)
     return values.to(torch.float16)
-
-
-def path_slots(node: TreeNode, stop: TreeNode | None = None) -> torch.Tensor:
-    """FULL slots of the nodes below `stop` (default: the root) down to `node`, root first."""
-    parts: list[torch.Tensor] = []
-    n: TreeNode | None = node
-    while n is not None and n is not stop and n.parent is not None:
-        assert n.full is not None, f"node {n.id} on the path has no FULL slots"
-        parts.append(n.full)
-        n = n.parent
-    parts.reverse()
-    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
 
 @attrs.define(eq=False)
@@ -306,7 +293,7 @@ class System:
         )
         assert result.last_device_node is not None
         req.last_node = result.last_device_node
-        req.slots = path_slots(result.last_device_node)
+        req.slots = self.tree.path_slots(result.last_device_node)
         assert req.slots.numel() == n
         self.unlock(req.lock)
         req.lock = None

@@ -495,6 +495,18 @@ class RadixTree:
         node.parent = top
         return top
 
+    def path_slots(self, node: TreeNode, stop: TreeNode | None = None) -> torch.Tensor:
+        """FULL slots of the nodes below `stop` (default: the root) down to `node`, root
+        first: the tree's canonical slots for that span of the key."""
+        parts: list[torch.Tensor] = []
+        n: TreeNode | None = node
+        while n is not None and n is not stop and n.parent is not None:
+            assert n.full is not None, f"node {n.id} on the path has no FULL slots"
+            parts.append(n.full)
+            n = n.parent
+        parts.reverse()
+        return torch.cat(parts) if parts else self._empty
+
     # -- locks -------------------------------------------------------------------------
     def _check_in_tree(self, node: TreeNode, what: str) -> None:
         if node is not self.root and not (node.device_resident or node.evicted):
