@@ -1,0 +1,71 @@
+"""Hypothesis strategies for programs (`model.Program`) of one configuration.
+
+Keys are 1..5 pages over a 4-page alphabet (ids 0 and 1 drawn most), so programs keep
+hitting shared prefixes, splits, duplicates and divergence inside a page. Operation
+mix per draw: insert 4, match 2, evict 2, lock 1, unlock 1, and with offload cycles
+complete 2 and set-accept 1. Programs hold 1..30 operations; Hypothesis shrinks
+failing ones to the shortest it can find.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from conformance.model import (
+    Complete,
+    Config,
+    Evict,
+    Insert,
+    Lock,
+    Match,
+    Op,
+    Program,
+    SetAccept,
+    Unlock,
+)
+
+__all__ = ["ops", "programs"]
+
+MAX_KEY_PAGES = 5
+MAX_OPS = 30
+
+
+def _pages() -> st.SearchStrategy[tuple[int, ...]]:
+    page = st.sampled_from([0, 0, 0, 1, 1, 2, 3])
+    return st.lists(page, min_size=1, max_size=MAX_KEY_PAGES).map(tuple)
+
+
+def ops(config: Config) -> st.SearchStrategy[Op]:
+    P = config.page_size
+    swa = config.swa_window is not None
+    pages_idx = st.integers(0, MAX_KEY_PAGES)
+    insert = st.builds(
+        Insert,
+        pages=_pages(),
+        match_first=st.booleans(),
+        prev_pages=pages_idx,
+        swa_evicted_pages=pages_idx if swa else st.just(0),
+    )
+    match = st.builds(Match, pages=_pages(), extra=st.integers(0, P - 1))
+    amount = st.one_of(st.just(0), st.integers(1, 3 * P), st.integers(1, config.full_tokens))
+    evict = st.builds(
+        Evict,
+        full=amount,
+        swa=st.one_of(st.just(0), st.integers(1, 3 * P), st.integers(1, config.swa_tokens))
+        if swa
+        else st.just(0),
+    )
+    lock = st.builds(Lock, pages=_pages())
+    unlock = st.builds(Unlock, which=st.integers(0, 3))
+    kinds: list[st.SearchStrategy[Op]] = [insert] * 4 + [match] * 2 + [evict] * 2 + [lock, unlock]
+    if config.offload:
+        complete = st.builds(
+            Complete, verdicts=st.lists(st.booleans(), min_size=1, max_size=4).map(tuple)
+        )
+        set_accept = st.builds(SetAccept, accept=st.booleans())
+        kinds += [complete, complete, set_accept]
+    return st.sampled_from(kinds).flatmap(lambda s: s)
+
+
+def programs(config: Config) -> st.SearchStrategy[Program]:
+    return st.lists(ops(config), min_size=1, max_size=MAX_OPS).map(tuple)
