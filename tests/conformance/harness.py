@@ -42,6 +42,7 @@ from conformance.model import (
     Program,
     SetAccept,
     Unlock,
+    describe_tokens,
     key_tokens,
     program_source,
 )
@@ -234,10 +235,20 @@ class Harness:
             tree_s, tree_p = ms.indices[:prev], mp.indices[:prev]
         swa_evicted = min(op.swa_evicted_pages * P, n) if swa else 0
         need = n - prev
-        short = self.s.available(Pool.FULL) < need or (swa and self.s.available(Pool.SWA) < need)
-        if short:  # pool counts are equal here (compared after the previous op)
-            self.trace.append(f"#{self.index} {op!r} -> skipped: pools short")
-            return
+        short_full = need - self.s.available(Pool.FULL)  # equal on both sides here
+        short_swa = need - self.s.available(Pool.SWA) if swa else 0
+        if short_full > 0 or short_swa > 0:  # make room first, as a scheduler does
+            amounts = (max(short_full, 0), max(short_swa, 0))
+            got_s = self.s.evict(*amounts)
+            got_p = self._project(self.p.evict, *amounts)
+            self.trace.append(f"#{self.index} (making room) Evict{amounts} -> freed {got_s}")
+            self._expect("insert.make_room.freed", got_s, got_p)
+            self._expect("insert.make_room.pool.full.free", self.s.available(Pool.FULL), self.p.available(Pool.FULL))
+            if swa:
+                self._expect("insert.make_room.pool.swa.free", self.s.available(Pool.SWA), self.p.available(Pool.SWA))
+            if self.s.available(Pool.FULL) < need or (swa and self.s.available(Pool.SWA) < need):
+                self.trace.append(f"#{self.index} {op!r} -> skipped: pools short")
+                return
         got_s, got_p = self.s.alloc(need), self.p.alloc(need)
         if got_s is None or got_p is None:
             self._oracle(f"allocating {need} slots failed with the pools not short")
@@ -306,6 +317,7 @@ class Harness:
         if mapped == mine:
             return
         path: list[int] = []
+        P = self.P
         for k in range(max(len(mapped), len(mine))):
             a = mapped[k] if k < len(mapped) else None
             b = mine[k] if k < len(mine) else None
@@ -315,13 +327,24 @@ class Harness:
                 path = path[: b[0]] + [b[1]]
             if a == b:
                 continue
-            where = f"token path {path}"
+            where = f"token {len(path) - 1} of {describe_tokens(path, P)}"
             if a is None or b is None or a[:2] != b[:2]:
-                self._fail("tree.tokens", (where, a and a[:2]), b and b[:2])
+                self._fail("tree.keys", _leaf_keys(rows_s, P), _leaf_keys(rows_p, P))
             assert a is not None and b is not None
             for i, field in enumerate(("full_slot", "swa_slot", "lock", "stored", "pending"), 2):
                 if a[i] != b[i]:
                     self._fail(f"tree.{field}", (where, a[i]), b[i])
+
+
+def _leaf_keys(rows: list[TokenRow], page_size: int) -> list[str]:
+    """The tree's root-to-leaf keys (what a structure mismatch prints)."""
+    keys: list[str] = []
+    path: list[int] = []
+    for k, row in enumerate(rows):
+        path = path[: row.depth] + [row.token]
+        if k + 1 == len(rows) or rows[k + 1].depth <= row.depth:
+            keys.append(describe_tokens(path, page_size))
+    return keys
 
 
 def run_program(config: Config, program: Program, sglang: Side, project: Side) -> Harness:

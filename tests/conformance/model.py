@@ -28,6 +28,7 @@ __all__ = [
     "SetAccept",
     "Unlock",
     "config_named",
+    "describe_tokens",
     "key_tokens",
     "program_source",
 ]
@@ -44,19 +45,34 @@ class Pool(str, enum.Enum):
     SWA = "swa"
 
 
+# page size -> (FULL pool pages, SWA pool pages, longest key in pages): keys reach
+# 24-64 tokens (several SWA windows), pools hold a few keys (eviction pressure).
+SIZING = {1: (64, 48, 24), 4: (24, 16, 8), 16: (12, 8, 4)}
+
+
 @attrs.frozen
 class Config:
     """One configuration: page size, SWA window (None: Full only), offload cycles.
 
-    `full_pages` / `swa_pages` size the pools (page 0 of each is reserved, as on both
-    sides), small enough that eviction pressure is common.
+    Pools and key lengths scale with the page size (`SIZING`); page 0 of each pool is
+    reserved, as on both sides.
     """
 
     page_size: int
     swa_window: int | None
     offload: bool
-    full_pages: int = 20
-    swa_pages: int = 12
+
+    @property
+    def full_pages(self) -> int:
+        return SIZING[self.page_size][0]
+
+    @property
+    def swa_pages(self) -> int:
+        return SIZING[self.page_size][1]
+
+    @property
+    def max_key_pages(self) -> int:
+        return SIZING[self.page_size][2]
 
     @property
     def name(self) -> str:
@@ -103,6 +119,18 @@ def key_tokens(pages: tuple[int, ...], page_size: int, extra: int = 0) -> list[i
         tokens.extend(page)
     tokens.extend(7_000 + j for j in range(extra))
     return tokens
+
+
+def describe_tokens(tokens: list[int], page_size: int) -> str:
+    """Tokens written as the page ids they spell, e.g. ``pages(0,1,3)`` (a trailing
+    partial page, or a page no id spells, is written as its raw tokens)."""
+    pages: list[str] = []
+    spelled = {tuple(key_tokens((v,), page_size)): v for v in range(DIVERGENT_PAGE + 1)}
+    for i in range(0, len(tokens), page_size):
+        chunk = tuple(tokens[i : i + page_size])
+        v = spelled.get(chunk)
+        pages.append(str(v) if v is not None else str(list(chunk)))
+    return "pages(" + ",".join(pages) + ")"
 
 
 # -- operations --------------------------------------------------------------------------

@@ -68,6 +68,7 @@ def load_sglang() -> types.SimpleNamespace:
         from sglang.srt.mem_cache.base_prefix_cache import (
             EvictParams,
             InsertParams,
+            InsertResult,
             MatchPrefixParams,
         )
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -75,7 +76,10 @@ def load_sglang() -> types.SimpleNamespace:
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
         from sglang.srt.mem_cache.radix_cache import RadixKey
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        from sglang.srt.mem_cache.unified_cache.components.base import (
+            ComponentType,
+            ExternalLinkerLoadPhase,
+        )
         from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
             LayerWiseLoadCounter,
             UnifiedCacheLinker,

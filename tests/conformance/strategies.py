@@ -1,7 +1,9 @@
 """Hypothesis strategies for programs (`model.Program`) of one configuration.
 
-Keys are 1..5 pages over a 4-page alphabet (ids 0 and 1 drawn most), so programs keep
-hitting shared prefixes, splits, duplicates and divergence inside a page. Operation
+A key is a prefix of one of three fixed page sequences (`BASES`) followed by up to two
+pages of the 4-page alphabet (page 3 diverges inside a page), at most
+`Config.max_key_pages` pages: programs keep hitting shared prefixes of every length,
+splits, duplicates and divergence inside a page. Operation
 mix per draw: insert 4, match 2, evict 2, lock 1, unlock 1, and with offload cycles
 complete 2 and set-accept 1. Programs hold 1..30 operations; Hypothesis shrinks
 failing ones to the shortest it can find.
@@ -26,27 +28,40 @@ from conformance.model import (
 
 __all__ = ["ops", "programs"]
 
-MAX_KEY_PAGES = 5
 MAX_OPS = 30
+# Three long page sequences over pages 0..2 that share their first pages pairwise.
+BASES: tuple[tuple[int, ...], ...] = (
+    (0, 1, 0, 2, 1, 1, 0, 0, 2, 0, 1, 2, 2, 0, 1, 0, 0, 1, 2, 1, 0, 2, 0, 1),
+    (0, 1, 0, 1, 2, 0, 2, 1, 0, 0, 1, 1, 0, 2, 2, 1, 0, 1, 0, 0, 2, 1, 1, 0),
+    (1, 0, 2, 2, 0, 1, 1, 0, 1, 2, 0, 0, 1, 0, 2, 1, 2, 0, 1, 1, 0, 0, 2, 2),
+)
 
 
-def _pages() -> st.SearchStrategy[tuple[int, ...]]:
-    page = st.sampled_from([0, 0, 0, 1, 1, 2, 3])
-    return st.lists(page, min_size=1, max_size=MAX_KEY_PAGES).map(tuple)
+def _pages(max_pages: int) -> st.SearchStrategy[tuple[int, ...]]:
+    def build(base: int, length: int, tail: list[int]) -> tuple[int, ...]:
+        return (BASES[base][:length] + tuple(tail))[:max_pages] or (0,)
+
+    return st.builds(
+        build,
+        st.integers(0, len(BASES) - 1),
+        st.integers(0, max_pages),
+        st.lists(st.sampled_from([0, 1, 2, 3]), max_size=2),
+    )
 
 
 def ops(config: Config) -> st.SearchStrategy[Op]:
     P = config.page_size
     swa = config.swa_window is not None
-    pages_idx = st.integers(0, MAX_KEY_PAGES)
+    max_pages = config.max_key_pages
+    pages_idx = st.integers(0, max_pages)
     insert = st.builds(
         Insert,
-        pages=_pages(),
+        pages=_pages(max_pages),
         match_first=st.booleans(),
         prev_pages=pages_idx,
         swa_evicted_pages=pages_idx if swa else st.just(0),
     )
-    match = st.builds(Match, pages=_pages(), extra=st.integers(0, P - 1))
+    match = st.builds(Match, pages=_pages(max_pages), extra=st.integers(0, P - 1))
     amount = st.one_of(st.just(0), st.integers(1, 3 * P), st.integers(1, config.full_tokens))
     evict = st.builds(
         Evict,
@@ -55,7 +70,7 @@ def ops(config: Config) -> st.SearchStrategy[Op]:
         if swa
         else st.just(0),
     )
-    lock = st.builds(Lock, pages=_pages())
+    lock = st.builds(Lock, pages=_pages(max_pages))
     unlock = st.builds(Unlock, which=st.integers(0, 3))
     kinds: list[st.SearchStrategy[Op]] = [insert] * 4 + [match] * 2 + [evict] * 2 + [lock, unlock]
     if config.offload:
