@@ -83,9 +83,7 @@ _ALL = (
             "0.5.23's adopted ranges are sorted and merged before the comparison (a no-op "
             "whenever its walk records them in order, which is every case seen so far)."
         ),
-        pinned_by=(
-            "tests/conformance/test_deviations.py::test_adopted_ranges_order_is_normalised"
-        ),
+        pinned_by=("tests/conformance/test_deviations.py::test_adopted_ranges_order_is_normalised"),
     ),
     Deviation(
         name="UNALIGNED_INSERT",

@@ -204,9 +204,7 @@ class Harness:
         ms = self.s.match(tokens)
         mp = self._project(self.p.match, tokens)
         self._expect(f"{what}.prefix_len", ms.prefix_len, mp.prefix_len)
-        self._expect(
-            f"{what}.slots", tuple(self._map_full(s) for s in ms.indices), mp.indices
-        )
+        self._expect(f"{what}.slots", tuple(self._map_full(s) for s in ms.indices), mp.indices)
         return ms, mp
 
     def _match(self, op: Match) -> None:
@@ -243,9 +241,17 @@ class Harness:
             got_p = self._project(self.p.evict, *amounts)
             self.trace.append(f"#{self.index} (making room) Evict{amounts} -> freed {got_s}")
             self._expect("insert.make_room.freed", got_s, got_p)
-            self._expect("insert.make_room.pool.full.free", self.s.available(Pool.FULL), self.p.available(Pool.FULL))
+            self._expect(
+                "insert.make_room.pool.full.free",
+                self.s.available(Pool.FULL),
+                self.p.available(Pool.FULL),
+            )
             if swa:
-                self._expect("insert.make_room.pool.swa.free", self.s.available(Pool.SWA), self.p.available(Pool.SWA))
+                self._expect(
+                    "insert.make_room.pool.swa.free",
+                    self.s.available(Pool.SWA),
+                    self.p.available(Pool.SWA),
+                )
             if self.s.available(Pool.FULL) < need or (swa and self.s.available(Pool.SWA) < need):
                 self.trace.append(f"#{self.index} {op!r} -> skipped: pools short")
                 return
@@ -310,7 +316,15 @@ class Harness:
 
     def _compare_rows(self, rows_s: list[TokenRow], rows_p: list[TokenRow]) -> None:
         mapped = [
-            (r.depth, r.token, self._map_full(r.full), self._map_swa(r.swa), r.lock, r.stored, r.pending)
+            (
+                r.depth,
+                r.token,
+                self._map_full(r.full),
+                self._map_swa(r.swa),
+                r.lock,
+                r.stored,
+                r.pending,
+            )
             for r in rows_s
         ]
         mine = [(r.depth, r.token, r.full, r.swa, r.lock, r.stored, r.pending) for r in rows_p]
@@ -322,9 +336,9 @@ class Harness:
             a = mapped[k] if k < len(mapped) else None
             b = mine[k] if k < len(mine) else None
             if a is not None:
-                path = path[: a[0]] + [a[1]]
+                path = [*path[: a[0]], a[1]]
             elif b is not None:
-                path = path[: b[0]] + [b[1]]
+                path = [*path[: b[0]], b[1]]
             if a == b:
                 continue
             where = f"token {len(path) - 1} of {describe_tokens(path, P)}"
@@ -341,7 +355,7 @@ def _leaf_keys(rows: list[TokenRow], page_size: int) -> list[str]:
     keys: list[str] = []
     path: list[int] = []
     for k, row in enumerate(rows):
-        path = path[: row.depth] + [row.token]
+        path = [*path[: row.depth], row.token]
         if k + 1 == len(rows) or rows[k + 1].depth <= row.depth:
             keys.append(describe_tokens(path, page_size))
     return keys

@@ -215,7 +215,9 @@ class ProjectSide:
                         bool(node.offloading),
                     )
                 )
-            stack.extend((child, depth + len(node.key)) for child in reversed(self._children(node, p)))
+            stack.extend(
+                (child, depth + len(node.key)) for child in reversed(self._children(node, p))
+            )
         return out
 
     @staticmethod

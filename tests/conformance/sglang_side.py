@@ -62,39 +62,65 @@ def load_sglang() -> types.SimpleNamespace:
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # SGLang logs at INFO on import and on every build
     try:
-        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-        from sglang.srt.mem_cache.base_prefix_cache import (
-            EvictParams,
-            InsertParams,
-            InsertResult,
-            MatchPrefixParams,
-        )
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.hicache_storage import PoolName
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-        from sglang.srt.mem_cache.unified_cache.components.base import (
-            ComponentType,
-            ExternalLinkerLoadPhase,
-        )
-        from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
-            LayerWiseLoadCounter,
-            UnifiedCacheLinker,
-        )
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-        from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+        _SG = _import_pieces(version)
     except Exception as exc:  # any import failure means: no oracle here
         msg = f"importing SGLang {SGLANG_VERSION}'s unified radix cache failed: {exc!r}"
         raise SglangUnavailable(msg) from exc
     finally:
         logging.disable(previous)
-    names = {k: v for k, v in locals().items() if isinstance(v, type) or callable(v)}
-    _SG = types.SimpleNamespace(**names, version=version)
     _SG.ScriptedLinker = _scripted_linker_class(_SG)
     return _SG
+
+
+def _import_pieces(version: str) -> types.SimpleNamespace:
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        EvictParams,
+        InsertParams,
+        InsertResult,
+        MatchPrefixParams,
+    )
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.mem_cache.unified_cache.components.base import (
+        ComponentType,
+        ExternalLinkerLoadPhase,
+    )
+    from sglang.srt.mem_cache.unified_cache.unified_cache_linker import (
+        LayerWiseLoadCounter,
+        UnifiedCacheLinker,
+    )
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    return types.SimpleNamespace(
+        version=version,
+        TokenToKVPoolAllocator=TokenToKVPoolAllocator,
+        PagedTokenToKVPoolAllocator=PagedTokenToKVPoolAllocator,
+        SWATokenToKVPoolAllocator=SWATokenToKVPoolAllocator,
+        EvictParams=EvictParams,
+        InsertParams=InsertParams,
+        InsertResult=InsertResult,
+        MatchPrefixParams=MatchPrefixParams,
+        CacheInitParams=CacheInitParams,
+        PoolName=PoolName,
+        MHATokenToKVPool=MHATokenToKVPool,
+        ReqToTokenPool=ReqToTokenPool,
+        RadixKey=RadixKey,
+        SWAKVPool=SWAKVPool,
+        ComponentType=ComponentType,
+        ExternalLinkerLoadPhase=ExternalLinkerLoadPhase,
+        LayerWiseLoadCounter=LayerWiseLoadCounter,
+        UnifiedCacheLinker=UnifiedCacheLinker,
+        UnifiedRadixCache=UnifiedRadixCache,
+        ServerArgs=ServerArgs,
+        set_global_server_args_for_scheduler=set_global_server_args_for_scheduler,
+    )
 
 
 def _scripted_linker_class(sg: types.SimpleNamespace) -> type:
@@ -243,7 +269,7 @@ class SglangSide:
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         b = self.b
-        if _CURRENT != [b]:  # ~17 ms, so only when the configuration changes
+        if [b] != _CURRENT:  # ~17 ms, so only when the configuration changes
             self.sg.set_global_server_args_for_scheduler(b.server_args)
             _CURRENT[:] = [b]
         b.cache.reset()  # resets the linker (its pending offloads fail) and the tree

@@ -5,7 +5,7 @@ pages of the 4-page alphabet (page 3 diverges inside a page), at most
 `Config.max_key_pages` pages: programs keep hitting shared prefixes of every length,
 splits, duplicates and divergence inside a page. Operation
 mix per draw: insert 4, match 2, evict 2, lock 1, unlock 1, and with offload cycles
-complete 2 and set-accept 1. Programs hold 1..30 operations; Hypothesis shrinks
+complete 2 and set-accept 1. Programs hold 1..30 operations (length uniform); Hypothesis shrinks
 failing ones to the shortest it can find.
 """
 
@@ -83,4 +83,9 @@ def ops(config: Config) -> st.SearchStrategy[Op]:
 
 
 def programs(config: Config) -> st.SearchStrategy[Program]:
-    return st.lists(ops(config), min_size=1, max_size=MAX_OPS).map(tuple)
+    """1..MAX_OPS operations, the length drawn uniformly first (plain `st.lists` mostly
+    draws a handful of elements; long programs reach the states that matter)."""
+    one = ops(config)
+    return st.integers(1, MAX_OPS).flatmap(
+        lambda n: st.lists(one, min_size=n, max_size=n).map(tuple)
+    )

@@ -47,7 +47,11 @@ class _KeepsTheDuplicate(ProjectSide):
 
 @pytest.mark.parametrize(
     ("side", "observable"),
-    [(_EvictsOneMore, "evict.freed"), (_ForgetsStored, "tree.stored"), (_KeepsTheDuplicate, "tree.full_slot")],
+    [
+        (_EvictsOneMore, "evict.freed"),
+        (_ForgetsStored, "tree.stored"),
+        (_KeepsTheDuplicate, "tree.full_slot"),
+    ],
 )
 def test_a_planted_difference_is_caught(side: type[ProjectSide], observable: str) -> None:
     config = config_named("full-p4")
@@ -92,5 +96,10 @@ def test_a_reused_oracle_cache_starts_every_program_clean() -> None:
             traces.append(h.trace)
         except Divergence as exc:  # today's tree may differ; the oracle's part must not
             traces.append(str(exc).split("trace (0.5.23 results):")[1].split("program:")[0])
-        run_program(config_named("full-p1"), BEHAVIOURS[0].program[:2], _sglang("full-p1"), ProjectSide(config_named("full-p1")))
+        run_program(
+            config_named("full-p1"),
+            BEHAVIOURS[0].program[:2],
+            _sglang("full-p1"),
+            ProjectSide(config_named("full-p1")),
+        )
     assert traces[0] == traces[1]
