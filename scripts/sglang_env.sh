@@ -6,10 +6,10 @@
 #
 # --quick: trust a matching stamp without the import check (~20 s); the suite itself
 # still fails loudly when SGLang cannot be imported.
-# Idempotent: a venv whose stamp matches this script, its pins, its shims, pyproject.toml
-# and constraints.txt (when present) and that still imports both sides is reused as is
-# (the project's editable install is re-pointed at this checkout when it points
-# elsewhere). Anything else is rebuilt from scratch.
+# Idempotent: a venv whose stamp matches this script, its pins and its shims, and that
+# still imports both sides, is reused; when pyproject.toml, constraints.txt or the
+# checkout changed, only the project's (editable) install is redone. Anything else is
+# rebuilt from scratch.
 #
 # Route (see scripts/sglang-oracle-requirements.txt for every pin):
 # - SGLang 0.5.23 is NOT pip-installed: its wheel pins CUDA builds (torch 2.14.1,
@@ -44,12 +44,23 @@ if [ "${1:-}" = "--quick" ]; then QUICK=1; fi
 started=$(date +%s)
 log() { echo "[sglang_env] $*"; }
 
-stamp_of() {
-    local files=("$REPO/scripts/sglang_env.sh" "$REQS" "$SHIMS" "$REPO/pyproject.toml")
-    if [ -f "$REPO/constraints.txt" ]; then files+=("$REPO/constraints.txt"); fi
-    cat "${files[@]}" | sha256sum | cut -d' ' -f1
+# The oracle's own stamp (a change rebuilds from scratch) and the project's (a change
+# re-runs the project install only).
+base_stamp() {
+    cat "$REPO/scripts/sglang_env.sh" "$REQS" "$SHIMS" | sha256sum | cut -d' ' -f1
 }
-STAMP="$(stamp_of)"
+project_stamp() {
+    local files=("$REPO/pyproject.toml")
+    if [ -f "$REPO/constraints.txt" ]; then files+=("$REPO/constraints.txt"); fi
+    { echo "$REPO"; cat "${files[@]}"; } | sha256sum | cut -d' ' -f1
+}
+STAMP="$(base_stamp)"
+
+install_project() {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+        -e "$REPO[dev]" -r "$REQS" "${CONSTRAINTS[@]}"
+    project_stamp > "$VENV/.unicache-project-stamp"
+}
 
 check_imports() {
     # Both sides in one process, from this checkout.
@@ -72,12 +83,12 @@ EOF
 }
 
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.unicache-oracle-stamp" 2>/dev/null)" = "$STAMP" ]; then
-    if ! "$VENV/bin/python" -c "import unicache_fsm, os, sys; sys.exit(not os.path.realpath(unicache_fsm.__file__).startswith(os.path.realpath(sys.argv[1])))" "$REPO" 2>/dev/null; then
-        log "re-pointing the project's editable install at $REPO"
-        "$VENV/bin/python" -m pip install -q --no-deps -e "$REPO"
+    if [ "$(cat "$VENV/.unicache-project-stamp" 2>/dev/null)" != "$(project_stamp)" ]; then
+        log "re-installing the project from $REPO (pyproject.toml / constraints.txt / checkout changed)"
+        install_project
     fi
     if [ "$QUICK" = 1 ] || check_imports; then
-        log "reusing $VENV (stamp matches; sglang $SGLANG_VERSION and unicache_fsm import)"
+        log "reusing $VENV (sglang $SGLANG_VERSION and the project from $REPO)"
         exit 0
     fi
     log "stamp matches but the imports fail: rebuilding"
@@ -107,7 +118,7 @@ PIP=("$VPY" -m pip install -q --disable-pip-version-check)
 
 # The CPU build of torch lies on local disk; name it first so nothing pulls a CUDA build.
 "${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e "$REPO[dev]" -r "$REQS" "${CONSTRAINTS[@]}"
+install_project
 
 # -- SGLang itself: the wheel, unpacked, never installed -----------------------------
 WHEELS="$(mktemp -d)"

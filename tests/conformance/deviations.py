@@ -17,6 +17,7 @@ __all__ = ["DEVIATIONS", "Deviation", "deviation"]
 @attrs.frozen
 class Deviation:
     name: str
+    doc_id: str  # its section in docs/deviations.md
     summary: str
     reason: str
     exclusion: str
@@ -26,6 +27,7 @@ class Deviation:
 _ALL = (
     Deviation(
         name="COMMIT_PHASE",
+        doc_id="D1",
         summary=(
             "The project's linker finishes a load with a COMMIT phase that keeps only the "
             "pages the tree adopted (and an ABORT that frees the reservation); 0.5.23 has "
@@ -45,6 +47,7 @@ _ALL = (
     ),
     Deviation(
         name="SWA_TOMBSTONE_READOPT",
+        doc_id="D5",
         summary=(
             "When prev_prefix_len falls strictly inside an SWA tombstone node, 0.5.23 "
             "re-adopts the tree's own FULL slots below prev_prefix_len and frees them: its "
@@ -70,6 +73,7 @@ _ALL = (
     ),
     Deviation(
         name="ADOPTED_RANGES_ORDER",
+        doc_id="D3",
         summary=(
             "The project keeps InsertResult.adopted_ranges sorted and disjoint whatever "
             "order ranges are recorded in; 0.5.23 merges a range only with the last one "
@@ -87,6 +91,7 @@ _ALL = (
     ),
     Deviation(
         name="UNALIGNED_INSERT",
+        doc_id="D6",
         summary=(
             "The project refuses an insert key that is not whole pages "
             "(UnalignedKeyError, nothing changed); 0.5.23 inserts the whole pages and "
@@ -101,6 +106,36 @@ _ALL = (
             "cut those to whole pages)."
         ),
         pinned_by="tests/conformance/test_deviations.py::test_unaligned_insert_is_refused",
+    ),
+)
+
+_ALL += (
+    Deviation(
+        name="LOAD_FAILURE_RECOMPUTES",
+        doc_id="D2",
+        summary=(
+            "A failed load is aborted (its reservation freed) and the request recomputes; "
+            "0.5.23 aborts the requests of a batch whose loading failed."
+        ),
+        reason="A store is a cache: losing it must cost time, not requests.",
+        exclusion="No loads are driven (as for COMMIT_PHASE).",
+        pinned_by=(
+            "tests/test_linker_faults.py::test_load_fault_ends_committed_or_recomputed"
+        ),
+    ),
+    Deviation(
+        name="LOOKUP_DEMOTES",
+        doc_id="D4",
+        summary=(
+            "verify_stored demotes a stored node whose FULL pages the store lost; in "
+            "0.5.23 external_cache_stored never goes back to false."
+        ),
+        reason="Stores evict; a flag that cannot go back stops the store from refilling.",
+        exclusion=(
+            "The scripted store misses every lookup and the programs never call "
+            "verify_stored: stored flags only change by offload verdicts."
+        ),
+        pinned_by="tests/test_linker_offload.py::test_verify_stored_demotes_and_offloads_again",
     ),
 )
 
