@@ -20,10 +20,11 @@ import sys
 import time
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis.control import current_build_context
 
 from conformance import model
 from conformance.behaviours import BEHAVIOURS
-from conformance.harness import Divergence, OracleError, run_program
+from conformance.harness import Divergence, OracleError, run_program, with_minimised
 from conformance.model import CONFIGS, Config, Program, config_named
 from conformance.project_side import ProjectSide
 from conformance.sglang_side import SglangSide
@@ -92,7 +93,12 @@ def run_one(config: Config, n: int, at: int | None) -> int:
     @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck))
     @given(programs(config))
     def compare(program: Program) -> None:
-        run_program(config, program, sglang, project)
+        try:
+            run_program(config, program, sglang, project)
+        except Divergence as exc:
+            if not current_build_context().is_final:
+                raise
+            raise with_minimised(exc, config, program, sglang, project) from None
 
     if at is not None:
         compare = seed(at)(compare)

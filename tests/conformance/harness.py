@@ -366,3 +366,42 @@ def run_program(config: Config, program: Program, sglang: Side, project: Side) -
     harness = Harness(config, sglang, project)
     harness.run(program)
     return harness
+
+
+def minimise(
+    config: Config, program: Program, sglang: Side, project: Side, observable: str
+) -> Program:
+    """Delete operations one at a time while the program still diverges on
+    `observable` (Hypothesis's shrinker sometimes leaves redundant operations behind)."""
+    current = program
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(current)):
+            candidate = current[:i] + current[i + 1 :]
+            if not candidate:
+                continue
+            try:
+                run_program(config, candidate, sglang, project)
+            except Divergence as exc:
+                if exc.observable == observable:
+                    current, changed = candidate, True
+                    break
+            except OracleError:
+                continue
+    return current
+
+
+def with_minimised(
+    exc: Divergence, config: Config, program: Program, sglang: Side, project: Side
+) -> Divergence:
+    """`exc` with the program further minimised by `minimise` appended (same type)."""
+    smaller = minimise(config, program, sglang, project, exc.observable)
+    if len(smaller) == len(program):
+        return exc
+    try:
+        run_program(config, smaller, sglang, project)
+    except Divergence as again:
+        note = "\n\nfurther minimised by deleting operations:\n" + str(again)
+        return type(exc)(str(exc) + note)
+    return exc

@@ -5,8 +5,9 @@ pages of the 4-page alphabet (page 3 diverges inside a page), at most
 `Config.max_key_pages` pages: programs keep hitting shared prefixes of every length,
 splits, duplicates and divergence inside a page. Operation
 mix per draw: insert 4, match 2, evict 2, lock 1, unlock 1, and with offload cycles
-complete 2 and set-accept 1. Programs hold 1..40 operations (about 16 on average); Hypothesis shrinks
-failing ones to the shortest it can find.
+complete 2 and set-accept 1. Programs hold 1..40 operations (about 13 on average);
+Hypothesis shrinks failing ones, and the report deletes what operations it still can
+(`harness.minimise`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis.control import current_build_context
 
 from conformance.conftest import UNAVAILABLE, examples, selected_configs
-from conformance.harness import run_program
+from conformance.harness import Divergence, run_program, with_minimised
 from conformance.model import Config, Program
 from conformance.project_side import ProjectSide
 from conformance.strategies import programs
@@ -34,6 +35,11 @@ def test_project_tree_behaves_like_sglang_0_5_23(config: Config) -> None:
     )
     @given(program=programs(config))
     def compare(program: Program) -> None:
-        run_program(config, program, sglang, project)
+        try:
+            run_program(config, program, sglang, project)
+        except Divergence as exc:
+            if not current_build_context().is_final:
+                raise
+            raise with_minimised(exc, config, program, sglang, project) from None
 
     compare()
