@@ -1,6 +1,9 @@
 """What every store backend shares: the protocol's queues and completions, the worker
 thread, and the chain books that drive capacity eviction from chain ends.
 
+A backend's `_run_load_batch` / `_run_offload` must complete its job whatever happens
+(catch, keep the exception in `last_error`, complete it failed).
+
 `BaseStore` implements every primitive of `unicache_fsm.store.protocol` (see there for
 the contracts) except moving bytes; a backend (`MemoryStore`, `FileStore`,
 `RedisStore`) subclasses it and provides:
@@ -27,8 +30,7 @@ when it runs completes False and publishes nothing.
 
 Completion: synchronous by default (`progress()` performs every started load batch and
 queued offload, in submission order); with ``background=True`` a worker thread performs
-them as they come and `progress()` waits until it is idle. Any exception while a job
-runs completes it failed (kept in `last_error`), never escapes to the caller.
+them as they come and `progress()` waits until it is idle.
 
 Thread safety: every public call may come from any thread; one lock guards the books,
 and bytes move outside it, by one thread at a time (the worker, or the caller of
@@ -352,6 +354,11 @@ class BaseStore(Generic[E]):
             return self._delete([(name, key) for name in pools for key in dict.fromkeys(keys)])
 
     def contains(self, pool: PoolName, key: str) -> bool:
+        check_page_key(key)
+        which: object = pool
+        if not isinstance(which, PoolName):
+            msg = f"contains: pool must be a PoolName, got {pool!r}"
+            raise StoreTransferError(msg, pool=pool)
         with self._cond:
             self._check_open("contains")
             return self._present(pool, [key])[0]

@@ -1,0 +1,465 @@
+"""A crash-safe store of pages in a directory: `FileStore(directory)`.
+
+`FileStore(directory, *, namespace="default", capacity_pages=None, background=False,
+history=256, verify_on_open=False)` implements every primitive of
+`unicache_fsm.store.protocol`; queues, completions, the worker and capacity eviction
+from chain ends are `unicache_fsm.store.base.BaseStore`'s. What it adds:
+
+- Layout: ``DIR/unicache-store.json`` marks the directory as a store (a non-empty
+  directory without it is refused: `StoreConfigError`); each page is one file
+  ``DIR/<namespace>/<pool>/<page key>`` holding the `pageformat` header (key, parent,
+  pool, length, checksum) and the page's bytes. Keys are validated 64-hex page hashes
+  and the namespace ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``, so no name escapes the
+  directory. Use one namespace per model and KV layout.
+- Write-once and atomic: a page is written to a temporary name beside its final name
+  (``.<key>.<pid>.<n>.tmp``), flushed and fsynced, then renamed into place; a page that
+  already exists is skipped. After the renames of an offload, each directory it wrote
+  into is fsynced; only then is the offload completed True. So a page is visible to
+  LOOKUP only once its bytes are durable, and a page of an offload reported published
+  survives a crash of the process (and, as far as fsync promises, of the machine).
+- Recovery on open: temporary files of dead writers are deleted; a page file whose
+  header is invalid, names another key or pool, or whose length disagrees with its
+  header (a torn or partial file) is deleted, never served; ``verify_on_open=True``
+  also reads every page and deletes those whose checksum fails. The books are rebuilt
+  from the headers (parents included), least recently modified first.
+- Loads read each page into a staging buffer, check header, length and checksum of
+  every page of a transfer, and only then write the transfer into its slots: a bad page
+  fails the batch with no byte written, and the bad file is deleted (a corrupt page is
+  never offered again).
+- Several processes may share one directory (on one host): LOOKUP, `load` and
+  `contains` ask the directory, not the books, so pages another process wrote are found
+  (and learnt) and pages another process evicted are forgotten; two writers of one page
+  write identical bytes and the renames make that safe. `capacity_pages` bounds the
+  pages this store knows (found at open, written, or found since); each process evicts
+  only from its own books.
+- Inspection: `directory`, `namespace`, `path_of(pool, key)`, `recovered` (what
+  opening discarded), `num_pages`, `stored_keys`, `check_invariants()`, `last_error`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+import torch
+
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.transfer import PoolName, check_page_key
+from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
+from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
+from unicache_fsm.store.pageformat import (
+    HEADER_SIZE,
+    decode_header,
+    encode_header,
+    page_checksums,
+)
+from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+
+__all__ = ["MARKER", "FileStore", "Recovery"]
+
+MARKER = "unicache-store.json"
+_FORMAT = {"format": "unicache-fsm file store", "version": 1}
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_KEY = re.compile(r"[0-9a-f]{64}")
+_TMP = re.compile(r"\.([0-9a-f]{64})\.(\d+)\.(\d+)\.tmp")
+
+
+@attrs.define(slots=True)
+class _Known:
+    """A page in the books: its parent, its length, and whether its file is already gone."""
+
+    parent: Ident | None
+    nbytes: int
+    gone: bool = False
+
+
+@attrs.frozen
+class Recovery:
+    """What opening the directory found: pages kept, torn pages and temporaries deleted."""
+
+    pages: int
+    discarded: tuple[str, ...]
+    temporaries: int
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process just opened the store: it has no writes in flight
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+
+class FileStore(BaseStore[_Known]):
+    """Pages in a directory, crash-safe; see the module docstring."""
+
+    worker_name = "unicache-file-store"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        namespace: str = "default",
+        capacity_pages: int | None = None,
+        background: bool = False,
+        history: int = 256,
+        verify_on_open: bool = False,
+    ) -> None:
+        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+            msg = (
+                f"namespace must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}} (one directory "
+                f"level), got {namespace!r}"
+            )
+            raise StoreConfigError(msg, argument="namespace", value=namespace)
+        given: object = directory
+        if not isinstance(given, (str, os.PathLike)) or not str(os.fspath(directory)):
+            msg = f"directory must be a path, got {directory!r}"
+            raise StoreConfigError(msg, argument="directory", value=directory)
+        self.directory = Path(directory)
+        self.namespace = namespace
+        self._root = self.directory / namespace
+        self._tmp_counter = 0
+        self._tmp_lock = threading.Lock()
+        self._open_directory()
+        self.recovered = self._recover(verify=verify_on_open)
+        self._start_worker()
+
+    def __repr__(self) -> str:
+        return (
+            f"FileStore({str(self.directory)!r}, namespace={self.namespace!r}, "
+            f"capacity_pages={self.capacity_pages!r}, background={self.background!r})"
+        )
+
+    def path_of(self, pool: PoolName, key: str) -> Path:
+        """The file of page (`pool`, `key`) (whether or not it exists)."""
+        return self._root / pool.value / check_page_key(key)
+
+    # -- opening and recovery ------------------------------------------------------------
+
+    def _open_directory(self) -> None:
+        marker = self.directory / MARKER
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if marker.exists():
+                try:
+                    found = json.loads(marker.read_text())
+                except (ValueError, UnicodeDecodeError):
+                    found = None
+                if found != _FORMAT:
+                    msg = (
+                        f"{marker} does not describe a store of this format ({_FORMAT}); "
+                        "point the store at another directory"
+                    )
+                    raise StoreConfigError(msg, argument="directory", value=str(self.directory))
+            else:
+                if any(self.directory.iterdir()):
+                    msg = (
+                        f"{self.directory} is not empty and holds no {MARKER}: it is not a "
+                        "store directory; pass an empty or new directory"
+                    )
+                    raise StoreConfigError(msg, argument="directory", value=str(self.directory))
+                tmp = self.directory / f".{MARKER}.{os.getpid()}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    _write_all(fd, [json.dumps(_FORMAT).encode()])
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, marker)
+                _fsync_dir(self.directory)
+            for pool in PoolName:
+                (self._root / pool.value).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot open the store directory {self.directory}: {exc}"
+            raise StoreConfigError(msg, argument="directory", value=str(self.directory)) from exc
+
+    def _recover(self, *, verify: bool) -> Recovery:
+        """Delete temporaries of dead writers and torn pages; rebuild the books."""
+        discarded: list[str] = []
+        temporaries = 0
+        found: list[tuple[float, Ident, _Known]] = []
+        for pool in PoolName:
+            folder = self._root / pool.value
+            for entry in os.scandir(folder):
+                name = entry.name
+                tmp = _TMP.fullmatch(name)
+                if tmp is not None:
+                    if not _pid_alive(int(tmp.group(2))):
+                        self._unlink(Path(entry.path))
+                        temporaries += 1
+                    continue
+                if not _KEY.fullmatch(name) or not entry.is_file(follow_symlinks=False):
+                    continue
+                known = self._check_file(Path(entry.path), pool, name, verify=verify)
+                if known is None:
+                    self._unlink(Path(entry.path))
+                    discarded.append(f"{pool.value}/{name}")
+                    continue
+                found.append((entry.stat().st_mtime, (pool, name), known))
+        with self._cond:
+            for _, ident, known in sorted(found, key=lambda f: f[0]):
+                self._insert(ident, known)
+        return Recovery(len(found), tuple(discarded), temporaries)
+
+    def _check_file(self, path: Path, pool: PoolName, key: str, *, verify: bool) -> _Known | None:
+        """The books' entry for a page file, or None when the file is not a whole page."""
+        try:
+            with open(path, "rb") as f:
+                record = decode_header(f.read(HEADER_SIZE))
+                size = os.fstat(f.fileno()).st_size
+                if record is None or record.key != key or record.pool is not pool:
+                    return None
+                if size != HEADER_SIZE + record.nbytes:
+                    return None
+                if verify:
+                    payload = bytearray(record.nbytes)
+                    if f.readinto(payload) != record.nbytes:
+                        return None
+                    page = torch.frombuffer(payload, dtype=torch.uint8).view(1, -1)
+                    if page_checksums(page) != [record.checksum]:
+                        return None
+        except FileNotFoundError:
+            return None
+        parent = (pool, record.parent) if record.parent is not None else None
+        return _Known(parent, record.nbytes)
+
+    @staticmethod
+    def _unlink(path: Path) -> bool:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    # -- backend hooks -------------------------------------------------------------------
+
+    def _check_layout(self, pools: AttachedPools) -> None:
+        for name, pool in pools.items():
+            held = [
+                k for (p, k), e in self._pages.items() if p is name and e.nbytes != pool.page_nbytes
+            ]
+            if held:
+                msg = (
+                    f"attach: pool {name} has {pool.page_nbytes}-byte pages but "
+                    f"{self._root / name.value} holds {len(held)} page(s) of another length "
+                    "in this namespace; use another namespace (one per model and KV layout)"
+                )
+                raise StoreConfigError(msg, argument="pools", value=name)
+
+    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        folder = self._root / pool.value
+        flags = [os.path.exists(folder / key) for key in keys]
+        self._reconcile(pool, keys, flags)
+        return flags
+
+    def _reconcile(self, pool: PoolName, keys: Sequence[str], flags: Sequence[bool]) -> None:
+        """Learn pages another process wrote; forget pages another process removed."""
+        nbytes = self._page_nbytes(pool)
+        for i, (key, flag) in enumerate(zip(keys, flags, strict=True)):
+            ident = (pool, key)
+            known = ident in self._pages
+            if flag and not known and nbytes:
+                parent = (pool, keys[i - 1]) if i else None
+                self._insert(ident, _Known(parent, nbytes))
+            elif known and not flag:
+                self._forget(ident)
+
+    def _forget(self, ident: Ident) -> None:
+        entry = self._pages.get(ident)
+        if entry is not None:
+            entry.gone = True
+            self._remove(ident)
+
+    def _drop(self, ident: Ident, entry: _Known) -> None:
+        if not entry.gone:
+            self._unlink(self.path_of(*ident))
+
+    def _delete(self, idents: list[Ident]) -> int:
+        removed = 0
+        for ident in idents:
+            entry = self._pages.get(ident)
+            if entry is not None:
+                entry.gone = True
+                self._remove(ident)
+            removed += self._unlink(self.path_of(*ident))
+        return removed
+
+    def _page_nbytes(self, pool: PoolName) -> int:
+        try:
+            return self._pools.pool(pool, "lookup").page_nbytes
+        except LookupError:
+            return 0
+
+    # -- offloads ------------------------------------------------------------------------
+
+    def _run_offload(self, record: StoreOffload) -> None:
+        with self._cond:
+            OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
+            chosen, protect = self._plan_new_pages(record)
+            fits = self._make_room(sum(len(c.indices) for c in chosen), protect)
+            pools = [self._pools.pool(c.transfer.pool, "offload") for c in chosen]
+        written: list[tuple[Ident, _Known]] = []
+        ok = fits
+        if fits:
+            try:
+                folders: set[Path] = set()
+                for new, pool in zip(chosen, pools, strict=True):
+                    self._write_pages(new, pool, written)
+                    if new.indices:
+                        folders.add(self._root / new.transfer.pool.value)
+                for folder in sorted(folders):
+                    _fsync_dir(folder)
+            except Exception as exc:  # the offload must complete whatever went wrong
+                self.last_error = exc
+                ok = False
+        with self._cond:
+            for ident, known in written:
+                if ident not in self._pages:  # a LOOKUP may have found it meanwhile
+                    self._insert(ident, known)
+            self._finish_offload(record, ok)
+
+    def _write_pages(
+        self, new: NewPages, pool: KVPool, written: list[tuple[Ident, _Known]]
+    ) -> None:
+        """Write one transfer's new pages, each durable before it is renamed into place."""
+        if not new.indices:
+            return
+        ct = new.transfer
+        data = self._source_pages(ct, new.indices, pool)
+        sums = page_checksums(data)
+        folder = self._root / ct.pool.value
+        for row, i in enumerate(new.indices):
+            key = ct.keys[i]
+            parent = new.parents[row]
+            final = folder / key
+            if not final.exists():  # write-once (another process may have written it)
+                header = encode_header(
+                    key, parent[1] if parent else None, ct.pool, pool.page_nbytes, sums[row]
+                )
+                self._write_file(folder, key, final, [header, data[row].numpy().data])
+            written.append(((ct.pool, key), _Known(parent, pool.page_nbytes)))
+
+    def _write_file(
+        self, folder: Path, key: str, final: Path, chunks: Sequence[bytes | memoryview]
+    ) -> None:
+        with self._tmp_lock:
+            self._tmp_counter += 1
+            tmp = folder / f".{key}.{os.getpid()}.{self._tmp_counter}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                _write_all(fd, chunks)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except BaseException:
+            self._unlink(tmp)
+            raise
+
+    @staticmethod
+    def _source_pages(ct: CheckedTransfer, indices: list[int], pool: KVPool) -> torch.Tensor:
+        """The bytes of the chosen pages as ``[n, page_nbytes]`` uint8 on the CPU."""
+        p, n = pool.page_size, len(indices)
+        if n == len(ct.keys):
+            slots = ct.slots
+        else:
+            index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
+            slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
+        pages = pool.read_pages(slots).to("cpu")
+        return pages.view(torch.uint8).reshape(n, pool.page_nbytes)
+
+    # -- loads ---------------------------------------------------------------------------
+
+    def _run_load_batch(self, batch: LoadBatch) -> None:
+        with self._cond:
+            plan = [
+                (ct, self._pools.pool(ct.pool, "load"))
+                for record in batch.loads
+                for ct in record.transfers
+            ]
+        ok = True
+        missing: list[Ident] = []
+        corrupt: list[Ident] = []
+        try:
+            for ct, pool in plan:
+                if ct.keys and not self._read_transfer(ct, pool, missing, corrupt):
+                    ok = False
+                    break
+        except Exception as exc:  # the batch must complete whatever went wrong
+            self.last_error = exc
+            ok = False
+        with self._cond:
+            for ident in missing:
+                self._forget(ident)
+            for ident in corrupt:  # never offered again
+                self._delete([ident])
+            self._finish_load_batch(batch, ok)
+
+    def _read_transfer(
+        self, ct: CheckedTransfer, pool: KVPool, missing: list[Ident], corrupt: list[Ident]
+    ) -> bool:
+        """Read, check and write one transfer; False (nothing written) on a bad page."""
+        n, nbytes = len(ct.keys), pool.page_nbytes
+        staging = torch.empty((n, nbytes), dtype=torch.uint8)
+        expected: list[int] = []
+        folder = self._root / ct.pool.value
+        for row, key in enumerate(ct.keys):
+            header = bytearray(HEADER_SIZE)
+            extra = bytearray(1)
+            try:
+                fd = os.open(folder / key, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                missing.append((ct.pool, key))
+                return False
+            try:
+                got = os.preadv(fd, [header, staging[row].numpy().data, extra], 0)
+            finally:
+                os.close(fd)
+            record = decode_header(header)
+            if (
+                got != HEADER_SIZE + nbytes
+                or record is None
+                or record.key != key
+                or record.pool is not ct.pool
+                or record.nbytes != nbytes
+            ):
+                corrupt.append((ct.pool, key))
+                return False
+            expected.append(record.checksum)
+        sums = page_checksums(staging)
+        if sums != expected:
+            corrupt.extend(
+                (ct.pool, k) for k, a, b in zip(ct.keys, sums, expected, strict=True) if a != b
+            )
+            return False
+        pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
+        pool.write_pages(ct.slots, pages.to(pool.device))
+        return True
