@@ -5,12 +5,16 @@ write-once across processes, the page format, and bad input."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
+from hypothesis.stateful import invariant, rule
 
 from test_store_memory import KV, SWA, Rig, StoreContract, StoreFactory, drain, kv_lookup, load_now
 from unicache_fsm.pools.transfer import InvalidPageKeyError, PoolName, PoolTransfer
@@ -23,6 +27,7 @@ from unicache_fsm.store.pageformat import (
     encode_header,
     page_checksums,
 )
+from unicache_fsm.testing.store_machine import StoreMachine
 
 
 def flip_payload(path: Path) -> None:
@@ -352,3 +357,74 @@ def test_attach_refuses_a_layout_that_contradicts_the_pages_on_disk(tmp_path: Pa
     other.attach({KV: KVPool(64, Rig.P, 3, Rig.WIDTH)})
     again.close()
     other.close()
+
+
+# -- the public store machine, on a directory -------------------------------------------------
+# Hypothesis runs hundreds of programs, so these use a directory on tmpfs when the machine
+# has one (the same files, renames and fsync calls; fsync is then cheap); the contract
+# tests above run on the disk's temporary directory.
+
+FAST_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class FileStoreMachine(StoreMachine):
+    """A bounded FileStore (it evicts on its own); corruption flips a file's byte."""
+
+    capacity_pages: ClassVar[int | None] = 24
+    background: ClassVar[bool] = False
+
+    def make_store(self) -> ExternalStore:
+        self.directory = Path(tempfile.mkdtemp(prefix="unicache-fsm-", dir=FAST_DIR))
+        return self._open()
+
+    def _open(self) -> FileStore:
+        return FileStore(
+            self.directory, capacity_pages=self.capacity_pages, background=self.background
+        )
+
+    def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
+        assert isinstance(store, FileStore)
+        flip_payload(store.path_of(pool, key))
+
+    @invariant()
+    def no_swallowed_error(self) -> None:
+        store = self.store
+        assert isinstance(store, FileStore)
+        assert store.last_error is None, f"the store swallowed {store.last_error!r}"
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            if hasattr(self, "directory"):
+                shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class UnboundedFileStoreMachine(FileStoreMachine):
+    """No capacity and no corruption: the store must lose nothing, across reopenings."""
+
+    capacity_pages = None
+    lossless = True
+    corrupt = StoreMachine.corrupt  # a corrupt page is deleted: not lossless
+
+    @rule()
+    def reopen(self) -> None:
+        """Reset, settle every completion, close, and open the directory again (a
+        restart): every page a successful offload stored is still there."""
+        self.reset()
+        self.poll_offloads()
+        self.poll_loads()
+        self.store.close()
+        self._store = self._open()
+        self._store.attach(self.kv_pools)
+        assert isinstance(self._store, FileStore)
+        assert self._store.recovered.discarded == ()
+
+
+class BackgroundFileStoreMachine(UnboundedFileStoreMachine):
+    background = True
+
+
+TestFileStoreMachine = FileStoreMachine.TestCase
+TestUnboundedFileStoreMachine = UnboundedFileStoreMachine.TestCase
+TestBackgroundFileStoreMachine = BackgroundFileStoreMachine.TestCase

@@ -3,7 +3,9 @@
 `FileStore(directory, *, namespace="default", capacity_pages=None, background=False,
 history=256, verify_on_open=False)` implements every primitive of
 `unicache_fsm.store.protocol`; queues, completions, the worker and capacity eviction
-from chain ends are `unicache_fsm.store.base.BaseStore`'s. What it adds:
+from chain ends are `unicache_fsm.store.base.BaseStore`'s, and checking pages, learning
+and forgetting pages other processes wrote or removed are
+`unicache_fsm.store.shared.SharedStore`'s. What the directory adds:
 
 - Layout: ``DIR/unicache-store.json`` marks the directory as a store (a non-empty
   directory without it is refused: `StoreConfigError`); each page is one file
@@ -22,16 +24,10 @@ from chain ends are `unicache_fsm.store.base.BaseStore`'s. What it adds:
   header (a torn or partial file) is deleted, never served; ``verify_on_open=True``
   also reads every page and deletes those whose checksum fails. The books are rebuilt
   from the headers (parents included), least recently modified first.
-- Loads read each page into a staging buffer, check header, length and checksum of
-  every page of a transfer, and only then write the transfer into its slots: a bad page
-  fails the batch with no byte written, and the bad file is deleted (a corrupt page is
-  never offered again).
-- Several processes may share one directory (on one host): LOOKUP, `load` and
-  `contains` ask the directory, not the books, so pages another process wrote are found
-  (and learnt) and pages another process evicted are forgotten; two writers of one page
-  write identical bytes and the renames make that safe. `capacity_pages` bounds the
-  pages this store knows (found at open, written, or found since); each process evicts
-  only from its own books.
+- Several processes may share one directory (on one host): two writers of one page
+  write identical bytes and the renames make that safe; a reader never sees a partial
+  file (renamed files are never written again). `capacity_pages` bounds the pages this
+  store knows (found at open, written, or found since).
 - Inspection: `directory`, `namespace`, `path_of(pool, key)`, `recovered` (what
   opening discarded), `num_pages`, `stored_keys`, `check_invariants()`, `last_error`.
 """
@@ -48,18 +44,11 @@ from pathlib import Path
 import attrs
 import torch
 
-from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName, check_page_key
-from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
+from unicache_fsm.store.base import Ident
 from unicache_fsm.store.errors import StoreConfigError
-from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
-from unicache_fsm.store.pageformat import (
-    HEADER_SIZE,
-    decode_header,
-    encode_header,
-    page_checksums,
-)
-from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.pageformat import HEADER_SIZE, PageRecord, decode_header, page_checksums
+from unicache_fsm.store.shared import KnownPage, PageWrite, SharedStore, TornPage
 
 __all__ = ["MARKER", "FileStore", "Recovery"]
 
@@ -68,15 +57,6 @@ _FORMAT = {"format": "unicache-fsm file store", "version": 1}
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _TMP = re.compile(r"\.([0-9a-f]{64})\.(\d+)\.(\d+)\.tmp")
-
-
-@attrs.define(slots=True)
-class _Known:
-    """A page in the books: its parent, its length, and whether its file is already gone."""
-
-    parent: Ident | None
-    nbytes: int
-    gone: bool = False
 
 
 @attrs.frozen
@@ -116,7 +96,7 @@ def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
             view = view[written:]
 
 
-class FileStore(BaseStore[_Known]):
+class FileStore(SharedStore):
     """Pages in a directory, crash-safe; see the module docstring."""
 
     worker_name = "unicache-file-store"
@@ -204,7 +184,7 @@ class FileStore(BaseStore[_Known]):
         """Delete temporaries of dead writers and torn pages; rebuild the books."""
         discarded: list[str] = []
         temporaries = 0
-        found: list[tuple[float, Ident, _Known]] = []
+        found: list[tuple[float, Ident, KnownPage]] = []
         for pool in PoolName:
             folder = self._root / pool.value
             for entry in os.scandir(folder):
@@ -228,7 +208,9 @@ class FileStore(BaseStore[_Known]):
                 self._insert(ident, known)
         return Recovery(len(found), tuple(discarded), temporaries)
 
-    def _check_file(self, path: Path, pool: PoolName, key: str, *, verify: bool) -> _Known | None:
+    def _check_file(
+        self, path: Path, pool: PoolName, key: str, *, verify: bool
+    ) -> KnownPage | None:
         """The books' entry for a page file, or None when the file is not a whole page."""
         try:
             with open(path, "rb") as f:
@@ -248,7 +230,7 @@ class FileStore(BaseStore[_Known]):
         except FileNotFoundError:
             return None
         parent = (pool, record.parent) if record.parent is not None else None
-        return _Known(parent, record.nbytes)
+        return KnownPage(parent, record.nbytes)
 
     @staticmethod
     def _unlink(path: Path) -> bool:
@@ -258,113 +240,20 @@ class FileStore(BaseStore[_Known]):
             return False
         return True
 
-    # -- backend hooks -------------------------------------------------------------------
+    # -- the medium --------------------------------------------------------------------
 
-    def _check_layout(self, pools: AttachedPools) -> None:
-        for name, pool in pools.items():
-            held = [
-                k for (p, k), e in self._pages.items() if p is name and e.nbytes != pool.page_nbytes
-            ]
-            if held:
-                msg = (
-                    f"attach: pool {name} has {pool.page_nbytes}-byte pages but "
-                    f"{self._root / name.value} holds {len(held)} page(s) of another length "
-                    "in this namespace; use another namespace (one per model and KV layout)"
-                )
-                raise StoreConfigError(msg, argument="pools", value=name)
-
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         folder = self._root / pool.value
-        flags = [os.path.exists(folder / key) for key in keys]
-        self._reconcile(pool, keys, flags)
-        return flags
+        return [os.path.exists(folder / key) for key in keys]
 
-    def _reconcile(self, pool: PoolName, keys: Sequence[str], flags: Sequence[bool]) -> None:
-        """Learn pages another process wrote; forget pages another process removed."""
-        nbytes = self._page_nbytes(pool)
-        for i, (key, flag) in enumerate(zip(keys, flags, strict=True)):
-            ident = (pool, key)
-            known = ident in self._pages
-            if flag and not known and nbytes:
-                parent = (pool, keys[i - 1]) if i else None
-                self._insert(ident, _Known(parent, nbytes))
-            elif known and not flag:
-                self._forget(ident)
-
-    def _forget(self, ident: Ident) -> None:
-        entry = self._pages.get(ident)
-        if entry is not None:
-            entry.gone = True
-            self._remove(ident)
-
-    def _drop(self, ident: Ident, entry: _Known) -> None:
-        if not entry.gone:
-            self._unlink(self.path_of(*ident))
-
-    def _delete(self, idents: list[Ident]) -> int:
-        removed = 0
-        for ident in idents:
-            entry = self._pages.get(ident)
-            if entry is not None:
-                entry.gone = True
-                self._remove(ident)
-            removed += self._unlink(self.path_of(*ident))
-        return removed
-
-    def _page_nbytes(self, pool: PoolName) -> int:
-        try:
-            return self._pools.pool(pool, "lookup").page_nbytes
-        except LookupError:
-            return 0
-
-    # -- offloads ------------------------------------------------------------------------
-
-    def _run_offload(self, record: StoreOffload) -> None:
-        with self._cond:
-            OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
-            chosen, protect = self._plan_new_pages(record)
-            fits = self._make_room(sum(len(c.indices) for c in chosen), protect)
-            pools = [self._pools.pool(c.transfer.pool, "offload") for c in chosen]
-        written: list[tuple[Ident, _Known]] = []
-        ok = fits
-        if fits:
-            try:
-                folders: set[Path] = set()
-                for new, pool in zip(chosen, pools, strict=True):
-                    self._write_pages(new, pool, written)
-                    if new.indices:
-                        folders.add(self._root / new.transfer.pool.value)
-                for folder in sorted(folders):
-                    _fsync_dir(folder)
-            except Exception as exc:  # the offload must complete whatever went wrong
-                self.last_error = exc
-                ok = False
-        with self._cond:
-            for ident, known in written:
-                if ident not in self._pages:  # a LOOKUP may have found it meanwhile
-                    self._insert(ident, known)
-            self._finish_offload(record, ok)
-
-    def _write_pages(
-        self, new: NewPages, pool: KVPool, written: list[tuple[Ident, _Known]]
-    ) -> None:
-        """Write one transfer's new pages, each durable before it is renamed into place."""
-        if not new.indices:
-            return
-        ct = new.transfer
-        data = self._source_pages(ct, new.indices, pool)
-        sums = page_checksums(data)
-        folder = self._root / ct.pool.value
-        for row, i in enumerate(new.indices):
-            key = ct.keys[i]
-            parent = new.parents[row]
+    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+        folder = self._root / pool.value
+        for key, header, payload in pages:
             final = folder / key
             if not final.exists():  # write-once (another process may have written it)
-                header = encode_header(
-                    key, parent[1] if parent else None, ct.pool, pool.page_nbytes, sums[row]
-                )
-                self._write_file(folder, key, final, [header, data[row].numpy().data])
-            written.append(((ct.pool, key), _Known(parent, pool.page_nbytes)))
+                self._write_file(folder, key, final, [header, payload])
+        if pages:
+            _fsync_dir(folder)  # the renames are durable before the offload completes
 
     def _write_file(
         self, folder: Path, key: str, final: Path, chunks: Sequence[bytes | memoryview]
@@ -384,82 +273,30 @@ class FileStore(BaseStore[_Known]):
             self._unlink(tmp)
             raise
 
-    @staticmethod
-    def _source_pages(ct: CheckedTransfer, indices: list[int], pool: KVPool) -> torch.Tensor:
-        """The bytes of the chosen pages as ``[n, page_nbytes]`` uint8 on the CPU."""
-        p, n = pool.page_size, len(indices)
-        if n == len(ct.keys):
-            slots = ct.slots
-        else:
-            index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
-            slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
-        pages = pool.read_pages(slots).to("cpu")
-        return pages.view(torch.uint8).reshape(n, pool.page_nbytes)
-
-    # -- loads ---------------------------------------------------------------------------
-
-    def _run_load_batch(self, batch: LoadBatch) -> None:
-        with self._cond:
-            plan = [
-                (ct, self._pools.pool(ct.pool, "load"))
-                for record in batch.loads
-                for ct in record.transfers
-            ]
-        ok = True
-        missing: list[Ident] = []
-        corrupt: list[Ident] = []
-        try:
-            for ct, pool in plan:
-                if ct.keys and not self._read_transfer(ct, pool, missing, corrupt):
-                    ok = False
-                    break
-        except Exception as exc:  # the batch must complete whatever went wrong
-            self.last_error = exc
-            ok = False
-        with self._cond:
-            for ident in missing:
-                self._forget(ident)
-            for ident in corrupt:  # never offered again
-                self._delete([ident])
-            self._finish_load_batch(batch, ok)
-
-    def _read_transfer(
-        self, ct: CheckedTransfer, pool: KVPool, missing: list[Ident], corrupt: list[Ident]
-    ) -> bool:
-        """Read, check and write one transfer; False (nothing written) on a bad page."""
-        n, nbytes = len(ct.keys), pool.page_nbytes
-        staging = torch.empty((n, nbytes), dtype=torch.uint8)
-        expected: list[int] = []
-        folder = self._root / ct.pool.value
-        for row, key in enumerate(ct.keys):
+    def _read(
+        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
+    ) -> list[PageRecord | None]:
+        folder = self._root / pool.value
+        records: list[PageRecord | None] = []
+        nbytes = staging.shape[1]
+        for row, key in enumerate(keys):
             header = bytearray(HEADER_SIZE)
-            extra = bytearray(1)
+            extra = bytearray(1)  # a longer file is torn too
             try:
                 fd = os.open(folder / key, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
-                missing.append((ct.pool, key))
-                return False
+                records.append(None)
+                continue
             try:
                 got = os.preadv(fd, [header, staging[row].numpy().data, extra], 0)
             finally:
                 os.close(fd)
             record = decode_header(header)
-            if (
-                got != HEADER_SIZE + nbytes
-                or record is None
-                or record.key != key
-                or record.pool is not ct.pool
-                or record.nbytes != nbytes
-            ):
-                corrupt.append((ct.pool, key))
-                return False
-            expected.append(record.checksum)
-        sums = page_checksums(staging)
-        if sums != expected:
-            corrupt.extend(
-                (ct.pool, k) for k, a, b in zip(ct.keys, sums, expected, strict=True) if a != b
-            )
-            return False
-        pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
-        pool.write_pages(ct.slots, pages.to(pool.device))
-        return True
+            if record is None or got != HEADER_SIZE + record.nbytes or record.nbytes != nbytes:
+                raise TornPage(key)
+            records.append(record)
+        return records
+
+    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+        folder = self._root / pool.value
+        return sum(self._unlink(folder / key) for key in keys)
