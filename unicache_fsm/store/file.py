@@ -1,7 +1,7 @@
 """A crash-safe store of pages in a directory: `FileStore(directory)`.
 
 `FileStore(directory, *, namespace="default", capacity_pages=None, background=False,
-history=256, verify_on_open=False)` implements every primitive of
+history=256, verify_on_open=False, io_threads=4)` implements every primitive of
 `unicache_fsm.store.protocol`; queues, completions, the worker and capacity eviction
 from chain ends are `unicache_fsm.store.base.BaseStore`'s, and checking pages, learning
 and forgetting pages other processes wrote or removed are
@@ -19,6 +19,8 @@ and forgetting pages other processes wrote or removed are
   into is fsynced; only then is the offload completed True. So a page is visible to
   LOOKUP only once its bytes are durable, and a page of an offload reported published
   survives a crash of the process (and, as far as fsync promises, of the machine).
+  The pages of one transfer are written (and read) by `io_threads` threads at once:
+  concurrent fsyncs share the file system's journal commits.
 - Recovery on open: temporary files of dead writers are deleted; a page file whose
   header is invalid, names another key or pool, or whose length disagrees with its
   header (a torn or partial file) is deleted, never served; ``verify_on_open=True``
@@ -34,12 +36,14 @@ and forgetting pages other processes wrote or removed are
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import torch
@@ -57,6 +61,8 @@ _FORMAT = {"format": "unicache-fsm file store", "version": 1}
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _TMP = re.compile(r"\.([0-9a-f]{64})\.(\d+)\.(\d+)\.tmp")
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @attrs.frozen
@@ -110,8 +116,14 @@ class FileStore(SharedStore):
         background: bool = False,
         history: int = 256,
         verify_on_open: bool = False,
+        io_threads: int = 4,
     ) -> None:
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
+            msg = f"io_threads must be an int >= 1, got {io_threads!r}"
+            raise StoreConfigError(msg, argument="io_threads", value=io_threads)
+        self.io_threads = io_threads
+        self._io: concurrent.futures.ThreadPoolExecutor | None = None
         if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
             msg = (
                 f"namespace must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}} (one directory "
@@ -246,12 +258,26 @@ class FileStore(SharedStore):
         folder = self._root / pool.value
         return [os.path.exists(folder / key) for key in keys]
 
+    def _each(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """`fn` over `items` on the I/O threads (in order); the first failure is raised."""
+        if self.io_threads == 1 or len(items) < 2:
+            return [fn(item) for item in items]
+        if self._io is None:
+            self._io = concurrent.futures.ThreadPoolExecutor(
+                self.io_threads, thread_name_prefix="unicache-file-io"
+            )
+        return list(self._io.map(fn, items))
+
     def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         folder = self._root / pool.value
-        for key, header, payload in pages:
+
+        def write(page: PageWrite) -> None:
+            key, header, payload = page
             final = folder / key
             if not final.exists():  # write-once (another process may have written it)
                 self._write_file(folder, key, final, [header, payload])
+
+        self._each(write, pages)  # concurrent fsyncs share the file system's commits
         if pages:
             _fsync_dir(folder)  # the renames are durable before the offload completes
 
@@ -277,16 +303,16 @@ class FileStore(SharedStore):
         self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
     ) -> list[PageRecord | None]:
         folder = self._root / pool.value
-        records: list[PageRecord | None] = []
         nbytes = staging.shape[1]
-        for row, key in enumerate(keys):
+
+        def read(row: int) -> PageRecord | None:
+            key = keys[row]
             header = bytearray(HEADER_SIZE)
             extra = bytearray(1)  # a longer file is torn too
             try:
                 fd = os.open(folder / key, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
-                records.append(None)
-                continue
+                return None
             try:
                 got = os.preadv(fd, [header, staging[row].numpy().data, extra], 0)
             finally:
@@ -294,9 +320,15 @@ class FileStore(SharedStore):
             record = decode_header(header)
             if record is None or got != HEADER_SIZE + record.nbytes or record.nbytes != nbytes:
                 raise TornPage(key)
-            records.append(record)
-        return records
+            return record
+
+        return self._each(read, range(len(keys)))
 
     def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         folder = self._root / pool.value
         return sum(self._unlink(folder / key) for key in keys)
+
+    def _release(self) -> None:
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None

@@ -72,6 +72,8 @@ class KnownPage:
 class SharedStore(BaseStore[KnownPage]):
     """Pages in a medium other processes share; see the module docstring."""
 
+    _staging: torch.Tensor | None = None
+
     # -- what a medium provides ----------------------------------------------------------
 
     def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
@@ -179,8 +181,7 @@ class SharedStore(BaseStore[KnownPage]):
         if not new.indices:
             return
         ct = new.transfer
-        data = _source_pages(ct, new.indices, pool)
-        sums = page_checksums(data)
+        data, sums = _source_pages(ct, new.indices, pool)
         pages: list[PageWrite] = []
         for row, i in enumerate(new.indices):
             parent = new.parents[row]
@@ -195,6 +196,17 @@ class SharedStore(BaseStore[KnownPage]):
         )
 
     # -- loads ---------------------------------------------------------------------------
+
+    def _staging_for(self, n: int, nbytes: int) -> torch.Tensor:
+        """A ``[n, nbytes]`` uint8 buffer, reused across loads (a fresh multi-MiB tensor
+        page-faults); only the thread performing jobs uses it."""
+        flat: torch.Tensor | None = getattr(self, "_staging", None)
+        if flat is None or flat.numel() < n * nbytes:
+            flat = torch.empty(
+                max(n * nbytes, 2 * (0 if flat is None else flat.numel())), dtype=torch.uint8
+            )
+            self._staging = flat
+        return flat[: n * nbytes].view(n, nbytes)
 
     def _run_load_batch(self, batch: LoadBatch) -> None:
         with self._cond:
@@ -229,7 +241,7 @@ class SharedStore(BaseStore[KnownPage]):
     ) -> bool:
         """Read, check and write one transfer; False (nothing written) on a bad page."""
         n, nbytes = len(ct.keys), pool.page_nbytes
-        staging = torch.empty((n, nbytes), dtype=torch.uint8)
+        staging = self._staging_for(n, nbytes)
         try:
             records = self._read(ct.pool, ct.keys, staging)
         except TornPage as torn:
@@ -256,13 +268,26 @@ class SharedStore(BaseStore[KnownPage]):
         return True
 
 
-def _source_pages(ct: CheckedTransfer, indices: list[int], pool: KVPool) -> torch.Tensor:
-    """The bytes of the chosen pages as ``[n, page_nbytes]`` uint8 on the CPU."""
-    p, n = pool.page_size, len(indices)
-    if n == len(ct.keys):
-        slots = ct.slots
-    else:
+_VIEW_BYTES = 64 << 10  # pages at least this large are read in place, not gathered
+
+
+def _source_pages(
+    ct: CheckedTransfer, indices: list[int], pool: KVPool
+) -> tuple[list[torch.Tensor], list[int]]:
+    """The bytes of the chosen pages (one 1-D uint8 CPU tensor each) and their checksums.
+
+    Large pages of a CPU pool are views of the pool itself (no copy: the caller keeps
+    the source slots unchanged while the offload is pending); small pages, and pages on
+    another device, are gathered in one `read_pages` and checksummed in one op."""
+    p, n, nbytes = pool.page_size, len(indices), pool.page_nbytes
+    pages = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(indices)]
+    if pool.device.type == "cpu" and nbytes >= _VIEW_BYTES and nbytes % 8 == 0:
+        by_page = pool.data.view(-1, p, pool.num_layers, pool.width)
+        views = [by_page[int(page)].view(-1).view(torch.uint8) for page in pages]
+        return views, [page_checksums(v.view(1, -1))[0] for v in views]
+    slots = ct.slots
+    if n != len(ct.keys):
         index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
         slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
-    pages = pool.read_pages(slots).to("cpu")
-    return pages.view(torch.uint8).reshape(n, pool.page_nbytes)
+    data = pool.read_pages(slots).to("cpu").view(torch.uint8).reshape(n, nbytes)
+    return list(data), page_checksums(data)
