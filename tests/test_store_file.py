@@ -427,3 +427,56 @@ class BackgroundFileStoreMachine(UnboundedFileStoreMachine):
 TestFileStoreMachine = FileStoreMachine.TestCase
 TestUnboundedFileStoreMachine = UnboundedFileStoreMachine.TestCase
 TestBackgroundFileStoreMachine = BackgroundFileStoreMachine.TestCase
+
+
+# -- choosing a store by spec (the CLI's --store) -----------------------------------------------
+
+
+def test_open_store_by_spec(tmp_path: Path) -> None:
+    from unicache_fsm.store import MemoryStore, open_store
+    from unicache_fsm.store.spec import store_loses_pages
+
+    memory = open_store("memory")
+    assert isinstance(memory, MemoryStore) and not store_loses_pages(memory)
+    files = open_store(f"file:{tmp_path / 'd'}", namespace="m1", capacity_pages=8)
+    assert isinstance(files, FileStore) and files.namespace == "m1"
+    assert files.capacity_pages == 8 and store_loses_pages(files)
+    assert not store_loses_pages(open_store(f"file:{tmp_path / 'd'}"))
+    for bad in ("", "mem", "file:", "http://x", "redis:/x"):
+        with pytest.raises(StoreConfigError) as info:
+            open_store(bad)
+        assert info.value.argument == "store"
+
+
+def test_simulate_rejects_a_bad_store_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from unicache_fsm.cli import main
+
+    assert main(["simulate", "--store", "tape:/dev/st0", "--requests", "2"]) == 2
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "x").write_text("x")
+    assert main(["simulate", "--store", f"file:{foreign}", "--requests", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("unicache-fsm: error:") for line in err)
+    assert "not a store" in err[0] and "not a store directory" in err[1]
+
+
+def test_simulate_on_a_file_store_survives_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two simulate runs on one directory: the second loads what the first computed."""
+    import json
+
+    from unicache_fsm.cli import main
+
+    store = f"file:{tmp_path / 'shared'}"
+    args = ["simulate", "--store", store, "--requests", "40", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert first["external_hit_rate"] == 0 < second["external_hit_rate"]
+    assert second["loads_verified"] == second["loads_committed"] > 0
+    assert second["loads_mismatched"] == 0
