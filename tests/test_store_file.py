@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from hypothesis import settings
 from hypothesis.stateful import invariant, rule
 
 from test_store_memory import KV, SWA, Rig, StoreContract, StoreFactory, drain, kv_lookup, load_now
@@ -427,6 +428,10 @@ class BackgroundFileStoreMachine(UnboundedFileStoreMachine):
 TestFileStoreMachine = FileStoreMachine.TestCase
 TestUnboundedFileStoreMachine = UnboundedFileStoreMachine.TestCase
 TestBackgroundFileStoreMachine = BackgroundFileStoreMachine.TestCase
+# a variant of the machine above: a third of the profile's programs
+TestBackgroundFileStoreMachine.settings = settings(
+    settings.default, max_examples=max(10, settings.default.max_examples // 3)
+)
 
 
 # -- choosing a store by spec (the CLI's --store) -----------------------------------------------

@@ -10,6 +10,7 @@ from typing import ClassVar
 import pytest
 import redis
 import torch
+from hypothesis import settings
 from hypothesis.stateful import invariant
 
 from redis_helpers import REDIS_SKIP, flush, open_store, shared_server
@@ -108,6 +109,10 @@ class SyncRedisStoreMachine(UnboundedRedisStoreMachine):
 TestRedisStoreMachine = RedisStoreMachine.TestCase
 TestUnboundedRedisStoreMachine = UnboundedRedisStoreMachine.TestCase
 TestSyncRedisStoreMachine = SyncRedisStoreMachine.TestCase
+# a variant of the machine above: a third of the profile's programs
+TestSyncRedisStoreMachine.settings = settings(
+    settings.default, max_examples=max(10, settings.default.max_examples // 3)
+)
 
 
 # -- what only a server has ----------------------------------------------------------------------

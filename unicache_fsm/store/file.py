@@ -21,7 +21,8 @@ and forgetting pages other processes wrote or removed are
   survives a crash of the process (and, as far as fsync promises, of the machine).
   The pages of one transfer are written (and read) by `io_threads` threads at once:
   concurrent fsyncs share the file system's journal commits.
-- Recovery on open: temporary files of dead writers are deleted; a page file whose
+- Recovery on open: temporary files of dead writers (their pid names no live process on
+  this host) are deleted; a page file whose
   header is invalid, names another key or pool, or whose length disagrees with its
   header (a torn or partial file) is deleted, never served; ``verify_on_open=True``
   also reads every page and deletes those whose checksum fails. The books are rebuilt
@@ -76,7 +77,7 @@ class Recovery:
 
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
-        return False  # this process just opened the store: it has no writes in flight
+        return True  # another store of this process may be writing it right now
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
