@@ -10,7 +10,7 @@ import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -485,3 +485,69 @@ def test_simulate_on_a_file_store_survives_a_restart(
     assert first["external_hit_rate"] == 0 < second["external_hit_rate"]
     assert second["loads_verified"] == second["loads_committed"] > 0
     assert second["loads_mismatched"] == 0
+
+
+def test_foreign_files_under_page_names_are_never_served(tmp_path: Path) -> None:
+    """A page copied under another key's name, a truncated page and a symlink to a file
+    outside: the load fails with nothing written and the name is removed (the symlink's
+    target is left alone)."""
+    rig = Rig()
+    store = _open(tmp_path / "s", rig)
+    keys, _ = _offload(store, rig, 4)
+    paths = [store.path_of(KV, k) for k in keys]
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not a page")
+    paths[1].write_bytes(paths[0].read_bytes())
+    paths[2].write_bytes(paths[0].read_bytes()[:-1])
+    paths[3].unlink()
+    paths[3].symlink_to(outside)
+    for i in (1, 2, 3):
+        dst = rig.alloc(KV, 1)
+        before = rig.read(KV, dst).clone()
+        assert store.contains(KV, keys[i])
+        assert not load_now(store, f"r{i}", [PoolTransfer(KV, dst, keys[i : i + 1])])
+        assert torch.equal(rig.read(KV, dst), before)
+        assert not store.contains(KV, keys[i])
+    assert outside.read_text() == "not a page"
+    assert store.lookup("r", kv_lookup(keys)) == [1]
+    store.check_invariants()
+    store.close()
+
+
+# -- the machine catches a broken file store ----------------------------------------------------
+
+
+def _never_renamed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def write_file(self: FileStore, folder: Path, key: str, final: Path, chunks: object) -> None:
+        (folder / f".{key}.lost.tmp").write_bytes(b"")  # written, fsynced, never renamed
+
+    monkeypatch.setattr(FileStore, "_write_file", write_file)
+
+
+def _pages_read_into_the_wrong_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    read = FileStore._read
+
+    def shifted(self: FileStore, pool: PoolName, keys: Any, staging: torch.Tensor) -> Any:
+        records = read(self, pool, keys, staging)
+        if len(keys) > 1:
+            staging.copy_(staging.roll(1, 0))
+        return records
+
+    monkeypatch.setattr(FileStore, "_read", shifted)
+
+
+@pytest.mark.parametrize(
+    ("plant", "match"),
+    [
+        (_never_renamed, r"is False, but a successful offload stored it"),
+        # the store's own checksum turns the misplaced bytes into a failed load
+        (_pages_read_into_the_wrong_rows, r"failed, but every page of it was stored"),
+    ],
+)
+def test_planted_file_store_bugs_are_caught(
+    plant: Any, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_testing_store import _caught
+
+    plant(monkeypatch)
+    _caught(UnboundedFileStoreMachine, match)

@@ -281,3 +281,30 @@ def test_bad_arguments_are_typed_errors() -> None:
         RedisStore(url, timeout=0)
     with pytest.raises(StoreConfigError):
         RedisStore(url, capacity_pages=0)
+
+
+def test_foreign_values_under_our_keys_are_never_served() -> None:
+    """Garbage, a truncated value and another page's whole value, each under a page's
+    key: LOOKUP sees a key, but the load fails with nothing written, and the value is
+    deleted so it is never offered again."""
+    rig = Rig()
+    store = open_store(background=False)
+    store.attach(rig.pools)
+    keys, _ = _offload(store, rig, 4)
+    client = store.client
+    other = client.get(store.key_of(KV, keys[0]))
+    assert other is not None
+    client.set(store.key_of(KV, keys[1]), b"garbage")
+    client.set(store.key_of(KV, keys[2]), other[:-1])
+    client.set(store.key_of(KV, keys[3]), other)  # a whole page, but not this key's
+    for i in (1, 2, 3):
+        dst = rig.alloc(KV, 1)
+        before = rig.read(KV, dst).clone()
+        assert store.contains(KV, keys[i])
+        assert not load_now(store, f"r{i}", [PoolTransfer(KV, dst, keys[i : i + 1])])
+        assert torch.equal(rig.read(KV, dst), before)
+        assert not store.contains(KV, keys[i])
+    assert store.lookup("r", kv_lookup(keys)) == [1]
+    store.check_invariants()
+    store.close()
+    flush()
