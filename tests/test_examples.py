@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from redis_helpers import REDIS_SKIP
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -21,3 +23,11 @@ def _main(name: str) -> object:
 def test_scheduler_loop_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert _main("scheduler_loop")() == 0  # type: ignore[operator]
     assert "KV identical: True" in capsys.readouterr().out
+
+
+@REDIS_SKIP
+def test_shared_store_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main("shared_store")(["--requests", "60"]) == 0  # type: ignore[operator]
+    out = capsys.readouterr().out
+    assert out.count("  shared: the second process loaded") == 2  # file and Redis
+    assert "NOT shared" not in out

@@ -294,7 +294,13 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--requests", type=int, default=400, metavar="N", help="default 400")
     p.add_argument("--page-size", type=int, default=16, metavar="P", help="a power of two")
-    p.add_argument("--store", choices=["memory"], default="memory", help="the external store")
+    p.add_argument(
+        "--store",
+        default="memory",
+        metavar="STORE",
+        help="the external store: memory (default), file:DIR or redis://HOST:PORT "
+        "(file and Redis stores are shared by every process that opens them)",
+    )
     p.add_argument(
         "--pool-tokens",
         type=int,
@@ -360,6 +366,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     config = SimConfig(
         workload=args.workload,
+        store=args.store,
         requests=args.requests,
         page_size=args.page_size,
         pool_tokens=args.pool_tokens,
