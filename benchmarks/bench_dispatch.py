@@ -9,7 +9,7 @@ callbacks, one guard. Every variant does the same calls on the same slotted mode
 - ``compiled``: `CompiledExecutor` on the spec;
 - ``reference``: `ReferenceExecutor` (one shared `transitions` machine, no registration);
 - ``transitions/object``: plain `transitions`, one `Machine` per model (construction
-  included, as a load is a fresh object), the pattern DESIGN.md rules out.
+  included, as a load is a fresh object), the pattern docs/design.md rules out.
 
 Then bytes per tracked model (tracemalloc over many models), compared with the same
 model class without FSM state. Ratios are of times measured in this one run.

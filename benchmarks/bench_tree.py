@@ -1,7 +1,7 @@
 """Tree benchmark: insert + match throughput of `RadixTree` on a shared-prefix workload.
 
 Run ``python benchmarks/bench_tree.py`` (``--quick`` for a smoke run, ``--profile`` to
-print where the time goes). The workload is the one of DESIGN.md: 10,000 requests,
+print where the time goes). The workload: 10,000 requests,
 each one of 100 shared 256-token prompts followed by 64 tokens of its own, FULL only.
 Per request, as a scheduler does it without eviction:
 
@@ -13,7 +13,7 @@ with a `PagedAllocator` big enough to hold everything. It prints, for P = 1 and
 P = 16, hashing on and off (`TreeConfig(hash_pages=...)`): insert + match ops/s (two
 ops per request, over the time spent inside the two tree calls), the same over the
 whole loop (allocation and `torch.cat` included), and tokens/s of `match_prefix` and
-of `insert` separately; then the DESIGN.md targets (>= 35k ops/s at P = 16, >= 25k
+of `insert` separately; then the round-1 absolute targets (>= 35k ops/s at P = 16, >= 25k
 at P = 1, on 2 cores) as met / MISSED. A benchmark, not a test: nothing asserts a time.
 """
 
@@ -40,7 +40,7 @@ __all__ = ["main"]
 NUM_PROMPTS = 100
 PROMPT_LEN = 256
 UNIQUE_LEN = 64
-TARGETS = {16: 35_000.0, 1: 25_000.0}  # insert+match ops/s, DESIGN.md
+TARGETS = {16: 35_000.0, 1: 25_000.0}  # insert+match ops/s, the round-1 absolute targets
 
 
 @attrs.frozen
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in rows
         ],
     )
-    note = " (quick run: fewer requests, not the DESIGN.md workload)" if num != 10_000 else ""
+    note = " (quick run: fewer requests, not the standard workload)" if num != 10_000 else ""
     target_rows = []
     for r in rows:
         target = TARGETS[r.page_size]
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     _print_table(
-        f"DESIGN.md targets, tree calls on 2 cores{note}",
+        f"absolute targets, tree calls on 2 cores{note}",
         ("P", "hashing", "ops/s", "target", "ratio", "verdict"),
         target_rows,
     )

@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     name = machine.__name__.removesuffix("Machine")
     try:
-        run_state_machine_as_test(machine, settings=bounded)  # type: ignore[no-untyped-call]
+        run_state_machine_as_test(machine, settings=bounded)
     except AssertionError as exc:
         print(f"{name} FAILED: {str(exc).splitlines()[0]}")
         return 1

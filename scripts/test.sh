@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: system packages the tests use, the dev
-# install, then ruff, mypy and pytest. Called by .ci/run and by the README.
+# install at the exact versions of constraints.txt, then ruff, mypy and pytest.
+# Called by .ci/run and by the README. Prints no warning it did not cause: pip runs
+# with -qq (the machine's own pip configuration may warn about its mirrors) and apt's
+# chatter goes to a log that is shown only when apt fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 SUDO=""
 if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
@@ -10,14 +14,21 @@ need_apt=()
 command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    apt_log=$(mktemp)
+    if ! { $SUDO apt-get update -qq \
+        && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"; } \
+        >"$apt_log" 2>&1; then
+        cat "$apt_log" >&2
+        exit 1
+    fi
+    rm -f "$apt_log"
 fi
 
 PY="${PYTHON:-python3}"
-# The CPU build of torch lies on local disk; name it first so nothing pulls a CUDA build.
-"$PY" -m pip install -q "torch==2.13.0"
-"$PY" -m pip install -q -e ".[dev]"
+# Exact versions (constraints.txt, written by scripts/lock.sh). torch first: its CPU
+# build lies on local disk, so nothing pulls a CUDA build.
+"$PY" -m pip install -qq -c constraints.txt "torch==2.13.0"
+"$PY" -m pip install -qq -c constraints.txt -e ".[dev]"
 
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import unicache_fsm
 from unicache_fsm.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, main
 from unicache_fsm.fsm import loader
 from unicache_fsm.fsm.diagram import render_dot, render_markdown_doc, render_mermaid
@@ -159,6 +160,16 @@ def test_svg_of_every_machine_needs_a_folder(
     assert not_a_dir.read_text(encoding="utf-8") == "keep me"
 
 
+@needs_dot
+def test_every_machine_to_a_file_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "all.png"
+    line = run_error(capsys, ["diagram", "-f", "png", "-o", str(target)])
+    assert "looks like a file name" in line and f"{len(MACHINES)} machines" in line
+    assert not target.exists()
+
+
 def test_images_without_graphviz_say_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -219,6 +230,11 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--highlight" in capsys.readouterr().out
 
 
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == EXIT_OK
+    assert capsys.readouterr().out == f"unicache-fsm {unicache_fsm.__version__}\n"
+
+
 # -- docs ----------------------------------------------------------------------------------
 
 
@@ -253,6 +269,23 @@ def test_docs_writes_then_checks(specs_copy: Path, capsys: pytest.CaptureFixture
     assert main(argv) == EXIT_OK
     assert capsys.readouterr().out.splitlines()[0] == f"wrote {edited}"
     assert edited.read_text(encoding="utf-8") == render_markdown_doc(loader.bundled_spec("offload"))
+
+
+def test_docs_refuses_to_rewrite_an_installed_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed = tmp_path / "site-packages" / "unicache_fsm" / "specs"
+    installed.mkdir(parents=True)
+    shutil.copy(loader.specs_dir() / "offload.toml", installed / "offload.toml")
+    monkeypatch.setattr(loader, "specs_dir", lambda: installed)
+    line = run_error(capsys, ["docs"])
+    assert "installed package" in line and "--specs-dir" in line
+    assert sorted(p.name for p in installed.iterdir()) == ["offload.toml"]
+    assert main(["docs", "--check"]) == EXIT_CHECK_FAILED  # reading is fine
+
+
+def test_the_source_checkout_specs_are_writable() -> None:
+    assert loader.specs_are_source()
 
 
 def test_docs_of_the_bundled_specs_are_up_to_date(capsys: pytest.CaptureFixture[str]) -> None:
@@ -291,6 +324,13 @@ def test_python_m_reports_bad_input_without_traceback() -> None:
     assert proc.stdout == ""
     assert proc.stderr.startswith("unicache-fsm: error: machine 'load_transaction' has no state")
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_python_m_simulate_prints_no_warning() -> None:
+    # torch's CPU wheel warns on import when NumPy is missing: numpy is a dependency.
+    proc = _python_m("simulate", "--requests", "10", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr.lower(), proc.stderr
 
 
 # -- the example ---------------------------------------------------------------------------

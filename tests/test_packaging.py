@@ -85,6 +85,21 @@ def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
     machines = done.stdout.strip().split(",")
     assert {"load_transaction", "node_residency", "offload"} <= set(machines)
 
+    # `docs` never rewrites the installed copy of the specs.
+    installed = site / "unicache_fsm" / "specs"
+    before = {p.name: p.read_bytes() for p in installed.iterdir()}
+    refuse = f"import sys; sys.path.insert(0, {str(site)!r}); from unicache_fsm.cli import main; "
+    refused = subprocess.run(
+        [sys.executable, "-c", refuse + "sys.exit(main(['docs']))"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "installed package" in refused.stderr and refused.stderr.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in installed.iterdir()} == before
+
 
 def test_testing_kit_namespace_is_locked() -> None:
     import unicache_fsm.testing as kit

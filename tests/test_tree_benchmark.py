@@ -20,7 +20,7 @@ def test_bench_tree_quick_runs(capsys: pytest.CaptureFixture[str]) -> None:
     spec.loader.exec_module(module)
     assert module.main(["--quick", "--requests", "300"]) == 0
     out = capsys.readouterr().out
-    assert "ops/s (tree calls)" in out and "DESIGN.md targets" in out
+    assert "ops/s (tree calls)" in out and "absolute targets" in out
     verdicts = [line.split()[-1] for line in out.splitlines() if line.endswith(("met", "MISSED"))]
     assert len(verdicts) == 4  # P = 16 and 1, hashing on and off
 

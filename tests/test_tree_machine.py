@@ -3,7 +3,7 @@
 One machine, six test classes: P in {1, 4, 16}, FULL only (`PagedAllocator`) and
 FULL + SWA (`SWAAllocator`, `TreeConfig(sliding_window_size=...)`).
 
-The model is what a reader of CONTRACT.md expects the tree to hold, page by page:
+The model is what a reader of docs/contract.md expects the tree to hold, page by page:
 `pages[(namespace, token prefix up to the page's end)] = FULL slots of that page` for
 every page inserted and not evicted since, plus the pages stored / offloading, the
 walk hit counts, and every outstanding lock (requests, explicit locks, offload
@@ -17,7 +17,7 @@ fresh tokens below a chosen `swa_evicted_seqlen`); `finish_request` inserts with
 `prev_prefix_len` = the matched length and unlocks; `abort_request` frees what it
 allocated. Other rules interleave between the two halves of a request.
 
-Before each insert the expected outcome is computed from the model and CONTRACT.md:
+Before each insert the expected outcome is computed from the model and docs/contract.md:
 `prefix_len` (leading pages present), the adopted ranges (absent pages; in SWA mode
 also pages of an SWA tombstone at or above the request's boundary when the request's
 protected prefix ends at or before the node, FULL only if that node is unlocked), the

@@ -1,4 +1,4 @@
-"""Unit tests of `RadixTree`: the worked examples of CONTRACT.md and
+"""Unit tests of `RadixTree`: the worked examples of docs/contract.md and
 reference/sglang_contract_notes.md §4, split preservation, write-through, eviction
 (LRU, locks, offloads, the host tier), page hashes and tenant namespaces.
 

@@ -15,11 +15,14 @@ its arguments, a function that runs it, and one entry in the table):
   every bundled machine. Text formats go to stdout (several machines one after the
   other, each preceded by a comment naming it) or to ``-o FILE``. Images need
   Graphviz; with one machine ``-o`` is the file (default ``<machine>.<fmt>``), with
-  several it is a directory (default ``.``) receiving one file per machine; the
-  paths written are printed.
+  several it is a directory (default ``.``, created if missing; a missing path with a
+  suffix such as ``all.png`` is refused as a file name) receiving one file per
+  machine; the paths written are printed.
 - ``docs [--check] [--specs-dir DIR]`` — regenerate ``<machine>.md`` next to every
-  ``<machine>.toml`` (default: the bundled specs); ``--check`` writes nothing and
-  exits 1 listing the stale files.
+  ``<machine>.toml`` (default: the bundled specs of a source checkout; an installed
+  package's copy is never rewritten); ``--check`` writes nothing and exits 1 listing
+  the stale files.
+- ``--version`` prints the package version.
 - ``check-trace FILE.jsonl`` — replay a trace against the specs; exit 1 with the
   first illegal step and its context.
 - ``fuzz --minutes M [--coverage F]`` — run the whole-system Hypothesis machine for M
@@ -40,6 +43,7 @@ from typing import NoReturn
 
 import attrs
 
+from unicache_fsm import __version__
 from unicache_fsm.fsm import loader
 from unicache_fsm.fsm.conformance import check_trace, read_trace
 from unicache_fsm.fsm.coverage import Coverage
@@ -216,6 +220,12 @@ def _write_images(
         if folder.exists() and not folder.is_dir():
             msg = f"-o {str(folder)!r} must be a directory when drawing several machines"
             raise CliError(msg)
+        if not folder.exists() and folder.suffix:
+            msg = (
+                f"-o {str(folder)!r} looks like a file name, but {len(specs)} machines are "
+                "drawn: give a directory (created if missing) or one MACHINE"
+            )
+            raise CliError(msg)
         folder.mkdir(parents=True, exist_ok=True)
         targets = [folder / f"{name}.{fmt.value}" for name, _ in images]
     for target, (_, data) in zip(targets, images, strict=True):
@@ -242,6 +252,12 @@ def _docs_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_docs(args: argparse.Namespace) -> int:
     folder: Path = args.specs_dir if args.specs_dir is not None else loader.specs_dir()
+    if args.specs_dir is None and not args.check and not loader.specs_are_source():
+        msg = (
+            f"the bundled specs in {str(folder)!r} belong to an installed package, not a "
+            "source checkout; run `docs` from a checkout or pass --specs-dir DIR"
+        )
+        raise CliError(msg)
     spec_files = sorted(folder.glob("*.toml"))
     if not spec_files:
         msg = f"no *.toml spec files in {str(folder)!r}"
@@ -418,7 +434,7 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     failure: BaseException | None = None
     while time.perf_counter() - start < total:
         try:
-            run_state_machine_as_test(machine, settings=batch)  # type: ignore[no-untyped-call]
+            run_state_machine_as_test(machine, settings=batch)
         except Exception as exc:  # the kit found a bug: Hypothesis printed the program
             failure = exc
             break
@@ -503,6 +519,7 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Simulation, diagrams, docs and checks for the unicache_fsm machines.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         p = sub.add_parser(command.name, help=command.help, description=command.help)

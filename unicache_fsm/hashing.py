@@ -22,7 +22,7 @@ outside ``0 <= t < 2**32`` or not an integer), `InvalidPriorHashError` (a `prior
 is not 64 hex digits), `PageSizeError` (below 1), `NamespaceFieldError` (a non-str
 field). Nothing is returned for a chain that failed part-way.
 
-Vectors produced by SGLang 0.5.23 itself live in ``shared/vectors/page_hashes.json``
+Vectors produced by SGLang 0.5.23 itself live in ``tests/data/vectors/page_hashes.json``
 and are reproduced by ``tests/test_hashing.py``. This module imports nothing of ours
 but the error root.
 """

@@ -51,7 +51,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-__all__ = ["bundled_machines", "bundled_spec", "load_spec", "parse_spec", "specs_dir"]
+__all__ = [
+    "bundled_machines",
+    "bundled_spec",
+    "load_spec",
+    "parse_spec",
+    "specs_are_source",
+    "specs_dir",
+]
 
 _MACHINE_KEYS = {"machine", "noun", "description", "initial", "parallel", "states", "transitions"}
 _STATE_KEYS = {"initial", "final", "parallel", "on_enter", "on_exit", "description", "states"}
@@ -234,6 +241,14 @@ def specs_dir() -> Path:
     if packaged.is_dir():
         return Path(str(packaged))
     return Path(__file__).resolve().parents[2] / "specs"
+
+
+def specs_are_source() -> bool:
+    """Whether `specs_dir()` is the ``specs/`` folder of a source checkout (editable or
+    plain), which `unicache-fsm docs` may rewrite, rather than a copy inside an installed
+    package."""
+    folder = specs_dir()
+    return folder.name == "specs" and (folder.parent / "pyproject.toml").is_file()
 
 
 def bundled_machines() -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """The contract's invariants as functions, for tests and for fuzzing your own system.
 
-Each function checks one invariant of ``CONTRACT.md`` and raises `InvariantViolation`
+Each function checks one invariant of ``docs/contract.md`` and raises `InvariantViolation`
 (an `AssertionError`) naming the invariant and the culprit; it changes nothing.
 
 - `slot_conservation(tree, outside_full, outside_swa)` — free ⊎ tree-owned ⊎ held
