@@ -19,6 +19,7 @@ import torch
 from tree_strategies import key_of, request_slots, serve, tree_snapshot
 from unicache_fsm.fsm.errors import IllegalTransitionError, UnicacheFsmError
 from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
+from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree import (
     EvictParams,
     InsertParams,
@@ -34,6 +35,8 @@ from unicache_fsm.tree import (
     UnalignedKeyError,
     ValueLengthError,
 )
+
+FULL, SWA = ComponentType.FULL, ComponentType.SWA
 
 P = 4
 
@@ -54,7 +57,7 @@ class Scene:
     outside_swa: list[torch.Tensor] = attrs.field(factory=list, repr=False)
 
     def check(self) -> None:
-        self.tree.check(outside_full=self.outside_full, outside_swa=self.outside_swa)
+        self.tree.check({FULL: self.outside_full, SWA: self.outside_swa})
 
 
 def populate(tree: RadixTree) -> Scene:

@@ -41,7 +41,7 @@ from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.swa import SWAAllocator
-from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.scheduler.forward import namespace_salt, synth_kv
 from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
 from unicache_fsm.scheduler.request import Request
@@ -393,7 +393,7 @@ class Simulation:
             f, s = req.outside_slots()
             full += f
             swa += s
-        self.tree.check(outside_full=full, outside_swa=swa)
+        self.tree.check({ComponentType.FULL: full, ComponentType.SWA: swa})
         held = collections.Counter[int]()
         anchors = [r.lock_node for r in [*self.ready, *self.loading.values()]]
         for node in anchors + self.linker.locks_held():
