@@ -228,6 +228,10 @@ def _write_images(
             raise CliError(msg)
         folder.mkdir(parents=True, exist_ok=True)
         targets = [folder / f"{name}.{fmt.value}" for name, _ in images]
+        for target in targets:  # validation refuses such names; never trust one blindly
+            if target.resolve().parent != folder.resolve():
+                msg = f"machine name {target.stem!r} would write outside {str(folder)!r}"
+                raise CliError(msg)
     for target, (_, data) in zip(targets, images, strict=True):
         target.write_bytes(data)
     return targets
