@@ -5,6 +5,7 @@ Primitives:
 - `parse_spec(text, source)` — TOML text to a `MachineSpec`; raises `InvalidSpecError`
   listing every malformed field, unknown state and structural problem at once.
 - `load_spec(path)` — the same for a file on disk.
+- `load_specs(path)` — a spec file, or every ``*.toml`` of a directory (sorted by name).
 - `bundled_spec(name)` — one of the machines that ship with the library (the
   ``specs/`` folder of the source tree, ``unicache_fsm/specs`` inside a wheel).
 - `bundled_machines()` — the names of those machines, sorted.
@@ -55,6 +56,7 @@ __all__ = [
     "bundled_machines",
     "bundled_spec",
     "load_spec",
+    "load_specs",
     "parse_spec",
     "specs_are_source",
     "specs_dir",
@@ -233,6 +235,22 @@ def load_spec(path: str | Path) -> MachineSpec:
     """Read, parse and validate a spec file."""
     p = Path(path)
     return parse_spec(p.read_text(encoding="utf-8"), str(p))
+
+
+def load_specs(path: str | Path) -> list[MachineSpec]:
+    """The spec at `path`, or every ``*.toml`` spec in the directory `path` (sorted).
+
+    `InvalidSpecError` for the first invalid file, or for a directory without specs;
+    `OSError` when `path` does not exist.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return [load_spec(p)]
+    files = sorted(p.glob("*.toml"))
+    if not files:
+        problem = SpecProblem("no spec files", [f"no *.toml file in {str(p)!r}"])
+        raise InvalidSpecError(p.name, str(p), [problem])
+    return [load_spec(f) for f in files]
 
 
 def specs_dir() -> Path:
