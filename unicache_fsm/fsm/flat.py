@@ -13,7 +13,8 @@ and cannot disagree about nesting. Primitives:
   `is_active(config, path)`, `is_final(config)` — per-configuration questions, each
   answered without enumerating other configurations.
 - `FlatMachine.groups` — the reachable configurations of each region group, with
-  their transitions: what `fsm.validate` checks.
+  their transitions: what `fsm.validate` checks. `enumerated` says whether that
+  exploration already covered every configuration (a single group).
 - `FlatMachine.configs`, `table`, `active`, `final_configs` — the whole reachable
   product, built on first access. They cost what the product costs (2**14
   configurations for 14 independent two-state regions): for diagnostics, tests and
@@ -52,6 +53,7 @@ as one group: their configurations one by one.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -237,14 +239,34 @@ class FlatMachine:
         """Triggers with at least one transition from `config`, in declaration order."""
         return tuple(self.moves(config))
 
+    @property
+    def enumerated(self) -> bool:
+        """Whether building the machine already walked every reachable configuration
+        (one region group), so that `configs` and `table` cost nothing more. An
+        executor may build its dispatch eagerly then, and on first use otherwise."""
+        return len(self.groups) == 1
+
+    def first_configs(self, limit: int) -> tuple[str, ...]:
+        """The first `limit` configurations of `configs`, without walking the rest
+        (for messages that list a few known configurations)."""
+        return tuple(itertools.islice(self._walk(), limit))
+
     # -- the whole product (cost: the number of reachable configurations) --------------
     @functools.cached_property
     def configs(self) -> tuple[str, ...]:
         """Every reachable configuration, breadth-first from `initial`."""
-        if len(self.groups) == 1:
+        if self.enumerated:
             return self.groups[0].configs
+        return tuple(self._walk())
+
+    def _walk(self) -> Iterator[str]:
+        """Reachable configurations, breadth-first from `initial`, one at a time."""
+        if self.enumerated:
+            yield from self.groups[0].configs
+            return
         seen = {self.initial: None}
         queue = deque([self.initial])
+        yield self.initial
         while queue:
             config = queue.popleft()
             taken = sorted(
@@ -255,7 +277,7 @@ class FlatMachine:
                 if ft.dest not in seen:
                     seen[ft.dest] = None
                     queue.append(ft.dest)
-        return tuple(seen)
+                    yield ft.dest
 
     @functools.cached_property
     def table(self) -> dict[tuple[str, str], tuple[FlatTransition, ...]]:
