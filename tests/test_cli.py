@@ -351,10 +351,11 @@ def test_draw_diagrams_example_runs(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert str(tmp_path / f"{MACHINES[0]}.mmd") in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["../escaped_by_machine_name", "/tmp/absolute_machine_name"])
+@pytest.mark.parametrize("name", ["../escaped_by_machine_name", "<tmp>/absolute_machine_name"])
 def test_a_machine_name_never_writes_outside_the_output_folder(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    name = name.replace("<tmp>", str(tmp_path))
     spec = tmp_path / "spec" / "evil.toml"
     spec.parent.mkdir()
     spec.write_text(SMALL_SPEC.replace('machine = "door"', f"machine = {name!r}"))
@@ -364,4 +365,3 @@ def test_a_machine_name_never_writes_outside_the_output_folder(
     assert "invalid machine name" in line
     written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
     assert written == {Path("spec"), Path("spec/evil.toml"), Path("out")}
-    assert not Path("/tmp/absolute_machine_name.svg").exists()

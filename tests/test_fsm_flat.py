@@ -236,3 +236,5 @@ def test_independent_regions_are_explored_one_group_each() -> None:
     assert not flat.is_config(config.replace("r0.off", "r0.gone"))
     assert not flat.is_config(",".join(reversed(config.split(","))))
     assert not flat.is_config(["r0.off"])
+    assert flat.first_configs(3)[0] == flat.initial and len(flat.first_configs(3)) == 3
+    assert not flat.enumerated and "configs" not in vars(flat)  # the product was never walked

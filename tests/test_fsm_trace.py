@@ -328,3 +328,17 @@ def test_check_trace_refuses_a_machine_defined_twice(
         (tmp_path / name).write_text(DOOR)
     assert main(["check-trace", "--spec", str(tmp_path), str(_door_trace(tmp_path))]) == 2
     assert "defined twice" in capsys.readouterr().err
+
+
+def test_check_trace_bad_arguments_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _door_trace(tmp_path)
+    assert main(["check-trace", "--context", "-1", str(trace)]) == 2
+    assert "--context must be 0 or more" in capsys.readouterr().err
+    assert main(["check-trace", "--spec", str(tmp_path / "missing.toml"), str(trace)]) == 2
+    assert "missing.toml" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["check-trace", "--spec", str(empty), str(trace)]) == 2
+    assert "no *.toml file" in capsys.readouterr().err

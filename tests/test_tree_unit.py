@@ -527,6 +527,25 @@ def test_write_through_chain_stops_at_stored_or_offloading_ancestor() -> None:
     tree.check()
 
 
+def test_failed_offload_then_host_backup_is_offloaded_again() -> None:
+    """Issue 12 item 7: a failed offload leaves the node unstored and eligible again,
+    also after it was backed up to the host tier: the next insert that walks it puts
+    it in the write-through chain (a backed-up ancestor still ends a chain)."""
+    tree, _ = host_tree(4, write_through_threshold=1)
+    key = key_of(8)
+    (node,) = serve(tree, key).write_through
+    tree.finish_offload(tree.begin_offload([node]), False)
+    assert tree.backup(node) and node.backuped and not node.external_cache_stored
+    again = serve(tree, key)
+    assert again.write_through == [node]
+    child = serve(tree, key_of(12)).last_device_node
+    assert child is not None and tree.offload_chain(child) == [child]  # stops at the backup
+    tree.finish_offload(tree.begin_offload(again.write_through), True)
+    assert node.external_cache_stored and node.backuped
+    assert serve(tree, key).write_through == []  # stored: never offloaded again
+    tree.check()
+
+
 def test_no_write_through_without_hashes() -> None:
     tree = full_tree(4, write_through_threshold=1, hash_pages=False)
     key = key_of(8)

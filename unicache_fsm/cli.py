@@ -494,6 +494,9 @@ def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_check_trace(args: argparse.Namespace) -> int:
+    if args.context < 0:
+        msg = f"--context must be 0 or more, got {args.context}"
+        raise CliError(msg)
     specs = [spec for path in args.spec for spec in loader.load_specs(path)]
     try:
         result = check_trace(read_trace(args.trace), spec_lookup(specs), context=args.context)

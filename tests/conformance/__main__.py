@@ -31,11 +31,12 @@ from conformance.strategies import programs
 
 
 def _generate(config: Config, n: int, at: int) -> list[Program]:
-    found: list[Program] = []
+    """Up to `n` distinct programs (Hypothesis's generation repeats itself now and then)."""
+    found: dict[Program, None] = {}
 
     @seed(at)
     @settings(
-        max_examples=n,
+        max_examples=3 * n,
         deadline=None,
         database=None,
         phases=[Phase.generate],
@@ -43,10 +44,11 @@ def _generate(config: Config, n: int, at: int) -> list[Program]:
     )
     @given(programs(config))
     def collect(program: Program) -> None:
-        found.append(program)
+        if len(found) < n:
+            found[program] = None
 
     collect()
-    return found
+    return list(found)
 
 
 def census(configs: list[Config], n: int, at: int) -> int:

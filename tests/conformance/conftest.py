@@ -13,9 +13,11 @@ which configurations run.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
+import unicache_fsm
 from conformance.model import CONFIGS, Config, config_named
 from conformance.sglang_side import SglangUnavailable, load_sglang
 from unicache_fsm.testing.profiles import ENV_VAR
@@ -28,6 +30,10 @@ try:
 except SglangUnavailable as exc:
     _SG = None
     UNAVAILABLE = str(exc)
+
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+PROJECT_FROM = Path(unicache_fsm.__file__).resolve().parents[1]
 
 
 def examples() -> int:
@@ -52,7 +58,8 @@ def _oracle_line() -> str:
 
     return (
         f"conformance oracle: SGLang {_SG.version} (UnifiedRadixCache, python tree core) "
-        f"from {os.path.dirname(sglang.__file__)}; {examples()} sequences per configuration"
+        f"from {os.path.dirname(sglang.__file__)}; {examples()} sequences per configuration; "
+        f"project tree from {PROJECT_FROM}"
     )
 
 
@@ -62,6 +69,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 @pytest.fixture(autouse=True)
 def _require_oracle() -> None:
+    # the tree under test must be this checkout's, whatever the venv's editable install says
+    assert PROJECT_FROM == CHECKOUT, (
+        f"unicache_fsm is imported from {PROJECT_FROM}, not from this checkout {CHECKOUT}: "
+        "run the suite from the checkout's root (python -m pytest tests/conformance)"
+    )
     if UNAVAILABLE is None:
         return
     if os.environ.get("CI"):

@@ -119,9 +119,7 @@ _ALL += (
         ),
         reason="A store is a cache: losing it must cost time, not requests.",
         exclusion="No loads are driven (as for COMMIT_PHASE).",
-        pinned_by=(
-            "tests/test_linker_faults.py::test_load_fault_ends_committed_or_recomputed"
-        ),
+        pinned_by=("tests/test_linker_faults.py::test_load_fault_ends_committed_or_recomputed"),
     ),
     Deviation(
         name="LOOKUP_DEMOTES",

@@ -91,7 +91,7 @@ def read_trace(path: str | Path) -> Iterator[Any]:
     Raises `TraceInputError` naming the line when a line is not JSON (or not UTF-8);
     what the records hold is `check_trace`'s business.
     """
-    with Path(path).open(encoding="utf-8", errors="strict") as f:
+    with Path(path).open(encoding="utf-8-sig", errors="strict") as f:  # a BOM is tolerated
         n = 0
         while True:
             n += 1

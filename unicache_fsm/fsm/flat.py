@@ -13,7 +13,8 @@ and cannot disagree about nesting. Primitives:
   `is_active(config, path)`, `is_final(config)` — per-configuration questions, each
   answered without enumerating other configurations.
 - `FlatMachine.groups` — the reachable configurations of each region group, with
-  their transitions: what `fsm.validate` checks.
+  their transitions: what `fsm.validate` checks. `enumerated` says whether that
+  exploration already covered every configuration (a single group).
 - `FlatMachine.configs`, `table`, `active`, `final_configs` — the whole reachable
   product, built on first access. They cost what the product costs (2**14
   configurations for 14 independent two-state regions): for diagnostics, tests and
@@ -52,6 +53,7 @@ as one group: their configurations one by one.
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -165,6 +167,7 @@ class FlatMachine:
         self.initial: str = self._name(init_active)
         self._active_of: dict[str, frozenset[str]] = {self.initial: init_active}
         self._moves: dict[str, dict[str, tuple[FlatTransition, ...]]] = {}
+        self._groups: dict[tuple[str, str], tuple[FlatTransition, ...]] = {}
         self.cross_region: tuple[str, ...] = self._crossing(valid)
         self.groups: tuple[RegionGroup, ...] = tuple(
             self._explore(regions) for regions in self._region_groups()
@@ -222,7 +225,7 @@ class FlatMachine:
             active = self.active_states(config)
             found = {}
             if not self._is_final(active):
-                for ft, dest_active in self._apply_all(active, None, None):
+                for ft, dest_active in self._apply_all(config, active):
                     found[ft.trigger] = (*found.get(ft.trigger, ()), ft)
                     self._active_of.setdefault(ft.dest, dest_active)
             found = dict(sorted(found.items(), key=lambda kv: self._trigger_rank[kv[0]]))
@@ -230,21 +233,56 @@ class FlatMachine:
         return found
 
     def group(self, config: str, trigger: str) -> tuple[FlatTransition, ...]:
-        """The candidates of `trigger` in `config`, in declaration order (empty: none)."""
-        return self.moves(config).get(trigger, ())
+        """The candidates of `trigger` in `config`, in declaration order (empty: none).
+
+        Computes only this trigger's candidates when `moves(config)` was not asked yet.
+        """
+        found = self._moves.get(config)
+        if found is not None:
+            return found.get(trigger, ())
+        group = self._groups.get((config, trigger))
+        if group is None:
+            active = self.active_states(config)
+            group = ()
+            if not self._is_final(active):
+                for ft, dest_active in self._apply_all(config, active, trigger=trigger):
+                    group += (ft,)
+                    self._active_of.setdefault(ft.dest, dest_active)
+            self._groups[(config, trigger)] = group
+        return group
 
     def triggers_from(self, config: str) -> tuple[str, ...]:
         """Triggers with at least one transition from `config`, in declaration order."""
         return tuple(self.moves(config))
 
+    @property
+    def enumerated(self) -> bool:
+        """Whether building the machine already walked every reachable configuration
+        (one region group), so that `configs` and `table` cost nothing more. An
+        executor may build its dispatch eagerly then, and on first use otherwise."""
+        return len(self.groups) == 1
+
+    def first_configs(self, limit: int) -> tuple[str, ...]:
+        """The first `limit` configurations of `configs`, without walking the rest
+        (for messages that list a few known configurations)."""
+        return tuple(itertools.islice(self._walk(), limit))
+
     # -- the whole product (cost: the number of reachable configurations) --------------
     @functools.cached_property
     def configs(self) -> tuple[str, ...]:
         """Every reachable configuration, breadth-first from `initial`."""
-        if len(self.groups) == 1:
+        if self.enumerated:
             return self.groups[0].configs
+        return tuple(self._walk())
+
+    def _walk(self) -> Iterator[str]:
+        """Reachable configurations, breadth-first from `initial`, one at a time."""
+        if self.enumerated:
+            yield from self.groups[0].configs
+            return
         seen = {self.initial: None}
         queue = deque([self.initial])
+        yield self.initial
         while queue:
             config = queue.popleft()
             taken = sorted(
@@ -255,7 +293,7 @@ class FlatMachine:
                 if ft.dest not in seen:
                     seen[ft.dest] = None
                     queue.append(ft.dest)
-        return tuple(seen)
+                    yield ft.dest
 
     @functools.cached_property
     def table(self) -> dict[tuple[str, str], tuple[FlatTransition, ...]]:
@@ -310,28 +348,36 @@ class FlatMachine:
                     return tuple(out)
         return tuple(out)
 
-    def witness_pairs(self) -> Iterator[tuple[str, str]]:
-        """``(config, trigger)`` pairs that together show every way candidates of one
-        trigger meet: every pair of each group's own exploration, and for a trigger
-        of several groups, configurations combining one candidate of each."""
+    def candidate_groups(self) -> Iterator[tuple[str, str, tuple[FlatTransition, ...]]]:
+        """``(config, trigger, candidates)`` triples that together show every way the
+        candidates of one trigger meet (what the ambiguity check needs): every group's
+        own table, and for a trigger of several groups, configurations that combine each
+        candidate-holding configuration of one group with, in every other group, the
+        configuration holding that trigger's latest-declared candidate."""
         for group in self.groups:
-            yield from group.table
+            for (config, trigger), candidates in group.table.items():
+                yield config, trigger, candidates
         if len(self.groups) == 1:
             return
-        by_trigger: dict[str, list[tuple[int, str]]] = {}
+        holders: dict[str, dict[int, list[str]]] = {}
+        latest: dict[tuple[str, int], tuple[int, str]] = {}
         for k, group in enumerate(self.groups):
-            best: dict[str, str] = {}
-            for config, trigger in group.table:
-                best.setdefault(trigger, config)
-            for trigger, config in best.items():
-                by_trigger.setdefault(trigger, []).append((k, config))
-        for trigger, holders in by_trigger.items():
-            if len(holders) < 2:
+            for (config, trigger), candidates in group.table.items():
+                holders.setdefault(trigger, {}).setdefault(k, []).append(config)
+                top = max(ft.spec.index for ft in candidates)
+                if top > latest.get((trigger, k), (-1, ""))[0]:
+                    latest[(trigger, k)] = (top, config)
+        for trigger, by_group in holders.items():
+            if len(by_group) < 2:
                 continue
-            parts = [g.configs[0] for g in self.groups]
-            for k, config in holders:
-                parts[k] = config
-            yield self._combine(parts), trigger
+            for k, configs in by_group.items():
+                for config in configs:
+                    parts = [g.configs[0] for g in self.groups]
+                    for other in by_group:
+                        parts[other] = latest[(trigger, other)][1]
+                    parts[k] = config
+                    combined = self._combine(parts)
+                    yield combined, trigger, self.group(combined, trigger)
 
     @property
     def out_of_final(self) -> tuple[str, ...]:
@@ -443,19 +489,24 @@ class FlatMachine:
 
     def _apply_all(
         self,
+        config: str,
         active: frozenset[str],
-        only: frozenset[int] | None,
-        late: list[FlatTransition] | None,
+        *,
+        only: frozenset[int] | None = None,
+        trigger: str | None = None,
+        late: list[FlatTransition] | None = None,
     ) -> Iterator[tuple[FlatTransition, frozenset[str]]]:
-        """The transitions that apply in `active`, in declaration order, each with the
-        active states of its dest.
+        """The transitions that apply in configuration `config` (whose active states are
+        `active`), in declaration order, each with the active states of its dest.
 
-        `only` restricts them to those indexes; with `late`, the configuration is final:
-        nothing is yielded and the explicit-source transitions that would apply are
-        appended to `late` instead.
+        `only` restricts them to those indexes, `trigger` to that trigger; with `late`,
+        the configuration is final: nothing is yielded and the explicit-source
+        transitions that would apply are appended to `late` instead.
         """
         for t in self._candidates(active):
             if only is not None and t.index not in only:
+                continue
+            if trigger is not None and t.trigger != trigger:
                 continue
             if ANY_STATE in t.sources:
                 if late is not None:
@@ -465,7 +516,7 @@ class FlatMachine:
                 src = next((s for s in t.sources if s in active), None)
             if src is None or not self._requires_ok(t, active):
                 continue
-            applied = self._apply(t, src, active)
+            applied = self._apply(t, src, config, active)
             if applied is None:
                 continue
             if late is not None:
@@ -474,7 +525,7 @@ class FlatMachine:
                 yield applied
 
     def _apply(
-        self, t: TransitionSpec, src: str, active: frozenset[str]
+        self, t: TransitionSpec, src: str, config: str, active: frozenset[str]
     ) -> tuple[FlatTransition, frozenset[str]] | None:
         dest = t.dest
         dest_anc = _ancestors(dest)
@@ -502,11 +553,14 @@ class FlatMachine:
                         if c.path != nxt:
                             entered_set |= self._default_entry(c.path, unknown)
         entered = sorted(entered_set, key=self._order.__getitem__)
-        new_active = frozenset((active - set(exited)) | entered_set)
-        dest_name = self._name(new_active)
+        gone = set(exited)
+        new_active = frozenset((active - gone) | entered_set)
+        leaves = [x for x in config.split(",") if x not in gone]
+        leaves += [p for p in entered if self._states[p].kind is StateKind.ATOMIC]
+        leaves.sort(key=self._order.__getitem__)
         ft = FlatTransition(
-            source=self._name(active),
-            dest=dest_name,
+            source=config,
+            dest=sys.intern(",".join(leaves)),
             trigger=t.trigger,
             spec=t,
             exits=tuple(cb for p in exited for cb in self._states[p].on_exit),
@@ -580,11 +634,11 @@ class FlatMachine:
             moves: dict[str, tuple[FlatTransition, ...]] = {}
             if self._is_final(active):
                 late: list[FlatTransition] = []
-                for _ in self._apply_all(active, only, late):
+                for _ in self._apply_all(config, active, only=only, late=late):
                     pass
                 blocked[config] = tuple(late)
             else:
-                for ft, dest_active in self._apply_all(active, only, None):
+                for ft, dest_active in self._apply_all(config, active, only=only):
                     moves[ft.trigger] = (*moves.get(ft.trigger, ()), ft)
                     self._active_of.setdefault(ft.dest, dest_active)
                     if ft.dest not in seen:

@@ -106,8 +106,7 @@ def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> l
     add("transition across parallel regions", list(flat.cross_region))
 
     ambiguous = []
-    for config, trigger in flat.witness_pairs():
-        group = flat.group(config, trigger)
+    for config, trigger, group in flat.candidate_groups():
         for earlier in group[:-1]:
             if not earlier.spec.guarded:
                 shadow = f"#{earlier.spec.index} unguarded"

@@ -20,9 +20,11 @@ What `SharedStore` does with them:
   the books: pages another process wrote are learnt (parent: the previous key of the
   same request), pages another process removed are forgotten. `capacity_pages` bounds
   the pages this store knows; it evicts only from its own books (`_erase`).
-- OFFLOAD: the new pages (write-once, chosen and made room for under the lock as in
-  `BaseStore`) are read from the pool, checksummed, and written with their headers; the
-  offload completes True only when `_write` returned for all of them.
+- OFFLOAD: the books are first reconciled with the medium for the offload's keys (so a
+  page someone removed is written again, not skipped); the new pages (write-once,
+  chosen and made room for under the lock as in `BaseStore`) are read from the pool,
+  checksummed, and written with their headers; the offload completes True only when
+  `_write` returned for all of them.
 - LOAD: every page of a transfer is read into a staging buffer and its header (key,
   pool, length) and checksum checked before the transfer is written into its slots in
   one `write_pages`: a bad page fails the batch with no byte of that transfer written,
@@ -158,8 +160,15 @@ class SharedStore(BaseStore[KnownPage]):
     def _run_offload(self, record: StoreOffload) -> None:
         with self._cond:
             OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
+            try:
+                for ct in record.transfers:  # write-once skips what the medium holds now,
+                    self._present(ct.pool, ct.keys)  # not what the books last saw
+                fresh = True
+            except Exception as exc:  # the medium failed: so does the offload
+                self.last_error = exc
+                fresh = False
             chosen, protect = self._plan_new_pages(record)
-            fits = self._make_room(sum(len(c.indices) for c in chosen), protect)
+            fits = fresh and self._make_room(sum(len(c.indices) for c in chosen), protect)
             pools = [self._pools.pool(c.transfer.pool, "offload") for c in chosen]
         written: list[tuple[Ident, KnownPage]] = []
         ok = fits

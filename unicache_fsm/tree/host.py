@@ -71,7 +71,6 @@ class HostTier(Locks, Eviction):
         """Copy the host backups of the evicted nodes on the path to `node` back to the
         device (evicting the shortfall first). False if the device pool stays short."""
         kv, host, _ = self.host_parts()
-        bk = self.backbone_type
         self.inc_lock_ref(node)  # making room must not evict what this loads back
         try:
             for n in node.path_from_root():
@@ -86,7 +85,7 @@ class HostTier(Locks, Eviction):
                     return False
                 assert n.host is not None
                 host.restore_to(kv, n.host, slots)
-                n.data[bk] = slots
+                self.backbone.take_slots(n, slots)
                 n.last_access = self.tick()
                 self.residency.fire(n, T.LOAD_BACK)
         finally:

@@ -1,7 +1,9 @@
 """Offload tickets: the external store's side of node residency, as the tree sees it.
 
-- `offload_chain(node)` — `node` and its ancestors up to the first one that is
-  stored, offloading or backed up, root first: what write-through offloads.
+- `offload_chain(node)` — `node` (unless stored or offloading) and its ancestors up
+  to the first one that is stored, offloading or backed up, root first: what
+  write-through offloads. A backed-up node whose offload failed is in its own chain:
+  a failure leaves it eligible again.
 - `begin_offload(chain) -> OffloadTicket` — every node of the chain moves to
   ``external.offloading`` and points at the ticket; the deepest node (the lock
   anchor) is locked, which pins the whole chain.
@@ -58,9 +60,12 @@ class Offloads(Locks):
     ticket_ids: int = 0
 
     def offload_chain(self, node: TreeNode) -> list[TreeNode]:
-        """`node` and its ancestors up to the first stored/offloading/backed-up one, root first."""
-        chain: list[TreeNode] = []
-        n: TreeNode | None = node
+        """`node` and its ancestors up to the first stored/offloading/backed-up one, root
+        first (`node` itself counts whether backed up or not)."""
+        if node.parent is None or node.external_cache_stored or node.offloading:
+            return []
+        chain: list[TreeNode] = [node]
+        n = node.parent
         while n is not None and n.parent is not None:
             if n.external_cache_stored or n.offloading or n.backuped:
                 break

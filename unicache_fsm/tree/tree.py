@@ -206,6 +206,8 @@ class RadixTree(HostTier, Offloads):
         if self.config.hash_pages:  # hashing errors must come before any change
             hashing.check_tokens(key)
             hashing.check_prior(params.namespace)
+        for c in self.components:
+            c.check_insert(params)
 
     def insert(self, params: InsertParams) -> InsertResult:
         self._check_insert(params)

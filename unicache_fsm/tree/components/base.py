@@ -10,6 +10,10 @@ Tree hooks, in the order a tree uses them:
 
 - `enabled(allocator, config)` (classmethod) — whether a tree built with these gets
   the component; `TreeError` for half a configuration.
+- `check_insert(params)` — refuse an insert (typed error) before the tree changes.
+- `take_slots(node, slots)` / `drop_slots(node)` — set / remove this component's
+  slots on a node, keeping the component's own books (FULL: which pages the tree
+  owns). Every write of a node's `data` entry goes through them.
 - `adopt(node, ctx)` — `node` just took the caller's slots (a new leaf, or an evicted
   node that an insert walked): take this component's share, recording what was
   adopted. Runs backbone first; may split `node` and returns the node that now ends
@@ -174,6 +178,15 @@ class TreeComponent(abc.ABC):
         return False
 
     # -- tree hooks ----------------------------------------------------------------------
+    def check_insert(self, params: InsertParams) -> None:
+        return None
+
+    def take_slots(self, node: TreeNode, slots: torch.Tensor) -> None:
+        node.data[self.component_type] = slots
+
+    def drop_slots(self, node: TreeNode) -> torch.Tensor:
+        return node.data.pop(self.component_type)
+
     def adopt(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
         return node
 

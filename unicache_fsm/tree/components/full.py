@@ -3,6 +3,11 @@ key; an insert's value and a match's result are FULL slots.
 
 Tree hooks:
 
+- `check_insert` — with `TreeConfig.check_slots`, refuse caller slots (at or past
+  `prev_prefix_len`) whose pages the tree already owns (`OwnedSlotsError`): adopted
+  under another key, two nodes would share them; freed as duplicates, the tree would
+  lose them. The component keeps a per-page ownership map for it (`take_slots` /
+  `drop_slots`).
 - `adopt` — the node takes the caller's FULL slots for its span (a copy, never a view
   of the caller's tensor); the range is recorded as adopted.
 - `overlap` — the node keeps its slots; unless another component settled the node,
@@ -40,11 +45,12 @@ from unicache_fsm.tree.components.base import (
     TreeComponent,
     select_adopted_pages,
 )
-from unicache_fsm.tree.params import EvictParams
+from unicache_fsm.tree.errors import OwnedSlotsError
+from unicache_fsm.tree.params import EvictParams, InsertParams
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
-    from unicache_fsm.tree.tree import TreeConfig
+    from unicache_fsm.tree.tree import RadixTree, TreeConfig
 
 __all__ = ["FullComponent"]
 
@@ -61,9 +67,58 @@ class FullComponent(TreeComponent):
     def enabled(cls, allocator: PagedAllocator | SWAAllocator, config: TreeConfig) -> bool:
         return True
 
+    def __init__(self, tree: RadixTree) -> None:
+        super().__init__(tree)
+        alloc = tree.allocator
+        rows = alloc.full_num_slots if isinstance(alloc, SWAAllocator) else alloc.num_slots
+        # owned[page]: the tree holds that FULL page (on some node); None without checks
+        self.owned: torch.Tensor | None = (
+            torch.zeros(rows // self.page_size, dtype=torch.bool, device=alloc.device)
+            if tree.config.check_slots
+            else None
+        )
+
     # -- tree hooks ----------------------------------------------------------------------
+    def _pages(self, slots: torch.Tensor) -> torch.Tensor:
+        p = self.page_size
+        return slots if p == 1 else slots[::p] // p
+
+    def check_insert(self, params: InsertParams) -> None:
+        owned = self.owned
+        tail = params.value[params.prev_prefix_len :]
+        if owned is None or not tail.numel():
+            return
+        pages = self._pages(tail)
+        hit = owned[pages]
+        if not bool(hit.any()):
+            return
+        bad = sorted(set(pages[hit].tolist()))
+        holders = [
+            n.id
+            for n in self.tree.nodes()
+            if (s := n.data.get(FULL)) is not None
+            and not set(self._pages(s).tolist()).isdisjoint(bad)
+        ]
+        msg = (
+            f"insert value names FULL pages {bad[:10]} at or past prev_prefix_len = "
+            f"{params.prev_prefix_len}, which the tree already owns (nodes {holders[:10]}); "
+            "pass the slots you matched below prev_prefix_len and fresh slots past it"
+        )
+        raise OwnedSlotsError(msg, pages=bad, node_ids=holders)
+
+    def take_slots(self, node: TreeNode, slots: torch.Tensor) -> None:
+        node.data[FULL] = slots
+        if self.owned is not None:
+            self.owned[self._pages(slots)] = True
+
+    def drop_slots(self, node: TreeNode) -> torch.Tensor:
+        slots = node.data.pop(FULL)
+        if self.owned is not None:
+            self.owned[self._pages(slots)] = False
+        return slots
+
     def adopt(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
-        node.data[FULL] = ctx.value[node.start : node.end].clone()
+        self.take_slots(node, ctx.value[node.start : node.end].clone())
         ctx.result.record_adopted_range(FULL, node.start, node.end)
         return node
 
@@ -94,7 +149,7 @@ class FullComponent(TreeComponent):
         tally[FULL] = tally.get(FULL, 0) + freed
 
     def release(self, node: TreeNode) -> int:
-        slots = node.data.pop(FULL)
+        slots = self.drop_slots(node)
         self.tree.allocator.free(slots)
         return int(slots.numel())
 
@@ -108,6 +163,12 @@ class FullComponent(TreeComponent):
             self.tree.allocator.allocated_page_ids(),
             findings,
         )
+        if self.owned is not None:
+            books = set(self.owned.nonzero().flatten().tolist())
+            held = set(page_ids(owned, self.page_size).tolist())
+            if books != held:
+                wrong = sorted(books ^ held)[:10]
+                findings.append(f"FULL: the ownership map disagrees with the nodes on {wrong}")
 
     # -- linker hooks --------------------------------------------------------------------
     def build_external_linker_transfer(

@@ -52,7 +52,7 @@ from unicache_fsm.tree.components.base import (
     TreeComponent,
     select_adopted_pages,
 )
-from unicache_fsm.tree.errors import TreeError
+from unicache_fsm.tree.errors import TreeConfigError, TreeError
 from unicache_fsm.tree.params import EvictParams
 from unicache_fsm.tree.residency import ResidencyTrigger, configs_where
 
@@ -79,7 +79,14 @@ class SwaComponent(TreeComponent):
     @classmethod
     def enabled(cls, allocator: PagedAllocator | SWAAllocator, config: TreeConfig) -> bool:
         has_allocator = isinstance(allocator, SWAAllocator)
-        if has_allocator != (config.sliding_window_size is not None):
+        size = config.sliding_window_size
+        if size is not None and (type(size) is not int or size <= 0):
+            msg = (
+                f"sliding_window_size = {size!r} is not a positive number of tokens; the "
+                "SWA window needs at least one token (0 would mean every page)"
+            )
+            raise TreeConfigError(msg, what="sliding_window_size", value=size)
+        if has_allocator != (size is not None):
             msg = (
                 "the SWA component needs both an SWAAllocator and sliding_window_size; got "
                 f"{type(allocator).__name__} and sliding_window_size="
@@ -105,7 +112,7 @@ class SwaComponent(TreeComponent):
 
     # -- tree hooks ----------------------------------------------------------------------
     def _go_live(self, node: TreeNode, swa_slots: torch.Tensor, ctx: InsertContext) -> None:
-        node.data[SWA] = swa_slots
+        self.take_slots(node, swa_slots)
         self.tree.residency.fire(node, T.ADOPT_SWA)
         ctx.result.record_adopted_range(SWA, node.start, node.end)
 
@@ -136,8 +143,9 @@ class SwaComponent(TreeComponent):
         swa_slots = self.allocator.translate(seg)
         tree_full = node.data[FULL]
         if node.lock_ref == 0:
-            ctx.to_free.append(tree_full)  # a tombstone's FULL maps to no SWA
-            node.data[FULL] = seg.clone()
+            backbone = self.tree.backbone
+            ctx.to_free.append(backbone.drop_slots(node))  # a tombstone's FULL maps to no SWA
+            backbone.take_slots(node, seg.clone())
             ctx.result.record_adopted_range(FULL, node.start, end)
         else:  # locked: keep its FULL, pair the caller's SWA with it
             self.allocator.set_full_to_swa_mapping(tree_full, swa_slots)
@@ -175,7 +183,7 @@ class SwaComponent(TreeComponent):
 
     def _tombstone(self, node: TreeNode) -> int:
         self.allocator.free_mapped_swa(node.data[FULL])
-        swa = node.data.pop(SWA)
+        swa = self.drop_slots(node)
         self.tree.residency.fire(node, T.TOMBSTONE_SWA)
         return int(swa.numel())
 
