@@ -12,6 +12,7 @@ SUDO=""
 if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
 need_apt=()
 command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)  # the Redis store tests start their own
 
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt_log=$(mktemp)

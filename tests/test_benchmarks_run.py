@@ -21,7 +21,10 @@ def _load(name: str) -> object:
     return module
 
 
-@pytest.mark.parametrize(("name", "marker"), [("dispatch", "x hand"), ("pools", "vs plain copy")])
+@pytest.mark.parametrize(
+    ("name", "marker"),
+    [("dispatch", "x hand"), ("pools", "vs plain copy"), ("build", "load+valid")],
+)
 def test_benchmark_runs_quick(name: str, marker: str, capsys: pytest.CaptureFixture[str]) -> None:
     module = _load(name)
     assert module.main(["--quick"]) == 0  # type: ignore[attr-defined]

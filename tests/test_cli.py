@@ -349,3 +349,19 @@ def test_draw_diagrams_example_runs(tmp_path: Path, capsys: pytest.CaptureFixtur
         if shutil.which("dot") is not None:
             ET.parse(tmp_path / f"{m}.svg")
     assert str(tmp_path / f"{MACHINES[0]}.mmd") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["../escaped_by_machine_name", "<tmp>/absolute_machine_name"])
+def test_a_machine_name_never_writes_outside_the_output_folder(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = name.replace("<tmp>", str(tmp_path))
+    spec = tmp_path / "spec" / "evil.toml"
+    spec.parent.mkdir()
+    spec.write_text(SMALL_SPEC.replace('machine = "door"', f"machine = {name!r}"))
+    out = tmp_path / "out"
+    out.mkdir()
+    line = run_error(capsys, ["diagram", str(spec), "-f", "svg", "-o", f"{out}/"])
+    assert "invalid machine name" in line
+    written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
+    assert written == {Path("spec"), Path("spec/evil.toml"), Path("out")}

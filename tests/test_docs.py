@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from unicache_fsm.fsm import loader
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
@@ -49,3 +51,42 @@ def test_every_deviation_names_tests_that_exist() -> None:
         for file, name in pins:
             source = (ROOT / file).read_text(encoding="utf-8")
             assert re.search(rf"^(async )?def {name}\(", source, re.M), f"{title}: {file}::{name}"
+
+
+SPEC_FORMAT = ROOT / "docs" / "spec-format.md"
+
+
+def _documented_keys(section: str) -> set[str]:
+    text = SPEC_FORMAT.read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(\w+)` \|", body, re.M))
+
+
+@pytest.mark.parametrize(
+    ("section", "keys"),
+    [
+        ("Machine keys", loader.MACHINE_KEYS),
+        ("State keys", loader.STATE_KEYS),
+        ("Transition keys", loader.TRANSITION_KEYS),
+    ],
+)
+def test_the_spec_format_documents_exactly_the_keys_the_loader_accepts(
+    section: str, keys: frozenset[str]
+) -> None:
+    assert _documented_keys(section) == set(keys)
+
+
+def test_the_spec_format_documents_every_kind_of_spec_problem() -> None:
+    sources = [ROOT / "unicache_fsm" / "fsm" / f for f in ("validate.py", "loader.py")]
+    kinds = {
+        kind
+        for source in sources
+        for kind in re.findall(
+            r'(?:add|SpecProblem)\(\s*"([^"{]+)"', source.read_text(encoding="utf-8")
+        )
+    }
+    assert {"unreachable state", "toml syntax", "initial that is not a child"} <= kinds
+    validation = SPEC_FORMAT.read_text(encoding="utf-8").split("\n## Validation\n", 1)[1]
+    quoted = re.findall(r"`([^`]+)`", validation.split("\n## ", 1)[0])
+    documented = {" ".join(q.split()) for q in quoted}
+    assert kinds - {"unknown machine", "no spec files"} <= documented

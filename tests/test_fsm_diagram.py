@@ -305,7 +305,9 @@ def test_edge_label_shows_trigger_guards_and_requires() -> None:
     assert edge_label(nested.transitions[1]) == "heat [hot_enough] [not frozen]"
     residency = loader.bundled_spec("node_residency")
     evict = next(t for t in residency.transitions if t.trigger == "evict")
-    assert edge_label(evict) == "evict (if backup.backed_up, external.unstored|stored)"
+    assert (
+        edge_label(evict) == "evict (if backup.backed_up, external.unstored|stored, swa.tombstone)"
+    )
 
 
 def test_graph_keeps_the_declared_hierarchy() -> None:
@@ -390,7 +392,7 @@ def test_mermaid_of_a_parallel_machine_wraps_its_regions() -> None:
     facts = check_mermaid(text)
     assert ("", "node_residency") in facts.starts
     assert facts.parent["device"] == "node_residency"
-    assert text.count("\n        --\n") == 2  # three regions, two dividers
+    assert text.count("\n        --\n") == 3  # four regions, three dividers
     assert facts.labels["device_resident"] == "resident"
 
 

@@ -177,3 +177,102 @@ def test_bundled_specs_are_valid() -> None:
 def test_unknown_bundled_machine_is_typed() -> None:
     with pytest.raises(InvalidSpecError, match="no bundled machine 'nope'"):
         bundled_spec("nope")
+
+
+# -- item 7: an initial below a child, requires inside the transition's own region ---------
+
+
+@pytest.mark.parametrize(
+    ("machine_initial", "b_initial", "culprit"),
+    [("b.c", "c", "machine (initial 'b.c')"), ("a", "c.d", "b (initial 'c.d')")],
+)
+def test_initial_naming_a_grandchild_is_refused(
+    machine_initial: str, b_initial: str, culprit: str
+) -> None:
+    text = f"""
+machine = "deep"
+initial = "{machine_initial}"
+[states.a]
+[states.b]
+initial = "{b_initial}"
+on_enter = ["enter_b"]
+[states.b.states.c]
+initial = "d"
+on_enter = ["enter_c"]
+[states.b.states.c.states.d]
+[states.b.states.c.states.e]
+[[transitions]]
+trigger = "go"
+source = "a"
+dest = "b"
+[[transitions]]
+trigger = "back"
+source = "b"
+dest = "a"
+"""
+    with pytest.raises(InvalidSpecError) as info:
+        parse_spec(text)
+    assert info.value.names("initial that is not a child") == (culprit,)
+
+
+def test_requires_in_the_transitions_own_region_is_refused() -> None:
+    text = """
+machine = "own"
+parallel = true
+[states.a]
+[states.a.states.x]
+[states.a.states.y]
+[states.b]
+[states.b.states.u]
+[states.b.states.v]
+[[transitions]]
+trigger = "go"
+source = "a.x"
+dest = "a.y"
+requires = ["a.y", "b.v"]
+[[transitions]]
+trigger = "back"
+source = "a.y"
+dest = "a.x"
+requires = ["a.y"]
+[[transitions]]
+trigger = "flip"
+source = "b.u"
+dest = "b.v"
+requires = ["a.x"]
+[[transitions]]
+trigger = "flop"
+source = "b.v"
+dest = "b.u"
+"""
+    with pytest.raises(InvalidSpecError) as info:
+        parse_spec(text)
+    err = info.value
+    assert err.names("requires naming the transition's own region") == (
+        "back: a.y -> a.x (requires a.y)",
+        "go: a.x -> a.y (requires a.y)",
+    )
+    assert "own region" in str(err)
+
+
+# -- item 8: a machine's name is a file name and can never leave the output directory ------
+
+
+@pytest.mark.parametrize(
+    "name", ["../escaped", "/tmp/abs", "a/b", "..", "dots.in.name", "", "C:\\x", "-x"]
+)
+def test_machine_names_that_address_a_path_are_refused(name: str) -> None:
+    text = f"""
+machine = {name!r}
+initial = "a"
+[states.a]
+[states.b]
+final = true
+[[transitions]]
+trigger = "go"
+source = "a"
+dest = "b"
+"""
+    with pytest.raises(InvalidSpecError) as info:
+        parse_spec(text, "x.toml")
+    assert info.value.kinds() & {"invalid machine name", "malformed field"}

@@ -16,6 +16,8 @@ from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.testing.system import System, kv_bytes
 from unicache_fsm.tree import ComponentType, EvictParams
 
+FULL, SWA = ComponentType.FULL, ComponentType.SWA
+
 
 def key_of(pages: int, p: int, base: int = 100) -> tuple[int, ...]:
     return tuple(range(base, base + pages * p))
@@ -218,14 +220,14 @@ def test_load_restores_the_window_of_swa_evicted_device_nodes() -> None:
     guard = s.lock(first.last_node)
     s.tree.evict(EvictParams(swa_num_tokens=2 * p))  # tombstones [4P, 6P)
     s.unlock(guard)
-    assert [n.swa is None for n in sorted(s.tree.nodes(), key=lambda n: n.start)] == [
+    assert [n.slots(SWA) is None for n in sorted(s.tree.nodes(), key=lambda n: n.start)] == [
         False,
         True,
         True,
     ]
     window_node = next(n for n in s.tree.nodes() if n.start == 4 * p)
-    assert window_node.full is not None
-    old_full = window_node.full.clone()
+    assert window_node.slots(FULL) is not None
+    old_full = window_node.slots(FULL).clone()
     b = s.begin("B", x)
     assert b.match is not None and b.load is not None
     assert b.match.device.prefix_len == 2 * p and b.match.external_hit_len == 4 * p

@@ -12,9 +12,11 @@ import torch
 
 from unicache_fsm.hashing import namespace_seed, page_hashes
 from unicache_fsm.linker.load import ExternalLoad
-from unicache_fsm.pools.transfer import PoolName, PoolTransfer
+from unicache_fsm.pools.transfer import ComponentType, PoolName, PoolTransfer
 from unicache_fsm.testing.system import System, kv_bytes
 from unicache_fsm.tree import EvictParams, ExecutorKind
+
+FULL = ComponentType.FULL
 
 SYSTEMS = [
     pytest.param(p, swa, id=f"P{p}-{'swa' if swa else 'full'}")
@@ -190,7 +192,7 @@ def scenario(p: int, swa: bool, executor: ExecutorKind) -> dict[str, object]:
         "committed": [(t.name, t.keys, slots_of(t).tolist()) for t in load.committed],
         "stats": s.linker.describe(),
         "tree": sorted(
-            (n.start, n.end, n.residency, None if n.full is None else n.full.tolist())
+            (n.start, n.end, n.residency, None if n.slots(FULL) is None else n.slots(FULL).tolist())
             for n in s.tree.nodes()
         ),
         "free": s.allocator.free_page_ids().tolist(),

@@ -4,19 +4,50 @@ Each `FaultKind` of `store/faults.py` is injected deterministically (every eligi
 call) only during the phase where it applies, then switched off. The request must end
 either committed or aborted and recomputed — never stuck — with the audit clean after
 every step and no lock left once everything finished.
+
+The whole module runs once per store backend (memory, file, redis: `backends.py`): the
+`backend` fixture puts that backend under every `System` built here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import torch
 
+from backends import BACKENDS, Backend
 from unicache_fsm.linker.load import AbortReason
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
-from unicache_fsm.testing.system import System, kv_bytes
+from unicache_fsm.testing import system
+from unicache_fsm.testing.system import kv_bytes
 from unicache_fsm.tree import EvictParams
 
 P = 4
+
+
+class System(system.System):
+    """`testing.system.System` with the module's backend as its store."""
+
+    backend_under_test: Backend | None = None
+
+    @classmethod
+    def build(cls, page_size: int, **kw: Any) -> system.System:
+        backend = cls.backend_under_test
+        if backend is not None and backend.name != "memory":
+            capacity = kw.pop("capacity_pages", None)
+            kw["store_factory"] = lambda: backend.make(capacity_pages=capacity)
+        return system.System.build(page_size, **kw)
+
+
+@pytest.fixture(autouse=True, params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    chosen = Backend(request.param)
+    System.backend_under_test = chosen
+    yield chosen
+    System.backend_under_test = None
+    chosen.cleanup()
 
 
 def key_of(pages: int, p: int = P, base: int = 100) -> tuple[int, ...]:
@@ -85,7 +116,7 @@ def test_load_fault_ends_committed_or_recomputed(kind: FaultKind, swa: bool) -> 
         s.audit()
         s.drive()
     s.faulty.policy = FaultPolicy()
-    assert s.faulty.inner is s.memory
+    assert s.faulty.inner is s.backend
     expected = LOAD_FAULTS[kind]
     if expected == "miss":
         assert b.load is None and s.linker.stats.lookup_faults == 1

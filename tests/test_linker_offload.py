@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.testing.system import System
 from unicache_fsm.tree import TreeNode
+
+SWA = ComponentType.SWA
 
 P = 4
 
@@ -147,7 +149,7 @@ def test_verify_stored_judges_full_pages_only() -> None:
     s = System.build(P, swa=True)
     x = key_of(8)
     a = s.compute("A", x)
-    assert a.last_node is not None and a.last_node.swa is not None
+    assert a.last_node is not None and a.last_node.slots(SWA) is not None
     window = a.last_node
     assert window.hashes is not None
     assert all(s.store.contains(PoolName.SWA, h) for h in window.hashes)

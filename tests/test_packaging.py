@@ -110,6 +110,7 @@ def test_testing_kit_namespace_is_locked() -> None:
         "LoadTicket",
         "MemoryStoreMachine",
         "POISON",
+        "RedisServer",
         "StoreMachine",
         "System",
         "SystemMachine",

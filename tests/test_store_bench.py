@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from unicache_fsm.testing.redis_server import available
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_store.py"
 
 
@@ -26,3 +28,6 @@ def test_bench_store_runs_quick(capsys: pytest.CaptureFixture[str]) -> None:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "offload (pool -> store)" in out and "vs gather/scatter" in out
+    # the file and Redis stores, each against its raw client (Redis where it is installed)
+    assert out.count("store / raw") == 1 + available()
+    assert "load, not in page cache" in out

@@ -17,7 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from unicache_fsm.linker import linker as linker_mod
 from unicache_fsm.linker import ranks
-from unicache_fsm.pools.transfer import ExternalLinkerLoadPhase
+from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase
 from unicache_fsm.testing.invariants import InvariantViolation
 from unicache_fsm.testing.machines import SystemMachine
 from unicache_fsm.testing.ranks import check_rank_agreement
@@ -60,7 +60,7 @@ def test_abort_that_forgets_the_swa_slots_is_caught(monkeypatch: pytest.MonkeyPa
         return swa_hook(self, phase, transfer, ctx)
 
     def full_only(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
-        if phase is ExternalLinkerLoadPhase.ABORT and self.tree.swa_enabled:
+        if phase is ExternalLinkerLoadPhase.ABORT and self.tree.component(ComponentType.SWA):
             self.tree.allocator.free_full_only(transfer.device_indices)
             return None  # ... and frees FULL without the SWA it maps to
         return full_hook(self, phase, transfer, ctx)
@@ -109,7 +109,7 @@ def test_eviction_that_ignores_locks_is_caught(monkeypatch: pytest.MonkeyPatch) 
             and not any(c.device_resident for c in node.children.values())
         )
 
-    monkeypatch.setattr(RadixTree, "_evictable_leaf", careless)
+    monkeypatch.setattr(RadixTree, "evictable_leaf", careless)
     err = _caught(_machine(4, False, False))  # a locked prefix vanishes under its request
     assert "not in the tree" in str(err) or "lock" in str(err), err
 

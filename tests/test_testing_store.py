@@ -131,6 +131,7 @@ def _caught(machine: type[StoreMachine], match: str) -> AssertionError:
         "Chain": Chain,
         "LoadTicket": LoadTicket,
         "PoolName": PoolName,
+        "ComponentType": PoolName,  # the same enum: builds() prints its class name
         "FaultPolicy": FaultPolicy,
     }
     with pytest.raises(AssertionError) as replay:

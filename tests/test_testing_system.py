@@ -3,6 +3,10 @@
 `SystemMachine` runs for FULL-only and FULL+SWA, P ∈ {1, 4, 16}, with and without
 injected store faults, every invariant after every step. Then, over all those runs,
 every declared transition of every spec must have been taken at least once.
+
+The same machine then runs on the file and Redis stores (`backends.py`), in fewer
+configurations and programs: what differs there is the store, which the store's own
+contract suites fuzz at length.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from backends import BACKENDS, Backend
 from unicache_fsm.cli import main
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.loader import bundled_machines, bundled_spec
 from unicache_fsm.fsm.trace import TransitionCounter
+from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.testing.machines import SystemMachine
 
 COMBOS = [(p, swa, faults) for p in (1, 4, 16) for swa in (False, True) for faults in (False, True)]
@@ -54,6 +60,31 @@ def test_every_declared_transition_is_taken() -> None:
         (name, arrow) for name in bundled_machines() for arrow in cov.missing(bundled_spec(name))
     }
     assert missing <= UNREACHABLE_IN_SYNC_MODE, sorted(missing - UNREACHABLE_IN_SYNC_MODE)
+
+
+BACKEND_COMBOS = [(4, False, True), (4, True, True), (16, True, False)]
+BACKEND_RUNS = settings(RUNS, max_examples=min(RUNS.max_examples, 40))
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.values[0] != "memory"])
+@pytest.mark.parametrize(("p", "swa", "faults"), BACKEND_COMBOS)
+def test_system_machine_on_every_backend(p: int, swa: bool, faults: bool, backend: str) -> None:
+    base = _machine(p, swa, faults)
+    stores = Backend(backend, background=backend == "redis")
+
+    class OnBackend(base):  # type: ignore[valid-type,misc]
+        def make_store(self) -> ExternalStore:
+            return stores.make(capacity_pages=self.capacity_pages)
+
+        def teardown(self) -> None:
+            try:
+                super().teardown()
+            finally:
+                stores.cleanup()
+
+    OnBackend.__name__ = f"{base.__name__}_{backend}"
+    run_state_machine_as_test(OnBackend, settings=BACKEND_RUNS)
+    assert OnBackend.steps > 0
 
 
 def test_fuzz_command_runs_and_writes_coverage(

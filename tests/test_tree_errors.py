@@ -19,21 +19,26 @@ import torch
 from tree_strategies import key_of, request_slots, serve, tree_snapshot
 from unicache_fsm.fsm.errors import IllegalTransitionError, UnicacheFsmError
 from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
+from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree import (
     EvictParams,
     InsertParams,
     LockUnderflowError,
     NodeStateError,
     OffloadTicket,
+    OwnedSlotsError,
     RadixTree,
     ResidencyTrigger,
     SlotTensorError,
     TreeConfig,
+    TreeConfigError,
     TreeError,
     TreeNode,
     UnalignedKeyError,
     ValueLengthError,
 )
+
+FULL, SWA = ComponentType.FULL, ComponentType.SWA
 
 P = 4
 
@@ -54,7 +59,7 @@ class Scene:
     outside_swa: list[torch.Tensor] = attrs.field(factory=list, repr=False)
 
     def check(self) -> None:
-        self.tree.check(outside_full=self.outside_full, outside_swa=self.outside_swa)
+        self.tree.check({FULL: self.outside_full, SWA: self.outside_swa})
 
 
 def populate(tree: RadixTree) -> Scene:
@@ -224,6 +229,32 @@ def test_unallocated_duplicate_slots_are_refused_before_any_change() -> None:
     assert tree_snapshot(tree) == before
 
 
+def test_slots_another_node_owns_are_refused_in_a_new_leaf(scene: Scene) -> None:
+    """Issue 12 item 8: slots the tree already owns (another node's), passed past
+    `prev_prefix_len` under a different key, are refused before any change; accepted,
+    two keys would share pages and a later eviction would free them twice."""
+    tree = scene.tree
+    owned = tree.path_slots(scene.stored)[-P:]  # a page of a node off the insert's path
+    params = insert_params(scene)  # value[m:] = fresh slots for two new pages
+    value = params.value.clone()
+    value[-P:] = owned
+    err = refused(scene, OwnedSlotsError, tree.insert, attrs.evolve(params, value=value))
+    assert isinstance(err, OwnedSlotsError) and isinstance(err, ValueError)
+    assert err.pages == [int(owned[0]) // P] and err.node_ids == [scene.stored.id]
+
+
+def test_matched_slots_past_prev_prefix_len_are_refused(scene: Scene) -> None:
+    """The same mistake on the matched path: the tree's own slots declared the caller's
+    (prev_prefix_len 0) would be freed as duplicates while the tree keeps them."""
+    tree = scene.tree
+    params = insert_params(scene, prev_prefix_len=0)
+    err = refused(scene, OwnedSlotsError, tree.insert, params)
+    assert isinstance(err, OwnedSlotsError)
+    expected = tree.match_prefix(params.key).device_indices[::P] // P
+    assert err.pages == sorted(expected.tolist())
+    assert scene.leaf.id in err.node_ids
+
+
 # -- split ----------------------------------------------------------------------------
 
 
@@ -353,6 +384,17 @@ def test_swa_allocator_needs_a_window() -> None:
         RadixTree(SWAAllocator(16, 16, 4))
     with pytest.raises(TreeError):
         RadixTree(PagedAllocator(16, 4), TreeConfig(sliding_window_size=4))
+
+
+@pytest.mark.parametrize("size", [0, -1, -2 * P, 2.5, True, "8"])
+def test_sliding_window_size_must_be_a_positive_int(size: Any) -> None:
+    """Issue 12 item 9: a window of 0 tokens (or less, or not an int) is refused with
+    a typed error naming the field (0 would mean "every page" in the SWA LOOKUP)."""
+    with pytest.raises(TreeConfigError) as info:
+        RadixTree(SWAAllocator(16 * P, 16 * P, P), TreeConfig(sliding_window_size=size))
+    err = info.value
+    assert isinstance(err, TreeError) and isinstance(err, ValueError)
+    assert (err.what, err.value) == ("sliding_window_size", size)
 
 
 def test_swa_eviction_on_a_full_only_tree() -> None:

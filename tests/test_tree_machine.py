@@ -23,7 +23,7 @@ also pages of an SWA tombstone at or above the request's boundary when the reque
 protected prefix ends at or before the node, FULL only if that node is unlocked), the
 fate of every caller slot (adopted or free) and of every replaced tree slot (free).
 
-Invariants after every step: `tree.check(outside_full=requests' slots, outside_swa=...)`;
+Invariants after every step: `tree.check({FULL: requests' slots, SWA: ...})`;
 the tree's pages and slots equal the model's; each node's lock_ref equals the number of
 outstanding locks whose path crosses it; stored / offloading per page equal the
 model's; hit counts equal the model's (FULL only; the SWA split-off lower halves are
@@ -207,7 +207,7 @@ class TreeMachine(RuleBasedStateMachine):
             return
         # SWA: the longest node end b <= longest on the path whose last `sw` tokens
         # (all of [0, b) when shorter) have live SWA data.
-        live = [tp[pk].node.swa is not None for pk in pks[:longest]]
+        live = [tp[pk].node.slots(SWA) is not None for pk in pks[:longest]]
         best = 0
         for b in range(1, longest + 1):
             if not tp[pks[b - 1]].last_of_node(p):
@@ -231,12 +231,15 @@ class TreeMachine(RuleBasedStateMachine):
     def _evict(self, params: EvictParams) -> None:
         tree, p = self.tree, self.page_size
         before = tree_pages(tree)
+        had_swa = {pk: info.node.slots(SWA) is not None for pk, info in before.items()}
         locks = self._expected_locks()
         in_flight = self._in_flight()
         nodes = list(tree.nodes())
         evictable = sum(len(n.key) for n in nodes if locks[n.id] == 0)
-        live_swa_unlocked = sum(len(n.key) for n in nodes if n.swa is not None and locks[n.id] == 0)
-        locked_live_swa = [n for n in nodes if n.swa is not None and locks[n.id] > 0]
+        live_swa_unlocked = sum(
+            len(n.key) for n in nodes if n.slots(SWA) is not None and locks[n.id] == 0
+        )
+        locked_live_swa = [n for n in nodes if n.slots(SWA) is not None and locks[n.id] > 0]
         avail = self.alloc.available_size()
         swa_avail = self.alloc.available_swa_size() if isinstance(self.alloc, SWAAllocator) else 0
         result = tree.evict(params)
@@ -255,10 +258,10 @@ class TreeMachine(RuleBasedStateMachine):
         assert self.alloc.available_size() - avail == result.num_tokens
         assert result.num_tokens >= min(params.num_tokens, evictable)
         if isinstance(self.alloc, SWAAllocator):
-            swa_of_removed = sum(p for pk in removed if before[pk].node.swa is not None)
+            swa_of_removed = sum(p for pk in removed if had_swa[pk])
             assert result.swa_num_tokens >= min(params.swa_num_tokens, live_swa_unlocked)
             for n in locked_live_swa:
-                assert n.swa is not None, f"SWA eviction tombstoned locked {n!r}"
+                assert n.slots(SWA) is not None, f"SWA eviction tombstoned locked {n!r}"
             delta = self.alloc.available_swa_size() - swa_avail
             assert delta == result.swa_num_tokens + swa_of_removed
         else:
@@ -431,7 +434,9 @@ class TreeMachine(RuleBasedStateMachine):
                 fa, sa = True, self.swa and start >= bound
             else:
                 node = tp[pk].node
-                tomb = self.swa and node.swa is None and start >= bound and prev <= node.start
+                tomb = (
+                    self.swa and node.slots(SWA) is None and start >= bound and prev <= node.start
+                )
                 fa, sa = tomb and node.lock_ref == 0, tomb
                 if fa:
                     replaced.extend(self.model[pk])
@@ -478,8 +483,8 @@ class TreeMachine(RuleBasedStateMachine):
                 assert (page not in swa_free) == swa_adopt[j], f"caller SWA page {page} at {j}"
                 if swa_adopt[j]:
                     node, idx = after[pks[j]].node, after[pks[j]].index
-                    assert node.swa is not None
-                    got = node.swa[idx * p : (idx + 1) * p].tolist()
+                    assert node.slots(SWA) is not None
+                    got = node.slots(SWA)[idx * p : (idx + 1) * p].tolist()
                     assert got == list(req.fresh_swa[i * p : (i + 1) * p])
         for j, pk in enumerate(pks):
             if full_adopt[j]:
@@ -569,8 +574,8 @@ class TreeMachine(RuleBasedStateMachine):
             self._snapshot_refused(self.tree.split, TreeError, node, k)
             return multiple()
         old_key, old_start, old_parent = node.key, node.start, node.parent
-        old_full = node.full.tolist() if node.full is not None else None
-        old_swa = node.swa.tolist() if node.swa is not None else None
+        old_full = node.slots(FULL).tolist() if node.slots(FULL) is not None else None
+        old_swa = node.slots(SWA).tolist() if node.slots(SWA) is not None else None
         old_hashes = list(node.hashes) if node.hashes is not None else None
         old = (node.residency, node.hit_count, node.lock_ref, node.pending_offload)
         ticket = node.pending_offload
@@ -579,15 +584,15 @@ class TreeMachine(RuleBasedStateMachine):
         assert top.key + node.key == old_key and len(top.key) == k
         assert (top.start, node.start) == (old_start, old_start + k)
         if old_full is None:
-            assert top.full is None and node.full is None
+            assert top.slots(FULL) is None and node.slots(FULL) is None
         else:
-            assert top.full is not None and node.full is not None
-            assert top.full.tolist() + node.full.tolist() == old_full
+            assert top.slots(FULL) is not None and node.slots(FULL) is not None
+            assert top.slots(FULL).tolist() + node.slots(FULL).tolist() == old_full
         if old_swa is None:
-            assert top.swa is None and node.swa is None
+            assert top.slots(SWA) is None and node.slots(SWA) is None
         else:
-            assert top.swa is not None and node.swa is not None
-            assert top.swa.tolist() + node.swa.tolist() == old_swa
+            assert top.slots(SWA) is not None and node.slots(SWA) is not None
+            assert top.slots(SWA).tolist() + node.slots(SWA).tolist() == old_swa
         if old_hashes is None:
             assert top.hashes is None and node.hashes is None
         else:
@@ -713,7 +718,7 @@ class TreeMachine(RuleBasedStateMachine):
     def tree_is_consistent(self) -> None:
         outside_full = [slots(r.fresh) for r in self.live.values()]
         outside_swa = [slots(r.fresh_swa) for r in self.live.values()]
-        self.tree.check(outside_full=outside_full, outside_swa=outside_swa)
+        self.tree.check({FULL: outside_full, SWA: outside_swa})
 
     @invariant()
     def tree_matches_model(self) -> None:

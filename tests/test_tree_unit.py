@@ -145,7 +145,7 @@ def test_insert_three_node_example_full_only(page_size: int) -> None:
     tree = full_tree(page_size)
     key = key_of(28)
     nodes = three_nodes(tree, key)
-    tree_slots = torch.cat([n.full for n in nodes if n.full is not None])
+    tree_slots = torch.cat([n.slots(FULL) for n in nodes if n.slots(FULL) is not None])
     available = tree.allocator.available_size()
     fresh, _ = request_slots(tree.allocator, 6, 28)  # the caller matched 6 tokens
     value = torch.cat([tree_slots[:6], fresh])
@@ -162,7 +162,7 @@ def test_insert_three_node_example_full_only(page_size: int) -> None:
     assert not pages_of(value[24:28], page_size) & free_pages(tree)
     leaf = result.last_device_node
     assert leaf is not None and (leaf.start, leaf.end) == (24, 28)
-    assert leaf.full is not None and leaf.full.tolist() == value[24:28].tolist()
+    assert leaf.slots(FULL) is not None and leaf.slots(FULL).tolist() == value[24:28].tolist()
     m = tree.match_prefix(key)
     assert m.device_indices.tolist() == tree_slots.tolist() + value[24:28].tolist()
     tree.check()
@@ -175,7 +175,7 @@ def test_insert_three_node_example_with_swa(page_size: int) -> None:
     tree = swa_tree(page_size, window=8)
     key = key_of(28)
     nodes = three_nodes(tree, key)
-    tree_slots = torch.cat([n.full for n in nodes if n.full is not None])
+    tree_slots = torch.cat([n.slots(FULL) for n in nodes if n.slots(FULL) is not None])
     swa_available = swa_of(tree).available_swa_size()
     fresh, fresh_swa = request_slots(tree.allocator, 6, 28, swa_bound=18)
     assert fresh_swa.numel() == 10  # SWA for tokens [18, 28)
@@ -192,10 +192,10 @@ def test_insert_three_node_example_with_swa(page_size: int) -> None:
     assert pages_of(fresh_swa[:6], page_size) <= swa_free_pages(tree)
     assert swa_of(tree).available_swa_size() == swa_available - 4
     leaf = result.last_device_node
-    assert leaf is not None and leaf.swa is not None
-    assert leaf.swa.tolist() == fresh_swa[6:].tolist()
+    assert leaf is not None and leaf.slots(SWA) is not None
+    assert leaf.slots(SWA).tolist() == fresh_swa[6:].tolist()
     # The cached nodes kept their FULL and SWA.
-    assert [n.swa is not None for n in nodes] == [True, True, True]
+    assert [n.slots(SWA) is not None for n in nodes] == [True, True, True]
     tree.check()
 
 
@@ -205,7 +205,7 @@ def test_insert_branch_diverging_inside_a_node() -> None:
     old = key_of(16)
     serve(tree, old)
     (node,) = tree.nodes()
-    old_slots = node.full.tolist() if node.full is not None else []
+    old_slots = node.slots(FULL).tolist() if node.slots(FULL) is not None else []
     new = (*old[:11], 100, 101, 102, 103, 104)  # diverges at token 11: page boundary 10
     fresh, _ = request_slots(tree.allocator, 8, 16)
     value = torch.cat([slots(old_slots[:8]), fresh])
@@ -257,7 +257,7 @@ def test_prev_prefix_len_size_sequence(page_size: int, with_swa: bool) -> None:
     expected = v1.tolist() + v2[p:].tolist() + v3[2 * p :].tolist()
     assert tree.match_prefix(key).device_indices.tolist() == expected
     # v3[:2P] (and its SWA) still belong to the caller.
-    tree.check(outside_full=[v3[: 2 * p]], outside_swa=[s3[: 2 * p]] if with_swa else [])
+    tree.check({FULL: [v3[: 2 * p]], SWA: [s3[: 2 * p]] if with_swa else []})
 
 
 # -- SWA tombstones ---------------------------------------------------------------------
@@ -268,7 +268,7 @@ def tombstone_node(tree: RadixTree, key: tuple[int, ...]) -> TreeNode:
     result = serve(tree, key, swa_bound=len(key))
     assert result.adopted_ranges == {FULL: [(0, len(key))]}
     node = result.last_device_node
-    assert node is not None and node.swa is None and node.full is not None
+    assert node is not None and node.slots(SWA) is None and node.slots(FULL) is not None
     return node
 
 
@@ -278,8 +278,8 @@ def test_swa_tombstone_over_unlocked_node_adopts_full_and_swa(page_size: int) ->
     tree = swa_tree(p, window=2 * p)
     key = key_of(8 * p)
     node = tombstone_node(tree, key)
-    assert node.full is not None
-    old_full = node.full.clone()
+    assert node.slots(FULL) is not None
+    old_full = node.slots(FULL).clone()
     # No live SWA window: the match is empty, so the request computes every token.
     assert tree.match_prefix(key).prefix_len == 0
     fresh, fresh_swa = request_slots(tree.allocator, 0, len(key))
@@ -287,8 +287,8 @@ def test_swa_tombstone_over_unlocked_node_adopts_full_and_swa(page_size: int) ->
     assert result.prefix_len == len(key)
     assert result.adopted_ranges == {FULL: [(0, 8 * p)], SWA: [(0, 8 * p)]}
     assert result.last_device_node is node
-    assert node.full is not None and node.full.tolist() == fresh.tolist()
-    assert node.swa is not None and node.swa.tolist() == fresh_swa.tolist()
+    assert node.slots(FULL) is not None and node.slots(FULL).tolist() == fresh.tolist()
+    assert node.slots(SWA) is not None and node.slots(SWA).tolist() == fresh_swa.tolist()
     assert pages_of(old_full, p) <= free_pages(tree)  # the old FULL went back
     assert tree.match_prefix(key).device_indices.tolist() == fresh.tolist()
     tree.check()
@@ -302,14 +302,14 @@ def test_swa_tombstone_over_locked_node_adopts_swa_only(page_size: int) -> None:
     assert isinstance(alloc, SWAAllocator)
     key = key_of(8 * p)
     node = tombstone_node(tree, key)
-    assert node.full is not None
-    kept_full = node.full.clone()
+    assert node.slots(FULL) is not None
+    kept_full = node.slots(FULL).clone()
     tree.inc_lock_ref(node)  # someone reads this node's FULL KV
     fresh, fresh_swa = request_slots(alloc, 0, len(key))
     result = tree.insert(InsertParams(key, fresh, track_adopted_ranges=True))
     assert result.adopted_ranges == {SWA: [(0, 8 * p)]}
-    assert node.full is not None and node.full.tolist() == kept_full.tolist()
-    assert node.swa is not None and node.swa.tolist() == fresh_swa.tolist()
+    assert node.slots(FULL) is not None and node.slots(FULL).tolist() == kept_full.tolist()
+    assert node.slots(SWA) is not None and node.slots(SWA).tolist() == fresh_swa.tolist()
     assert pages_of(fresh, p) <= free_pages(tree)  # the caller's FULL was freed
     assert not pages_of(fresh_swa, p) & swa_free_pages(tree)
     # The caller's SWA now pairs with the kept FULL slots.
@@ -326,16 +326,20 @@ def test_swa_tombstone_split_at_the_request_boundary() -> None:
     tree = swa_tree(p, window=4)
     key = key_of(12)
     node = tombstone_node(tree, key)
-    assert node.full is not None
-    old_full = node.full.tolist()
+    assert node.slots(FULL) is not None
+    old_full = node.slots(FULL).tolist()
     fresh, fresh_swa = request_slots(tree.allocator, 0, 12, swa_bound=6)
     result = tree.insert(InsertParams(key, fresh, swa_evicted_seqlen=6, track_adopted_ranges=True))
     assert result.adopted_ranges == {FULL: [(6, 12)], SWA: [(6, 12)]}
     lower, upper = sorted(tree.nodes(), key=lambda n: n.start)
     assert (lower.start, lower.end, upper.start, upper.end) == (0, 6, 6, 12)
-    assert lower.swa is None and lower.full is not None and lower.full.tolist() == old_full[:6]
-    assert upper.full is not None and upper.full.tolist() == fresh[6:].tolist()
-    assert upper.swa is not None and upper.swa.tolist() == fresh_swa.tolist()
+    assert (
+        lower.slots(SWA) is None
+        and lower.slots(FULL) is not None
+        and lower.slots(FULL).tolist() == old_full[:6]
+    )
+    assert upper.slots(FULL) is not None and upper.slots(FULL).tolist() == fresh[6:].tolist()
+    assert upper.slots(SWA) is not None and upper.slots(SWA).tolist() == fresh_swa.tolist()
     assert pages_of(fresh[:6], p) | pages_of(slots(old_full[6:]), p) <= free_pages(tree)
     tree.check()
 
@@ -347,14 +351,14 @@ def test_swa_tombstone_not_adopted_when_prefix_ends_inside_it() -> None:
     tree = swa_tree(p, window=4)
     key = key_of(8)
     node = tombstone_node(tree, key)
-    assert node.full is not None
-    tree_full = node.full.clone()
+    assert node.slots(FULL) is not None
+    tree_full = node.slots(FULL).clone()
     fresh, fresh_swa = request_slots(tree.allocator, 4, 8)
     value = torch.cat([tree_full[:4], fresh])
     result = tree.insert(InsertParams(key, value, prev_prefix_len=4, track_adopted_ranges=True))
     assert result.adopted_ranges == {}
-    assert node.full is not None and node.full.tolist() == tree_full.tolist()
-    assert node.swa is None
+    assert node.slots(FULL) is not None and node.slots(FULL).tolist() == tree_full.tolist()
+    assert node.slots(SWA) is None
     assert pages_of(fresh, p) <= free_pages(tree)
     assert pages_of(fresh_swa, p) <= swa_free_pages(tree)
     tree.check()
@@ -381,10 +385,10 @@ def test_swa_boundary_on_a_new_leaf(
     spans = {(n.start, n.end): n for n in tree.nodes()}
     assert set(spans) == {s for s in (tomb, live) if s is not None}
     if tomb is not None:
-        assert spans[tomb].swa is None
+        assert spans[tomb].slots(SWA) is None
     if live is not None:
         node = spans[live]
-        assert node.swa is not None and node.swa.tolist() == fresh_swa.tolist()
+        assert node.slots(SWA) is not None and node.slots(SWA).tolist() == fresh_swa.tolist()
         assert result.last_device_node is node
     assert swa_of(tree).translate(fresh[:bound]).tolist() == [0] * bound
     tree.check()
@@ -397,7 +401,7 @@ def test_swa_match_needs_a_live_window() -> None:
     key = key_of(16)
     serve(tree, key[:8])  # [0, 8) live
     serve(tree, key[:14], swa_bound=12)  # [8, 12) tombstone, [12, 14) live
-    spans = {(n.start, n.end): n.swa is not None for n in tree.nodes()}
+    spans = {(n.start, n.end): n.slots(SWA) is not None for n in tree.nodes()}
     assert spans == {(0, 8): True, (8, 12): False, (12, 14): True}
     assert tree.match_prefix(key).prefix_len == 8  # 2 live tokens < the window
     serve(tree, key, swa_bound=12)  # [14, 16): 4 live tokens since the tombstone
@@ -425,8 +429,8 @@ def test_split_partitions_keys_slots_hashes_and_copies_state(k_pages: int) -> No
     tree, node, key = offloadable(p)
     serve(tree, key)  # hit_count 2
     tree.inc_lock_ref(node)
-    assert node.full is not None and node.hashes is not None
-    full, hashes, residency = node.full.tolist(), list(node.hashes), node.residency
+    assert node.slots(FULL) is not None and node.hashes is not None
+    full, hashes, residency = node.slots(FULL).tolist(), list(node.hashes), node.residency
     parent = node.parent
     top = tree.split(node, k_pages * p)
     k = k_pages * p
@@ -434,8 +438,8 @@ def test_split_partitions_keys_slots_hashes_and_copies_state(k_pages: int) -> No
     assert list(top.children.values()) == [node]
     assert (top.key, node.key) == (key[:k], key[k:])
     assert (top.start, top.end, node.start, node.end) == (0, k, k, 4 * p)
-    assert top.full is not None and node.full is not None
-    assert (top.full.tolist(), node.full.tolist()) == (full[:k], full[k:])
+    assert top.slots(FULL) is not None and node.slots(FULL) is not None
+    assert (top.slots(FULL).tolist(), node.slots(FULL).tolist()) == (full[:k], full[k:])
     assert (top.hashes, node.hashes) == (hashes[:k_pages], hashes[k_pages:])
     assert top.residency == node.residency == residency
     assert top.hit_count == node.hit_count == 2
@@ -520,6 +524,25 @@ def test_write_through_chain_stops_at_stored_or_offloading_ancestor() -> None:
     d = rd.last_device_node
     assert rd.write_through == [c, d]  # stops at the offloading B
     tree.finish_offload(ticket, False)
+    tree.check()
+
+
+def test_failed_offload_then_host_backup_is_offloaded_again() -> None:
+    """Issue 12 item 7: a failed offload leaves the node unstored and eligible again,
+    also after it was backed up to the host tier: the next insert that walks it puts
+    it in the write-through chain (a backed-up ancestor still ends a chain)."""
+    tree, _ = host_tree(4, write_through_threshold=1)
+    key = key_of(8)
+    (node,) = serve(tree, key).write_through
+    tree.finish_offload(tree.begin_offload([node]), False)
+    assert tree.backup(node) and node.backuped and not node.external_cache_stored
+    again = serve(tree, key)
+    assert again.write_through == [node]
+    child = serve(tree, key_of(12)).last_device_node
+    assert child is not None and tree.offload_chain(child) == [child]  # stops at the backup
+    tree.finish_offload(tree.begin_offload(again.write_through), True)
+    assert node.external_cache_stored and node.backuped
+    assert serve(tree, key).write_through == []  # stored: never offloaded again
     tree.check()
 
 
@@ -620,24 +643,32 @@ def test_evict_swa_tombstones_unlocked_nodes_only() -> None:
     tree = swa_tree(p, window=4)
     a = serve(tree, key_of(8, base=10)).last_device_node
     b = serve(tree, key_of(8, base=50)).last_device_node
-    assert a is not None and b is not None and a.swa is not None and b.swa is not None
-    b_swa = b.swa.clone()
+    assert a is not None and b is not None and a.slots(SWA) is not None and b.slots(SWA) is not None
+    b_swa = b.slots(SWA).clone()
     tree.inc_lock_ref(a)
     swa_available = swa_of(tree).available_swa_size()
     result = tree.evict(EvictParams(swa_num_tokens=100))
     assert result == type(result)(0, 8)
-    assert a.swa is not None and b.swa is None and b.full is not None  # FULL stays
+    assert (
+        a.slots(SWA) is not None and b.slots(SWA) is None and b.slots(FULL) is not None
+    )  # FULL stays
     assert pages_of(b_swa, p) <= swa_free_pages(tree)
     assert swa_of(tree).available_swa_size() == swa_available + 8
     tree.dec_lock_ref(a)
     tree.check()
 
 
-def host_tree(p: int = 4) -> tuple[RadixTree, KVPool]:
+def host_tree(p: int = 4, **config: Any) -> tuple[RadixTree, KVPool]:
     alloc = PagedAllocator(8 * p, p)
     kv = KVPool.for_allocator(alloc, num_layers=2, width=3, dtype=torch.float32)
     host = HostKVPool.for_device_pool(kv, 32 * p)
-    tree = RadixTree(alloc, kv_pool=kv, host_pool=host, host_allocator=PagedAllocator(32 * p, p))
+    tree = RadixTree(
+        alloc,
+        TreeConfig(**config),
+        kv_pool=kv,
+        host_pool=host,
+        host_allocator=PagedAllocator(32 * p, p),
+    )
     return tree, kv
 
 
@@ -652,23 +683,23 @@ def test_backed_up_leaf_is_evicted_not_deleted_and_loads_back() -> None:
     tree, kv = host_tree(p)
     key = key_of(8)
     node = serve(tree, key).last_device_node
-    assert node is not None and node.full is not None
-    data = fill(kv, node.full, seed=1000)
+    assert node is not None and node.slots(FULL) is not None
+    data = fill(kv, node.slots(FULL), seed=1000)
     assert tree.backup(node)
     assert node.backuped and node.host is not None
     tree.check()
     assert tree.evict(EvictParams(num_tokens=8)).num_tokens == 8
-    assert node.evicted and node.full is None and node in set(tree.nodes())
+    assert node.evicted and node.slots(FULL) is None and node in set(tree.nodes())
     m = tree.match_prefix(key)
     assert m.prefix_len == 0 and m.host_hit_length == 8 and m.last_host_node is node
     other = serve(tree, key_of(8, base=100)).last_device_node  # reuses the freed pages
-    assert other is not None and other.full is not None
-    fill(kv, other.full, seed=-5)
+    assert other is not None and other.slots(FULL) is not None
+    fill(kv, other.slots(FULL), seed=-5)
     tree.check()
     assert tree.load_back(node)  # evicts `other` to make room
-    assert node.device_resident and node.full is not None
-    assert torch.equal(kv.read_pages(node.full), data)
-    assert tree.match_prefix(key).device_indices.tolist() == node.full.tolist()
+    assert node.device_resident and node.slots(FULL) is not None
+    assert torch.equal(kv.read_pages(node.slots(FULL)), data)
+    assert tree.match_prefix(key).device_indices.tolist() == node.slots(FULL).tolist()
     tree.check()
 
 
@@ -754,12 +785,12 @@ def test_namespaces_separate_tenants() -> None:
     assert ra.adopted_ranges == rb.adopted_ranges == {FULL: [(0, 8)]}  # no sharing
     a, b = ra.last_device_node, rb.last_device_node
     assert a is not None and b is not None and a is not b
-    assert a.full is not None and b.full is not None
-    assert set(a.full.tolist()).isdisjoint(b.full.tolist())
+    assert a.slots(FULL) is not None and b.slots(FULL) is not None
+    assert set(a.slots(FULL).tolist()).isdisjoint(b.slots(FULL).tolist())
     assert a.hashes is not None and b.hashes is not None
     assert set(a.hashes).isdisjoint(b.hashes)
-    assert tree.match_prefix(key, NS_A).device_indices.tolist() == a.full.tolist()
-    assert tree.match_prefix(key, NS_B).device_indices.tolist() == b.full.tolist()
+    assert tree.match_prefix(key, NS_A).device_indices.tolist() == a.slots(FULL).tolist()
+    assert tree.match_prefix(key, NS_B).device_indices.tolist() == b.slots(FULL).tolist()
     assert tree.match_prefix(key).prefix_len == 0
     pages = tree_pages(tree)
     assert {ns for ns, _ in pages} == {NS_A, NS_B}
@@ -777,7 +808,7 @@ def test_adopted_slots_do_not_alias_the_callers_value() -> None:
     value = fresh.clone()
     assert tree.insert(InsertParams(key, value)).last_device_node is node
     value.fill_(0)  # the scheduler reuses its request buffer
-    assert node.full is not None and node.full.tolist() == fresh.tolist()
+    assert node.slots(FULL) is not None and node.slots(FULL).tolist() == fresh.tolist()
 
 
 def test_unevicted_slots_do_not_alias_the_callers_value() -> None:
@@ -790,4 +821,4 @@ def test_unevicted_slots_do_not_alias_the_callers_value() -> None:
     value = fresh.clone()
     assert tree.insert(InsertParams(key, value)).last_device_node is node
     value.fill_(0)
-    assert node.full is not None and node.full.tolist() == fresh.tolist()
+    assert node.slots(FULL) is not None and node.slots(FULL).tolist() == fresh.tolist()

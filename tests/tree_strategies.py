@@ -28,7 +28,10 @@ from hypothesis import strategies as st
 
 from unicache_fsm.hashing import namespace_seed
 from unicache_fsm.pools import SWAAllocator
+from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree import InsertParams, InsertResult, RadixTree, TreeNode
+
+FULL, SWA = ComponentType.FULL, ComponentType.SWA
 
 PAGE_SIZES = (1, 4, 16)
 NS_A = namespace_seed(cache_salt="tenant-a")
@@ -109,7 +112,7 @@ def tree_pages(tree: RadixTree) -> dict[PageKey, PageInfo]:
     while stack:
         node, prefix = stack.pop()
         tokens = prefix + node.key
-        full = None if node.full is None else node.full.tolist()
+        full = None if node.slots(FULL) is None else node.slots(FULL).tolist()
         for j in range(len(node.key) // p):
             end = len(prefix) + (j + 1) * p
             page = None if full is None else tuple(full[j * p : (j + 1) * p])
@@ -156,8 +159,8 @@ def tree_snapshot(tree: RadixTree) -> TreeSnapshot:
                 n.parent.id,
                 n.start,
                 n.key,
-                _t(n.full),
-                _t(n.swa),
+                _t(n.slots(FULL)),
+                _t(n.slots(SWA)),
                 _t(n.host),
                 None if n.hashes is None else tuple(n.hashes),
                 n.residency,

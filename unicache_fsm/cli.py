@@ -23,8 +23,10 @@ its arguments, a function that runs it, and one entry in the table):
   package's copy is never rewritten); ``--check`` writes nothing and exits 1 listing
   the stale files.
 - ``--version`` prints the package version.
-- ``check-trace FILE.jsonl`` — replay a trace against the specs; exit 1 with the
-  first illegal step and its context.
+- ``check-trace FILE.jsonl [--spec FILE_OR_DIR ...]`` — replay a trace against the
+  bundled specs and those given; exit 1 with the first illegal step and its context,
+  2 when the trace cannot be read (not JSON lines, a malformed record, a machine
+  with no spec).
 - ``fuzz --minutes M [--coverage F]`` — run the whole-system Hypothesis machine for M
   minutes; a summary of steps, steps/s and transition coverage; exit 1 on a failure
   (after Hypothesis printed the falsifying program).
@@ -45,7 +47,7 @@ import attrs
 
 from unicache_fsm import __version__
 from unicache_fsm.fsm import loader
-from unicache_fsm.fsm.conformance import check_trace, read_trace
+from unicache_fsm.fsm.conformance import check_trace, read_trace, spec_lookup
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import (
     DiagramFormat,
@@ -54,7 +56,7 @@ from unicache_fsm.fsm.diagram import (
     render_markdown_doc,
     render_mermaid,
 )
-from unicache_fsm.fsm.errors import InvalidSpecError, UnicacheFsmError
+from unicache_fsm.fsm.errors import InvalidSpecError, TraceInputError, UnicacheFsmError
 from unicache_fsm.fsm.spec import MachineSpec
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_OK", "Command", "main"]
@@ -228,6 +230,10 @@ def _write_images(
             raise CliError(msg)
         folder.mkdir(parents=True, exist_ok=True)
         targets = [folder / f"{name}.{fmt.value}" for name, _ in images]
+        for target in targets:  # validation refuses such names; never trust one blindly
+            if target.resolve().parent != folder.resolve():
+                msg = f"machine name {target.stem!r} would write outside {str(folder)!r}"
+                raise CliError(msg)
     for target, (_, data) in zip(targets, images, strict=True):
         target.write_bytes(data)
     return targets
@@ -294,7 +300,13 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--requests", type=int, default=400, metavar="N", help="default 400")
     p.add_argument("--page-size", type=int, default=16, metavar="P", help="a power of two")
-    p.add_argument("--store", choices=["memory"], default="memory", help="the external store")
+    p.add_argument(
+        "--store",
+        default="memory",
+        metavar="STORE",
+        help="the external store: memory (default), file:DIR or redis://HOST:PORT "
+        "(file and Redis stores are shared by every process that opens them)",
+    )
     p.add_argument(
         "--pool-tokens",
         type=int,
@@ -360,6 +372,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     config = SimConfig(
         workload=args.workload,
+        store=args.store,
         requests=args.requests,
         page_size=args.page_size,
         pool_tokens=args.pool_tokens,
@@ -468,16 +481,29 @@ def _run_fuzz(args: argparse.Namespace) -> int:
 
 def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", type=Path, metavar="FILE.jsonl", help="a trace from --trace")
+    p.add_argument(
+        "--spec",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE_OR_DIR",
+        help="a .toml spec, or a folder of them, for machines of your own (repeatable; "
+        "the bundled machines stay known)",
+    )
     p.add_argument("--context", type=int, default=5, help="previous records shown (default 5)")
 
 
 def _run_check_trace(args: argparse.Namespace) -> int:
-    import json
-
+    if args.context < 0:
+        msg = f"--context must be 0 or more, got {args.context}"
+        raise CliError(msg)
+    specs = [spec for path in args.spec for spec in loader.load_specs(path)]
     try:
-        result = check_trace(read_trace(args.trace), context=args.context)
-    except json.JSONDecodeError as exc:
-        msg = f"{str(args.trace)!r} is not JSON lines ({exc})"
+        result = check_trace(read_trace(args.trace), spec_lookup(specs), context=args.context)
+    except TraceInputError as exc:
+        if exc.machine is None:
+            raise
+        msg = f"{exc}; give the spec of {exc.machine!r} with --spec FILE_OR_DIR"
         raise CliError(msg) from None
     if result.violation is not None:
         print(result.violation.describe())

@@ -22,8 +22,9 @@ from unicache_fsm.fsm.errors import (
     UnknownStateError,
     UnknownTriggerError,
 )
-from unicache_fsm.fsm.executor import Executor, model_id
+from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.flat import FlatMachine, FlatTransition, flatten
+from unicache_fsm.fsm.identity import model_id
 from unicache_fsm.fsm.loader import bundled_machines, bundled_spec, load_spec, parse_spec
 from unicache_fsm.fsm.reference import ReferenceExecutor
 from unicache_fsm.fsm.spec import ANY_STATE, MachineSpec, StateKind, StateSpec, TransitionSpec

@@ -1,50 +1,72 @@
 """Trace conformance: replay a recorded trace against the specs.
 
-`check_trace(records)` walks a trace (the JSON objects `fsm.trace.TraceRecorder`
-writes) model by model and checks every step against the machine's flat table:
+`check_trace(records, specs)` walks a trace (the JSON objects `fsm.trace.TraceRecorder`
+writes) model by model and checks every step against the machine's meaning
+(`fsm.flat`). A record is an object with ``seq`` (an integer) and ``machine``,
+``model``, ``source``, ``trigger``, ``dest`` (strings). The rules:
 
-- a model's first record is its initialization (trigger ``"<init>"``) into a known
-  configuration — the spec's initial one, or any one when copied from another model
-  (a node born by splitting carries its sibling's residency);
-- every later record leaves the configuration the model is in, with a trigger that
-  configuration allows, into a configuration one of its candidate transitions reaches;
-- machines must be known specs; records must carry every field.
+- ``seq`` strictly increases from one record to the next;
+- a model (a ``(machine, model)`` pair) starts with an initialization: trigger
+  ``"<init>"``, an empty source, and as dest the spec's initial configuration or the
+  configuration a live model of the same machine is in right now (a node born by
+  splitting another carries its sibling's residency);
+- a model is initialized again only once it has reached a final configuration (its
+  id was recycled); a second ``<init>`` of a live model would let a trace teleport it;
+- every other record leaves the configuration the model is in, with a trigger that
+  configuration allows, into a configuration one of its candidate transitions reaches.
 
 The result is a `TraceCheck`: records checked, models seen, and the first illegal step
-(`TraceViolation`, with the model's previous records as context), or None.
+(`TraceViolation`, with the model's previous records as context), or None. A trace that
+cannot be checked at all — a line that is not JSON, a record that is not an object,
+lacks a field or holds a value of the wrong type (a number where a model id string
+belongs: ``1`` and ``"1"`` are never merged), a machine `specs` does not know — raises
+`TraceInputError` naming the record instead.
+
+- `read_trace(path)` — the records of a JSONL file (`TraceInputError` on a bad line).
+- `spec_lookup(specs, fallback)` — a `specs` callable over given specs, then `fallback`.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from unicache_fsm.fsm.errors import UnicacheFsmError
+from unicache_fsm.fsm.errors import (
+    InvalidSpecError,
+    SpecProblem,
+    TraceInputError,
+    UnicacheFsmError,
+)
 from unicache_fsm.fsm.executor import INIT_TRIGGER
 from unicache_fsm.fsm.flat import FlatMachine, flatten
 from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.fsm.spec import MachineSpec
 
-__all__ = ["TraceCheck", "TraceViolation", "check_trace", "read_trace"]
+__all__ = ["TraceCheck", "TraceViolation", "check_trace", "read_trace", "spec_lookup"]
 
-_FIELDS = ("seq", "machine", "model", "source", "trigger", "dest")
+_TEXT_FIELDS = ("machine", "model", "source", "trigger", "dest")
 
 
 @attrs.frozen
 class TraceViolation:
-    """The first step the specs do not allow, with what led to it."""
+    """The first step the specs do not allow, with what led to it.
+
+    `index` is the 1-based position of the record in the trace.
+    """
 
     record: dict[str, Any]
     reason: str
     context: tuple[dict[str, Any], ...] = ()
+    index: int = 0
 
     def describe(self) -> str:
-        lines = [f"illegal step at seq {self.record.get('seq')}: {self.reason}"]
+        where = f"record {self.index}, " if self.index else ""
+        lines = [f"illegal step at {where}seq {self.record.get('seq')}: {self.reason}"]
         lines.append(f"  record: {json.dumps(self.record, sort_keys=True)}")
         if self.context:
             lines.append(f"  previous records of model {self.record.get('model')!r}:")
@@ -63,56 +85,161 @@ class TraceCheck:
         return self.violation is None
 
 
-def read_trace(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The records of a JSONL trace file, in order."""
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
+def read_trace(path: str | Path) -> Iterator[Any]:
+    """The records of a JSONL trace file, in order (blank lines skipped).
+
+    Raises `TraceInputError` naming the line when a line is not JSON (or not UTF-8);
+    what the records hold is `check_trace`'s business.
+    """
+    with Path(path).open(encoding="utf-8-sig", errors="strict") as f:  # a BOM is tolerated
+        n = 0
+        while True:
+            n += 1
+            try:
+                line = f.readline()
+            except UnicodeDecodeError as exc:
+                raise TraceInputError(f"line {n}", f"not UTF-8 ({exc.reason})") from None
+            if not line:
+                return
+            if not line.strip():
+                continue
+            try:
                 yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceInputError(f"line {n}", f"not JSON ({exc.msg})") from None
+
+
+def spec_lookup(
+    specs: Iterable[MachineSpec], fallback: Callable[[str], MachineSpec] | None = bundled_spec
+) -> Callable[[str], MachineSpec]:
+    """A machine-name -> spec function for `check_trace`: the given specs first, then
+    `fallback` (the bundled machines by default; None: no others).
+
+    Raises `InvalidSpecError` when two of the given specs have the same machine name; the
+    function it returns raises `InvalidSpecError` for a name it does not know.
+    """
+    by_name: dict[str, MachineSpec] = {}
+    for spec in specs:
+        if spec.name in by_name:
+            both = [by_name[spec.name].source, spec.source]
+            raise InvalidSpecError(spec.name, spec.source, [SpecProblem("defined twice", both)])
+        by_name[spec.name] = spec
+
+    def lookup(name: str) -> MachineSpec:
+        if name in by_name:
+            return by_name[name]
+        if fallback is None:
+            known = ", ".join(sorted(by_name)) or "none"
+            msg = f"no spec for machine {name!r}; given: {known}"
+            raise InvalidSpecError(name, "", [SpecProblem("unknown machine", [msg])])
+        return fallback(name)
+
+    return lookup
+
+
+def _validated(index: int, record: object) -> Mapping[str, Any]:
+    """The record if it has every field with the right type, else `TraceInputError`."""
+    where = f"record {index}"
+    if not isinstance(record, dict):
+        shown = json.dumps(record)[:80] if _jsonable(record) else repr(record)[:80]
+        raise TraceInputError(where, f"expected a JSON object, got {shown}")
+    missing = [f for f in ("seq", *_TEXT_FIELDS) if f not in record]
+    if missing:
+        raise TraceInputError(where, f"lacks {', '.join(missing)}")
+    seq = record["seq"]
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise TraceInputError(where, f"seq must be an integer, got {seq!r}")
+    for field in _TEXT_FIELDS:
+        value = record[field]
+        if not isinstance(value, str):
+            raise TraceInputError(where, f"{field} must be a string, got {value!r}")
+    return record
+
+
+def _jsonable(value: object) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def check_trace(
-    records: Iterable[dict[str, Any]],
+    records: Iterable[object],
     specs: Callable[[str], MachineSpec] = bundled_spec,
     *,
     context: int = 5,
 ) -> TraceCheck:
-    """Replay `records` against the specs (`specs(name)` gives a machine's spec)."""
+    """Replay `records` against the specs (`specs(name)` gives a machine's spec).
+
+    Returns the first illegal step, if any; raises `TraceInputError` on a record that
+    cannot be checked (see the module docstring).
+    """
     flats: dict[str, FlatMachine] = {}
     state: dict[tuple[str, str], str] = {}
+    # per machine: how many live (non-final) models are in each configuration
+    occupied: dict[str, Counter[str]] = defaultdict(Counter)
     history: dict[tuple[str, str], deque[dict[str, Any]]] = defaultdict(
         lambda: deque(maxlen=context)
     )
     count = 0
+    last_seq: int | None = None
 
-    def fail(record: dict[str, Any], reason: str, key: tuple[str, str] | None) -> TraceCheck:
+    def fail(record: Mapping[str, Any], reason: str, key: tuple[str, str] | None) -> TraceCheck:
         ctx = tuple(history[key]) if key is not None else ()
-        return TraceCheck(count, len(state), TraceViolation(record, reason, ctx))
+        return TraceCheck(count, len(state), TraceViolation(dict(record), reason, ctx, count))
 
-    for record in records:
+    def move(key: tuple[str, str], flat: FlatMachine, dest: str) -> None:
+        old = state.get(key)
+        if old is not None and not flat.is_final(old):
+            occupied[key[0]][old] -= 1
+        state[key] = dest
+        if not flat.is_final(dest):
+            occupied[key[0]][dest] += 1
+
+    for raw in records:
         count += 1
-        missing = [f for f in _FIELDS if f not in record]
-        if missing:
-            return fail(record, f"record lacks {', '.join(missing)}", None)
-        machine = str(record["machine"])
+        record = _validated(count, raw)
+        machine: str = record["machine"]
         if machine not in flats:
             try:
                 flats[machine] = flatten(specs(machine))
-            except UnicacheFsmError as exc:
-                return fail(record, f"unknown machine {machine!r} ({exc})", None)
+            except (UnicacheFsmError, LookupError) as exc:
+                detail = (
+                    "; ".join(n for p in exc.problems for n in p.names)
+                    if isinstance(exc, InvalidSpecError)
+                    else str(exc)
+                )
+                reason = f"unknown machine {machine!r} ({detail})"
+                raise TraceInputError(f"record {count}", reason, machine=machine) from None
         flat = flats[machine]
-        key = (machine, str(record["model"]))
+        key = (machine, record["model"])
+        seq: int = record["seq"]
         source, trigger, dest = record["source"], record["trigger"], record["dest"]
+        if last_seq is not None and seq <= last_seq:
+            return fail(record, f"seq {seq} does not follow seq {last_seq}", key)
+        last_seq = seq
+        current = state.get(key)
         if trigger == INIT_TRIGGER:
-            if dest not in flat.active:
-                return fail(record, f"{machine}: initialized into unknown state {dest!r}", key)
-        elif key not in state:
+            if source:
+                reason = f"{machine}: an <init> record has source {source!r} (it must be empty)"
+                return fail(record, reason, key)
+            if current is not None and not flat.is_final(current):
+                reason = f"{machine}: model {key[1]!r} initialized again while live in {current!r}"
+                return fail(record, reason, key)
+            if dest != flat.initial and occupied[machine][dest] <= 0:
+                reason = (
+                    f"{machine}: initialized into {dest!r}, which is neither the initial "
+                    f"configuration {flat.initial!r} nor that of a live {machine} model"
+                )
+                return fail(record, reason, key)
+        elif current is None:
             return fail(record, f"{machine}: model {key[1]!r} moves before being initialized", key)
-        elif state[key] != source:
-            reason = f"{machine}: source {source!r} but the model is in {state[key]!r}"
+        elif current != source:
+            reason = f"{machine}: source {source!r} but the model is in {current!r}"
             return fail(record, reason, key)
         else:
-            candidates = flat.table.get((source, trigger))
+            candidates = flat.group(source, trigger)
             if not candidates:
                 allowed = ", ".join(flat.triggers_from(source)) or "none"
                 reason = f"{machine}: no {trigger!r} from {source!r} (allowed: {allowed})"
@@ -120,6 +247,6 @@ def check_trace(
             if dest not in {ft.dest for ft in candidates}:
                 reason = f"{machine}: {trigger!r} from {source!r} cannot reach {dest!r}"
                 return fail(record, reason, key)
-        state[key] = dest
-        history[key].append(record)
+        move(key, flat, dest)
+        history[key].append(dict(record))
     return TraceCheck(count, len(state), None)

@@ -64,15 +64,13 @@ class Coverage:
         """Counts per declared arrow ``(transition index, declared source)``."""
         flat = flatten(spec)
         out: dict[EdgeKey, int] = {(t.index, s): 0 for t in spec.transitions for s in t.sources}
-        counts = self.counts.get(spec.name, Counter())
-        for (config, trigger), group in flat.table.items():
-            seen: set[str] = set()
-            for ft in group:
-                if ft.dest in seen:
-                    continue  # same dest as an earlier candidate: counted there
-                seen.add(ft.dest)
-                n = counts.get((config, trigger, ft.dest), 0)
-                out[(ft.spec.index, _declared_source(ft.spec, flat.active[config]))] += n
+        for (config, trigger, dest), n in self.counts.get(spec.name, Counter()).items():
+            if not flat.is_config(config):
+                continue  # a count recorded against another version of the spec
+            # candidates with the same dest: the first one is the arrow it is counted on
+            ft = next((ft for ft in flat.group(config, trigger) if ft.dest == dest), None)
+            if ft is not None:
+                out[(ft.spec.index, _declared_source(ft.spec, flat.active_states(config)))] += n
         return out
 
     def missing(self, spec: MachineSpec) -> list[str]:

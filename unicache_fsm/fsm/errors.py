@@ -19,6 +19,7 @@ __all__ = [
     "IllegalTransitionError",
     "InvalidSpecError",
     "SpecProblem",
+    "TraceInputError",
     "UnicacheFsmError",
     "UnknownStateError",
     "UnknownTriggerError",
@@ -156,3 +157,19 @@ class UnknownStateError(UnicacheFsmError, ValueError):
         self.known = tuple(known)
         shown = ", ".join(self.known[:12]) + (" ..." if len(self.known) > 12 else "")
         super().__init__(f"machine {machine!r} has no state {state!r}; known: {shown}")
+
+
+class TraceInputError(UnicacheFsmError, ValueError):
+    """A trace the checker cannot read: a line that is not JSON, a record that is not an
+    object, lacks a field or has one of the wrong type, or a machine with no spec.
+
+    `where` locates the culprit (``"line 3"`` of a file, ``"record 3"`` of the records
+    given); `machine` is set when the culprit is a machine with no spec. Unlike a trace
+    violation (a readable trace with an illegal step), this is bad input.
+    """
+
+    def __init__(self, where: str, reason: str, *, machine: str | None = None) -> None:
+        self.where = where
+        self.reason = reason
+        self.machine = machine
+        super().__init__(f"trace {where}: {reason}")

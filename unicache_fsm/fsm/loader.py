@@ -5,32 +5,24 @@ Primitives:
 - `parse_spec(text, source)` — TOML text to a `MachineSpec`; raises `InvalidSpecError`
   listing every malformed field, unknown state and structural problem at once.
 - `load_spec(path)` — the same for a file on disk.
+- `load_specs(path)` — a spec file, or every ``*.toml`` of a directory (sorted by name).
 - `bundled_spec(name)` — one of the machines that ship with the library (the
   ``specs/`` folder of the source tree, ``unicache_fsm/specs`` inside a wheel).
 - `bundled_machines()` — the names of those machines, sorted.
 
-The file format (one machine per file)::
+The file format, every key and what it means when the machine runs, is
+``docs/spec-format.md`` (a test holds its key tables equal to `MACHINE_KEYS`,
+`STATE_KEYS` and `TRANSITION_KEYS`). In short, one machine per file::
 
-    machine = "load_transaction"       # required; also the file's stem
-    noun = "load"                      # what one model is called in messages
-    description = "..."
+    machine = "load_transaction"       # required: the machine's name
     initial = "idle"                   # required unless parallel = true
-    parallel = false                   # true: the top-level states are regions
-
     [states.idle]                      # one table per state, in document order
     [states.prepared]
-    initial = "queued"
-    on_enter = ["method_name"]
     [states.prepared.states.queued]    # children nest under `states`
-    [states.committed]
-    final = true
-
     [[transitions]]
     trigger = "prepare"
     source = "idle"                    # a path, a list of paths, or "*"
-    dest = "prepared"
-    conditions = []; unless = []; prepare = []; before = []; after = []
-    requires = []                      # parallel machines: states of other regions
+    dest = "prepared.queued"
 """
 
 from __future__ import annotations
@@ -52,28 +44,40 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "MACHINE_KEYS",
+    "STATE_KEYS",
+    "TRANSITION_KEYS",
     "bundled_machines",
     "bundled_spec",
     "load_spec",
+    "load_specs",
     "parse_spec",
     "specs_are_source",
     "specs_dir",
 ]
 
-_MACHINE_KEYS = {"machine", "noun", "description", "initial", "parallel", "states", "transitions"}
-_STATE_KEYS = {"initial", "final", "parallel", "on_enter", "on_exit", "description", "states"}
-_TRANSITION_KEYS = {
-    "trigger",
-    "source",
-    "dest",
-    "conditions",
-    "unless",
-    "prepare",
-    "before",
-    "after",
-    "requires",
-    "description",
-}
+#: The keys a spec file may use, per table (``docs/spec-format.md`` documents each one;
+#: a test keeps the two in step).
+MACHINE_KEYS = frozenset(
+    {"machine", "noun", "description", "initial", "parallel", "states", "transitions"}
+)
+STATE_KEYS = frozenset(
+    {"initial", "final", "parallel", "on_enter", "on_exit", "description", "states"}
+)
+TRANSITION_KEYS = frozenset(
+    {
+        "trigger",
+        "source",
+        "dest",
+        "conditions",
+        "unless",
+        "prepare",
+        "before",
+        "after",
+        "requires",
+        "description",
+    }
+)
 _NAME_LISTS = ("conditions", "unless", "prepare", "before", "after", "requires")
 
 
@@ -106,7 +110,7 @@ class _Collector:
             return ()
         return tuple(value)
 
-    def unknown_keys(self, where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    def unknown_keys(self, where: str, table: Mapping[str, Any], allowed: frozenset[str]) -> None:
         for key in table:
             if key not in allowed:
                 self.malformed.append(f"{where}.{key} (unknown key; allowed: {sorted(allowed)})")
@@ -117,7 +121,7 @@ def _parse_state(c: _Collector, name: str, path: str, table: Any) -> StateSpec:
     if not isinstance(table, dict):
         c.malformed.append(f"{where} (expected a table, got {table!r})")
         return StateSpec(name=name, path=path)
-    c.unknown_keys(where, table, _STATE_KEYS)
+    c.unknown_keys(where, table, STATE_KEYS)
     sub = table.get("states", {})
     if not isinstance(sub, dict):
         c.malformed.append(f"{where}.states (expected a table of states)")
@@ -149,7 +153,7 @@ def _parse_transition(c: _Collector, i: int, table: Any) -> TransitionSpec | Non
     if not isinstance(table, dict):
         c.malformed.append(f"{where} (expected a table, got {table!r})")
         return None
-    c.unknown_keys(where, table, _TRANSITION_KEYS)
+    c.unknown_keys(where, table, TRANSITION_KEYS)
     trigger = c.str_field(where, table, "trigger", "")
     dest = c.str_field(where, table, "dest", "")
     if not trigger:
@@ -182,7 +186,7 @@ def parse_spec(text: str, source: str = "<string>") -> MachineSpec:
         problem = SpecProblem("toml syntax", [str(exc)])
         raise InvalidSpecError(Path(source).stem, source, [problem]) from None
     c = _Collector()
-    c.unknown_keys("machine", doc, _MACHINE_KEYS)
+    c.unknown_keys("machine", doc, MACHINE_KEYS)
     name = c.str_field("machine", doc, "machine", "")
     if not name:
         c.malformed.append("machine (missing: the machine's name)")
@@ -233,6 +237,22 @@ def load_spec(path: str | Path) -> MachineSpec:
     """Read, parse and validate a spec file."""
     p = Path(path)
     return parse_spec(p.read_text(encoding="utf-8"), str(p))
+
+
+def load_specs(path: str | Path) -> list[MachineSpec]:
+    """The spec at `path`, or every ``*.toml`` spec in the directory `path` (sorted).
+
+    `InvalidSpecError` for the first invalid file, or for a directory without specs;
+    `OSError` when `path` does not exist.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        return [load_spec(p)]
+    files = sorted(p.glob("*.toml"))
+    if not files:
+        problem = SpecProblem("no spec files", [f"no *.toml file in {str(p)!r}"])
+        raise InvalidSpecError(p.name, str(p), [problem])
+    return [load_spec(f) for f in files]
 
 
 def specs_dir() -> Path:

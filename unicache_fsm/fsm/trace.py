@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from unicache_fsm.fsm.executor import INIT_TRIGGER, Executor, Observer, model_id
+from unicache_fsm.fsm.executor import INIT_TRIGGER, Executor, Observer
+from unicache_fsm.fsm.identity import model_id
 
 __all__ = ["TraceRecorder", "TransitionCounter", "attach"]
 

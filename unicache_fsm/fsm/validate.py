@@ -2,9 +2,11 @@
 
 Primitives:
 
-- `structural_problems(spec)` — everything wrong with a spec on its own: bad names,
-  unknown states, unreachable states, non-final dead ends, transitions out of final
-  states, ambiguous unguarded transitions, transitions across parallel regions.
+- `structural_problems(spec)` — everything wrong with a spec on its own: bad names
+  (a machine name is a file name too, so it can never address another directory),
+  an `initial` that is not a child, unknown states, `requires` that name no parallel
+  region, unreachable states, non-final dead ends, transitions out of final states,
+  ambiguous unguarded transitions, transitions across parallel regions.
 - `binding_problems(spec, model_cls, state_attribute, triggers)` — guard and callback
   names the model class lacks, a missing state slot, a trigger enum that disagrees
   with the spec.
@@ -27,6 +29,9 @@ from unicache_fsm.fsm.spec import ANY_STATE, MachineSpec, StateKind
 __all__ = ["binding_problems", "check_binding", "structural_problems"]
 
 _STATE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# A machine's name becomes a file name (`diagram -o DIR` writes DIR/<machine>.svg):
+# no separators, no dots, nothing a shell or a file system reads specially.
+_MACHINE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -43,7 +48,16 @@ def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> l
             problems.append(SpecProblem(kind, sorted(dict.fromkeys(names))))
 
     states = list(spec.states())
+    add("invalid machine name", [spec.name] if not _MACHINE_NAME.match(spec.name) else [])
     add("invalid state name", [s.path for s in states if not _STATE_NAME.match(s.name)])
+    add(
+        "initial that is not a child",
+        [
+            f"{s.path or 'machine'} (initial {s.initial!r})"
+            for s in [spec.root, *states]
+            if s.initial is not None and "." in s.initial
+        ],
+    )
     add("invalid trigger name", _bad_identifiers([t.trigger for t in spec.transitions]))
     add("invalid callback name", _bad_identifiers(list(spec.callback_names())))
     add(
@@ -83,22 +97,16 @@ def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> l
     add("unknown state", list(flat.unknown_states))
     if any(p.kind == "unknown state" for p in problems):
         return problems
+    add("requires naming the transition's own region", _own_region_requires(spec))
 
-    reachable: set[str] = set()
-    for config in flat.configs:
-        reachable |= flat.active[config]
+    reachable = flat.reachable_states()
     add("unreachable state", [s.path for s in states if s.path not in reachable])
-
-    with_exit = {c for (c, _t) in flat.table}
-    add(
-        "non-final state with no outgoing transition",
-        [c for c in flat.configs if c not in flat.final_configs and c not in with_exit],
-    )
+    add("non-final state with no outgoing transition", list(flat.dead_ends()))
     add("transition out of final state", list(flat.out_of_final))
     add("transition across parallel regions", list(flat.cross_region))
 
     ambiguous = []
-    for (config, trigger), group in flat.table.items():
+    for config, trigger, group in flat.candidate_groups():
         for earlier in group[:-1]:
             if not earlier.spec.guarded:
                 shadow = f"#{earlier.spec.index} unguarded"
@@ -106,6 +114,31 @@ def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> l
                 break
     add("ambiguous transitions without guards", ambiguous)
     return problems
+
+
+def _own_region_requires(spec: MachineSpec) -> list[str]:
+    """Transitions whose `requires` names a state that is not in a region parallel to
+    their source: such a state is either implied by the source (always active with it)
+    or exclusive with it (never active with it), so the transition would always or
+    never exist — and it is drawn all the same."""
+
+    def parallel_to(a: str, b: str) -> bool:
+        if a == b or a.startswith(b + ".") or b.startswith(a + "."):
+            return False
+        pa, pb = a.split("."), b.split(".")
+        common = 0
+        while pa[common] == pb[common]:
+            common += 1
+        parent = spec.state(".".join(pa[:common])) if common else spec.root
+        return parent is not None and parent.kind is StateKind.PARALLEL
+
+    out = []
+    for t in spec.transitions:
+        sources = [t.dest] if ANY_STATE in t.sources else list(t.sources)
+        culprits = [r for r in t.requires if not all(parallel_to(r, s) for s in sources)]
+        if culprits:
+            out.append(f"{t.label()} (requires {', '.join(culprits)})")
+    return out
 
 
 def binding_problems(

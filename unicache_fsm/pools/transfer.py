@@ -4,7 +4,10 @@ These are the value types of the external-cache contract, named as SGLang names 
 so its users recognise them. They sit with the pools (below the tree, the linker and
 the stores, which all speak them); `unicache_fsm.linker` re-exports them.
 
-- `PoolName` — the logical pool a transfer addresses: KV (FULL), SWA, MAMBA.
+- `ComponentType` — a tree component and the logical pool that holds its slots, one
+  enum for both (each component owns exactly one pool): FULL (pool ``kv``), SWA,
+  MAMBA. `PoolName` is the same enum under SGLang's pool vocabulary, so
+  ``PoolName.KV is ComponentType.FULL``.
 - `PoolHitPolicy` — how a store decides that a prefix is restorable for a pool:
   ALL_PAGES (every page up to the boundary exists) or TRAILING_PAGES (only the last
   N pages before the boundary must exist, N = the transfer's key count).
@@ -27,6 +30,7 @@ import torch
 from unicache_fsm.pools.errors import LengthMismatchError, PoolError, TensorTypeError
 
 __all__ = [
+    "ComponentType",
     "ExternalLinkerLoadPhase",
     "InvalidPageKeyError",
     "LinkerTransferPhase",
@@ -40,15 +44,26 @@ __all__ = [
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 
 
-class PoolName(str, enum.Enum):
-    """A logical pool; ``str()`` gives its value, as store keys use it."""
+class ComponentType(str, enum.Enum):
+    """A tree component, named together with the logical pool that holds its slots.
 
-    KV = "kv"
+    FULL is the backbone (every node has FULL data; its pool is the KV pool), SWA the
+    sliding-window KV, MAMBA recurrent state. The value is the pool's name, as store
+    keys spell it (``str()`` gives it); `KV` is an alias of `FULL` so that SGLang's
+    pool vocabulary (`PoolName.KV`) names the same member.
+    """
+
+    FULL = "kv"
     SWA = "swa"
     MAMBA = "mamba"
+    KV = "kv"  # alias: the FULL component's pool
 
     def __str__(self) -> str:
         return self.value
+
+
+#: SGLang's name for the enum when it names pools (`PoolName.KV is ComponentType.FULL`).
+PoolName = ComponentType
 
 
 class PoolHitPolicy(str, enum.Enum):

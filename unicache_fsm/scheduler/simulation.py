@@ -1,8 +1,10 @@
 """The reference scheduler loop: a serving engine's step, with the linker embedded.
 
 `Simulation(config).run()` builds a real system (torch KV pools on CPU, a paged or
-SWA allocator, the radix tree, the embedded memory store — optionally behind a fault
-injector — and the external linker) and serves a workload. Each step:
+SWA allocator, the radix tree, the store named by ``SimConfig.store`` (``memory``,
+``file:DIR``, ``redis://HOST:PORT``: `unicache_fsm.store.spec`) — optionally behind a
+fault injector — and the external linker; the store is closed when the run ends) and
+serves a workload. Each step:
 
 1. admit waiting requests whose predecessor finished: ``linker.match`` (device prefix
    and LOOKUP), lock the device prefix, ``load_back`` for external hits;
@@ -15,7 +17,7 @@ injector — and the external linker) and serves a workload. Each step:
    then offload the write-through chain and release the request;
 4. let the store progress and complete offloads (``poll_offloads``);
 5. audit: ``tree.check`` with every slot held outside the tree, lock balance, and
-   every stored node's pages present in the store (when the store cannot evict).
+   every stored node's pages present in the store (when the store cannot lose pages).
 
 Every load, offload and node-residency change is a transition fired through the
 engine; the loop never sets a state.
@@ -39,14 +41,14 @@ from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.swa import SWAAllocator
-from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.scheduler.forward import namespace_salt, synth_kv
 from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
 from unicache_fsm.scheduler.request import Request
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.store.faults import FaultPolicy, FaultyStore
-from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.store.spec import open_store, store_loses_pages
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import EvictParams, InsertParams
 from unicache_fsm.tree.residency import ExecutorKind
@@ -70,6 +72,7 @@ class SimConfig:
     """Everything a simulation run depends on (the same config gives the same run)."""
 
     workload: str = "multi_turn"
+    store: str = "memory"
     requests: int = 400
     page_size: int = 16
     pool_tokens: int = 8192
@@ -150,9 +153,9 @@ class Simulation:
             kv_pool=self.kv,
         )
         self.policy = FaultPolicy.parse(config.faults) if config.faults else None
-        self.memory = MemoryStore()
+        self.backend = open_store(config.store)
         self.store: ExternalStore = (
-            FaultyStore(self.memory, self.policy) if self.policy else self.memory
+            FaultyStore(self.backend, self.policy) if self.policy else self.backend
         )
         self.store.attach(pools)
         self.linker = ExternalLinker(
@@ -390,7 +393,7 @@ class Simulation:
             f, s = req.outside_slots()
             full += f
             swa += s
-        self.tree.check(outside_full=full, outside_swa=swa)
+        self.tree.check({ComponentType.FULL: full, ComponentType.SWA: swa})
         held = collections.Counter[int]()
         anchors = [r.lock_node for r in [*self.ready, *self.loading.values()]]
         for node in anchors + self.linker.locks_held():
@@ -400,10 +403,10 @@ class Simulation:
             if n.lock_ref != held[n.id]:
                 msg = f"lock balance: node {n.id} has lock_ref {n.lock_ref}, holders {held[n.id]}"
                 raise AssertionError(msg)
-        if self.policy is None or not self.policy.rules:
+        if (self.policy is None or not self.policy.rules) and not store_loses_pages(self.backend):
             for n in self.tree.nodes():
                 if n.external_cache_stored and n.hashes is not None:
-                    missing = [k for k in n.hashes if not self.memory.contains(PoolName.KV, k)]
+                    missing = [k for k in n.hashes if not self.backend.contains(PoolName.KV, k)]
                     if missing:
                         msg = f"node {n.id} is stored but the store lacks {len(missing)} page(s)"
                         raise AssertionError(msg)
@@ -411,6 +414,12 @@ class Simulation:
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimReport:
+        try:
+            return self._run(progress)
+        finally:
+            self.store.close()
+
+    def _run(self, progress: Callable[[int, int], None] | None) -> SimReport:
         t0 = time.perf_counter()
         stalled, step = 0, 0
         total = len(self.specs)

@@ -1,14 +1,20 @@
-"""External KV stores: the protocol every backend speaks, the embedded memory store, the
-store-side machines, the LOOKUP rules, and a fault-injection wrapper for any store.
+"""External KV stores: the protocol every backend speaks, the backends (memory, file,
+Redis), the store-side machines, the LOOKUP rules, and a fault-injection wrapper.
 
 One concept per module, each listing its primitives and their contracts:
 `protocol` (`ExternalStore`, `LoadBatchResult`), `lookup` (restorable-prefix rules),
 `requests` (attached pools, request validation), `jobs` (store-side load/offload
-records and their machines), `memory` (`MemoryStore`), `faults` (`FaultyStore`,
-`FaultPolicy`, `FaultKind`), `errors`.
+records and their machines), `base` (`BaseStore`: queues, completions, worker, chain
+books shared by every backend), `memory` (`MemoryStore`), `shared` (`SharedStore`: the
+medium-independent half of the persistent stores), `pageformat` (their page header and
+checksum), `file` (`FileStore`), `redis` (`RedisStore`; needs redis-py, imported on
+first use), `spec` (`open_store("memory" | "file:DIR" | "redis://HOST:PORT")`),
+`faults` (`FaultyStore`, `FaultPolicy`, `FaultKind`), `errors`.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from unicache_fsm.store.errors import (
     FaultPolicyError,
@@ -22,6 +28,7 @@ from unicache_fsm.store.errors import (
     UnknownPoolError,
 )
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule, FaultyStore
+from unicache_fsm.store.file import FileStore
 from unicache_fsm.store.jobs import (
     LOAD_MACHINE,
     OFFLOAD_MACHINE,
@@ -35,6 +42,10 @@ from unicache_fsm.store.jobs import (
 from unicache_fsm.store.lookup import lookup_result, restorable_prefix_pages
 from unicache_fsm.store.memory import MemoryStore, PageHeader
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
+from unicache_fsm.store.spec import open_store
+
+if TYPE_CHECKING:
+    from unicache_fsm.store.redis import RedisStore
 
 __all__ = [
     "LOAD_MACHINE",
@@ -45,10 +56,12 @@ __all__ = [
     "FaultPolicyError",
     "FaultRule",
     "FaultyStore",
+    "FileStore",
     "LoadBatchResult",
     "MemoryStore",
     "NoCompletionError",
     "PageHeader",
+    "RedisStore",
     "StoreClosedError",
     "StoreConfigError",
     "StoreError",
@@ -63,5 +76,14 @@ __all__ = [
     "StoreTransferError",
     "UnknownPoolError",
     "lookup_result",
+    "open_store",
     "restorable_prefix_pages",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RedisStore":  # redis-py is optional: imported on first use
+        from unicache_fsm.store.redis import RedisStore
+
+        return RedisStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,8 @@
 - `store_machine` — `StoreMachine`: a store backend alone against a truth model;
   subclass it with `make_store()`.
 - `ranks` — the rank-agreement property (sparse restorable sets, MIN verdicts).
+- `redis_server` — `RedisServer`: a real ``redis-server`` on a free loopback port, to
+  fuzz and test the Redis store (or yours) against the real thing.
 
 Every name in `__all__` is importable from here; each is loaded from its submodule
 on first use, so importing the kit's profiles stays cheap.
@@ -26,6 +28,7 @@ __all__ = [
     "InvariantViolation",
     "LoadTicket",
     "MemoryStoreMachine",
+    "RedisServer",
     "StoreMachine",
     "System",
     "SystemMachine",
@@ -56,6 +59,7 @@ _HOME = {
     "pool_sizes": "strategies",
     "token_keys": "strategies",
     "load_profile": "profiles",
+    "RedisServer": "redis_server",
 }
 
 

@@ -38,11 +38,13 @@ from unicache_fsm.linker.linker import ExternalLinker
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.swa import SWAAllocator
-from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.tree.errors import TreeConsistencyError
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.tree import RadixTree
+
+FULL, SWA = ComponentType.FULL, ComponentType.SWA
 
 __all__ = [
     "InvariantViolation",
@@ -69,9 +71,11 @@ class InvariantViolation(AssertionError):
         super().__init__(f"invariant {invariant!r} violated: {detail}")
 
 
-def _tree_findings(tree: RadixTree, **outside: Sequence[torch.Tensor]) -> tuple[str, ...]:
+def _tree_findings(
+    tree: RadixTree, outside: dict[ComponentType, Sequence[torch.Tensor]] | None = None
+) -> tuple[str, ...]:
     try:
-        tree.check(**outside)
+        tree.check(outside)
     except TreeConsistencyError as exc:
         return exc.findings
     return ()
@@ -82,19 +86,19 @@ def slot_conservation(
     outside_full: Sequence[torch.Tensor] = (),
     outside_swa: Sequence[torch.Tensor] = (),
 ) -> None:
-    findings = _tree_findings(tree, outside_full=outside_full, outside_swa=outside_swa)
+    findings = _tree_findings(tree, {FULL: outside_full, SWA: outside_swa})
     if findings:
         raise InvariantViolation("slot conservation", "; ".join(findings[:8]))
     nodes = list(tree.nodes())
     alloc = tree.allocator
-    owned = sum(int(n.full.numel()) for n in nodes if n.full is not None)
+    owned = sum(int(f.numel()) for n in nodes if (f := n.slots(FULL)) is not None)
     held = sum(int(t.numel()) for t in outside_full)
     size = alloc.full_size if isinstance(alloc, SWAAllocator) else alloc.size
     if alloc.available_size() + owned + held != size:
         detail = f"FULL: {alloc.available_size()} free + {owned} tree + {held} held != {size}"
         raise InvariantViolation("slot conservation", detail)
     if isinstance(alloc, SWAAllocator):
-        owned_swa = sum(int(n.swa.numel()) for n in nodes if n.swa is not None)
+        owned_swa = sum(int(s.numel()) for n in nodes if (s := n.slots(SWA)) is not None)
         held_swa = sum(int(t.numel()) for t in outside_swa)
         free = alloc.available_swa_size()
         if free + owned_swa + held_swa != alloc.swa_size:
@@ -107,12 +111,13 @@ def mapping_consistency(tree: RadixTree) -> None:
     if not isinstance(alloc, SWAAllocator):
         return
     for n in tree.nodes():
-        if n.full is None:
+        full, swa = n.slots(FULL), n.slots(SWA)
+        if full is None:
             continue
-        mapped = alloc.translate(n.full)
-        if n.swa is not None and not torch.equal(mapped, n.swa):
+        mapped = alloc.translate(full)
+        if swa is not None and not torch.equal(mapped, swa):
             raise InvariantViolation("mapping consistency", f"node {n.id}: mapping[full] != swa")
-        if n.swa is None and bool((mapped != 0).any()):
+        if swa is None and bool((mapped != 0).any()):
             raise InvariantViolation("mapping consistency", f"tombstone {n.id} still maps")
 
 
@@ -209,19 +214,20 @@ def kv_bytes_match(
     expected_swa: Callable[[tuple[int, ...], int], torch.Tensor] | None = None,
 ) -> None:
     for n in tree.nodes():
-        if not n.device_resident or n.full is None:
+        full, swa = n.slots(FULL), n.slots(SWA)
+        if not n.device_resident or full is None:
             continue
         want = expected(n.key, n.start)
-        got = kv.read_pages(n.full)
+        got = kv.read_pages(full)
         if not torch.equal(got, want):
             bad = int((got != want).flatten(1).any(1).nonzero()[0, 0])
             detail = f"node {n.id} [{n.start}, {n.end}): FULL bytes wrong from token {bad}"
             raise InvariantViolation("KV bytes", detail)
         if (
-            n.swa is not None
+            swa is not None
             and swa_kv is not None
             and expected_swa is not None
-            and not torch.equal(swa_kv.read_pages(n.swa), expected_swa(n.key, n.start))
+            and not torch.equal(swa_kv.read_pages(swa), expected_swa(n.key, n.start))
         ):
             detail = f"node {n.id} [{n.start}, {n.end}): SWA bytes wrong"
             raise InvariantViolation("KV bytes", detail)

@@ -14,7 +14,7 @@ class attributes, or put your own store backend in the whole system::
 
     class MyStoreInSystem(SystemMachine):
         def make_store(self) -> ExternalStore:
-            return MyStore()
+            return MyStore(capacity_pages=self.capacity_pages)  # drawn per run
 
     TestMyStoreInSystem = MyStoreInSystem.TestCase
 
@@ -104,11 +104,14 @@ class SystemMachine(RuleBasedStateMachine):
         self.open: dict[str, Request] = {}
         self.next_rid = 0
         self.policy = FaultPolicy()
+        self.capacity_pages: int | None = None  # drawn from store_capacities per run
         self._observed: list[Executor] = []
 
     # -- hooks for users -------------------------------------------------------------
     def make_store(self) -> ExternalStore | None:
-        """The store backend under test; None means the embedded `MemoryStore`."""
+        """The store backend under test; None means the embedded `MemoryStore`. A store
+        that can bound itself should take `self.capacity_pages` (drawn for the run; the
+        stored-pages invariant is checked only when it is None)."""
         return None
 
     # -- setup -----------------------------------------------------------------------
@@ -122,6 +125,7 @@ class SystemMachine(RuleBasedStateMachine):
         capacity = data.draw(st.sampled_from(cls.store_capacities), label="capacity_pages")
         rules = {k: FaultRule(probability=rate) for k in FaultKind} if rate else {}
         self.policy = FaultPolicy(rules, seed=seed, delay_steps=2)
+        self.capacity_pages = capacity
         backend = self.make_store()
         self.s = System.build(
             p,

@@ -129,7 +129,8 @@ POISON = 2048.0
 
 _TRUTH_BOUND = 1000
 # Built, not sampled: Hypothesis prints a str-mixin enum member with its angle-bracket
-# repr, but an object from `builds` as the call that made it: ``PoolName('swa')``.
+# repr, but an object from `builds` as the call that made it: ``ComponentType('swa')``
+# (`PoolName` is the same enum).
 _POOL_NAMES = st.builds(PoolName, st.sampled_from([name.value for name in PoolName]))
 _POOL_INDEX = {name: i for i, name in enumerate(PoolName)}
 

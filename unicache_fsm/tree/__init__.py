@@ -1,9 +1,12 @@
 """The unified radix tree: nodes with explicit residency, components, and the audit.
 
 Modules: `params` (value types), `node` (`TreeNode`), `residency` (the node-residency
-machine bound to nodes), `offload` (`OffloadTicket`), `tree` (`RadixTree`,
-`TreeConfig`), `components` (FULL / SWA / MAMBA and their external-linker hooks),
-`audit` (`RadixTree.check`), `errors`.
+machine bound to nodes), `walk` (how keys and children compare), `tree` (`RadixTree`,
+`TreeConfig`: match, insert, split) with the rest of `RadixTree` one concept per
+module — `state` (shared fields), `locks`, `eviction`, `host` (the host tier),
+`offload` (`OffloadTicket`) — `components` (one module per component: FULL, SWA,
+MAMBA, each with its tree and external-linker hooks), `audit` (`RadixTree.check`),
+`errors`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from unicache_fsm.tree.errors import (
     InsertParamsError,
     LockUnderflowError,
     NodeStateError,
+    OwnedSlotsError,
     SlotTensorError,
+    TreeConfigError,
     TreeConsistencyError,
     TreeError,
     UnalignedKeyError,
@@ -44,10 +49,12 @@ __all__ = [
     "MatchResult",
     "NodeStateError",
     "OffloadTicket",
+    "OwnedSlotsError",
     "RadixTree",
     "ResidencyTrigger",
     "SlotTensorError",
     "TreeConfig",
+    "TreeConfigError",
     "TreeConsistencyError",
     "TreeError",
     "TreeNode",

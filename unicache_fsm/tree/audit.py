@@ -9,42 +9,48 @@ Findings (each reported with the node id, all at once):
   device parent; a backed-up child a backed-up parent;
 - offloads: offloading ⇔ a pending, unfinished ticket that lists the node;
 - locks: never negative; a parent holds at least its children's locks together;
-- SWA: SWA data only with FULL data; ``mapping[full] == swa`` for live SWA, 0 for a
-  tombstone;
+- components: data only for the tree's components; each component audits its own
+  data on every node (`TreeComponent.audit_node`: e.g. SWA's region agrees with its
+  slots, ``mapping[full] == swa`` for live SWA, 0 for a tombstone);
 - hashes: one per page, equal to the chain seeded by the parent's last hash (or the
   namespace at the root);
-- slot conservation: tree-owned ⊎ outside ⊎ free = capacity, per pool (FULL, SWA,
-  host), with no slot owned twice.
+- slot conservation: tree-owned ⊎ outside ⊎ free = capacity, per pool (each
+  component's, `TreeComponent.audit_pool`, and the host's), with no slot owned twice.
+
+`page_ids` and `check_conservation` are the helpers components audit their pools with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from unicache_fsm import hashing
-from unicache_fsm.pools.swa import SWAAllocator
+from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.errors import TreeConsistencyError
+from unicache_fsm.tree.walk import child_key
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
     from unicache_fsm.tree.tree import RadixTree
 
-__all__ = ["audit"]
+__all__ = ["audit", "check_conservation", "page_ids"]
 
 
-def _pages(slots: Sequence[torch.Tensor], page_size: int) -> torch.Tensor:
+def page_ids(slots: Sequence[torch.Tensor], page_size: int) -> torch.Tensor:
+    """The page id of every page of `slots` (whole pages), concatenated."""
     parts = [s for s in slots if s is not None and s.numel()]
     if not parts:
         return torch.empty(0, dtype=torch.int64)
     return torch.cat(parts).cpu()[::page_size] // page_size
 
 
-def _conservation(
+def check_conservation(
     what: str, owned: torch.Tensor, allocated: torch.Tensor, findings: list[str]
 ) -> None:
+    """Pages owned (tree + outside) against the allocator's allocated pages."""
     uniq, counts = torch.unique(owned, return_counts=True)
     twice = uniq[counts > 1].tolist()
     if twice:
@@ -66,7 +72,7 @@ def _check_node(tree: RadixTree, node: TreeNode, findings: list[str]) -> None:
         return
     if not node.key or len(node.key) % p:
         findings.append(f"{nid}: key of {len(node.key)} tokens is not whole pages")
-    expected_key = tree._child_key(parent, node.key, 0, node.namespace)
+    expected_key = child_key(parent, node.key, 0, node.namespace, p)
     if parent.children.get(expected_key) is not node:
         findings.append(f"{nid}: not filed under its first page in node {parent.id}")
     if node.start != parent.end:
@@ -74,13 +80,14 @@ def _check_node(tree: RadixTree, node: TreeNode, findings: list[str]) -> None:
     if parent.parent is not None and parent.namespace != node.namespace:
         findings.append(f"{nid}: namespace differs from its parent's")
     n = len(node.key)
+    backbone = node.data.get(tree.backbone_type)
     if node.device_resident:
-        if node.full is None or node.full.numel() != n:
-            findings.append(f"{nid}: resident without {n} FULL slots")
+        if backbone is None or backbone.numel() != n:
+            findings.append(f"{nid}: resident without {n} backbone slots")
         if parent.parent is not None and not parent.device_resident:
             findings.append(f"{nid}: device child of non-device parent {parent.id}")
     elif node.evicted:
-        if node.full is not None or node.swa is not None:
+        if node.data:
             findings.append(f"{nid}: evicted but holds device slots")
         if not node.backuped:
             findings.append(f"{nid}: evicted without a host copy")
@@ -100,19 +107,12 @@ def _check_node(tree: RadixTree, node: TreeNode, findings: list[str]) -> None:
     child_locks = sum(c.lock_ref for c in node.children.values())
     if node.lock_ref < child_locks:
         findings.append(f"{nid}: lock_ref {node.lock_ref} < its children's {child_locks}")
-    if node.swa is not None:
-        if not tree.swa_enabled:
-            findings.append(f"{nid}: SWA slots without an SWA component")
-        elif node.full is None or node.swa.numel() != n:
-            findings.append(f"{nid}: SWA data without matching FULL data")
-        else:
-            assert isinstance(tree.allocator, SWAAllocator)
-            if not torch.equal(tree.allocator.translate(node.full), node.swa):
-                findings.append(f"{nid}: mapping[full] != swa")
-    elif tree.swa_enabled and node.full is not None:
-        assert isinstance(tree.allocator, SWAAllocator)
-        if bool((tree.allocator.translate(node.full) != 0).any()):
-            findings.append(f"{nid}: SWA tombstone whose FULL slots still map to SWA")
+    kinds = {c.component_type for c in tree.components}
+    foreign = sorted(k.name for k in node.data if k not in kinds)
+    if foreign:
+        findings.append(f"{nid}: slots of {foreign} without that component in the tree")
+    for c in tree.components:
+        c.audit_node(node, findings)
     if node.hashes is not None:
         prior = node.namespace if parent.parent is None else parent.last_hash()
         if parent.parent is not None and parent.hashes is None:
@@ -122,29 +122,21 @@ def _check_node(tree: RadixTree, node: TreeNode, findings: list[str]) -> None:
 
 
 def audit(
-    tree: RadixTree,
-    *,
-    outside_full: Sequence[torch.Tensor] = (),
-    outside_swa: Sequence[torch.Tensor] = (),
+    tree: RadixTree, outside: Mapping[ComponentType, Sequence[torch.Tensor]] | None = None
 ) -> None:
+    """Audit `tree`; `outside` holds, per component, slots legitimately held outside it."""
+    outside = outside or {}
     findings: list[str] = []
-    full: list[torch.Tensor] = list(outside_full)
-    swa: list[torch.Tensor] = list(outside_swa)
+    nodes = list(tree.nodes())
     host: list[torch.Tensor] = []
-    for node in tree.nodes():
+    for node in nodes:
         _check_node(tree, node, findings)
-        if node.full is not None:
-            full.append(node.full)
-        if node.swa is not None:
-            swa.append(node.swa)
         if node.host is not None:
             host.append(node.host)
-    p = tree.page_size
-    alloc = tree.allocator
-    _conservation("FULL", _pages(full, p), alloc.allocated_page_ids(), findings)
-    if isinstance(alloc, SWAAllocator):
-        _conservation("SWA", _pages(swa, p), alloc.swa_allocated_page_ids(), findings)
+    for c in tree.components:
+        c.audit_pool(nodes, outside.get(c.component_type, ()), findings)
     if tree.host_allocator is not None:
-        _conservation("host", _pages(host, p), tree.host_allocator.allocated_page_ids(), findings)
+        host_pages = page_ids(host, tree.page_size)
+        check_conservation("host", host_pages, tree.host_allocator.allocated_page_ids(), findings)
     if findings:
         raise TreeConsistencyError(findings)

@@ -7,6 +7,9 @@ An operation that raises one of these has changed nothing in the tree or its poo
 - `ValueLengthError`: an insert whose slot tensor does not match its key.
 - `InsertParamsError`: an insert's `prev_prefix_len` / `swa_evicted_seqlen` outside its key.
 - `SlotTensorError`: a slot tensor with the wrong dtype, shape or device.
+- `OwnedSlotsError`: an insert whose caller slots (past `prev_prefix_len`) include
+  pages the tree already owns; names the pages and the nodes that own them.
+- `TreeConfigError`: a `TreeConfig` field outside its domain (e.g. a window of 0).
 - `LockUnderflowError`: unlocking a node whose path is not locked.
 - `NodeStateError`: an operation that the node's residency does not allow now (e.g.
   offloading a node that is already stored); names the node and its state.
@@ -26,7 +29,9 @@ __all__ = [
     "InsertParamsError",
     "LockUnderflowError",
     "NodeStateError",
+    "OwnedSlotsError",
     "SlotTensorError",
+    "TreeConfigError",
     "TreeConsistencyError",
     "TreeError",
     "UnalignedKeyError",
@@ -58,6 +63,24 @@ class ValueLengthError(TreeError, ValueError):
 
 class InsertParamsError(TreeError, ValueError):
     def __init__(self, message: str, *, what: str, value: int) -> None:
+        super().__init__(message)
+        self.what = what
+        self.value = value
+
+
+class OwnedSlotsError(TreeError, ValueError):
+    """Caller slots that the tree already owns (`pages`, held by `node_ids`)."""
+
+    def __init__(self, message: str, *, pages: list[int], node_ids: list[int]) -> None:
+        super().__init__(message)
+        self.pages = pages
+        self.node_ids = node_ids
+
+
+class TreeConfigError(TreeError, ValueError):
+    """A `TreeConfig` field (`what`) whose `value` the tree cannot run with."""
+
+    def __init__(self, message: str, *, what: str, value: object) -> None:
         super().__init__(message)
         self.what = what
         self.value = value

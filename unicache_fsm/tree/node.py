@@ -1,9 +1,14 @@
 """The radix-tree node: a slotted record whose residency is one explicit state.
 
-Who may touch what: `RadixTree` owns every field. `residency` is written only by the
-residency executor (`tree.residency`); `external_cache_stored`, `backuped` and
-`evicted` are read-only views of it, never stored flags. `pending_offload` points at
-the one offload in flight over this node (set exactly while the node is offloading).
+Who may touch what: `RadixTree` owns the structure (key, parent, children) and the
+node-wide bookkeeping (locks, hits, access time, hashes, host slots); each component
+(`tree.components`) owns its own entry of `data`, and nothing else writes it.
+`residency` is written only by the residency executor (`tree.residency`);
+`external_cache_stored`, `backuped` and `evicted` are read-only views of it, never
+stored flags, and so is a component's presence: whether `data` holds a component's
+slots is read off its region of the residency (the audit checks they agree).
+`pending_offload` points at the one offload in flight over this node (set exactly
+while the node is offloading).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.residency import BACKED_UP, EVICTED, OFFLOADING, RESIDENT, STORED
 
 if TYPE_CHECKING:
@@ -23,14 +29,15 @@ __all__ = ["TreeNode"]
 
 @attrs.define(slots=True, eq=False, repr=False)
 class TreeNode:
-    """One node: a page-aligned key span and the slots that hold its KV.
+    """One node: a page-aligned key span and, per component, the slots that hold its KV.
 
     `start` is the absolute token position of `key[0]` (0 for children of the root).
-    `full` holds the FULL device slots (None when evicted, and at the root); `swa`
-    holds the SWA slots (None: no SWA data — a tombstone, or no SWA component);
-    `host` the host-pool slots of the backup tier. `hashes` has one page hash per page
-    (None when the tree does not hash). `lock_ref` counts the locks on paths through
-    this node.
+    `data` maps each component present on the node to its device slots, aligned with
+    the key (the root holds none; an evicted node none; a component whose region says
+    it is gone — an SWA tombstone — none). `host` holds the host-pool slots of the
+    backup tier. `hashes` has one page hash per page (None when the tree does not
+    hash). `lock_ref` counts the locks on paths through this node; `last_access` is
+    its stamp on the tree's LRU clock.
     """
 
     id: int
@@ -39,8 +46,7 @@ class TreeNode:
     parent: TreeNode | None
     namespace: str | None = None
     children: dict[Any, TreeNode] = attrs.field(factory=dict)
-    full: torch.Tensor | None = None
-    swa: torch.Tensor | None = None
+    data: dict[ComponentType, torch.Tensor] = attrs.field(factory=dict)
     host: torch.Tensor | None = None
     hashes: list[str] | None = None
     lock_ref: int = 0
@@ -76,6 +82,10 @@ class TreeNode:
     @property
     def backuped(self) -> bool:
         return self.residency in BACKED_UP
+
+    def slots(self, component: ComponentType) -> torch.Tensor | None:
+        """`component`'s device slots on this node (None when it holds none here)."""
+        return self.data.get(component)
 
     def last_hash(self) -> str | None:
         """The hash of this node's last page (the anchor for the next page), or None."""

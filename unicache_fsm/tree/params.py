@@ -1,6 +1,7 @@
 """Value types of the tree's operations (names as in SGLang's unified cache).
 
-- `ComponentType` — FULL (the backbone; every node has FULL data), SWA, MAMBA.
+- `ComponentType` — FULL (the backbone; every node has FULL data), SWA, MAMBA (the
+  one enum of components and their pools, `unicache_fsm.pools.transfer`).
 - `InsertParams` — what `RadixTree.insert` takes: the key, the caller's FULL slots
   aligned with it, how much of them the caller got from the tree (`prev_prefix_len`),
   the request's SWA boundary (`swa_evicted_seqlen`), `chunked`, adopted-range tracking.
@@ -14,12 +15,13 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 import torch
+
+from unicache_fsm.pools.transfer import ComponentType
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
@@ -31,21 +33,20 @@ __all__ = [
     "InsertParams",
     "InsertResult",
     "MatchResult",
+    "as_key",
 ]
 
 
-class ComponentType(enum.IntEnum):
-    FULL = 0
-    SWA = 1
-    MAMBA = 2
-
-
-def _as_key(value: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
+def as_key(value: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
+    """A key as the tree holds it: a tuple of token ids."""
     if isinstance(value, tuple):
         return value
     if isinstance(value, torch.Tensor):
         return tuple(value.tolist())
     return tuple(value)
+
+
+_as_key = as_key  # the linker's import (kept for it; new code uses `as_key`)
 
 
 @attrs.frozen
@@ -60,13 +61,21 @@ class InsertParams:
     separates tenants in the tree and seeds its page hashes.
     """
 
-    key: tuple[int, ...] = attrs.field(converter=_as_key)
+    key: tuple[int, ...] = attrs.field(converter=as_key)
     value: torch.Tensor = attrs.field(eq=False)
     prev_prefix_len: int = 0
     swa_evicted_seqlen: int = 0
     chunked: bool = False
     track_adopted_ranges: bool = False
     namespace: str | None = None
+
+    def positions(self) -> tuple[tuple[str, int], ...]:
+        """The token positions inside the key this insert names, by field name (each
+        must be a whole-page position within the key)."""
+        return (
+            ("prev_prefix_len", self.prev_prefix_len),
+            ("swa_evicted_seqlen", self.swa_evicted_seqlen),
+        )
 
 
 @attrs.define(slots=True, eq=False)

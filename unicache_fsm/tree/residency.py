@@ -1,7 +1,8 @@
 """Node residency: the `node_residency` spec bound to `TreeNode`.
 
 A node's residency is one string in `TreeNode.residency`, the configuration of the
-three parallel regions of ``specs/node_residency.toml`` (device / external / backup).
+parallel regions of ``specs/node_residency.toml`` (device / external / backup, and
+one region per separately evictable component, fired by that component's hooks).
 It changes only through `Residency.fire`, i.e. through an executor; reads go through
 the precomputed sets below (one frozenset membership test each), so the derived
 flags (`external_cache_stored`, `backuped`, `evicted`) cost nothing.
@@ -10,7 +11,8 @@ flags (`external_cache_stored`, `backuped`, `evicted`) cost nothing.
   the executor is bound).
 - `Residency(kind)` — the executor for tree nodes, compiled (default) or reference.
 - `RESIDENT`, `EVICTED`, `STORED`, `OFFLOADING`, `BACKED_UP`, `BACKING_UP` — the
-  configurations in which that state is active.
+  configurations in which that state is active; `configs_where(path)` gives the same
+  set for any state (components compute theirs with it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "ExecutorKind",
     "Residency",
     "ResidencyTrigger",
+    "configs_where",
 ]
 
 MACHINE = "node_residency"
@@ -57,6 +60,9 @@ class ResidencyTrigger(str, enum.Enum):
     BACKUP_SUCCEEDED = "backup_succeeded"
     BACKUP_FAILED = "backup_failed"
     DROP_BACKUP = "drop_backup"
+    # the per-component regions (each fired only by its component, tree.components)
+    ADOPT_SWA = "adopt_swa"
+    TOMBSTONE_SWA = "tombstone_swa"
 
 
 class ExecutorKind(str, enum.Enum):
@@ -67,17 +73,21 @@ class ExecutorKind(str, enum.Enum):
 _FLAT = flatten(bundled_spec(MACHINE))
 
 
-def _where(path: str) -> frozenset[str]:
+def configs_where(path: str) -> frozenset[str]:
+    """Every configuration in which the state at dotted `path` is active."""
+    if _FLAT.spec.state(path) is None:
+        msg = f"{MACHINE} has no state {path!r}"
+        raise ValueError(msg)
     return frozenset(c for c in _FLAT.configs if _FLAT.is_active(c, path))
 
 
 INITIAL = _FLAT.initial
-RESIDENT = _where("device.resident")
-EVICTED = _where("device.evicted")
-STORED = _where("external.stored")
-OFFLOADING = _where("external.offloading")
-BACKED_UP = _where("backup.backed_up")
-BACKING_UP = _where("backup.backing_up")
+RESIDENT = configs_where("device.resident")
+EVICTED = configs_where("device.evicted")
+STORED = configs_where("external.stored")
+OFFLOADING = configs_where("external.offloading")
+BACKED_UP = configs_where("backup.backed_up")
+BACKING_UP = configs_where("backup.backing_up")
 
 
 class Residency:

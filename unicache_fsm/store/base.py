@@ -1,0 +1,593 @@
+"""What every store backend shares: the protocol's queues and completions, the worker
+thread, and the chain books that drive capacity eviction from chain ends.
+
+A backend's `_run_load_batch` / `_run_offload` must complete its job whatever happens
+(catch, keep the exception in `last_error`, complete it failed).
+
+`BaseStore` implements every primitive of `unicache_fsm.store.protocol` (see there for
+the contracts) except moving bytes; a backend (`MemoryStore`, `FileStore`,
+`RedisStore`) subclasses it and provides:
+
+- `_present(pool, keys) -> list[bool]` — which pages the backend holds (called with the
+  lock held; a backend whose pages other processes also write or drop answers from
+  the backend itself and reconciles the books with `_learn` / `_forget`);
+- `_run_load_batch(batch)` — read, verify and write one started batch into its slots,
+  then `_finish_load_batch(batch, ok)` under the lock;
+- `_run_offload(record)` — `_plan_new_pages` + `_make_room` under the lock, write the
+  pages, then `_insert` them and `_finish_offload(record, ok)` under the lock;
+- optionally `_check_layout(pools)` (on attach), `_drop(ident, entry)` (release a page's
+  bytes when the books remove it), `_delete(idents)` (evict pages the books may not
+  know), `_release()` (on close).
+
+The books (`_pages`: one entry per stored page the store knows, each with its
+`parent`, the previous key in its offload's key order): capacity eviction takes least
+recently used pages that have no stored children, and a parent whose last child went is
+evicted next, so chains shrink from their end and the remaining prefixes stay
+restorable. Pages pinned by queued or started loads, and pages of the offload being
+stored, are never evicted for capacity (`evict()` itself removes what it is told to).
+`offload` refuses (False) pages that could never fit; an offload that cannot make room
+when it runs completes False and publishes nothing.
+
+Completion: synchronous by default (`progress()` performs every started load batch and
+queued offload, in submission order); with ``background=True`` a worker thread performs
+them as they come and `progress()` waits until it is idle.
+
+Thread safety: every public call may come from any thread; one lock guards the books,
+and bytes move outside it, by one thread at a time (the worker, or the caller of
+`progress()`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+import attrs
+
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.transfer import (
+    LinkerTransferPhase,
+    PoolName,
+    PoolTransfer,
+    check_page_key,
+)
+from unicache_fsm.store.errors import (
+    NoCompletionError,
+    StoreClosedError,
+    StoreConfigError,
+    StoreStateError,
+    StoreTransferError,
+)
+from unicache_fsm.store.jobs import (
+    LOAD_MACHINE,
+    OFFLOAD_MACHINE,
+    StoreLoad,
+    StoreLoadTrigger,
+    StoreOffload,
+    StoreOffloadTrigger,
+)
+from unicache_fsm.store.lookup import lookup_boundaries, split_lookup_transfers
+from unicache_fsm.store.protocol import LoadBatchResult
+from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+
+__all__ = ["BaseStore", "Ident", "LoadBatch", "NewPages", "PageEntry"]
+
+Ident = tuple[PoolName, str]
+"""A stored page: (pool, page key)."""
+
+
+class PageEntry(Protocol):
+    """What the books need of a backend's per-page entry."""
+
+    parent: Ident | None
+
+
+E = TypeVar("E", bound=PageEntry)
+
+
+@attrs.define(slots=True)
+class LoadBatch:
+    """One started batch of loads."""
+
+    batch: int
+    loads: list[StoreLoad]
+
+
+@attrs.define(slots=True)
+class NewPages:
+    """One transfer's pages an offload must write: indices into its keys, with parents."""
+
+    transfer: CheckedTransfer
+    indices: list[int]
+    parents: list[Ident | None]
+
+    @property
+    def keys(self) -> list[str]:
+        return [self.transfer.keys[i] for i in self.indices]
+
+
+def check_options(capacity_pages: object, history: object) -> None:
+    """The constructor arguments every backend shares (`StoreConfigError` naming one)."""
+    if capacity_pages is not None and (
+        isinstance(capacity_pages, bool)
+        or not isinstance(capacity_pages, int)
+        or capacity_pages < 1
+    ):
+        msg = f"capacity_pages must be None (unbounded) or an int >= 1, got {capacity_pages!r}"
+        raise StoreConfigError(msg, argument="capacity_pages", value=capacity_pages)
+    if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+        msg = f"history must be an int >= 0 (finished records kept), got {history!r}"
+        raise StoreConfigError(msg, argument="history", value=history)
+
+
+class BaseStore(Generic[E]):
+    """The shared half of every store backend; see the module docstring."""
+
+    worker_name: ClassVar[str] = "unicache-store"
+
+    def __init__(
+        self, *, capacity_pages: int | None = None, background: bool = False, history: int = 256
+    ) -> None:
+        check_options(capacity_pages, history)
+        self.capacity_pages = capacity_pages
+        self.background = bool(background)
+        self.last_error: BaseException | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._performing = threading.Lock()  # one thread moves bytes at a time
+        self._pools = AttachedPools({})
+        self._pages: dict[Ident, E] = {}
+        self._children: collections.Counter[Ident] = collections.Counter()
+        # evictable pages (no stored children), least recently used first
+        self._leaves: collections.OrderedDict[Ident, None] = collections.OrderedDict()
+        self._pins: collections.Counter[Ident] = collections.Counter()
+        self._queued: dict[str, StoreLoad] = {}
+        self._in_flight: set[str] = set()
+        self._jobs: collections.deque[LoadBatch | StoreOffload] = collections.deque()
+        self._busy = False
+        self._load_results: collections.deque[LoadBatchResult] = collections.deque()
+        self._offload_results: collections.deque[bool] = collections.deque()
+        self._history: collections.deque[StoreLoad | StoreOffload] = collections.deque(
+            maxlen=history
+        )
+        self._next_batch = 0
+        self._next_offload = 0
+        self._closed = False
+        self._worker: threading.Thread | None = None
+
+    def _start_worker(self) -> None:
+        """Start the background worker (subclasses call it last in ``__init__``)."""
+        if self.background and self._worker is None:
+            self._worker = threading.Thread(target=self._work, name=self.worker_name, daemon=True)
+            self._worker.start()
+
+    # -- what a backend provides ---------------------------------------------------------
+
+    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        """Which of `keys` the backend holds for `pool` (the lock is held)."""
+        raise NotImplementedError
+
+    def _run_load_batch(self, batch: LoadBatch) -> None:
+        raise NotImplementedError
+
+    def _run_offload(self, record: StoreOffload) -> None:
+        raise NotImplementedError
+
+    def _check_layout(self, pools: AttachedPools) -> None:
+        """Refuse (StoreConfigError) pools whose layout contradicts stored pages."""
+
+    def _drop(self, ident: Ident, entry: E) -> None:
+        """Release the bytes of a page the books just removed (the lock is held)."""
+
+    def _delete(self, idents: list[Ident]) -> int:
+        """`evict()`: remove these pages; the number removed (the lock is held)."""
+        removed = 0
+        for ident in idents:
+            if ident in self._pages:
+                self._remove(ident)
+                removed += 1
+        return removed
+
+    def _release(self) -> None:
+        """Release the backend's resources at `close()` (the lock is held)."""
+
+    # -- protocol: setup and lookup ------------------------------------------------------
+
+    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
+        attached = AttachedPools(pools)
+        with self._cond:
+            self._check_open("attach")
+            if self._queued or self._jobs or self._busy or self._in_flight:
+                msg = (
+                    "attach: loads or offloads are queued or in flight; re-attach only when "
+                    "the store is idle (reset() fails pending work; then pop every result)"
+                )
+                raise StoreStateError(msg, operation="attach")
+            self._check_layout(attached)
+            self._pools = attached
+
+    def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
+        kv, others = split_lookup_transfers(transfers)
+        with self._cond:
+            self._check_open("lookup")
+            for t in (kv, *others):
+                self._pools.pool(t.name, "lookup")
+            found = list(lookup_boundaries(kv, others, self._present))
+            if found:
+                for t in (kv, *others):
+                    self._touch((t.name, k) for k in kv.keys[: found[-1]])
+            return found
+
+    # -- protocol: loads -----------------------------------------------------------------
+
+    def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
+        with self._cond:
+            self._check_open("load")
+            checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.LOAD)
+            if rid in self._queued or rid in self._in_flight:
+                return False
+            if not all(all(self._present(ct.pool, ct.keys)) for ct in checked):
+                return False
+            idents = [(ct.pool, k) for ct in checked for k in ct.keys]
+            record = StoreLoad(rid, checked)
+            LOAD_MACHINE.initialize(record)
+            self._queued[rid] = record
+            self._pins.update(idents)
+            self._touch(idents)
+            return True
+
+    def start_loading(self) -> int:
+        with self._cond:
+            self._check_open("start_loading")
+            if not self._queued:
+                return -1
+            batch = LoadBatch(self._next_batch, list(self._queued.values()))
+            self._next_batch += 1
+            self._queued.clear()
+            for record in batch.loads:
+                record.batch = batch.batch
+                LOAD_MACHINE.fire(record, StoreLoadTrigger.START)
+                self._in_flight.add(record.rid)
+            self._jobs.append(batch)
+            self._cond.notify_all()
+            return batch.batch
+
+    def num_completed_loads(self) -> int:
+        with self._cond:
+            self._check_open("num_completed_loads")
+            return len(self._load_results)
+
+    def pop_completed_load(self) -> LoadBatchResult:
+        with self._cond:
+            self._check_open("pop_completed_load")
+            if not self._load_results:
+                msg = "pop_completed_load: no load batch has completed; check num_completed_loads()"
+                raise NoCompletionError(msg, what="load")
+            result = self._load_results.popleft()
+            self._in_flight.difference_update(result.rids)
+            return result
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        with self._cond:
+            self._check_open("cancel_queued_load")
+            record = self._queued.pop(rid, None)
+            if record is None:
+                return False
+            LOAD_MACHINE.fire(record, StoreLoadTrigger.CANCEL)
+            self._unpin(record)
+            self._history.append(record)
+            return True
+
+    # -- protocol: offloads --------------------------------------------------------------
+
+    def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
+        with self._cond:
+            self._check_open("offload")
+            checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.OFFLOAD)
+            if self.capacity_pages is not None:
+                new = {(ct.pool, k) for ct in checked for k in ct.keys} - self._pages.keys()
+                if len(new) > self.capacity_pages:
+                    return False  # could never fit, even in an empty store
+            record = StoreOffload(self._next_offload, checked)
+            self._next_offload += 1
+            OFFLOAD_MACHINE.initialize(record)
+            self._jobs.append(record)
+            self._cond.notify_all()
+            return True
+
+    def num_completed_offloads(self) -> int:
+        with self._cond:
+            self._check_open("num_completed_offloads")
+            return len(self._offload_results)
+
+    def pop_completed_offload(self) -> bool:
+        with self._cond:
+            self._check_open("pop_completed_offload")
+            if not self._offload_results:
+                msg = (
+                    "pop_completed_offload: no offload has completed; "
+                    "check num_completed_offloads()"
+                )
+                raise NoCompletionError(msg, what="offload")
+            return self._offload_results.popleft()
+
+    # -- protocol: driving, eviction, lifecycle ------------------------------------------
+
+    def progress(self) -> int:
+        if self.background:
+            with self._cond:
+                self._check_open("progress")
+                outstanding = len(self._jobs) + int(self._busy)
+                while self._jobs or self._busy:
+                    self._cond.wait()
+                return outstanding
+        done = 0
+        with self._performing:
+            while True:
+                with self._cond:
+                    self._check_open("progress")
+                    if not self._jobs:
+                        return done
+                    job = self._jobs.popleft()
+                    self._busy = True
+                try:
+                    self._run(job)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
+                done += 1
+
+    def evict(self, keys: Sequence[str], pool: PoolName | None = None) -> int:
+        if isinstance(keys, str):
+            msg = f"evict: pass a sequence of page keys, not one string {keys!r}"
+            raise StoreTransferError(msg, pool=pool)
+        keys = [check_page_key(k) for k in keys]
+        which: object = pool
+        if which is not None and not isinstance(which, PoolName):
+            msg = f"evict: pool must be a PoolName or None (all pools), got {pool!r}"
+            raise StoreTransferError(msg, pool=pool)
+        pools = list(PoolName) if pool is None else [pool]
+        with self._cond:
+            self._check_open("evict")
+            return self._delete([(name, key) for name in pools for key in dict.fromkeys(keys)])
+
+    def contains(self, pool: PoolName, key: str) -> bool:
+        check_page_key(key)
+        which: object = pool
+        if not isinstance(which, PoolName):
+            msg = f"contains: pool must be a PoolName, got {pool!r}"
+            raise StoreTransferError(msg, pool=pool)
+        with self._cond:
+            self._check_open("contains")
+            return self._present(pool, [key])[0]
+
+    def reset(self) -> None:
+        with self._cond:
+            self._check_open("reset")
+            self._quiesce()
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._quiesce()
+            self._closed = True
+            self._cond.notify_all()
+        if self._worker is not None:
+            self._worker.join()
+        with self._cond:
+            self._release()
+            self._pages.clear()
+            self._children.clear()
+            self._leaves.clear()
+            self._pins.clear()
+
+    # -- inspection ----------------------------------------------------------------------
+
+    @property
+    def num_pages(self) -> int:
+        """Pages in the books (for a shared backend: the pages this store knows of)."""
+        with self._cond:
+            return len(self._pages)
+
+    def stored_keys(self, pool: PoolName) -> list[str]:
+        """The keys in the books for `pool`, in no particular order."""
+        with self._cond:
+            return [k for (p, k) in self._pages if p is pool]
+
+    def recent_jobs(self) -> list[StoreLoad | StoreOffload]:
+        """Finished (final-state) store-side records, oldest first (bounded history)."""
+        with self._cond:
+            return list(self._history)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the store's books disagree with each other."""
+        with self._cond:
+            if self.capacity_pages is not None:
+                assert len(self._pages) <= self.capacity_pages, "over capacity"
+            children: collections.Counter[Ident] = collections.Counter()
+            for entry in self._pages.values():
+                if entry.parent is not None:
+                    children[entry.parent] += 1
+            assert children == self._children, "children counts drifted"
+            leaves = {i for i in self._pages if not children.get(i)}
+            assert leaves == set(self._leaves), "leaf set drifted"
+            pinned = collections.Counter(
+                (ct.pool, k)
+                for record in (*self._queued.values(), *self._started_loads())
+                for ct in record.transfers
+                for k in ct.keys
+            )
+            if not self._busy:  # a job being performed holds pins outside these books
+                assert pinned == +self._pins, "pins drifted"
+            assert not (set(self._queued) & self._in_flight), "rid both queued and started"
+
+    # -- internals: bookkeeping (caller holds the lock) ----------------------------------
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            msg = f"{operation}: the store is closed; create a new store"
+            raise StoreClosedError(msg, operation=operation)
+
+    def _started_loads(self) -> list[StoreLoad]:
+        return [r for job in self._jobs if isinstance(job, LoadBatch) for r in job.loads]
+
+    def _touch(self, idents: Iterable[Ident]) -> None:
+        leaves = self._leaves
+        for ident in idents:
+            if ident in leaves:
+                leaves.move_to_end(ident)
+
+    def _unpin(self, record: StoreLoad) -> None:
+        pins = self._pins
+        for ct in record.transfers:
+            for key in ct.keys:
+                ident = (ct.pool, key)
+                left = pins[ident] - 1
+                if left > 0:
+                    pins[ident] = left
+                else:
+                    del pins[ident]
+
+    def _insert(self, ident: Ident, entry: E) -> None:
+        self._pages[ident] = entry
+        parent = entry.parent
+        if parent is not None:
+            self._children[parent] += 1
+            self._leaves.pop(parent, None)
+        if not self._children.get(ident):
+            self._leaves[ident] = None
+
+    def _remove(self, ident: Ident) -> None:
+        entry = self._pages.pop(ident)
+        self._drop(ident, entry)
+        self._leaves.pop(ident, None)
+        parent = entry.parent
+        if parent is None:
+            return
+        left = self._children[parent] - 1
+        if left > 0:
+            self._children[parent] = left
+            return
+        del self._children[parent]
+        if parent in self._pages:
+            # the parent is next in line: chains shrink from their end
+            self._leaves[parent] = None
+            self._leaves.move_to_end(parent, last=False)
+
+    def _evict_lru(self, count: int, protect: set[Ident]) -> int:
+        evicted = 0
+        skipped: list[Ident] = []
+        while evicted < count and self._leaves:
+            ident, _ = self._leaves.popitem(last=False)
+            if ident in protect or self._pins.get(ident):
+                skipped.append(ident)
+                continue
+            self._remove(ident)
+            evicted += 1
+        for ident in reversed(skipped):
+            self._leaves[ident] = None
+            self._leaves.move_to_end(ident, last=False)
+        return evicted
+
+    def _plan_new_pages(self, record: StoreOffload) -> tuple[list[NewPages], set[Ident]]:
+        """Per transfer, the pages the store lacks (write-once: the others are skipped),
+        each with its parent; and the pages the offload names that are already stored
+        (touched, and protected from the room-making that follows)."""
+        chosen: list[NewPages] = []
+        protect: set[Ident] = set()
+        for ct in record.transfers:
+            seen: set[str] = set()
+            new: list[int] = []
+            parents: list[Ident | None] = []
+            for i, key in enumerate(ct.keys):
+                ident = (ct.pool, key)
+                if ident in self._pages:
+                    protect.add(ident)
+                elif key not in seen:
+                    new.append(i)
+                    parents.append((ct.pool, ct.keys[i - 1]) if i else None)
+                seen.add(key)
+            chosen.append(NewPages(ct, new, parents))
+        self._touch(protect)
+        return chosen, protect
+
+    def _make_room(self, total: int, protect: set[Ident]) -> bool:
+        """Evict for capacity so that `total` new pages fit; False when they cannot."""
+        if self.capacity_pages is None:
+            return True
+        over = len(self._pages) + total - self.capacity_pages
+        return not (over > 0 and self._evict_lru(over, protect) < over)
+
+    def _finish_offload(self, record: StoreOffload, ok: bool) -> None:
+        OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.FINISH, ok)
+        self._offload_results.append(ok)
+        self._history.append(record)
+
+    def _finish_load_batch(self, batch: LoadBatch, ok: bool) -> None:
+        for record in batch.loads:
+            LOAD_MACHINE.fire(record, StoreLoadTrigger.FINISH, ok)
+            self._finish_load_books(record)
+        rids = tuple(r.rid for r in batch.loads)
+        self._load_results.append(LoadBatchResult(batch.batch, rids, ok))
+
+    def _finish_load_books(self, record: StoreLoad) -> None:
+        self._unpin(record)  # the rid stays in flight until its result is popped
+        self._history.append(record)
+
+    def _quiesce(self) -> None:
+        """Fail everything queued or started (the lock is held; waits for a busy job)."""
+        jobs = list(self._jobs)
+        self._jobs.clear()
+        while self._busy:
+            self._cond.wait()
+        for job in jobs:
+            if isinstance(job, LoadBatch):
+                for record in job.loads:
+                    LOAD_MACHINE.fire(record, StoreLoadTrigger.ABANDON)
+                    self._finish_load_books(record)
+                rids = tuple(r.rid for r in job.loads)
+                self._load_results.append(LoadBatchResult(job.batch, rids, False))
+            else:
+                OFFLOAD_MACHINE.fire(job, StoreOffloadTrigger.ABANDON)
+                self._offload_results.append(False)
+                self._history.append(job)
+        if self._queued:
+            batch = self._next_batch
+            self._next_batch += 1
+            records = list(self._queued.values())
+            self._queued.clear()
+            for record in records:
+                record.batch = batch
+                LOAD_MACHINE.fire(record, StoreLoadTrigger.ABANDON)
+                self._finish_load_books(record)
+                self._in_flight.add(record.rid)
+            rids = tuple(r.rid for r in records)
+            self._load_results.append(LoadBatchResult(batch, rids, False))
+
+    # -- internals: performing jobs ------------------------------------------------------
+
+    def _work(self) -> None:
+        """The background worker: perform jobs in submission order until closed."""
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._busy = True
+            try:
+                self._run(job)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _run(self, job: LoadBatch | StoreOffload) -> None:
+        if isinstance(job, LoadBatch):
+            self._run_load_batch(job)
+        else:
+            self._run_offload(job)

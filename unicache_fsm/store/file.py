@@ -1,0 +1,335 @@
+"""A crash-safe store of pages in a directory: `FileStore(directory)`.
+
+`FileStore(directory, *, namespace="default", capacity_pages=None, background=False,
+history=256, verify_on_open=False, io_threads=4)` implements every primitive of
+`unicache_fsm.store.protocol`; queues, completions, the worker and capacity eviction
+from chain ends are `unicache_fsm.store.base.BaseStore`'s, and checking pages, learning
+and forgetting pages other processes wrote or removed are
+`unicache_fsm.store.shared.SharedStore`'s. What the directory adds:
+
+- Layout: ``DIR/unicache-store.json`` marks the directory as a store (a non-empty
+  directory without it is refused: `StoreConfigError`); each page is one file
+  ``DIR/<namespace>/<pool>/<page key>`` holding the `pageformat` header (key, parent,
+  pool, length, checksum) and the page's bytes. Keys are validated 64-hex page hashes
+  and the namespace ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``, so no name escapes the
+  directory. Use one namespace per model and KV layout.
+- Write-once and atomic: a page is written to a temporary name beside its final name
+  (``.<key>.<pid>.<n>.tmp``), flushed and fsynced, then renamed into place; a page that
+  already exists is skipped. After the renames of an offload, each directory it wrote
+  into is fsynced; only then is the offload completed True. So a page is visible to
+  LOOKUP only once its bytes are durable, and a page of an offload reported published
+  survives a crash of the process (and, as far as fsync promises, of the machine).
+  The pages of one transfer are written (and read) by `io_threads` threads at once:
+  concurrent fsyncs share the file system's journal commits.
+- Recovery on open: temporary files of dead writers (their pid names no live process on
+  this host) are deleted; a page file whose
+  header is invalid, names another key or pool, or whose length disagrees with its
+  header (a torn or partial file) is deleted, never served; ``verify_on_open=True``
+  also reads every page and deletes those whose checksum fails. The books are rebuilt
+  from the headers (parents included), least recently modified first.
+- Several processes may share one directory (on one host): two writers of one page
+  write identical bytes and the renames make that safe; a reader never sees a partial
+  file (renamed files are never written again). `capacity_pages` bounds the pages this
+  store knows (found at open, written, or found since).
+- Inspection: `directory`, `namespace`, `path_of(pool, key)`, `recovered` (what
+  opening discarded), `num_pages`, `stored_keys`, `check_invariants()`, `last_error`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import attrs
+import torch
+
+from unicache_fsm.pools.transfer import PoolName, check_page_key
+from unicache_fsm.store.base import Ident
+from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.pageformat import HEADER_SIZE, PageRecord, decode_header, page_checksums
+from unicache_fsm.store.shared import KnownPage, PageWrite, SharedStore, TornPage
+
+__all__ = ["MARKER", "FileStore", "Recovery"]
+
+MARKER = "unicache-store.json"
+_FORMAT = {"format": "unicache-fsm file store", "version": 1}
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_KEY = re.compile(r"[0-9a-f]{64}")
+_TMP = re.compile(r"\.([0-9a-f]{64})\.(\d+)\.(\d+)\.tmp")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@attrs.frozen
+class Recovery:
+    """What opening the directory found: pages kept, torn pages and temporaries deleted."""
+
+    pages: int
+    discarded: tuple[str, ...]
+    temporaries: int
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # another store of this process may be writing it right now
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+
+class FileStore(SharedStore):
+    """Pages in a directory, crash-safe; see the module docstring."""
+
+    worker_name = "unicache-file-store"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        namespace: str = "default",
+        capacity_pages: int | None = None,
+        background: bool = False,
+        history: int = 256,
+        verify_on_open: bool = False,
+        io_threads: int = 4,
+    ) -> None:
+        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
+            msg = f"io_threads must be an int >= 1, got {io_threads!r}"
+            raise StoreConfigError(msg, argument="io_threads", value=io_threads)
+        self.io_threads = io_threads
+        self._io: concurrent.futures.ThreadPoolExecutor | None = None
+        if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+            msg = (
+                f"namespace must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}} (one directory "
+                f"level), got {namespace!r}"
+            )
+            raise StoreConfigError(msg, argument="namespace", value=namespace)
+        given: object = directory
+        if not isinstance(given, (str, os.PathLike)) or not str(os.fspath(directory)):
+            msg = f"directory must be a path, got {directory!r}"
+            raise StoreConfigError(msg, argument="directory", value=directory)
+        self.directory = Path(directory)
+        self.namespace = namespace
+        self._root = self.directory / namespace
+        self._tmp_counter = 0
+        self._tmp_lock = threading.Lock()
+        self._open_directory()
+        self.recovered = self._recover(verify=verify_on_open)
+        self._start_worker()
+
+    def __repr__(self) -> str:
+        return (
+            f"FileStore({str(self.directory)!r}, namespace={self.namespace!r}, "
+            f"capacity_pages={self.capacity_pages!r}, background={self.background!r})"
+        )
+
+    def path_of(self, pool: PoolName, key: str) -> Path:
+        """The file of page (`pool`, `key`) (whether or not it exists)."""
+        return self._root / pool.value / check_page_key(key)
+
+    # -- opening and recovery ------------------------------------------------------------
+
+    def _open_directory(self) -> None:
+        marker = self.directory / MARKER
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if marker.exists():
+                try:
+                    found = json.loads(marker.read_text())
+                except (ValueError, UnicodeDecodeError):
+                    found = None
+                if found != _FORMAT:
+                    msg = (
+                        f"{marker} does not describe a store of this format ({_FORMAT}); "
+                        "point the store at another directory"
+                    )
+                    raise StoreConfigError(msg, argument="directory", value=str(self.directory))
+            else:
+                if any(self.directory.iterdir()):
+                    msg = (
+                        f"{self.directory} is not empty and holds no {MARKER}: it is not a "
+                        "store directory; pass an empty or new directory"
+                    )
+                    raise StoreConfigError(msg, argument="directory", value=str(self.directory))
+                tmp = self.directory / f".{MARKER}.{os.getpid()}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    _write_all(fd, [json.dumps(_FORMAT).encode()])
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, marker)
+                _fsync_dir(self.directory)
+            for pool in PoolName:
+                (self._root / pool.value).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot open the store directory {self.directory}: {exc}"
+            raise StoreConfigError(msg, argument="directory", value=str(self.directory)) from exc
+
+    def _recover(self, *, verify: bool) -> Recovery:
+        """Delete temporaries of dead writers and torn pages; rebuild the books."""
+        discarded: list[str] = []
+        temporaries = 0
+        found: list[tuple[float, Ident, KnownPage]] = []
+        for pool in PoolName:
+            folder = self._root / pool.value
+            for entry in os.scandir(folder):
+                name = entry.name
+                tmp = _TMP.fullmatch(name)
+                if tmp is not None:
+                    if not _pid_alive(int(tmp.group(2))):
+                        self._unlink(Path(entry.path))
+                        temporaries += 1
+                    continue
+                if not _KEY.fullmatch(name) or not entry.is_file(follow_symlinks=False):
+                    continue
+                known = self._check_file(Path(entry.path), pool, name, verify=verify)
+                if known is None:
+                    self._unlink(Path(entry.path))
+                    discarded.append(f"{pool.value}/{name}")
+                    continue
+                found.append((entry.stat().st_mtime, (pool, name), known))
+        with self._cond:
+            for _, ident, known in sorted(found, key=lambda f: f[0]):
+                self._insert(ident, known)
+        return Recovery(len(found), tuple(discarded), temporaries)
+
+    def _check_file(
+        self, path: Path, pool: PoolName, key: str, *, verify: bool
+    ) -> KnownPage | None:
+        """The books' entry for a page file, or None when the file is not a whole page."""
+        try:
+            with open(path, "rb") as f:
+                record = decode_header(f.read(HEADER_SIZE))
+                size = os.fstat(f.fileno()).st_size
+                if record is None or record.key != key or record.pool is not pool:
+                    return None
+                if size != HEADER_SIZE + record.nbytes:
+                    return None
+                if verify:
+                    payload = bytearray(record.nbytes)
+                    if f.readinto(payload) != record.nbytes:
+                        return None
+                    page = torch.frombuffer(payload, dtype=torch.uint8).view(1, -1)
+                    if page_checksums(page) != [record.checksum]:
+                        return None
+        except FileNotFoundError:
+            return None
+        parent = (pool, record.parent) if record.parent is not None else None
+        return KnownPage(parent, record.nbytes)
+
+    @staticmethod
+    def _unlink(path: Path) -> bool:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    # -- the medium --------------------------------------------------------------------
+
+    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        folder = self._root / pool.value
+        return [os.path.exists(folder / key) for key in keys]
+
+    def _each(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+        """`fn` over `items` on the I/O threads (in order); the first failure is raised."""
+        if self.io_threads == 1 or len(items) < 2:
+            return [fn(item) for item in items]
+        if self._io is None:
+            self._io = concurrent.futures.ThreadPoolExecutor(
+                self.io_threads, thread_name_prefix="unicache-file-io"
+            )
+        return list(self._io.map(fn, items))
+
+    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+        folder = self._root / pool.value
+
+        def write(page: PageWrite) -> None:
+            key, header, payload = page
+            final = folder / key
+            if not final.exists():  # write-once (another process may have written it)
+                self._write_file(folder, key, final, [header, payload])
+
+        self._each(write, pages)  # concurrent fsyncs share the file system's commits
+        if pages:
+            _fsync_dir(folder)  # the renames are durable before the offload completes
+
+    def _write_file(
+        self, folder: Path, key: str, final: Path, chunks: Sequence[bytes | memoryview]
+    ) -> None:
+        with self._tmp_lock:
+            self._tmp_counter += 1
+            tmp = folder / f".{key}.{os.getpid()}.{self._tmp_counter}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                _write_all(fd, chunks)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except BaseException:
+            self._unlink(tmp)
+            raise
+
+    def _read(
+        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
+    ) -> list[PageRecord | None]:
+        folder = self._root / pool.value
+        nbytes = staging.shape[1]
+
+        def read(row: int) -> PageRecord | None:
+            key = keys[row]
+            header = bytearray(HEADER_SIZE)
+            extra = bytearray(1)  # a longer file is torn too
+            try:
+                fd = os.open(folder / key, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                got = os.preadv(fd, [header, staging[row].numpy().data, extra], 0)
+            finally:
+                os.close(fd)
+            record = decode_header(header)
+            if record is None or got != HEADER_SIZE + record.nbytes or record.nbytes != nbytes:
+                raise TornPage(key)
+            return record
+
+        return self._each(read, range(len(keys)))
+
+    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+        folder = self._root / pool.value
+        return sum(self._unlink(folder / key) for key in keys)
+
+    def _release(self) -> None:
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+            self._io = None

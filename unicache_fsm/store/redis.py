@@ -1,0 +1,175 @@
+"""A store of pages in Redis (or Valkey): `RedisStore(url)`, through redis-py.
+
+`RedisStore(url="redis://127.0.0.1:6379/0", *, namespace="default",
+capacity_pages=None, background=True, history=256, timeout=5.0)` implements every
+primitive of `unicache_fsm.store.protocol`; queues, completions, the worker and capacity
+eviction from chain ends are `unicache_fsm.store.base.BaseStore`'s; checked loads,
+checksummed write-once offloads, and learning and forgetting pages other clients wrote
+or the server evicted are `unicache_fsm.store.shared.SharedStore`'s. What Redis adds:
+
+- One key per page, ``unicache:<namespace>:<pool>:<page key>``; its value is the
+  `pageformat` header (key, parent, pool, length, checksum) followed by the page's
+  bytes, so a value is checked on its own and never half of a page (a SET is atomic).
+  Use one namespace per model and KV layout.
+- Pipelined: one round trip of EXISTS per LOOKUP / `load` / `contains` (per pool), of
+  ``SET NX`` per offloaded transfer (write-once: an existing key is left as it is), of
+  GET per loaded transfer, of DEL per `evict`.
+- Loads and offloads run off the caller's thread by default (``background=True``); their
+  completions come through the protocol as for every store.
+- Server-side eviction (``maxmemory`` with an LRU policy) is store-side eviction: LOOKUP
+  asks the server, so it stops reporting evicted pages (and the linker's
+  `verify_stored` demotes their nodes); a load of an evicted page fails its batch.
+- A lost connection is a fault of the calls in flight: `lookup`, `load`, `contains`
+  and `evict` raise `StoreFaultError`; a running offload completes False, a running load
+  batch fails. The client reconnects by itself on the next call (one immediate retry,
+  then the fault), and values are checked, so nothing stale or partial is ever served.
+- `client` is the `redis.Redis` in use; `close()` releases its connections.
+
+redis-py is an optional dependency (``pip install unicache-fsm[redis]``); without it the
+constructor raises `StoreConfigError`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
+from unicache_fsm.store.pageformat import HEADER_SIZE, PageRecord, decode_header
+from unicache_fsm.store.shared import PageWrite, SharedStore, TornPage
+
+if TYPE_CHECKING:
+    import redis as redis_py
+
+__all__ = ["KEY_PREFIX", "RedisStore"]
+
+KEY_PREFIX = "unicache"
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_CHUNK_BYTES = 64 << 20  # one pipeline carries at most this much page data
+T = TypeVar("T")
+
+
+class RedisStore(SharedStore):
+    """Pages in Redis; see the module docstring."""
+
+    worker_name = "unicache-redis-store"
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        namespace: str = "default",
+        capacity_pages: int | None = None,
+        background: bool = True,
+        history: int = 256,
+        timeout: float = 5.0,
+    ) -> None:
+        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+            msg = f"namespace must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}, got {namespace!r}"
+            raise StoreConfigError(msg, argument="namespace", value=namespace)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            msg = f"timeout must be a number of seconds > 0, got {timeout!r}"
+            raise StoreConfigError(msg, argument="timeout", value=timeout)
+        try:
+            import redis as redis_py
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError as exc:
+            msg = "RedisStore needs redis-py: pip install 'unicache-fsm[redis]'"
+            raise StoreConfigError(msg, argument="url", value=url) from exc
+        try:
+            self.client: redis_py.Redis = redis_py.Redis.from_url(
+                url,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 1),
+            )
+        except (ValueError, TypeError) as exc:
+            msg = f"not a Redis URL (redis://HOST:PORT[/DB], rediss://, unix://): {url!r}"
+            raise StoreConfigError(msg, argument="url", value=url) from exc
+        self._errors: tuple[type[BaseException], ...] = (redis_py.RedisError, OSError)
+        self.url = url
+        self.namespace = namespace
+        self._prefix = f"{KEY_PREFIX}:{namespace}:"
+        self._start_worker()
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisStore({self.url!r}, namespace={self.namespace!r}, "
+            f"capacity_pages={self.capacity_pages!r}, background={self.background!r})"
+        )
+
+    def key_of(self, pool: PoolName, key: str) -> str:
+        """The Redis key of page (`pool`, `key`)."""
+        return f"{self._prefix}{pool.value}:{key}"
+
+    # -- the medium --------------------------------------------------------------------
+
+    def _call(self, operation: str, fn: Callable[[], T]) -> T:
+        """Run `fn`; a Redis or socket failure becomes a `StoreFaultError` of `operation`."""
+        try:
+            return fn()
+        except self._errors as exc:
+            msg = f"{operation}: the Redis server at {self.url} failed: {exc}"
+            raise StoreFaultError(msg, operation=operation) from exc
+
+    def _pipelined(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        return list(pipe.execute())
+
+    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        if not keys:
+            return []
+        commands = [("EXISTS", self.key_of(pool, k)) for k in keys]
+        answers = self._call("lookup", lambda: self._pipelined(commands))
+        return [bool(a) for a in answers]
+
+    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+        batch: list[tuple[Any, ...]] = []
+        size = 0
+        for key, header, payload in pages:
+            value = b"".join((header, payload))
+            batch.append(("SET", self.key_of(pool, key), value, "NX"))
+            size += len(value)
+            if size >= _CHUNK_BYTES:
+                self._pipelined(batch)
+                batch, size = [], 0
+        if batch:
+            self._pipelined(batch)
+
+    def _read(
+        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
+    ) -> list[PageRecord | None]:
+        nbytes = staging.shape[1]
+        per_chunk = max(1, _CHUNK_BYTES // max(1, nbytes))
+        records: list[PageRecord | None] = []
+        for start in range(0, len(keys), per_chunk):
+            chunk = keys[start : start + per_chunk]
+            values = self._pipelined([("GET", self.key_of(pool, k)) for k in chunk])
+            for row, (key, value) in enumerate(zip(chunk, values, strict=True), start):
+                if value is None:
+                    records.append(None)
+                    continue
+                record = decode_header(value)
+                if record is None or len(value) != HEADER_SIZE + nbytes:
+                    raise TornPage(key)
+                staging[row].numpy().data[:] = memoryview(value)[HEADER_SIZE:]
+                records.append(record)
+        return records
+
+    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+        if not keys:
+            return 0
+        commands = [("DEL", self.key_of(pool, k)) for k in keys]
+        answers = self._call("evict", lambda: self._pipelined(commands))
+        return sum(int(a) for a in answers)
+
+    def _release(self) -> None:
+        self.client.close()

@@ -1,0 +1,302 @@
+"""The half of the persistent stores (file, Redis) that does not depend on the medium.
+
+`SharedStore` is a `BaseStore` whose pages live outside the process, in the
+`unicache_fsm.store.pageformat` format, where other processes may add and remove them.
+A medium (`FileStore`, `RedisStore`) provides four calls, each run by one thread at a
+time (they may raise; a failing call fails its job, or raises `StoreFaultError` from a
+synchronous protocol call):
+
+- `_exists(pool, keys) -> list[bool]` — which pages the medium holds now;
+- `_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
+  atomically per page, skipping keys already held (write-once); return only when all are;
+- `_read(pool, keys, staging) -> list[PageRecord | None]` — read each page's payload
+  into its row of `staging` and return its header (None: the page is missing); a page
+  whose value is not one whole page raises `TornPage`;
+- `_erase(pool, keys) -> int` — delete pages; the number that existed.
+
+What `SharedStore` does with them:
+
+- LOOKUP, `load` and `contains` ask the medium (`_exists`), not the books, then reconcile
+  the books: pages another process wrote are learnt (parent: the previous key of the
+  same request), pages another process removed are forgotten. `capacity_pages` bounds
+  the pages this store knows; it evicts only from its own books (`_erase`).
+- OFFLOAD: the books are first reconciled with the medium for the offload's keys (so a
+  page someone removed is written again, not skipped); the new pages (write-once,
+  chosen and made room for under the lock as in `BaseStore`) are read from the pool,
+  checksummed, and written with their headers; the offload completes True only when
+  `_write` returned for all of them.
+- LOAD: every page of a transfer is read into a staging buffer and its header (key,
+  pool, length) and checksum checked before the transfer is written into its slots in
+  one `write_pages`: a bad page fails the batch with no byte of that transfer written,
+  and the bad page is deleted (never offered again); a missing page fails the batch and
+  is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
+from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
+from unicache_fsm.store.pageformat import PageRecord, encode_header, page_checksums
+from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+
+__all__ = ["KnownPage", "SharedStore", "TornPage"]
+
+PageWrite = tuple[str, bytes, memoryview]
+"""One page to write: its key, its header, its payload."""
+
+
+class TornPage(Exception):
+    """A medium's value for `key` is not one whole page (torn, partial, foreign)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+@attrs.define(slots=True)
+class KnownPage:
+    """A page in the books: its parent, its length, and whether it is already gone from
+    the medium (then forgetting it deletes nothing)."""
+
+    parent: Ident | None
+    nbytes: int
+    gone: bool = False
+
+
+class SharedStore(BaseStore[KnownPage]):
+    """Pages in a medium other processes share; see the module docstring."""
+
+    _staging: torch.Tensor | None = None
+
+    # -- what a medium provides ----------------------------------------------------------
+
+    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        raise NotImplementedError
+
+    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+        raise NotImplementedError
+
+    def _read(
+        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
+    ) -> list[PageRecord | None]:
+        raise NotImplementedError
+
+    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+        raise NotImplementedError
+
+    # -- BaseStore hooks -----------------------------------------------------------------
+
+    def _check_layout(self, pools: AttachedPools) -> None:
+        for name, pool in pools.items():
+            held = sum(
+                1 for (p, _), e in self._pages.items() if p is name and e.nbytes != pool.page_nbytes
+            )
+            if held:
+                msg = (
+                    f"attach: pool {name} has {pool.page_nbytes}-byte pages but this store "
+                    f"holds {held} page(s) of another length for it in its namespace; use "
+                    "another namespace (one per model and KV layout)"
+                )
+                raise StoreConfigError(msg, argument="pools", value=name)
+
+    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        flags = self._exists(pool, keys)
+        nbytes = self._page_nbytes(pool)
+        for i, (key, flag) in enumerate(zip(keys, flags, strict=True)):
+            ident = (pool, key)
+            known = ident in self._pages
+            if flag and not known and nbytes:
+                self._learn(ident, KnownPage((pool, keys[i - 1]) if i else None, nbytes))
+            elif known and not flag:
+                self._forget(ident)
+        return flags
+
+    def _drop(self, ident: Ident, entry: KnownPage) -> None:
+        if not entry.gone:
+            try:
+                self._erase(ident[0], [ident[1]])
+            except Exception as exc:  # capacity eviction: the medium may bound itself
+                self.last_error = exc
+
+    def _delete(self, idents: list[Ident]) -> int:
+        removed = 0
+        by_pool: dict[PoolName, list[str]] = {}
+        for pool, key in idents:
+            by_pool.setdefault(pool, []).append(key)
+        for pool, keys in by_pool.items():
+            removed += self._erase(pool, keys)
+            for key in keys:
+                self._forget((pool, key))
+        return removed
+
+    # -- books ---------------------------------------------------------------------------
+
+    def _learn(self, ident: Ident, entry: KnownPage) -> None:
+        if ident not in self._pages:
+            self._insert(ident, entry)
+
+    def _forget(self, ident: Ident) -> None:
+        entry = self._pages.get(ident)
+        if entry is not None:
+            entry.gone = True
+            self._remove(ident)
+
+    def _page_nbytes(self, pool: PoolName) -> int:
+        try:
+            return self._pools.pool(pool, "lookup").page_nbytes
+        except LookupError:
+            return 0
+
+    # -- offloads ------------------------------------------------------------------------
+
+    def _run_offload(self, record: StoreOffload) -> None:
+        with self._cond:
+            OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
+            try:
+                for ct in record.transfers:  # write-once skips what the medium holds now,
+                    self._present(ct.pool, ct.keys)  # not what the books last saw
+                fresh = True
+            except Exception as exc:  # the medium failed: so does the offload
+                self.last_error = exc
+                fresh = False
+            chosen, protect = self._plan_new_pages(record)
+            fits = fresh and self._make_room(sum(len(c.indices) for c in chosen), protect)
+            pools = [self._pools.pool(c.transfer.pool, "offload") for c in chosen]
+        written: list[tuple[Ident, KnownPage]] = []
+        ok = fits
+        if fits:
+            try:
+                for new, pool in zip(chosen, pools, strict=True):
+                    self._write_new(new, pool, written)
+            except Exception as exc:  # the offload must complete whatever went wrong
+                self.last_error = exc
+                ok = False
+        with self._cond:
+            for ident, known in written:
+                self._learn(ident, known)  # a LOOKUP may have found it meanwhile
+            self._finish_offload(record, ok)
+
+    def _write_new(
+        self, new: NewPages, pool: KVPool, written: list[tuple[Ident, KnownPage]]
+    ) -> None:
+        if not new.indices:
+            return
+        ct = new.transfer
+        data, sums = _source_pages(ct, new.indices, pool)
+        pages: list[PageWrite] = []
+        for row, i in enumerate(new.indices):
+            parent = new.parents[row]
+            header = encode_header(
+                ct.keys[i], parent[1] if parent else None, ct.pool, pool.page_nbytes, sums[row]
+            )
+            pages.append((ct.keys[i], header, data[row].numpy().data))
+        self._write(ct.pool, pages)
+        written.extend(
+            ((ct.pool, ct.keys[i]), KnownPage(new.parents[row], pool.page_nbytes))
+            for row, i in enumerate(new.indices)
+        )
+
+    # -- loads ---------------------------------------------------------------------------
+
+    def _staging_for(self, n: int, nbytes: int) -> torch.Tensor:
+        """A ``[n, nbytes]`` uint8 buffer, reused across loads (a fresh multi-MiB tensor
+        page-faults); only the thread performing jobs uses it."""
+        flat: torch.Tensor | None = getattr(self, "_staging", None)
+        if flat is None or flat.numel() < n * nbytes:
+            flat = torch.empty(
+                max(n * nbytes, 2 * (0 if flat is None else flat.numel())), dtype=torch.uint8
+            )
+            self._staging = flat
+        return flat[: n * nbytes].view(n, nbytes)
+
+    def _run_load_batch(self, batch: LoadBatch) -> None:
+        with self._cond:
+            plan = [
+                (ct, self._pools.pool(ct.pool, "load"))
+                for record in batch.loads
+                for ct in record.transfers
+            ]
+        ok = True
+        missing: list[Ident] = []
+        corrupt: list[Ident] = []
+        try:
+            for ct, pool in plan:
+                if ct.keys and not self._load_transfer(ct, pool, missing, corrupt):
+                    ok = False
+                    break
+        except Exception as exc:  # the batch must complete whatever went wrong
+            self.last_error = exc
+            ok = False
+        with self._cond:
+            for ident in missing:
+                self._forget(ident)
+            if corrupt:
+                try:
+                    self._delete(corrupt)  # never offered again
+                except Exception as exc:
+                    self.last_error = exc
+            self._finish_load_batch(batch, ok)
+
+    def _load_transfer(
+        self, ct: CheckedTransfer, pool: KVPool, missing: list[Ident], corrupt: list[Ident]
+    ) -> bool:
+        """Read, check and write one transfer; False (nothing written) on a bad page."""
+        n, nbytes = len(ct.keys), pool.page_nbytes
+        staging = self._staging_for(n, nbytes)
+        try:
+            records = self._read(ct.pool, ct.keys, staging)
+        except TornPage as torn:
+            corrupt.append((ct.pool, torn.key))
+            return False
+        for key, record in zip(ct.keys, records, strict=True):
+            if record is None:
+                missing.append((ct.pool, key))
+                return False
+            if record.key != key or record.pool is not ct.pool or record.nbytes != nbytes:
+                corrupt.append((ct.pool, key))
+                return False
+        sums = page_checksums(staging)
+        bad = [
+            (ct.pool, key)
+            for key, record, got in zip(ct.keys, records, sums, strict=True)
+            if record is not None and record.checksum != got
+        ]
+        if bad:
+            corrupt.extend(bad)
+            return False
+        pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
+        pool.write_pages(ct.slots, pages.to(pool.device))
+        return True
+
+
+_VIEW_BYTES = 64 << 10  # pages at least this large are read in place, not gathered
+
+
+def _source_pages(
+    ct: CheckedTransfer, indices: list[int], pool: KVPool
+) -> tuple[list[torch.Tensor], list[int]]:
+    """The bytes of the chosen pages (one 1-D uint8 CPU tensor each) and their checksums.
+
+    Large pages of a CPU pool are views of the pool itself (no copy: the caller keeps
+    the source slots unchanged while the offload is pending); small pages, and pages on
+    another device, are gathered in one `read_pages` and checksummed in one op."""
+    p, n, nbytes = pool.page_size, len(indices), pool.page_nbytes
+    pages = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(indices)]
+    if pool.device.type == "cpu" and nbytes >= _VIEW_BYTES and nbytes % 8 == 0:
+        by_page = pool.data.view(-1, p, pool.num_layers, pool.width)
+        views = [by_page[int(page)].view(-1).view(torch.uint8) for page in pages]
+        return views, [page_checksums(v.view(1, -1))[0] for v in views]
+    slots = ct.slots
+    if n != len(ct.keys):
+        index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
+        slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
+    data = pool.read_pages(slots).to("cpu").view(torch.uint8).reshape(n, nbytes)
+    return list(data), page_checksums(data)

@@ -1,0 +1,232 @@
+"""The component protocol: what the tree core and the external linker ask of each kind
+of per-node data.
+
+A component owns one pool (`component_type` names both), its entry of every node's
+`data`, its region of the node residency (if it can be evicted apart from the
+backbone) and the hooks below. The tree core knows no component by name: it runs
+the hooks of `RadixTree.components`, the backbone (FULL) first.
+
+Tree hooks, in the order a tree uses them:
+
+- `enabled(allocator, config)` (classmethod) — whether a tree built with these gets
+  the component; `TreeError` for half a configuration.
+- `check_insert(params)` — refuse an insert (typed error) before the tree changes.
+- `take_slots(node, slots)` / `drop_slots(node)` — set / remove this component's
+  slots on a node, keeping the component's own books (FULL: which pages the tree
+  owns). Every write of a node's `data` entry goes through them.
+- `adopt(node, ctx)` — `node` just took the caller's slots (a new leaf, or an evicted
+  node that an insert walked): take this component's share, recording what was
+  adopted. Runs backbone first; may split `node` and returns the node that now ends
+  at the old node's end.
+- `overlap(node, ctx)` — an insert walked a device node: keep the tree's data or take
+  the caller's. Runs from the last component to the backbone: a component that took
+  or freed the caller's slots for this node sets `ctx.settled`, and otherwise the
+  backbone frees the caller's duplicates past `prev_prefix_len`. May split.
+- `split(top, node, k)` — partition this component's data: `top` gets the first `k`
+  tokens, `node` keeps the rest.
+- `cut_match(path)` — how many nodes of a matched device path (root first) this
+  component can serve; the match keeps the shortest answer.
+- `lock(node, delta)` — a lock on the path root→`node` was taken (+1) or released
+  (-1); the tree has already counted it on every node of the path (`lock_ref`).
+  Only components that override it are called.
+- `evict(params, tally)` — free this component's pool under its own pressure (its
+  `evict_field` of `EvictParams`); add what it freed to `tally`.
+- `release(node)` — the node's device copy goes (evicted or deleted): free this
+  component's slots on it and leave its region as if evicted. Returns tokens freed.
+- `audit_node(node, findings)` / `audit_pool(nodes, outside, findings)` — the
+  component's share of `RadixTree.check`.
+
+Linker hooks (the external linker never touches slots itself):
+
+- `build_external_linker_transfer(phase, node, keys)` — LOOKUP: the keys a store
+  must check (no slots); LOAD: reserve device slots for the keys (evicting the
+  shortfall first), or None when the pool stays short; OFFLOAD: a node's slots and
+  page hashes, or None when the node has nothing to offload for this component.
+- `update_external_linker_load(phase, transfer, ctx)` — PREPARE (after every LOAD
+  transfer exists), COMMIT (after the tail was inserted; returns the transfer cut to
+  the pages the tree adopted, or None when none remain) and ABORT (frees exactly the
+  slots LOAD reserved; runs in reverse component order).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import attrs
+import torch
+
+from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.swa import SWAAllocator
+from unicache_fsm.pools.transfer import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    LinkerTransferPhase,
+    PoolTransfer,
+)
+from unicache_fsm.tree.params import EvictParams, InsertParams, InsertResult
+
+if TYPE_CHECKING:
+    from unicache_fsm.tree.node import TreeNode
+    from unicache_fsm.tree.tree import RadixTree, TreeConfig
+
+__all__ = [
+    "InsertContext",
+    "LoadContext",
+    "TreeComponent",
+    "select_adopted_pages",
+]
+
+
+@attrs.define(slots=True, eq=False)
+class InsertContext:
+    """What the insert hooks share about one insert walk.
+
+    `value` is the caller's backbone slots aligned with the key (token i's slot at
+    index i); `to_free` collects the caller's slots the tree does not take (freed
+    once, after the walk, through the tree's allocator, which frees their mapped peers
+    with them); `settled` says that a component already took or freed the caller's
+    slots of the node being walked (the core clears it before each node).
+    """
+
+    params: InsertParams
+    value: torch.Tensor
+    result: InsertResult
+    to_free: list[torch.Tensor] = attrs.field(factory=list)
+    settled: bool = False
+
+
+@attrs.define(slots=True)
+class LoadContext:
+    """What the load hooks share about one load.
+
+    `prefix_len` is the absolute end of the loaded tail; `full_transfer` the FULL
+    LOAD transfer. COMMIT reads `adopted_ranges` (absolute token ranges per component)
+    and `canonical_full` (the tree's FULL slots for the whole tail, after insert).
+    PREPARE writes `swa_evicted_seqlen` (the request's SWA boundary).
+    """
+
+    prefix_len: int
+    full_transfer: PoolTransfer | None = None
+    adopted_ranges: dict[ComponentType, list[tuple[int, int]]] = attrs.field(factory=dict)
+    canonical_full: torch.Tensor | None = None
+    swa_evicted_seqlen: int = 0
+
+
+def select_adopted_pages(
+    transfer: PoolTransfer,
+    ranges: Sequence[tuple[int, int]],
+    prefix_len: int,
+    page_size: int,
+    extra: torch.Tensor | None = None,
+) -> tuple[PoolTransfer | None, torch.Tensor | None]:
+    """Cut a LOAD transfer (a trailing span ending at `prefix_len`) to the adopted pages.
+
+    Returns the cut transfer (None when no page is adopted) and `extra` (a tensor
+    aligned with the transfer's slots, e.g. the canonical FULL slots) cut the same way.
+    """
+    assert transfer.device_indices is not None
+    n_pages = transfer.num_pages
+    coverage_start = prefix_len - n_pages * page_size
+    keep = torch.zeros(n_pages, dtype=torch.bool)
+    for start, end in ranges:
+        lo, hi = max(start, coverage_start), min(end, prefix_len)
+        if lo >= hi:
+            continue
+        assert (lo - coverage_start) % page_size == 0 and (hi - coverage_start) % page_size == 0
+        keep[(lo - coverage_start) // page_size : (hi - coverage_start) // page_size] = True
+    if not bool(keep.any()):
+        return None, None
+    pages = keep.nonzero().flatten().tolist()
+    slot_mask = keep.repeat_interleave(page_size).to(transfer.device_indices.device)
+    cut = PoolTransfer(
+        transfer.name,
+        transfer.device_indices[slot_mask],
+        tuple(transfer.keys[i] for i in pages),
+        transfer.hit_policy,
+    )
+    return cut, None if extra is None else extra[slot_mask.to(extra.device)]
+
+
+class TreeComponent(abc.ABC):
+    """One kind of per-node data, its pool and its hooks (see the module docstring).
+
+    The defaults describe a component that holds nothing: every tree hook is a no-op.
+    """
+
+    component_type: ClassVar[ComponentType]
+    #: the field of `EvictParams` / `EvictResult` that is this component's amount
+    evict_field: ClassVar[str | None] = None
+
+    def __init__(self, tree: RadixTree) -> None:
+        self.tree = tree
+        self.page_size = tree.page_size
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.component_type.name}>"
+
+    @property
+    def pool(self) -> ComponentType:
+        """The logical pool of this component's slots (the same enum member)."""
+        return self.component_type
+
+    # -- configuration -------------------------------------------------------------------
+    @classmethod
+    def enabled(cls, allocator: PagedAllocator | SWAAllocator, config: TreeConfig) -> bool:
+        """Whether a tree over `allocator` built with `config` gets this component."""
+        return False
+
+    # -- tree hooks ----------------------------------------------------------------------
+    def check_insert(self, params: InsertParams) -> None:
+        return None
+
+    def take_slots(self, node: TreeNode, slots: torch.Tensor) -> None:
+        node.data[self.component_type] = slots
+
+    def drop_slots(self, node: TreeNode) -> torch.Tensor:
+        return node.data.pop(self.component_type)
+
+    def adopt(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
+        return node
+
+    def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
+        return node
+
+    def split(self, top: TreeNode, node: TreeNode, k: int) -> None:
+        kind = self.component_type
+        slots = node.data.get(kind)
+        if slots is not None:
+            top.data[kind] = slots[:k]
+            node.data[kind] = slots[k:]
+
+    def cut_match(self, path: Sequence[TreeNode]) -> int:
+        return len(path)
+
+    def lock(self, node: TreeNode, delta: int) -> None:
+        return None
+
+    def evict(self, params: EvictParams, tally: dict[ComponentType, int]) -> None:
+        return None
+
+    def release(self, node: TreeNode) -> int:
+        return 0
+
+    def audit_node(self, node: TreeNode, findings: list[str]) -> None:
+        return None
+
+    def audit_pool(
+        self, nodes: Sequence[TreeNode], outside: Sequence[torch.Tensor], findings: list[str]
+    ) -> None:
+        return None
+
+    # -- linker hooks --------------------------------------------------------------------
+    @abc.abstractmethod
+    def build_external_linker_transfer(
+        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: Sequence[str]
+    ) -> PoolTransfer | None: ...
+
+    @abc.abstractmethod
+    def update_external_linker_load(
+        self, phase: ExternalLinkerLoadPhase, transfer: PoolTransfer, ctx: LoadContext
+    ) -> PoolTransfer | None: ...

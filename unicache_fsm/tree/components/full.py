@@ -1,0 +1,206 @@
+"""FULL: the backbone component. Every node on the device has FULL slots for its whole
+key; an insert's value and a match's result are FULL slots.
+
+Tree hooks:
+
+- `check_insert` — with `TreeConfig.check_slots`, refuse caller slots (at or past
+  `prev_prefix_len`) whose pages the tree already owns (`OwnedSlotsError`): adopted
+  under another key, two nodes would share them; freed as duplicates, the tree would
+  lose them. The component keeps a per-page ownership map for it (`take_slots` /
+  `drop_slots`).
+- `adopt` — the node takes the caller's FULL slots for its span (a copy, never a view
+  of the caller's tensor); the range is recorded as adopted.
+- `overlap` — the node keeps its slots; unless another component settled the node,
+  the caller's duplicates at or past `prev_prefix_len` are freed after the walk.
+- `evict` — LRU over evictable leaves (`RadixTree.evictable_leaf`), least recently
+  used first, until `num_tokens` are freed; a parent that becomes an evictable leaf
+  joins the queue in the same call.
+- `release` — free the node's FULL slots.
+
+Linker hooks: LOOKUP asks for every page of the tail, ALL_PAGES; LOAD allocates one
+FULL page per key (evicting the shortfall first); COMMIT keeps the adopted pages;
+ABORT frees what LOAD reserved; OFFLOAD hands the node's slots and page hashes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.swa import SWAAllocator
+from unicache_fsm.pools.transfer import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    LinkerTransferPhase,
+    PoolTransfer,
+)
+from unicache_fsm.tree.audit import check_conservation, page_ids
+from unicache_fsm.tree.components.base import (
+    InsertContext,
+    LoadContext,
+    TreeComponent,
+    select_adopted_pages,
+)
+from unicache_fsm.tree.errors import OwnedSlotsError
+from unicache_fsm.tree.params import EvictParams, InsertParams
+
+if TYPE_CHECKING:
+    from unicache_fsm.tree.node import TreeNode
+    from unicache_fsm.tree.tree import RadixTree, TreeConfig
+
+__all__ = ["FullComponent"]
+
+FULL = ComponentType.FULL
+
+
+class FullComponent(TreeComponent):
+    """The backbone: see the module docstring."""
+
+    component_type = FULL
+    evict_field = "num_tokens"
+
+    @classmethod
+    def enabled(cls, allocator: PagedAllocator | SWAAllocator, config: TreeConfig) -> bool:
+        return True
+
+    def __init__(self, tree: RadixTree) -> None:
+        super().__init__(tree)
+        alloc = tree.allocator
+        rows = alloc.full_num_slots if isinstance(alloc, SWAAllocator) else alloc.num_slots
+        # owned[page]: the tree holds that FULL page (on some node); None without checks
+        self.owned: torch.Tensor | None = (
+            torch.zeros(rows // self.page_size, dtype=torch.bool, device=alloc.device)
+            if tree.config.check_slots
+            else None
+        )
+
+    # -- tree hooks ----------------------------------------------------------------------
+    def _pages(self, slots: torch.Tensor) -> torch.Tensor:
+        p = self.page_size
+        return slots if p == 1 else slots[::p] // p
+
+    def check_insert(self, params: InsertParams) -> None:
+        owned = self.owned
+        tail = params.value[params.prev_prefix_len :]
+        if owned is None or not tail.numel():
+            return
+        pages = self._pages(tail)
+        hit = owned[pages]
+        if not bool(hit.any()):
+            return
+        bad = sorted(set(pages[hit].tolist()))
+        holders = [
+            n.id
+            for n in self.tree.nodes()
+            if (s := n.data.get(FULL)) is not None
+            and not set(self._pages(s).tolist()).isdisjoint(bad)
+        ]
+        msg = (
+            f"insert value names FULL pages {bad[:10]} at or past prev_prefix_len = "
+            f"{params.prev_prefix_len}, which the tree already owns (nodes {holders[:10]}); "
+            "pass the slots you matched below prev_prefix_len and fresh slots past it"
+        )
+        raise OwnedSlotsError(msg, pages=bad, node_ids=holders)
+
+    def take_slots(self, node: TreeNode, slots: torch.Tensor) -> None:
+        node.data[FULL] = slots
+        if self.owned is not None:
+            self.owned[self._pages(slots)] = True
+
+    def drop_slots(self, node: TreeNode) -> torch.Tensor:
+        slots = node.data.pop(FULL)
+        if self.owned is not None:
+            self.owned[self._pages(slots)] = False
+        return slots
+
+    def adopt(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
+        self.take_slots(node, ctx.value[node.start : node.end].clone())
+        ctx.result.record_adopted_range(FULL, node.start, node.end)
+        return node
+
+    def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
+        if not ctx.settled:
+            dup_start = max(node.start, ctx.params.prev_prefix_len)
+            if dup_start < node.end:
+                ctx.to_free.append(ctx.value[dup_start : node.end])
+        return node
+
+    def evict(self, params: EvictParams, tally: dict[ComponentType, int]) -> None:
+        want = params.num_tokens
+        if want <= 0:
+            return
+        tree = self.tree
+        evictable = tree.evictable_leaf
+        heap = [(n.last_access, n.id, n) for n in tree.nodes() if evictable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < want and heap:
+            _, _, node = heapq.heappop(heap)
+            if not evictable(node):
+                continue
+            parent = node.parent
+            freed += tree.remove_device_copy(node)[FULL]
+            if parent is not None and evictable(parent):
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        tally[FULL] = tally.get(FULL, 0) + freed
+
+    def release(self, node: TreeNode) -> int:
+        slots = self.drop_slots(node)
+        self.tree.allocator.free(slots)
+        return int(slots.numel())
+
+    def audit_pool(
+        self, nodes: Sequence[TreeNode], outside: Sequence[torch.Tensor], findings: list[str]
+    ) -> None:
+        owned = [s for n in nodes if (s := n.data.get(FULL)) is not None]
+        check_conservation(
+            "FULL",
+            page_ids([*owned, *outside], self.page_size),
+            self.tree.allocator.allocated_page_ids(),
+            findings,
+        )
+        if self.owned is not None:
+            books = set(self.owned.nonzero().flatten().tolist())
+            held = set(page_ids(owned, self.page_size).tolist())
+            if books != held:
+                wrong = sorted(books ^ held)[:10]
+                findings.append(f"FULL: the ownership map disagrees with the nodes on {wrong}")
+
+    # -- linker hooks --------------------------------------------------------------------
+    def build_external_linker_transfer(
+        self, phase: LinkerTransferPhase, node: TreeNode | None, keys: Sequence[str]
+    ) -> PoolTransfer | None:
+        if phase is LinkerTransferPhase.LOOKUP:
+            return PoolTransfer(self.pool, keys=tuple(keys))
+        if phase is LinkerTransferPhase.LOAD:
+            need = len(keys) * self.page_size
+            alloc = self.tree.allocator
+            short = need - alloc.available_size()
+            if short > 0:
+                self.tree.evict(EvictParams(num_tokens=short))
+            slots = alloc.alloc(need)
+            if slots is None:
+                return None
+            return PoolTransfer(self.pool, slots, tuple(keys))
+        assert node is not None
+        slots = node.data.get(FULL)
+        if node.hashes is None or slots is None:
+            return None
+        return PoolTransfer(self.pool, slots, tuple(node.hashes))
+
+    def update_external_linker_load(
+        self, phase: ExternalLinkerLoadPhase, transfer: PoolTransfer, ctx: LoadContext
+    ) -> PoolTransfer | None:
+        if phase is ExternalLinkerLoadPhase.PREPARE:
+            return transfer
+        if phase is ExternalLinkerLoadPhase.COMMIT:
+            ranges = ctx.adopted_ranges.get(FULL, [])
+            cut, _ = select_adopted_pages(transfer, ranges, ctx.prefix_len, self.page_size)
+            return cut
+        assert transfer.device_indices is not None
+        self.tree.allocator.free(transfer.device_indices)
+        return None

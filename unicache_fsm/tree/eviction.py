@@ -1,0 +1,67 @@
+"""Eviction: freeing device slots under pool pressure.
+
+- `evict(EvictParams) -> EvictResult` — each component, backbone first, frees its
+  share under its own pressure (`TreeComponent.evict`: FULL deletes or evicts LRU
+  leaves, SWA tombstones windows); the amounts freed are tallied per component.
+- `evictable_leaf(node)` — a device node that may lose its device copy now: in the
+  tree, unlocked, nothing in flight over it (no offload, no host backup being made),
+  and no device-resident child.
+- `remove_device_copy(node)` — the node's device copy goes: every component frees
+  its slots on it (last component first, so a window goes before its backbone), then
+  a backed-up node is evicted (kept with its host copy) and any other node deleted
+  from the tree. Returns the tokens freed per component.
+
+Only leaves lose their device copy, so a device node's parent is always on the
+device; a locked node or one with an offload or backup in flight never does.
+"""
+
+from __future__ import annotations
+
+from unicache_fsm.pools.transfer import ComponentType
+from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.tree.params import EvictParams, EvictResult
+from unicache_fsm.tree.residency import BACKING_UP, ResidencyTrigger
+from unicache_fsm.tree.state import TreeState
+
+__all__ = ["Eviction"]
+
+T = ResidencyTrigger
+
+
+class Eviction(TreeState):
+    """The eviction primitives of `RadixTree` (see the module docstring)."""
+
+    def evictable_leaf(self, node: TreeNode) -> bool:
+        return (
+            node.parent is not None
+            and node.device_resident
+            and node.lock_ref == 0
+            and not node.offloading
+            and node.residency not in BACKING_UP
+            and not any(c.device_resident for c in node.children.values())
+        )
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Free at least the requested tokens per component, where the tree can."""
+        tally: dict[ComponentType, int] = {}
+        for c in self.components:
+            c.evict(params, tally)
+        return EvictResult(
+            **{
+                c.evict_field: tally.get(c.component_type, 0)
+                for c in self.components
+                if c.evict_field is not None
+            }
+        )
+
+    def remove_device_copy(self, node: TreeNode) -> dict[ComponentType, int]:
+        """Free `node`'s device slots in every component; evict or delete it."""
+        assert node.parent is not None and node.device_resident
+        freed = {c.component_type: c.release(node) for c in reversed(self.components)}
+        if node.backuped:
+            self.residency.fire(node, T.EVICT)
+        else:
+            assert not node.children, "a node with host-backed children is backed up"
+            self.residency.fire(node, T.DELETE)
+            self.unlink(node)
+        return freed
