@@ -8,8 +8,8 @@ and the `ExternalLinker`'s offload path (`offload_nodes(result.write_through)`,
 `poll_offloads()`) over a scripted `ExternalStore`. A fresh tree and fresh pools per
 program (building them costs well under a millisecond).
 
-Per-node reads (`rows`): `key`, `full`, `swa` (None: SWA tombstone), `lock_ref`,
-`external_cache_stored`, `offloading`, `children`.
+Per-node reads (`rows`): `key`, `slots(ComponentType.FULL)`, `slots(ComponentType.SWA)`
+(None: SWA tombstone), `lock_ref`, `external_cache_stored`, `offloading`, `children`.
 """
 
 from __future__ import annotations
@@ -201,8 +201,10 @@ class ProjectSide:
         stack = [(child, 0) for child in reversed(self._children(self.tree.root, p))]
         while stack:
             node, depth = stack.pop()
-            full = None if node.full is None else node.full.tolist()
-            swa = None if node.swa is None else node.swa.tolist()
+            full_slots = node.slots(ComponentType.FULL)
+            swa_slots = node.slots(ComponentType.SWA)
+            full = None if full_slots is None else full_slots.tolist()
+            swa = None if swa_slots is None else swa_slots.tolist()
             for i, tok in enumerate(node.key):
                 out.append(
                     TokenRow(
