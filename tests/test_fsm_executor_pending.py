@@ -9,6 +9,7 @@ are small; the engine side (`FlatMachine.is_config`, `first_configs`, `group`,
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import pytest
@@ -134,3 +135,36 @@ def test_executor_errors_name_models_as_traces_do() -> None:
     with pytest.raises(IllegalTransitionError) as info:
         ex.fire(model, "off_0")
     assert info.value.model == model_id(model)
+
+
+class Flip(str, enum.Enum):
+    ON_0 = "on_0"
+    OFF_0 = "off_0"
+    ON_1 = "on_1"
+    OFF_1 = "off_1"
+
+
+@pytest.mark.xfail(strict=True, reason=f"{PENDING}: dispatch built on first use")
+@pytest.mark.parametrize("executor", EXECUTORS, ids=lambda c: c.kind)
+@pytest.mark.parametrize("observe_first", [False, True])
+def test_enum_triggers_and_observers_on_dispatch_built_on_first_use(
+    executor: type[Executor], observe_first: bool
+) -> None:
+    spec = parse_spec(_regions(2))
+    ex = executor(spec, Plain, triggers=Flip)
+    seen: list[str] = []
+    model = Plain()
+    if observe_first:
+        ex.add_observer(lambda _e, _m, _s, t, d: seen.append(f"{t}>{d}"))
+    ex.initialize(model)
+    ex.fire(model, Flip.ON_0)
+    ex.fire(model, "on_1")
+    if not observe_first:
+        ex.add_observer(lambda _e, _m, _s, t, d: seen.append(f"{t}>{d}"))
+    ex.fire(model, Flip.OFF_0)
+    ex.fire(model, Flip.OFF_1)
+    assert ex.state_of(model) == "r0.off,r1.off"
+    tail = ["off_0>r0.off,r1.on", "off_1>r0.off,r1.off"]
+    head = ["<init>>r0.off,r1.off", "on_0>r0.on,r1.off", "on_1>r0.on,r1.on"]
+    assert seen == (head + tail if observe_first else tail)
+    assert "configs" not in vars(flatten(spec))

@@ -168,6 +168,7 @@ class FlatMachine:
         self._active_of: dict[str, frozenset[str]] = {self.initial: init_active}
         self._moves: dict[str, dict[str, tuple[FlatTransition, ...]]] = {}
         self._groups: dict[tuple[str, str], tuple[FlatTransition, ...]] = {}
+        self._triggers: dict[str, tuple[str, ...]] = {}
         self.cross_region: tuple[str, ...] = self._crossing(valid)
         self.groups: tuple[RegionGroup, ...] = tuple(
             self._explore(regions) for regions in self._region_groups()
@@ -253,7 +254,10 @@ class FlatMachine:
 
     def triggers_from(self, config: str) -> tuple[str, ...]:
         """Triggers with at least one transition from `config`, in declaration order."""
-        return tuple(self.moves(config))
+        found = self._triggers.get(config)
+        if found is None:
+            found = self._triggers[config] = tuple(self.moves(config))
+        return found
 
     @property
     def enumerated(self) -> bool:
