@@ -213,9 +213,11 @@ def test_load_restores_the_window_of_swa_evicted_device_nodes() -> None:
     back, and the tombstone in the window takes the loaded FULL and SWA pages."""
     p = 4
     s = System.build(p, swa=True, window_pages=2)
-    x = key_of(6, p)
+    y = key_of(7, p)
+    x = y[: 6 * p]
     first = s.compute("A1", x[: 2 * p], swa_boundary=0)  # [0, 2P) keeps live SWA
     s.compute("A2", x)  # [2P, 4P) tombstone, [4P, 6P) live
+    s.compute("A3", y)  # [6P, 7P) below it: SWA pressure tombstones internal nodes only
     assert first.last_node is not None
     guard = s.lock(first.last_node)
     s.tree.evict(EvictParams(swa_num_tokens=2 * p))  # tombstones [4P, 6P)
@@ -224,6 +226,7 @@ def test_load_restores_the_window_of_swa_evicted_device_nodes() -> None:
         False,
         True,
         True,
+        False,
     ]
     window_node = next(n for n in s.tree.nodes() if n.start == 4 * p)
     assert window_node.slots(FULL) is not None

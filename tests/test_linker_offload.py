@@ -40,9 +40,12 @@ def test_split_while_offloading_reaches_both_halves(swa: bool, verdict: str, spl
         s.faulty.policy = FaultPolicy({FaultKind.FAIL_OFFLOAD: FaultRule(every=1)})
     a = s.compute("A", x, settle=False)
     s.faulty.policy = FaultPolicy()
-    assert a.offload is not None and a.offload.state == "pending"
-    before = list(a.offload.ticket.publish)
-    anchor = a.offload.ticket.anchor
+    # one record per chain node (with SWA the leaf is an older part + its last window)
+    records = [r for r in s.linker.offloads if r is not None]
+    assert a.offload is not None and records[-1] is a.offload
+    assert all(r.state == "pending" for r in records)
+    before = [n for r in records for n in r.ticket.publish]
+    anchors = [r.ticket.anchor for r in records]
     s.audit()
     if splitter == "insert":
         s.compute("C", (*x[: 3 * P], *key_of(2, base=700)), settle=False)
@@ -54,14 +57,14 @@ def test_split_while_offloading_reaches_both_halves(swa: bool, verdict: str, spl
         s.compute("C", (*x[: 3 * P], *key_of(2, base=700)), settle=False)
         s.compute("D", (*x[: 5 * P], *key_of(2, base=800)), settle=False)
     s.audit()
-    publish = a.offload.ticket.publish
+    publish = [n for r in records for n in r.ticket.publish]
     assert len(publish) > len(before), "the split did not reach the ticket"
     starts = [n.start for n in publish]
     assert starts == sorted(starts) and publish[0].start == 0 and publish[-1].end == len(x)
     assert all(n.offloading and n.lock_ref >= 1 for n in publish)
-    assert a.offload.ticket.anchor is anchor
+    assert [r.ticket.anchor for r in records] == anchors
     s.drive()
-    assert a.offload.state == ("published" if verdict == "success" else "failed")
+    assert all(r.state == ("published" if verdict == "success" else "failed") for r in records)
     for n in publish:
         assert n.external_cache_stored is (verdict == "success")
         assert not n.offloading and n.pending_offload is None
@@ -74,6 +77,37 @@ def test_split_while_offloading_reaches_both_halves(swa: bool, verdict: str, spl
         s.assert_quiet()
     s.evict_all()
     assert s.serve("B", x).outcome == "committed"
+    s.assert_quiet()
+
+
+# -- one record per chain node (issue 11 behaviour 8) --------------------------------
+def test_a_chain_is_offloaded_node_by_node_each_with_its_own_verdict() -> None:
+    """As in SGLang 0.5.23: a write-through chain is one store call, one lock and one
+    pending record per node, each settled by its own verdict, so a stored node can sit
+    under (or over) one whose offload failed."""
+    s = System.build(P, faults=FaultPolicy())
+    x = key_of(2)
+    s.faulty.policy = FaultPolicy({FaultKind.REFUSE_OFFLOAD: FaultRule(every=1)})
+    a = s.compute("A", x[:P])  # refused: A stays unstored
+    parent = a.last_node
+    assert parent is not None and not parent.external_cache_stored
+    s.faulty.policy = FaultPolicy({FaultKind.FAIL_OFFLOAD: FaultRule(every=2)})
+    submitted = s.linker.stats.offloads_submitted
+    b = s.compute("B", x, settle=False)  # the chain [A, leaf]
+    leaf = b.last_node
+    assert leaf is not None and leaf.parent is parent
+    records = [r for r in s.linker.offloads if r is not None]
+    assert s.linker.stats.offloads_submitted - submitted == 2
+    assert [r.ticket.publish for r in records] == [[parent], [leaf]]
+    assert (parent.lock_ref, leaf.lock_ref) == (2, 1)  # each record locks its own path
+    s.drive()
+    assert [r.state for r in records] == ["published", "failed"]
+    assert parent.external_cache_stored and not leaf.external_cache_stored
+    assert (parent.lock_ref, leaf.lock_ref) == (0, 0)
+    s.faulty.policy = FaultPolicy()
+    again = s.compute("B2", x)  # the failed leaf is eligible again, alone
+    assert again.offload is not None and again.offload.ticket.publish == [leaf]
+    assert leaf.external_cache_stored
     s.assert_quiet()
 
 
@@ -99,11 +133,15 @@ def test_verify_stored_demotes_and_offloads_again(swa: bool, lost_page: int) -> 
     assert demoted == len(expected) == s.linker.stats.nodes_demoted
     for n in path:
         assert n.external_cache_stored is (n not in expected)
-    # eligible for write-through again: the next insert walk offloads exactly them
+    # eligible for write-through again: the next insert walk offloads exactly them,
+    # one record per node (SGLang 0.5.23), the last one returned
+    records = len(s.linker.offloads)
+    submitted = s.linker.stats.offloads_submitted
     again = s.compute("A3", x)
     assert again.offload is not None
-    assert again.offload.ticket.publish == expected
-    assert again.offload.state == "published"
+    assert again.offload.ticket.publish == expected[-1:]
+    assert s.linker.stats.offloads_submitted - submitted == len(expected)
+    assert again.offload.state == "published" and len(s.linker.offloads) == records
     assert s.store.contains(PoolName.KV, hashes[lost_page])
     assert all(n.external_cache_stored for n in path)
     s.evict_all()

@@ -19,9 +19,9 @@ allocated. Other rules interleave between the two halves of a request.
 
 Before each insert the expected outcome is computed from the model and docs/contract.md:
 `prefix_len` (leading pages present), the adopted ranges (absent pages; in SWA mode
-also pages of an SWA tombstone at or above the request's boundary when the request's
-protected prefix ends at or before the node, FULL only if that node is unlocked), the
-fate of every caller slot (adopted or free) and of every replaced tree slot (free).
+also pages of an SWA tombstone at or above both the request's boundary and its
+`prev_prefix_len`, FULL only if that node is unlocked), the fate of every caller slot
+(adopted or free) and of every replaced tree slot (free).
 
 Invariants after every step: `tree.check({FULL: requests' slots, SWA: ...})`;
 the tree's pages and slots equal the model's; each node's lock_ref equals the number of
@@ -160,6 +160,18 @@ class TreeMachine(RuleBasedStateMachine):
                 counts[n.id] += 1
         return counts
 
+    def _swa_pinned(self) -> set[int]:
+        """Ids of the nodes every SWA lock surely pins: for each lock anchor, the nodes
+        overlapping the last `sliding_window_size` tokens of its path (a lock's window
+        may reach further back, after splits; never less)."""
+        pinned: set[int] = set()
+        for node in self.anchors.values():
+            lo = node.end - self.sw
+            for n in node.path_from_root():
+                if n.end > lo:
+                    pinned.add(n.id)
+        return pinned
+
     def _present_pages(self, pks: list[PageKey]) -> int:
         n = 0
         for pk in pks:
@@ -239,7 +251,8 @@ class TreeMachine(RuleBasedStateMachine):
         live_swa_unlocked = sum(
             len(n.key) for n in nodes if n.slots(SWA) is not None and locks[n.id] == 0
         )
-        locked_live_swa = [n for n in nodes if n.slots(SWA) is not None and locks[n.id] > 0]
+        pinned = self._swa_pinned() if self.swa else set()
+        locked_live_swa = [n for n in nodes if n.slots(SWA) is not None and n.id in pinned]
         avail = self.alloc.available_size()
         swa_avail = self.alloc.available_swa_size() if isinstance(self.alloc, SWAAllocator) else 0
         result = tree.evict(params)
@@ -260,10 +273,11 @@ class TreeMachine(RuleBasedStateMachine):
         if isinstance(self.alloc, SWAAllocator):
             swa_of_removed = sum(p for pk in removed if had_swa[pk])
             assert result.swa_num_tokens >= min(params.swa_num_tokens, live_swa_unlocked)
+            assert result.swa_num_tokens >= swa_of_removed  # counted, whoever freed it
             for n in locked_live_swa:
                 assert n.slots(SWA) is not None, f"SWA eviction tombstoned locked {n!r}"
             delta = self.alloc.available_swa_size() - swa_avail
-            assert delta == result.swa_num_tokens + swa_of_removed
+            assert delta == result.swa_num_tokens
         else:
             assert result.swa_num_tokens == 0
         for pk in removed:
@@ -434,9 +448,9 @@ class TreeMachine(RuleBasedStateMachine):
                 fa, sa = True, self.swa and start >= bound
             else:
                 node = tp[pk].node
-                tomb = (
-                    self.swa and node.slots(SWA) is None and start >= bound and prev <= node.start
-                )
+                # a tombstone takes the caller's SWA from max(its start, the request's
+                # boundary, prev_prefix_len) on: page by page, start >= bound here
+                tomb = self.swa and node.slots(SWA) is None and start >= bound
                 fa, sa = tomb and node.lock_ref == 0, tomb
                 if fa:
                     replaced.extend(self.model[pk])

@@ -344,33 +344,43 @@ def test_swa_tombstone_split_at_the_request_boundary() -> None:
     tree.check()
 
 
-def test_swa_tombstone_not_adopted_when_prefix_ends_inside_it() -> None:
-    """`prev_prefix_len` strictly inside a tombstone: nothing adopted, nothing of the
-    tree's freed; the caller's duplicates go back with their SWA."""
+def test_swa_tombstone_adopts_only_the_callers_part_when_prefix_ends_inside_it() -> None:
+    """Issue 11 behaviour 9 (deviation D5): `prev_prefix_len` strictly inside a
+    tombstone. The caller's slots at or above it are adopted, FULL and SWA (the
+    tombstone splits there); the tree's own slots below it stay the tree's. 0.5.23
+    re-adopts those too and frees them, so its tree holds free slots."""
     p = 2
     tree = swa_tree(p, window=4)
     key = key_of(8)
-    node = tombstone_node(tree, key)
+    node = tombstone_node(tree, key)  # [0, 8): FULL live, SWA tombstone
     assert node.slots(FULL) is not None
     tree_full = node.slots(FULL).clone()
-    fresh, fresh_swa = request_slots(tree.allocator, 4, 8)
+    fresh, fresh_swa = request_slots(tree.allocator, 4, 8)  # the caller's [4, 8)
     value = torch.cat([tree_full[:4], fresh])
     result = tree.insert(InsertParams(key, value, prev_prefix_len=4, track_adopted_ranges=True))
-    assert result.adopted_ranges == {}
-    assert node.slots(FULL) is not None and node.slots(FULL).tolist() == tree_full.tolist()
-    assert node.slots(SWA) is None
-    assert pages_of(fresh, p) <= free_pages(tree)
-    assert pages_of(fresh_swa, p) <= swa_free_pages(tree)
+    assert result.adopted_ranges == {FULL: [(4, 8)], SWA: [(4, 8)]}
+    lower, upper = sorted(tree.nodes(), key=lambda n: n.start)
+    assert (lower.start, lower.end, upper.start, upper.end) == (0, 4, 4, 8)
+    assert upper is node and result.last_device_node is node
+    assert lower.slots(SWA) is None and lower.slots(FULL) is not None
+    assert lower.slots(FULL).tolist() == tree_full[:4].tolist()  # the tree's own, kept
+    assert node.slots(FULL) is not None and node.slots(FULL).tolist() == fresh.tolist()
+    assert node.slots(SWA) is not None and node.slots(SWA).tolist() == fresh_swa.tolist()
+    assert pages_of(tree_full[4:], p) <= free_pages(tree)  # replaced: freed
+    assert not pages_of(tree_full[:4], p) & free_pages(tree)  # below prev: untouched
     tree.check()
 
 
 @pytest.mark.parametrize(
     ("bound", "tomb", "live"),
-    [(0, None, (0, 12)), (6, (0, 6), (6, 12)), (12, (0, 12), None)],
+    [(0, None, [(0, 8), (8, 12)]), (6, (0, 6), [(6, 8), (8, 12)]), (12, (0, 12), [])],
 )
 def test_swa_boundary_on_a_new_leaf(
-    bound: int, tomb: tuple[int, int] | None, live: tuple[int, int] | None
+    bound: int, tomb: tuple[int, int] | None, live: list[tuple[int, int]]
 ) -> None:
+    """Below the request's boundary a new leaf is a tombstone; its live part longer
+    than one window (4 tokens, P = 2) is split into an older part and the last window
+    (issue 11 behaviour 2), so that a lock pins one window of SWA."""
     p = 2
     tree = swa_tree(p, window=4)
     key = key_of(12)
@@ -379,17 +389,17 @@ def test_swa_boundary_on_a_new_leaf(
         InsertParams(key, fresh, swa_evicted_seqlen=bound, track_adopted_ranges=True)
     )
     expected = {FULL: [(0, 12)]}
-    if live is not None:
-        expected[SWA] = [live]
+    if live:
+        expected[SWA] = [(live[0][0], 12)]
     assert result.adopted_ranges == expected
     spans = {(n.start, n.end): n for n in tree.nodes()}
-    assert set(spans) == {s for s in (tomb, live) if s is not None}
+    assert set(spans) == {s for s in (tomb, *live) if s is not None}
     if tomb is not None:
         assert spans[tomb].slots(SWA) is None
-    if live is not None:
-        node = spans[live]
-        assert node.slots(SWA) is not None and node.slots(SWA).tolist() == fresh_swa.tolist()
-        assert result.last_device_node is node
+    if live:
+        got = torch.cat([s for span in live if (s := spans[span].slots(SWA)) is not None])
+        assert got.tolist() == fresh_swa.tolist()
+        assert result.last_device_node is spans[live[-1]]
     assert swa_of(tree).translate(fresh[:bound]).tolist() == [0] * bound
     tree.check()
 
@@ -402,7 +412,7 @@ def test_swa_match_needs_a_live_window() -> None:
     serve(tree, key[:8])  # [0, 8) live
     serve(tree, key[:14], swa_bound=12)  # [8, 12) tombstone, [12, 14) live
     spans = {(n.start, n.end): n.slots(SWA) is not None for n in tree.nodes()}
-    assert spans == {(0, 8): True, (8, 12): False, (12, 14): True}
+    assert spans == {(0, 4): True, (4, 8): True, (8, 12): False, (12, 14): True}
     assert tree.match_prefix(key).prefix_len == 8  # 2 live tokens < the window
     serve(tree, key, swa_bound=12)  # [14, 16): 4 live tokens since the tombstone
     assert tree.match_prefix(key).prefix_len == 16
@@ -638,22 +648,34 @@ def test_evict_never_takes_locked_or_offloading_nodes() -> None:
     tree.check()
 
 
-def test_evict_swa_tombstones_unlocked_nodes_only() -> None:
+def test_swa_eviction_deletes_leaves_and_tombstones_internal_nodes() -> None:
+    """Issue 11 behaviours 3 and 4 (this replaces the old pin of the project's own rule,
+    "tombstone unlocked nodes only, never free FULL"). P = 2, window 4: each 8-token
+    request is two nodes, [0, 4) and its last window [4, 8). Path A is locked at its
+    leaf, which SWA-locks only that trailing window: A's older half stays
+    SWA-evictable. SWA pressure walks the SWA LRU list from its least recent end:
+    internal nodes are tombstoned, an evictable leaf is deleted outright, its FULL
+    slots freed (and counted) with its SWA."""
     p = 2
     tree = swa_tree(p, window=4)
     a = serve(tree, key_of(8, base=10)).last_device_node
     b = serve(tree, key_of(8, base=50)).last_device_node
-    assert a is not None and b is not None and a.slots(SWA) is not None and b.slots(SWA) is not None
-    b_swa = b.slots(SWA).clone()
+    assert a is not None and b is not None and a.parent is not None and b.parent is not None
+    a0, b0 = a.parent, b.parent
+    assert [(n.start, n.end) for n in (a0, a, b0, b)] == [(0, 4), (4, 8)] * 2
+    b_full = b.slots(FULL)
+    assert b_full is not None
     tree.inc_lock_ref(a)
     swa_available = swa_of(tree).available_swa_size()
     result = tree.evict(EvictParams(swa_num_tokens=100))
-    assert result == type(result)(0, 8)
-    assert (
-        a.slots(SWA) is not None and b.slots(SWA) is None and b.slots(FULL) is not None
-    )  # FULL stays
-    assert pages_of(b_swa, p) <= swa_free_pages(tree)
-    assert swa_of(tree).available_swa_size() == swa_available + 8
+    # least recent first: A0 (internal: tombstone), A (SWA-locked: skipped), B0
+    # (internal: tombstone), B (a leaf: deleted, 4 FULL + 4 SWA)
+    assert result == type(result)(4, 12)
+    assert a.slots(SWA) is not None and a0.slots(SWA) is None and a0.slots(FULL) is not None
+    assert b0.slots(SWA) is None and b0.slots(FULL) is not None  # FULL stays
+    assert not b.device_resident and not b.evicted and b0.children == {}  # deleted
+    assert pages_of(b_full, p) <= free_pages(tree)
+    assert swa_of(tree).available_swa_size() == swa_available + 12
     tree.dec_lock_ref(a)
     tree.check()
 

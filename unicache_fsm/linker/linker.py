@@ -18,8 +18,8 @@ Primitives, in the order a scheduler step uses them:
   ended. A committed load hands the caller one lock on `load.endpoint` (the end of
   the loaded path), which the caller releases with ``tree.dec_lock_ref``.
 - `offload_nodes(chain)` — hand a root-first chain of nodes (a write-through result)
-  to the store, acceptance agreed across ranks; `poll_offloads()` completes them FIFO
-  with verdicts agreed across ranks.
+  to the store, one offload per node, acceptance agreed across ranks;
+  `poll_offloads()` completes them FIFO with verdicts agreed across ranks.
 - `verify_stored(node)` — LOOKUP a stored path and demote the nodes whose pages the
   store lost.
 - `release_request(rid)` — abort a request's load (deferred while its batch runs).
@@ -365,7 +365,15 @@ class ExternalLinker:
 
     # -- OFFLOAD -----------------------------------------------------------------------
     def offload_nodes(self, chain: Sequence[TreeNode]) -> PendingOffload | None:
-        """Offload a root-first chain (e.g. `InsertResult.write_through`)."""
+        """Offload a root-first chain (e.g. `InsertResult.write_through`) as SGLang
+        0.5.23 does: one store call, one lock and one pending record per node, each
+        settled by its own verdict. Returns the last node's record (None: empty chain)."""
+        record = None
+        for node in chain:
+            record = self._offload_one([node])
+        return record
+
+    def _offload_one(self, chain: Sequence[TreeNode]) -> PendingOffload | None:
         if not chain:
             return None
         transfers = self._offload_transfers(chain)

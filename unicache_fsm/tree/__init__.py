@@ -24,6 +24,7 @@ from unicache_fsm.tree.errors import (
     UnsupportedComponentError,
     ValueLengthError,
 )
+from unicache_fsm.tree.locks import LockReceipt
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.offload import OffloadTicket
 from unicache_fsm.tree.params import (
@@ -45,6 +46,7 @@ __all__ = [
     "InsertParams",
     "InsertParamsError",
     "InsertResult",
+    "LockReceipt",
     "LockUnderflowError",
     "MatchResult",
     "NodeStateError",

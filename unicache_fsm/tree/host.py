@@ -71,7 +71,7 @@ class HostTier(Locks, Eviction):
         """Copy the host backups of the evicted nodes on the path to `node` back to the
         device (evicting the shortfall first). False if the device pool stays short."""
         kv, host, _ = self.host_parts()
-        self.inc_lock_ref(node)  # making room must not evict what this loads back
+        receipt = self.lock_path(node)  # making room must not evict what this loads back
         try:
             for n in node.path_from_root():
                 if not n.evicted:
@@ -89,7 +89,7 @@ class HostTier(Locks, Eviction):
                 n.last_access = self.tick()
                 self.residency.fire(n, T.LOAD_BACK)
         finally:
-            self.dec_lock_ref(node)
+            self.unlock_path(receipt)
         return True
 
     def drop_backup(self, node: TreeNode) -> None:

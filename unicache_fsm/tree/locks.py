@@ -2,21 +2,44 @@
 
 - `check_in_tree(node, what)` — `NodeStateError` unless `node` is the root or in the
   tree (device-resident or evicted with a host copy).
-- `inc_lock_ref(node)` — one lock on every node of the path root→`node` (the root is
-  never locked), then each component's own lock hook (`TreeComponent.lock`).
-- `dec_lock_ref(node)` — release one such lock; `LockUnderflowError` (nothing
-  changed) when a node on the path holds none.
+- `inc_lock_ref(node) -> LockReceipt` — one lock on every node of the path
+  root→`node` (the root is never locked: `lock_ref`, the backbone's lock), then each
+  component's own lock (`TreeComponent.lock`; SWA pins only the path's trailing
+  window). The receipt names that lock.
+- `dec_lock_ref(node, receipt=None)` — release one lock on `node`: the one `receipt`
+  names, or without it the most recent one still held there. `LockUnderflowError`
+  (nothing changed) when a node on the path holds none, when `receipt` is not a lock
+  held on `node`, or was already released.
+- `lock_path(node)` / `unlock_path(receipt)` — the same lock, for a holder that keeps
+  its receipt (an offload ticket, a load-back): such a lock is never the one a
+  receipt-less `dec_lock_ref` releases.
 
-Unlock exactly once per lock, on the same node.
+Unlock exactly once per lock, on the same node. Locks taken on one node differ only
+in what component locks remember (SWA: where the window began, which splits do not
+move); passing receipts releases exactly the lock taken, as SGLang's receipts do.
 """
 
 from __future__ import annotations
+
+import attrs
 
 from unicache_fsm.tree.errors import LockUnderflowError, NodeStateError
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.state import TreeState
 
-__all__ = ["Locks"]
+__all__ = ["LockReceipt", "Locks"]
+
+
+@attrs.frozen(eq=False)
+class LockReceipt:
+    """One lock taken by `inc_lock_ref`: its node and, per component lock hook (in
+    `RadixTree.lock_hooks` order), what that hook needs to release exactly it."""
+
+    node: TreeNode
+    tokens: tuple[object, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"LockReceipt(node={self.node.id}, tokens={self.tokens!r})"
 
 
 class Locks(TreeState):
@@ -27,19 +50,26 @@ class Locks(TreeState):
             msg = f"cannot {what} node {node.id}: it is not in the tree ({node.residency})"
             raise NodeStateError(msg, node_id=node.id, state=node.residency)
 
-    def inc_lock_ref(self, node: TreeNode) -> None:
-        """Lock every node on the path root→`node` (the root is never locked)."""
+    def lock_path(self, node: TreeNode) -> LockReceipt:
+        """Lock the path root→`node`; only the receipt releases it (`unlock_path`)."""
         self.check_in_tree(node, "lock")
         target = node
         while node.parent is not None:
             node.lock_ref += 1
             node = node.parent
-        for c in self.lock_hooks:
-            c.lock(target, 1)
+        return LockReceipt(target, tuple(c.lock(target) for c in self.lock_hooks))
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        """Release one lock on the path root→`node`; raises if it holds none."""
+    def unlock_path(self, receipt: LockReceipt) -> None:
+        """Release the lock `receipt` names (taken by `lock_path`)."""
+        node = receipt.node
         self.check_in_tree(node, "unlock")
+        path = self._check_locked(node)
+        for n in path:
+            n.lock_ref -= 1
+        for c, token in zip(self.lock_hooks, receipt.tokens, strict=True):
+            c.unlock(node, token)
+
+    def _check_locked(self, node: TreeNode) -> list[TreeNode]:
         path = node.path_from_root()
         for n in path:
             if n.lock_ref <= 0:
@@ -48,7 +78,32 @@ class Locks(TreeState):
                     "(unlock exactly once per inc_lock_ref, on the same node)"
                 )
                 raise LockUnderflowError(msg, node_id=n.id)
-        for n in path:
-            n.lock_ref -= 1
-        for c in self.lock_hooks:
-            c.lock(node, -1)
+        return path
+
+    def inc_lock_ref(self, node: TreeNode) -> LockReceipt:
+        """Lock every node on the path root→`node` (the root is never locked)."""
+        receipt = self.lock_path(node)
+        if self.lock_hooks:
+            self.held_locks.setdefault(node, []).append(receipt)
+        return receipt
+
+    def dec_lock_ref(self, node: TreeNode, receipt: LockReceipt | None = None) -> None:
+        """Release one lock on the path root→`node`; raises if it holds none."""
+        self.check_in_tree(node, "unlock")
+        if receipt is not None and receipt.node is not node:
+            msg = f"cannot unlock node {node.id} with a receipt for node {receipt.node.id}"
+            raise LockUnderflowError(msg, node_id=node.id)
+        self._check_locked(node)
+        if not self.lock_hooks:
+            self.unlock_path(receipt or LockReceipt(node))
+            return
+        held = self.held_locks.get(node, [])
+        if receipt is None and held:
+            receipt = held[-1]
+        if receipt is None or not any(r is receipt for r in held):
+            msg = f"cannot unlock node {node.id}: that lock is not held (released twice?)"
+            raise LockUnderflowError(msg, node_id=node.id)
+        held.remove(receipt)
+        if not held:
+            del self.held_locks[node]
+        self.unlock_path(receipt)

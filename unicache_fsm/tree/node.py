@@ -51,7 +51,7 @@ class TreeNode:
     hashes: list[str] | None = None
     lock_ref: int = 0
     hit_count: int = 0
-    last_access: int = 0
+    last_access: float = 0.0
     residency: str = ""
     pending_offload: OffloadTicket | None = None
 

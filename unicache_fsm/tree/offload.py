@@ -6,7 +6,9 @@
   a failure leaves it eligible again.
 - `begin_offload(chain) -> OffloadTicket` — every node of the chain moves to
   ``external.offloading`` and points at the ticket; the deepest node (the lock
-  anchor) is locked, which pins the whole chain.
+  anchor) is locked, which pins the whole chain. As in SGLang 0.5.23 the linker
+  offloads a write-through chain one node per ticket (``begin_offload([node])``:
+  one store call, one lock, one verdict per node); a longer chain is one ticket.
 - `finish_offload(ticket, success)` — every node of `publish` moves to stored
   (success) or back to unstored (eligible again), and the lock is released exactly
   once. A split while in flight puts both halves in `publish` in place of the old
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 import attrs
 
 from unicache_fsm.tree.errors import NodeStateError, TreeError
-from unicache_fsm.tree.locks import Locks
+from unicache_fsm.tree.locks import LockReceipt, Locks
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.residency import ResidencyTrigger
 
@@ -34,11 +36,13 @@ T = ResidencyTrigger
 
 @attrs.define(slots=True, eq=False)
 class OffloadTicket:
-    """One offload in flight: `anchor` holds its lock, `publish` gets its verdict."""
+    """One offload in flight: `anchor` holds its lock (`receipt`), `publish` gets its
+    verdict."""
 
     id: int
     anchor: TreeNode
     publish: list[TreeNode]
+    receipt: LockReceipt | None = None
     finished: bool = False
 
     def __repr__(self) -> str:
@@ -97,7 +101,7 @@ class Offloads(Locks):
         for node in chain:
             self.residency.fire(node, T.START_OFFLOAD)
             node.pending_offload = ticket
-        self.inc_lock_ref(ticket.anchor)
+        ticket.receipt = self.lock_path(ticket.anchor)
         return ticket
 
     def finish_offload(self, ticket: OffloadTicket, success: bool) -> None:
@@ -109,7 +113,8 @@ class Offloads(Locks):
         for node in ticket.publish:
             self.residency.fire(node, trigger)
             node.pending_offload = None
-        self.dec_lock_ref(ticket.anchor)
+        assert ticket.receipt is not None
+        self.unlock_path(ticket.receipt)
         ticket.finished = True
 
     def mark_stored_path(self, endpoint: TreeNode, anchor: TreeNode) -> list[TreeNode]:

@@ -34,6 +34,7 @@ from unicache_fsm.tree.walk import child_key
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.components.base import TreeComponent
+    from unicache_fsm.tree.locks import LockReceipt
     from unicache_fsm.tree.tree import TreeConfig
 
 __all__ = ["TreeState"]
@@ -60,6 +61,7 @@ class TreeState:
     backbone: TreeComponent
     backbone_type: ComponentType
     lock_hooks: tuple[TreeComponent, ...]  # the components whose `lock` hook does work
+    held_locks: dict[TreeNode, list[LockReceipt]]  # with lock hooks: the locks per node
     clock: int
     node_ids: itertools.count[int]
 

@@ -65,6 +65,8 @@ from unicache_fsm.tree.walk import check_aligned, child_key, common_len
 __all__ = ["RadixTree", "TreeConfig"]
 
 T = ResidencyTrigger
+#: how much older than its child a match stamps each ancestor (a tick is 1)
+ANCESTOR_STEP = 1e-5
 
 
 @attrs.frozen
@@ -115,12 +117,18 @@ class RadixTree(HostTier, Offloads):
         self.components = build_components(self)
         self.backbone = self.components[0]
         self.backbone_type = self.backbone.component_type
-        self.lock_hooks = tuple(
-            c for c in self.components if type(c).lock is not TreeComponent.lock
-        )
+        self.lock_hooks = self._overriding("lock")
+        self.held_locks = {}
+        self._match_end_hooks = self._overriding("after_match")
+        self._insert_end_hooks = self._overriding("after_insert")
         self._overlap_order = tuple(reversed(self.components))
 
     # -- helpers -----------------------------------------------------------------------
+    def _overriding(self, hook: str) -> tuple[TreeComponent, ...]:
+        """The components whose `hook` does something (the base's is a no-op)."""
+        base = getattr(TreeComponent, hook)
+        return tuple(c for c in self.components if getattr(type(c), hook) is not base)
+
     def _hashes_for(
         self, parent: TreeNode, key: tuple[int, ...], ns: str | None
     ) -> list[str] | None:
@@ -141,7 +149,7 @@ class RadixTree(HostTier, Offloads):
         key = as_key(key)
         p = self.page_size
         usable = len(key) // p * p
-        node, pos, tick = self.root, 0, self.tick()
+        node, pos = self.root, 0
         path: list[TreeNode] = []
         while pos < usable:
             child = node.children.get(child_key(node, key, pos, namespace, p))
@@ -150,7 +158,6 @@ class RadixTree(HostTier, Offloads):
             m = common_len(child.key, key, pos, usable, p)
             if m < len(child.key):
                 child = self.split(child, m)
-            child.last_access = tick
             path.append(child)
             node, pos = child, pos + m
         host_len, host_node = 0, None
@@ -170,12 +177,26 @@ class RadixTree(HostTier, Offloads):
                 path = path[:keep]
         if len(path) < walked:  # the host hit no longer continues the device prefix
             host_len, host_node = 0, None
+        self._touch_path(path[-1] if path else self.root)
+        for c in self._match_end_hooks:
+            c.after_match(path[-1] if path else self.root)
         if not path:
             return MatchResult(self._empty, self.root, host_len, host_node)
         bk = self.backbone_type
         parts = [n.data[bk] for n in path]
         indices = parts[0].clone() if len(parts) == 1 else torch.cat(parts)  # never the tree's
         return MatchResult(indices, path[-1], host_len, host_node)
+
+    def _touch_path(self, node: TreeNode) -> None:
+        """Stamp `node` and its ancestors as just used: `node` with a fresh tick, each
+        ancestor a hair older (so a parent stays behind its child in LRU order but
+        ahead of everything used before)."""
+        stamp = float(self.tick())
+        n: TreeNode | None = node
+        while n is not None:
+            n.last_access = stamp
+            stamp -= ANCESTOR_STEP
+            n = n.parent
 
     # -- insert ------------------------------------------------------------------------
     def _check_insert(self, params: InsertParams) -> None:
@@ -217,11 +238,12 @@ class RadixTree(HostTier, Offloads):
         ctx = InsertContext(params, value, result)
         components, overlap_order = self.components, self._overlap_order
         walked: list[TreeNode] = []
-        node, pos, tick = self.root, 0, self.tick()
+        node, pos = self.root, 0
         while pos < n:
             child = node.children.get(child_key(node, key, pos, ns, p))
             if child is None:
                 break
+            child.last_access = self.tick()
             m = common_len(child.key, key, pos, n, p)
             if m < len(child.key):
                 child = self.split(child, m)
@@ -229,12 +251,11 @@ class RadixTree(HostTier, Offloads):
             if child.evicted:
                 self.residency.fire(child, T.UNEVICT)
                 for c in components:
-                    child = c.adopt(child, ctx)
+                    child = c.adopt(child, ctx, new_leaf=False)
             else:
                 ctx.settled = False
                 for c in overlap_order:
                     child = c.overlap(child, ctx)
-            child.last_access = tick
             walked.append(child)
             node, pos = child, end
         result.prefix_len = pos
@@ -246,15 +267,18 @@ class RadixTree(HostTier, Offloads):
                 parent=node,
                 namespace=ns,
                 hashes=self._hashes_for(node, key[pos:], ns),
-                last_access=tick,
+                last_access=self.tick(),
             )
             self.residency.initialize(leaf)
             self.link(leaf)
             for c in components:
-                leaf = c.adopt(leaf, ctx)
+                leaf = c.adopt(leaf, ctx, new_leaf=True)
             walked.append(leaf)
             node = leaf
         result.last_device_node = node
+        if node.parent is not None:
+            for c in self._insert_end_hooks:
+                c.after_insert(node)
         parts = [t for t in ctx.to_free if t.numel()]
         if parts:  # the caller's slots the tree did not take (with any peers they map to)
             self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
@@ -307,6 +331,8 @@ class RadixTree(HostTier, Offloads):
         self.residency.initialize(top, like=node)
         for c in self.components:
             c.split(top, node, k)
+        top.last_access = self.tick()  # a split counts as a use of both halves,
+        node.last_access = self.tick()  # the suffix the most recent
         ticket = node.pending_offload
         if ticket is not None:
             top.pending_offload = ticket

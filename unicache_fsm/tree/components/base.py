@@ -14,10 +14,10 @@ Tree hooks, in the order a tree uses them:
 - `take_slots(node, slots)` / `drop_slots(node)` — set / remove this component's
   slots on a node, keeping the component's own books (FULL: which pages the tree
   owns). Every write of a node's `data` entry goes through them.
-- `adopt(node, ctx)` — `node` just took the caller's slots (a new leaf, or an evicted
-  node that an insert walked): take this component's share, recording what was
-  adopted. Runs backbone first; may split `node` and returns the node that now ends
-  at the old node's end.
+- `adopt(node, ctx, new_leaf=...)` — `node` just took the caller's slots (a new
+  leaf, or an evicted node that an insert walked): take this component's share,
+  recording what was adopted. Runs backbone first; may split `node` and returns the
+  node that now ends at the old node's end.
 - `overlap(node, ctx)` — an insert walked a device node: keep the tree's data or take
   the caller's. Runs from the last component to the backbone: a component that took
   or freed the caller's slots for this node sets `ctx.settled`, and otherwise the
@@ -26,9 +26,13 @@ Tree hooks, in the order a tree uses them:
   tokens, `node` keeps the rest.
 - `cut_match(path)` — how many nodes of a matched device path (root first) this
   component can serve; the match keeps the shortest answer.
-- `lock(node, delta)` — a lock on the path root→`node` was taken (+1) or released
-  (-1); the tree has already counted it on every node of the path (`lock_ref`).
-  Only components that override it are called.
+- `after_match(node)` / `after_insert(node)` — a match ended at `node` (after the
+  cut) / an insert ended at `node`: refresh the component's own recency books.
+  Only components that override them are called.
+- `lock(node) -> token` / `unlock(node, token)` — a lock on the path root→`node` was
+  taken / released (the tree counts it on every node of the path in `lock_ref`);
+  `token` is what the component needs to release exactly that lock (it rides in the
+  `LockReceipt`). Only components that override `lock` are called.
 - `evict(params, tally)` — free this component's pool under its own pressure (its
   `evict_field` of `EvictParams`); add what it freed to `tally`.
 - `release(node)` — the node's device copy goes (evicted or deleted): free this
@@ -187,7 +191,7 @@ class TreeComponent(abc.ABC):
     def drop_slots(self, node: TreeNode) -> torch.Tensor:
         return node.data.pop(self.component_type)
 
-    def adopt(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
+    def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         return node
 
     def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
@@ -203,7 +207,16 @@ class TreeComponent(abc.ABC):
     def cut_match(self, path: Sequence[TreeNode]) -> int:
         return len(path)
 
-    def lock(self, node: TreeNode, delta: int) -> None:
+    def after_match(self, node: TreeNode) -> None:
+        return None
+
+    def after_insert(self, node: TreeNode) -> None:
+        return None
+
+    def lock(self, node: TreeNode) -> object:
+        return None
+
+    def unlock(self, node: TreeNode, token: object) -> None:
         return None
 
     def evict(self, params: EvictParams, tally: dict[ComponentType, int]) -> None:

@@ -12,9 +12,10 @@ Tree hooks:
   of the caller's tensor); the range is recorded as adopted.
 - `overlap` — the node keeps its slots; unless another component settled the node,
   the caller's duplicates at or past `prev_prefix_len` are freed after the walk.
-- `evict` — LRU over evictable leaves (`RadixTree.evictable_leaf`), least recently
-  used first, until `num_tokens` are freed; a parent that becomes an evictable leaf
-  joins the queue in the same call.
+- `evict` — LRU over evictable leaves (`RadixTree.evictable_leaf`, by access stamp),
+  least recently used first, until `num_tokens` are freed; a parent that becomes an
+  evictable leaf joins the queue in the same call. What the other components free
+  with a leaf counts for them too (SWA freed here counts toward `swa_num_tokens`).
 - `release` — free the node's FULL slots.
 
 Linker hooks: LOOKUP asks for every page of the tail, ALL_PAGES; LOAD allocates one
@@ -117,7 +118,7 @@ class FullComponent(TreeComponent):
             self.owned[self._pages(slots)] = False
         return slots
 
-    def adopt(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
+    def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         self.take_slots(node, ctx.value[node.start : node.end].clone())
         ctx.result.record_adopted_range(FULL, node.start, node.end)
         return node
@@ -137,16 +138,15 @@ class FullComponent(TreeComponent):
         evictable = tree.evictable_leaf
         heap = [(n.last_access, n.id, n) for n in tree.nodes() if evictable(n)]
         heapq.heapify(heap)
-        freed = 0
-        while freed < want and heap:
+        while tally.get(FULL, 0) < want and heap:
             _, _, node = heapq.heappop(heap)
             if not evictable(node):
                 continue
             parent = node.parent
-            freed += tree.remove_device_copy(node)[FULL]
+            for kind, n in tree.remove_device_copy(node).items():
+                tally[kind] = tally.get(kind, 0) + n
             if parent is not None and evictable(parent):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
-        tally[FULL] = tally.get(FULL, 0) + freed
 
     def release(self, node: TreeNode) -> int:
         slots = self.drop_slots(node)

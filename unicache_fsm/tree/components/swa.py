@@ -1,25 +1,46 @@
-"""SWA: the sliding-window component. A node's SWA slots hold the window KV of its
-tokens, mapped from its FULL slots (``mapping[full] == swa``); a node without them is
-an SWA tombstone. Which of the two a node is lives in the ``swa`` region of the node
-residency (live / tombstone), fired only here.
+"""SWA: the sliding-window component, with SGLang 0.5.23's semantics.
 
-Configuration: `TreeConfig.sliding_window_size` (tokens) together with an
-`SWAAllocator`; ``window = ceil(sliding_window_size / P) * P``.
+A node's SWA slots hold the window KV of its tokens, mapped from its FULL slots
+(``mapping[full] == swa``); a node without them is an SWA tombstone. Which of the
+two a node is lives in the ``swa`` region of the node residency (live / tombstone),
+fired only here.
+
+Configuration: `TreeConfig.sliding_window_size` = W tokens (a positive int) together
+with an `SWAAllocator`; ``window = ceil(W / P) * P``.
+
+State the component keeps besides each node's slots:
+
+- its own LRU list of live nodes (`lru`), refreshed only near the end of a match or
+  an insert, not by every node a walk passes;
+- its own lock counts (`lock_count`): a lock on a path pins only the path's trailing
+  window of SWA, not the whole path like the FULL lock.
 
 Tree hooks:
 
 - `adopt` — a node that took caller FULL slots gets SWA live at or above the
   request's boundary (`swa_evicted_seqlen`), splitting there; below it the node
-  stays a tombstone and any caller SWA still mapped there is freed.
-- `overlap` — a tombstone walked by an insert whose window reaches it (boundary
-  below its end, `prev_prefix_len` at or below its start) takes the caller's SWA:
-  the part below the boundary stays a tombstone (split off, the caller's FULL slots
-  for it freed); unlocked, the node also takes the caller's FULL slots (its own are
-  freed); locked, it keeps its FULL slots, re-mapped to the caller's SWA.
-- `cut_match` — the prefix ends at the last node end that has a live run of at least
-  `sliding_window_size` tokens behind it (or live SWA from the root).
-- `evict` — tombstone the SWA of unlocked nodes with nothing in flight, LRU first,
-  until `swa_num_tokens` are freed.
+  stays a tombstone (any caller SWA still mapped there is freed). A *new leaf* whose
+  live part is longer than one window is split again, into an older part and the
+  last window, so that a lock pins one window of SWA. Live parts join the LRU list
+  oldest first.
+- `overlap` — a tombstone walked by an insert takes the caller's SWA from
+  ``max(its start, swa_evicted_seqlen, prev_prefix_len)`` on, splitting there (the
+  caller's slots between its start and that point are duplicates, freed; the tree's
+  own below `prev_prefix_len` are not touched). Unlocked, the node also takes the
+  caller's FULL slots (its own are freed); locked, it keeps its FULL slots,
+  re-mapped to the caller's SWA.
+- `split` — both halves keep the SWA slots and lock count of their span; a live new
+  parent goes right behind its child in the LRU list.
+- `cut_match` — the prefix ends at the last node with a live run of at least W tokens
+  behind it (or live SWA from the root).
+- `after_match` / `after_insert` — the end node and its ancestors within W + P
+  tokens of it move to the MRU end of the LRU list.
+- `lock` — +1 / -1 on every node from the locked node up to the one that reaches W
+  tokens back (tombstones included); the release stops where its acquire did, even
+  after splits (the lock's receipt remembers where its window began).
+- `evict` — walk the LRU list from its least recent unlocked node: an evictable leaf
+  is deleted outright (its FULL freed too); any other node is tombstoned. SWA freed
+  by FULL eviction in the same call counts toward the amount.
 - `release` — free the node's SWA slots (a tombstone before its device copy goes).
 
 Linker hooks: LOOKUP asks for the last `window_pages` keys, TRAILING_PAGES; LOAD
@@ -53,6 +74,7 @@ from unicache_fsm.tree.components.base import (
     select_adopted_pages,
 )
 from unicache_fsm.tree.errors import TreeConfigError, TreeError
+from unicache_fsm.tree.lru import LRUList
 from unicache_fsm.tree.params import EvictParams
 from unicache_fsm.tree.residency import ResidencyTrigger, configs_where
 
@@ -68,6 +90,10 @@ TRAILING = PoolHitPolicy.TRAILING_PAGES
 
 #: the residency configurations in which a node's SWA window is live
 SWA_LIVE = configs_where("swa.live")
+
+
+def _live(node: TreeNode) -> bool:
+    return node.residency in SWA_LIVE
 
 
 class SwaComponent(TreeComponent):
@@ -89,8 +115,7 @@ class SwaComponent(TreeComponent):
         if has_allocator != (size is not None):
             msg = (
                 "the SWA component needs both an SWAAllocator and sliding_window_size; got "
-                f"{type(allocator).__name__} and sliding_window_size="
-                f"{config.sliding_window_size!r}"
+                f"{type(allocator).__name__} and sliding_window_size={size!r}"
             )
             raise TreeError(msg)
         return has_allocator
@@ -104,19 +129,34 @@ class SwaComponent(TreeComponent):
         self.sliding_window_size = sliding
         self.window_pages = math.ceil(sliding / self.page_size)
         self.window = self.window_pages * self.page_size
+        # the live nodes, MRU first: the order SWA eviction takes them in (reversed)
+        self.lru = LRUList()
+        # SWA lock count per node (absent: 0)
+        self.lock_count: dict[TreeNode, int] = {}
 
     @staticmethod
     def live(node: TreeNode) -> bool:
         """Whether `node`'s SWA window is live (read off its residency)."""
-        return node.residency in SWA_LIVE
+        return _live(node)
 
-    # -- tree hooks ----------------------------------------------------------------------
-    def _go_live(self, node: TreeNode, swa_slots: torch.Tensor, ctx: InsertContext) -> None:
+    def locked(self, node: TreeNode) -> bool:
+        return node in self.lock_count
+
+    # -- going live / tombstone -------------------------------------------------------
+    def _go_live(self, node: TreeNode, swa_slots: torch.Tensor) -> None:
         self.take_slots(node, swa_slots)
         self.tree.residency.fire(node, T.ADOPT_SWA)
-        ctx.result.record_adopted_range(SWA, node.start, node.end)
+        self.lru.insert_mru(node)
 
-    def adopt(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
+    def _tombstone(self, node: TreeNode) -> int:
+        self.allocator.free_mapped_swa(node.data[FULL])
+        swa = self.drop_slots(node)
+        self.lru.remove(node)
+        self.tree.residency.fire(node, T.TOMBSTONE_SWA)
+        return int(swa.numel())
+
+    # -- insert ---------------------------------------------------------------------------
+    def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         """Caller SWA slots still mapped below the boundary are freed here, so a
         tombstone never keeps a mapping (the contract leaves that case open)."""
         bound = ctx.params.swa_evicted_seqlen
@@ -127,76 +167,131 @@ class SwaComponent(TreeComponent):
         if bound > node.start:
             lower = self.tree.split(node, bound - node.start)
             alloc.free_mapped_swa(lower.data[FULL])
-        self._go_live(node, alloc.translate(node.data[FULL]), ctx)
+        live_start = node.start
+        if new_leaf and len(node.key) > self.window and not self.locked(node):
+            older = self.tree.split(node, len(node.key) - self.window)
+            self._go_live(older, alloc.translate(older.data[FULL]))  # older first: less recent
+        self._go_live(node, alloc.translate(node.data[FULL]))
+        ctx.result.record_adopted_range(SWA, live_start, node.end)
         return node
 
     def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
         bound, prev = ctx.params.swa_evicted_seqlen, ctx.params.prev_prefix_len
         start, end = node.start, node.end
-        if self.live(node) or bound >= end or prev > start:
+        live_start = max(start, bound, prev)
+        if _live(node) or live_start >= end:
             return node
         value = ctx.value
-        if bound > start:  # the part below the request's window stays a tombstone
-            ctx.to_free.append(value[start:bound])
-            self.tree.split(node, bound - start)
-        seg = value[node.start : end]
+        if live_start > start:  # the part below stays a tombstone
+            dup_start = max(start, prev)  # the tree's own slots below prev stay as they are
+            if dup_start < live_start:
+                ctx.to_free.append(value[dup_start:live_start])
+            self.tree.split(node, live_start - start)
+        seg = value[live_start:end]
         swa_slots = self.allocator.translate(seg)
-        tree_full = node.data[FULL]
         if node.lock_ref == 0:
             backbone = self.tree.backbone
             ctx.to_free.append(backbone.drop_slots(node))  # a tombstone's FULL maps to no SWA
             backbone.take_slots(node, seg.clone())
-            ctx.result.record_adopted_range(FULL, node.start, end)
+            ctx.result.record_adopted_range(FULL, live_start, end)
         else:  # locked: keep its FULL, pair the caller's SWA with it
-            self.allocator.set_full_to_swa_mapping(tree_full, swa_slots)
+            self.allocator.set_full_to_swa_mapping(node.data[FULL], swa_slots)
             ctx.to_free.append(seg)  # re-mapping above left it without SWA
-        self._go_live(node, swa_slots, ctx)
+        self._go_live(node, swa_slots)
+        ctx.result.record_adopted_range(SWA, live_start, end)
         ctx.settled = True
         return node
 
+    def split(self, top: TreeNode, node: TreeNode, k: int) -> None:
+        super().split(top, node, k)
+        count = self.lock_count.get(node)
+        if count:
+            self.lock_count[top] = count
+        if _live(node):
+            self.lru.insert_after(node, top)
+
+    def after_insert(self, node: TreeNode) -> None:
+        self._refresh(node)
+
+    # -- match ----------------------------------------------------------------------------
     def cut_match(self, path: Sequence[TreeNode]) -> int:
         run_start = 0  # start of the current run of live SWA
         best = 0
         for i, node in enumerate(path):
-            if not self.live(node):
+            if not _live(node):
                 run_start = node.end
                 continue
             if run_start == 0 or node.end - run_start >= self.sliding_window_size:
                 best = i + 1
         return best
 
+    def after_match(self, node: TreeNode) -> None:
+        self._refresh(node)
+
+    def _refresh(self, node: TreeNode) -> None:
+        if node.parent is not None:
+            self.lru.refresh_path(node, self.sliding_window_size + self.page_size, _live)
+
+    # -- locks ----------------------------------------------------------------------------
+    def lock(self, node: TreeNode) -> object:
+        """Count the lock on the nodes of `node`'s trailing window; the token is the
+        window's start (splits keep it a node boundary, so the release finds it)."""
+        counts = self.lock_count
+        covered = start = 0
+        cur: TreeNode | None = node
+        while cur is not None and cur.parent is not None and covered < self.sliding_window_size:
+            counts[cur] = counts.get(cur, 0) + 1
+            covered += len(cur.key)
+            start = cur.start
+            cur = cur.parent
+        return start
+
+    def unlock(self, node: TreeNode, token: object) -> None:
+        assert isinstance(token, int)
+        counts = self.lock_count
+        cur: TreeNode | None = node
+        while cur is not None and cur.parent is not None:
+            left = counts[cur] - 1
+            if left:
+                counts[cur] = left
+            else:
+                del counts[cur]
+            if cur.start <= token:
+                break
+            cur = cur.parent
+
+    # -- eviction -------------------------------------------------------------------------
     def evict(self, params: EvictParams, tally: dict[ComponentType, int]) -> None:
         want = params.swa_num_tokens
-        if want <= 0:
+        if want <= 0 or tally.get(SWA, 0) >= want:
             return
-        live = self.live
-        candidates = sorted(
-            (n for n in self.tree.nodes() if live(n) and n.lock_ref == 0 and not n.offloading),
-            key=lambda n: (n.last_access, n.id),
-        )
-        freed = 0
-        for node in candidates:
-            if freed >= want:
-                break
-            freed += self._tombstone(node)
-        tally[SWA] = tally.get(SWA, 0) + freed
-
-    def _tombstone(self, node: TreeNode) -> int:
-        self.allocator.free_mapped_swa(node.data[FULL])
-        swa = self.drop_slots(node)
-        self.tree.residency.fire(node, T.TOMBSTONE_SWA)
-        return int(swa.numel())
+        tree, lru, locked = self.tree, self.lru, self.locked
+        cursor = lru.least_recent(locked)
+        while cursor is not None and tally.get(SWA, 0) < want:
+            node = cursor
+            cursor = lru.more_recent(node, locked)
+            if tree.evictable_leaf(node):
+                for kind, n in tree.remove_device_copy(node).items():
+                    tally[kind] = tally.get(kind, 0) + n
+            elif not node.offloading:
+                tally[SWA] = tally.get(SWA, 0) + self._tombstone(node)
 
     def release(self, node: TreeNode) -> int:
-        if not self.live(node):
+        if not _live(node):
             return 0
         return self._tombstone(node)
 
+    # -- audit ----------------------------------------------------------------------------
     def audit_node(self, node: TreeNode, findings: list[str]) -> None:
         nid = f"node {node.id}"
         swa, full = node.data.get(SWA), node.data.get(FULL)
-        if self.live(node) != (swa is not None):
+        live = _live(node)
+        if live != (swa is not None):
             findings.append(f"{nid}: SWA region {node.residency!r} disagrees with its SWA slots")
+        if live != (node in self.lru):
+            findings.append(f"{nid}: SWA LRU membership disagrees with its region")
+        if self.lock_count.get(node, 0) > node.lock_ref:
+            findings.append(f"{nid}: SWA lock count above its lock_ref {node.lock_ref}")
         if swa is not None:
             if full is None or swa.numel() != len(node.key):
                 findings.append(f"{nid}: SWA data without matching FULL data")
@@ -215,15 +310,19 @@ class SwaComponent(TreeComponent):
             self.allocator.swa_allocated_page_ids(),
             findings,
         )
+        in_tree = set(nodes)
+        stray = [n.id for n in self.lru if n not in in_tree]
+        stray += [n.id for n in self.lock_count if n not in in_tree]
+        if stray:
+            findings.append(f"SWA: LRU or lock books name nodes gone from the tree: {stray[:10]}")
 
-    # -- linker hooks --------------------------------------------------------------------
+    # -- linker hooks ---------------------------------------------------------------------
     def build_external_linker_transfer(
         self, phase: LinkerTransferPhase, node: TreeNode | None, keys: Sequence[str]
     ) -> PoolTransfer | None:
         if phase is LinkerTransferPhase.LOOKUP:
-            return PoolTransfer(
-                self.pool, keys=tuple(keys[-self.window_pages :]), hit_policy=TRAILING
-            )
+            window_keys = tuple(keys[-self.window_pages :])
+            return PoolTransfer(self.pool, keys=window_keys, hit_policy=TRAILING)
         if phase is LinkerTransferPhase.LOAD:
             window_keys = tuple(keys[-self.window_pages :])
             need = len(window_keys) * self.page_size
