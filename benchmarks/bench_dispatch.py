@@ -1,13 +1,18 @@
 """Dispatch benchmark: what one load lifecycle costs through each way of running it.
 
 The lifecycle is the happy path of ``specs/load_transaction.toml``: prepare (two
-callbacks), start, land (one guard), commit (one callback) — four transitions, four
-callbacks, one guard. Every variant does the same calls on the same slotted model:
+callbacks), start, land (one guard, the verdict as the trigger's argument), commit (one
+callback) — four transitions, four callbacks, one guard. The record is plain data and a
+handler object does the work (as the linker does for its loads); every variant makes the
+same calls:
 
 - ``hand-written``: an enum state and a ``{(state, trigger): (dest, guard, callbacks)}``
-  dict, the dispatch one would write by hand;
-- ``compiled``: `CompiledExecutor` on the spec;
-- ``reference``: `ReferenceExecutor` (one shared `transitions` machine, no registration);
+  dict, the dispatch one would write by hand, calling the handler's methods;
+- ``compiled``: `CompiledExecutor` on the spec, bound to the handler;
+- ``compiled/model``: `CompiledExecutor` with the callbacks as methods of the model
+  (the binding before handlers existed: shows what the handler binding costs);
+- ``reference``: `ReferenceExecutor` bound to the handler (one shared `transitions`
+  machine, no registration);
 - ``transitions/object``: plain `transitions`, one `Machine` per model (construction
   included, as a load is a fresh object), the pattern docs/design.md rules out.
 
@@ -30,11 +35,17 @@ from typing import Any
 from transitions import Machine
 
 from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.flat import flatten
 from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.fsm.reference import ReferenceExecutor
 
-LIFECYCLE = ("prepare", "start", "land", "commit")
+LIFECYCLE: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("prepare", ()),
+    ("start", ()),
+    ("land", (True,)),
+    ("commit", ()),
+)
 
 
 class Load:
@@ -47,20 +58,62 @@ class Load:
         self.rid = rid
         self.reserved = 0
 
+
+class Handler:
+    """Does the work of every callback, the record passed first (as the linker does)."""
+
+    __slots__ = ()
+
+    def reserve_slots(self, load: Load) -> None:
+        load.reserved += 1
+
+    def queue_store_load(self, load: Load) -> None:
+        load.reserved += 1
+
+    def landed_everywhere(self, load: Load, verdict: bool = False) -> bool:
+        return verdict is True
+
+    def publish(self, load: Load) -> None:
+        load.reserved -= 2
+
+    def withdraw_store_load(self, load: Load, reason: object = None) -> None:
+        load.reserved -= 1
+
+    def free_reservation(self, load: Load, reason: object = None) -> None:
+        load.reserved = 0
+
+    def record_abort(self, load: Load, reason: object = None) -> None:
+        pass
+
+
+HANDLER = Handler()
+
+
+class ModelLoad(Load):
+    """The same record with the callbacks as its own methods (model-bound)."""
+
+    __slots__ = ()
+
     def reserve_slots(self) -> None:
         self.reserved += 1
 
     def queue_store_load(self) -> None:
         self.reserved += 1
 
-    def landed_everywhere(self) -> bool:
-        return True
+    def landed_everywhere(self, verdict: bool = False) -> bool:
+        return verdict is True
 
     def publish(self) -> None:
         self.reserved -= 2
 
-    def release_reservation(self) -> None:
+    def withdraw_store_load(self, reason: object = None) -> None:
+        self.reserved -= 1
+
+    def free_reservation(self, reason: object = None) -> None:
         self.reserved = 0
+
+    def record_abort(self, reason: object = None) -> None:
+        pass
 
 
 class BareLoad:
@@ -86,30 +139,30 @@ _HAND: dict[tuple[LoadState, str], tuple[LoadState, Any, tuple[Any, ...], tuple[
     (LoadState.IDLE, "prepare"): (
         LoadState.QUEUED,
         None,
-        (Load.reserve_slots,),
-        (Load.queue_store_load,),
+        (HANDLER.reserve_slots,),
+        (HANDLER.queue_store_load,),
     ),
     (LoadState.QUEUED, "start"): (LoadState.LOADING, None, (), ()),
-    (LoadState.LOADING, "land"): (LoadState.LANDED, Load.landed_everywhere, (), ()),
-    (LoadState.LANDED, "commit"): (LoadState.COMMITTED, None, (Load.publish,), ()),
+    (LoadState.LOADING, "land"): (LoadState.LANDED, HANDLER.landed_everywhere, (), ()),
+    (LoadState.LANDED, "commit"): (LoadState.COMMITTED, None, (HANDLER.publish,), ()),
 }
 
 
-def hand_fire(load: Load, trigger: str) -> None:
+def hand_fire(load: Load, trigger: str, *args: Any) -> None:
     """Hand-written enum/dict dispatch with the same calls as the spec."""
     entry = _HAND.get((load.state, trigger))
     if entry is None:
         msg = f"cannot {trigger} load {load.rid} in state {load.state}"
         raise RuntimeError(msg)
     dest, guard, before, after = entry
-    if guard is not None and not guard(load):
+    if guard is not None and not guard(load, *args):
         msg = f"guard rejected {trigger}"
         raise RuntimeError(msg)
     for cb in before:
-        cb(load)
+        cb(load, *args)
     load.state = dest
     for cb in after:
-        cb(load)
+        cb(load, *args)
 
 
 def _best(fn: Callable[[], None], repeats: int) -> float:
@@ -160,41 +213,39 @@ class _DictLoad:
         self.rid = rid
         self.reserved = 0
 
-    reserve_slots = Load.reserve_slots
-    queue_store_load = Load.queue_store_load
-    landed_everywhere = Load.landed_everywhere
-    publish = Load.publish
-    release_reservation = Load.release_reservation
+    reserve_slots = ModelLoad.reserve_slots
+    queue_store_load = ModelLoad.queue_store_load
+    landed_everywhere = ModelLoad.landed_everywhere
+    publish = ModelLoad.publish
+    withdraw_store_load = ModelLoad.withdraw_store_load
+    free_reservation = ModelLoad.free_reservation
+    record_abort = ModelLoad.record_abort
 
 
 def time_lifecycles(n: int, repeats: int) -> dict[str, float]:
     """Seconds per lifecycle for each variant."""
-    compiled = CompiledExecutor("load_transaction", Load)
-    reference = ReferenceExecutor("load_transaction", Load)
+    compiled = CompiledExecutor("load_transaction", Load, handler=HANDLER)
+    by_model = CompiledExecutor("load_transaction", ModelLoad)
+    reference = ReferenceExecutor("load_transaction", Load, handler=HANDLER)
     results: dict[str, float] = {}
 
     def hand() -> None:
         for i in range(n):
             load = Load(i)
             load.state = LoadState.IDLE
-            for trig in LIFECYCLE:
-                hand_fire(load, trig)
+            for trig, args in LIFECYCLE:
+                hand_fire(load, trig, *args)
 
-    def run_compiled() -> None:
-        fire, init = compiled.fire, compiled.initialize
-        for i in range(n):
-            load = Load(i)
-            init(load)
-            for trig in LIFECYCLE:
-                fire(load, trig)
+    def runner(ex: Executor, cls: type[Load]) -> Callable[[], None]:
+        def run() -> None:
+            fire, init = ex.fire, ex.initialize
+            for i in range(n):
+                load = cls(i)
+                init(load)
+                for trig, args in LIFECYCLE:
+                    fire(load, trig, *args)
 
-    def run_reference() -> None:
-        fire, init = reference.fire, reference.initialize
-        for i in range(n):
-            load = Load(i)
-            init(load)
-            for trig in LIFECYCLE:
-                fire(load, trig)
+        return run
 
     build = _per_object_machine("load_transaction")
     small = max(n // 10, 50)
@@ -203,19 +254,20 @@ def time_lifecycles(n: int, repeats: int) -> dict[str, float]:
         for i in range(small):
             load = _DictLoad(i)
             build(load)  # type: ignore[arg-type]
-            for trig in LIFECYCLE:
-                load.trigger(trig)  # type: ignore[attr-defined]
+            for trig, args in LIFECYCLE:
+                load.trigger(trig, *args)  # type: ignore[attr-defined]
 
     results["hand-written"] = _best(hand, repeats) / n
-    results["compiled"] = _best(run_compiled, repeats) / n
-    results["reference"] = _best(run_reference, max(1, repeats // 2)) / n
+    results["compiled"] = _best(runner(compiled, Load), repeats) / n
+    results["compiled/model"] = _best(runner(by_model, ModelLoad), repeats) / n
+    results["reference"] = _best(runner(reference, Load), max(1, repeats // 2)) / n
     results["transitions/object"] = _best(per_object, max(1, repeats // 2)) / small
     return results
 
 
 def bytes_per_model(n: int) -> dict[str, float]:
     """Bytes per tracked model, and the part of it that the FSM adds."""
-    compiled = CompiledExecutor("load_transaction", Load)
+    compiled = CompiledExecutor("load_transaction", Load, handler=HANDLER)
     build = _per_object_machine("load_transaction")
 
     def measure(make: Callable[[int], Any]) -> float:
@@ -260,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<22}{sec * 1e6:>14.2f}{sec / hand:>10.2f}{faster:>21.1f}x")
     ratio_hand = times["compiled"] / hand
     ratio_ref = times["reference"] / times["compiled"]
+    ratio_model = times["compiled"] / times["compiled/model"]
+    print(f"handler binding vs model methods (compiled): {ratio_model:.2f}x the time")
     print(
         f"targets: compiled <= 2x hand-written: {ratio_hand:.2f}x "
         f"({'met' if ratio_hand <= 2 else 'MISSED'}); "

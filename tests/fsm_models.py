@@ -1,6 +1,10 @@
 """Recording test models for any spec: every guard and callback of the spec is a method
 that appends ``(name, args, kwargs)`` to ``model.log``; guards answer from
 ``model.guards`` (default True); the method named in ``model.raise_in`` raises `Boom`.
+
+`recording_handler_class(spec)` is the same behaviour for a handler-bound executor: the
+handler's methods take the model first and record into it, so a handler-bound run and a
+model-bound run of the same steps leave identical logs.
 """
 
 from __future__ import annotations
@@ -46,3 +50,18 @@ def recording_model_class(spec: MachineSpec) -> type[RecordingModel]:
     guards = {n for t in spec.transitions for n in (*t.conditions, *t.unless)}
     methods = {n: _method(n, n in guards) for n in spec.callback_names()}
     return type(f"{spec.name.title()}Model", (RecordingModel,), {"__slots__": (), **methods})
+
+
+def _handler_method(name: str, guard: bool) -> Callable[..., Any]:
+    def method(self: object, model: RecordingModel, *args: Any, **kwargs: Any) -> Any:
+        return _method(name, guard)(model, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def recording_handler_class(spec: MachineSpec) -> type:
+    """A handler class with one method ``(model, *args, **kwargs)`` per guard and callback."""
+    guards = {n for t in spec.transitions for n in (*t.conditions, *t.unless)}
+    methods = {n: _handler_method(n, n in guards) for n in spec.callback_names()}
+    return type(f"{spec.name.title()}Handler", (), {"__slots__": (), **methods})

@@ -365,3 +365,76 @@ def test_a_machine_name_never_writes_outside_the_output_folder(
     assert "invalid machine name" in line
     written = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
     assert written == {Path("spec"), Path("spec/evil.toml"), Path("out")}
+
+
+# -- bad input found by an adversarial user (issue: simulate, check-trace, coverage) ----
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["simulate", "--requests", "0"], "--requests must be at least 1"),
+        (["simulate", "--requests", "2", "--pool-tokens", "1000000000000"], "--pool-tokens"),
+    ],
+)
+def test_simulate_bad_sizes_are_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert needle in run_error(capsys, argv)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (bytes(range(128, 256)), "not UTF-8"),
+        (b"[1, 2]\n", "expected a JSON object"),
+        (
+            b'{"seq": 1, "machine": "offload", "model": "m", "source": "", '
+            b'"trigger": "<init>", "dest": "queued"}\n"text"\n',
+            "record 2",
+        ),
+        (b"{oops\n", "not JSON"),
+        (b"", "no trace records"),
+        (b"\n  \n", "no trace records"),
+    ],
+    ids=["binary", "array", "string-line", "bad-json", "empty", "blank"],
+)
+def test_check_trace_of_a_file_that_is_no_trace_is_one_line(
+    content: bytes, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(content)
+    line = run_error(capsys, ["check-trace", str(path)])
+    assert needle in line
+
+
+@pytest.mark.parametrize(
+    ("rows", "needle"),
+    [
+        ([["queued", "nope", "pending", 3]], "not a transition of offload"),
+        ([["queued", "submit", "pending", -4]], "negative"),
+        ([["queued", "submit", "pending", "many"]], "count"),
+        ([["queued", "submit"]], "row"),
+    ],
+    ids=["unknown-transition", "negative", "non-int", "short-row"],
+)
+def test_diagram_coverage_with_bad_rows_is_one_line(
+    rows: list[list[object]], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path = tmp_path / "cov.json"
+    path.write_text(json.dumps({"machines": {"offload": rows}}), encoding="utf-8")
+    line = run_error(capsys, ["diagram", "offload", "--coverage", str(path)])
+    assert needle in line, line
+
+
+def test_fuzz_coverage_into_a_missing_folder_fails_before_the_campaign(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import time
+
+    start = time.perf_counter()
+    line = run_error(capsys, ["fuzz", "--minutes", "5", "--coverage", "/missing/dir/x.json"])
+    assert "/missing/dir" in line
+    assert time.perf_counter() - start < 60, "the campaign ran before the check"

@@ -38,6 +38,38 @@ needs_dot = pytest.mark.skipif(
 
 MACHINES = loader.bundled_machines()
 
+# a transaction whose abort is declared once on the compound "prepared" (and on idle)
+TXN_TOML = """
+machine = "txn"
+noun = "load"
+initial = "idle"
+[states.idle]
+[states.prepared]
+initial = "queued"
+[states.prepared.states.queued]
+[states.prepared.states.loading]
+[states.committed]
+final = true
+[states.aborted]
+final = true
+[[transitions]]
+trigger = "prepare"
+source = "idle"
+dest = "prepared"
+[[transitions]]
+trigger = "start"
+source = "prepared.queued"
+dest = "prepared.loading"
+[[transitions]]
+trigger = "commit"
+source = "prepared.loading"
+dest = "committed"
+[[transitions]]
+trigger = "abort"
+source = ["idle", "prepared"]
+dest = "aborted"
+"""
+
 NESTED_TOML = """
 machine = "nested"
 initial = "off"
@@ -350,11 +382,14 @@ def test_any_source_in_a_parallel_machine_stays_in_the_dest_region() -> None:
 
 
 def test_one_edge_per_declared_source() -> None:
-    spec = loader.bundled_spec("load_transaction")
+    spec = loader.parse_spec(TXN_TOML)
     graph = build_graph(spec)
     aborts = [(e.source, e.dest) for e in graph.edges if e.trigger == "abort"]
     assert aborts == [("idle", "aborted"), ("prepared", "aborted")]
     assert len(graph.edges) == sum(len(t.sources) for t in spec.transitions)
+    bundled = loader.bundled_spec("load_transaction")  # abort split by source
+    aborts = [e.source for e in build_graph(bundled).edges if e.trigger == "abort"]
+    assert aborts == ["idle", "prepared.queued", "prepared.loading", "prepared.landed"]
 
 
 # -- Mermaid -------------------------------------------------------------------------------
@@ -456,8 +491,8 @@ def test_highlight_of_an_unknown_state_raises(render: object, state: str) -> Non
 
 
 def test_dot_draws_clusters_markers_and_clipped_edges() -> None:
-    text = render_dot(loader.bundled_spec("load_transaction"))
-    assert text.startswith('digraph "load_transaction" {\n') and text.endswith("}\n")
+    text = render_dot(loader.parse_spec(TXN_TOML))
+    assert text.startswith('digraph "txn" {\n') and text.endswith("}\n")
     assert "compound=true;" in text
     assert 'subgraph "cluster_prepared" {' in text
     assert '"prepared/[*]" [shape=point' in text

@@ -1,8 +1,10 @@
 """Differential test: the compiled executor behaves exactly like the reference one.
 
-Random sequences of steps — legal and illegal triggers, unknown triggers, guards set
-true or false, callbacks that raise, positional and keyword arguments, `may_fire`
-probes — go to one model driven by each executor. After every step the two must
+Each machine runs twice: with its guards and callbacks on the model, and bound to a
+handler object (the model is plain data). Random sequences of steps — legal and
+illegal triggers, unknown triggers, guards set true or false, callbacks that raise,
+positional and keyword arguments, `may_fire` probes — go to one model driven by each
+executor. After every step the two must
 agree on the state, the full callback log (names, order, arguments) and the outcome
 (the same error type and message, or success).
 """
@@ -16,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsm_models import Boom, RecordingModel, recording_model_class
+from fsm_models import Boom, RecordingModel, recording_handler_class, recording_model_class
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.loader import bundled_spec, load_spec
@@ -32,7 +34,8 @@ def _spec(name: str) -> MachineSpec:
 
 
 MACHINES = ["load_transaction", "offload", "node_residency", "nested", "parallel"]
-PAIRS: dict[str, tuple[MachineSpec, Executor, Executor]] = {}
+BINDINGS = ["model", "handler"]
+PAIRS: dict[tuple[str, str], tuple[MachineSpec, Executor, Executor]] = {}
 
 
 def _log_transition(_ex: Executor, model: RecordingModel, src: str, trig: str, dest: str) -> None:
@@ -42,9 +45,16 @@ def _log_transition(_ex: Executor, model: RecordingModel, src: str, trig: str, d
 for _name in MACHINES:
     _s = _spec(_name)
     _cls = recording_model_class(_s)
-    PAIRS[_name] = (_s, CompiledExecutor(_s, _cls), ReferenceExecutor(_s, _cls))
-    for _ex in PAIRS[_name][1:]:
-        _ex.add_observer(_log_transition)  # observers see the same transitions, same place
+    PAIRS[(_name, "model")] = (_s, CompiledExecutor(_s, _cls), ReferenceExecutor(_s, _cls))
+    _handler = recording_handler_class(_s)()
+    PAIRS[(_name, "handler")] = (
+        _s,
+        CompiledExecutor(_s, RecordingModel, handler=_handler),
+        ReferenceExecutor(_s, RecordingModel, handler=_handler),
+    )
+    for _binding in BINDINGS:
+        for _ex in PAIRS[(_name, _binding)][1:]:
+            _ex.add_observer(_log_transition)  # observers see the same transitions, same place
 
 
 def _outcome(call: Any) -> tuple[str, str]:
@@ -88,8 +98,10 @@ def _draw_step(data: st.DataObject, ex: Executor, state: str) -> dict[str, Any]:
     }
 
 
-def _run(name: str, data: st.DataObject, seen: set[str] | None = None) -> None:
-    _, compiled, reference = PAIRS[name]
+def _run(
+    name: str, data: st.DataObject, seen: set[str] | None = None, binding: str = "model"
+) -> None:
+    _, compiled, reference = PAIRS[(name, binding)]
     models: dict[str, RecordingModel] = {}
     for kind, ex in (("compiled", compiled), ("reference", reference)):
         m = ex.model_cls(fsm_id=f"{name}-1")
@@ -115,11 +127,12 @@ def _run(name: str, data: st.DataObject, seen: set[str] | None = None) -> None:
             seen.add(outcomes["compiled"][0])
 
 
+@pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("name", MACHINES)
-def test_compiled_agrees_with_reference(name: str) -> None:
+def test_compiled_agrees_with_reference(name: str, binding: str) -> None:
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
-        _run(name, data)
+        _run(name, data, binding=binding)
 
     check()
 

@@ -28,7 +28,7 @@ def test_load_transaction_configurations() -> None:
         "aborted",
     }
     assert flat.final_configs == {"committed", "aborted"}
-    # abort is declared once on the compound "prepared" and applies to each substate
+    # abort applies from every non-final configuration (declared per source)
     aborts = [c for (c, t) in flat.table if t == "abort"]
     assert sorted(aborts) == sorted(
         ["idle", "prepared.queued", "prepared.loading", "prepared.landed"]

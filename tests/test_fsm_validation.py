@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 
 import pytest
@@ -160,7 +161,10 @@ def test_binding_requires_the_state_slot() -> None:
         def succeeded(self) -> bool:
             return True
 
-        def release_nodes(self) -> None:
+        def publish_nodes(self) -> None:
+            pass
+
+        def roll_back_nodes(self) -> None:
             pass
 
     with pytest.raises(InvalidSpecError) as info:
@@ -276,3 +280,40 @@ dest = "b"
     with pytest.raises(InvalidSpecError) as info:
         parse_spec(text, "x.toml")
     assert info.value.kinds() & {"invalid machine name", "malformed field"}
+
+
+class _Plain:
+    __slots__ = ("state",)
+
+
+class _HalfHandler:
+    def store_accepted(self, model: object, accepted: bool = True) -> bool:
+        return accepted
+
+
+@pytest.mark.parametrize("executor", [CompiledExecutor, ReferenceExecutor])
+def test_handler_binding_looks_for_callbacks_on_the_handler(executor: type) -> None:
+    spec = bundled_spec("offload")
+    with pytest.raises(InvalidSpecError) as info:
+        executor(spec, _Plain, handler=_HalfHandler())
+    missing = info.value.names("callback missing on _HalfHandler")
+    assert "store_accepted" not in missing and missing
+    assert info.value.names("guard missing on _HalfHandler") == ("succeeded",)
+
+
+class _Drifted(enum.Enum):
+    QUEUED = "queued"
+    PENDING = "pending"
+    GONE = "gone"
+
+
+@pytest.mark.parametrize("executor", [CompiledExecutor, ReferenceExecutor])
+def test_a_states_enum_must_name_exactly_the_configurations(executor: type) -> None:
+    class Handler:
+        def __getattr__(self, name: str) -> object:
+            return lambda *a, **k: True
+
+    with pytest.raises(InvalidSpecError) as info:
+        executor("offload", _Plain, states=_Drifted, handler=Handler())
+    assert info.value.names("_Drifted members not in the spec") == ("gone",)
+    assert info.value.names("spec configurations missing from _Drifted") == ("failed", "published")

@@ -165,3 +165,12 @@ def test_gloo_processes_agree_on_the_largest_common_length(
             pytest.fail("gloo ranks did not finish within 60 s")
     facts = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     assert facts == [[r, world, expected, True, False] for r in range(world)]
+
+
+def test_a_bad_boundary_on_one_rank_joins_the_reduction_then_raises_there() -> None:
+    """The other ranks get their answer at once (the bad boundary counts as not
+    restorable everywhere); only the rank that passed it raises, after the reduction."""
+    start = time.monotonic()
+    out = on_threads(2, lambda g: intersect_restorable(g, [1, 2] if g.rank else [1, 2, 9], 2))
+    assert out[1] == 2 and isinstance(out[0], RankGroupError)
+    assert time.monotonic() - start < 5  # not the barrier timeout

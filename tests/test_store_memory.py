@@ -310,6 +310,39 @@ class StoreContract:
         assert drain(store)[0] == [LoadBatchResult(batch, ("bad", "good"), False)]
         assert torch.equal(rig.read(KV, dst), before)  # corrupt bytes never written
 
+    def test_corrupt_page_is_dropped_with_the_chain_after_it(
+        self, store: ExternalStore, rig: Rig
+    ) -> None:
+        """A page that fails its checksum is not reported again: LOOKUP stops before it
+        (the chain after it is dropped too), so nobody loads and aborts on it forever."""
+        keys = rig.chain(4)
+        src = rig.fill(KV, 4)
+        assert offload_now(store, [PoolTransfer(KV, src, keys)])
+        self.corrupt(store, KV, keys[1])
+        assert not load_now(store, "bad", [PoolTransfer(KV, rig.alloc(KV, 4), keys)])
+        assert store.lookup("again", kv_lookup(keys)) == [1]
+        assert [store.contains(KV, k) for k in keys] == [True, False, False, False]
+        assert offload_now(store, [PoolTransfer(KV, src, keys)])  # stored again, good
+        dst = rig.alloc(KV, 4)
+        assert load_now(store, "good", [PoolTransfer(KV, dst, keys)])
+        assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+
+    def test_a_leading_held_key_links_a_chain_offloaded_in_parts(
+        self, store_factory: StoreFactory, rig: Rig
+    ) -> None:
+        """Pages 0-3, then 3-7 (page 3 already held): capacity eviction takes page 7,
+        the chain's end, not page 3 in its middle."""
+        store = store_factory(capacity_pages=8)
+        store.attach(rig.pools)
+        keys = rig.chain(8)
+        src = rig.fill(KV, 8)
+        p = rig.P
+        assert offload_now(store, [PoolTransfer(KV, src[: 4 * p], keys[:4])])
+        assert offload_now(store, [PoolTransfer(KV, src[3 * p :], keys[3:])])
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
+        assert store.lookup("x", kv_lookup(keys)) == [1, 2, 3, 4, 5, 6, 7]
+        store.close()
+
     def test_keys_are_write_once(self, store: ExternalStore, rig: Rig) -> None:
         keys = rig.chain(2)
         first, second = rig.fill(KV, 2), rig.fill(KV, 2)
@@ -563,25 +596,27 @@ def test_store_side_machines_end_in_the_right_states() -> None:
     rig = Rig()
     store = MemoryStore()
     store.attach(rig.pools)
-    keys = rig.chain(2)
+    keys, other = rig.chain(2), rig.chain(2)
     assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), keys)])
+    assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, 2), other)])
     assert load_now(store, "ok", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
     view = store.stored_bytes(KV, keys[0])
     assert view is not None
     view[0] ^= 1
     assert not load_now(store, "corrupt", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
-    view[0] ^= 1
-    assert store.load("cancelled", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+    assert not store.contains(KV, keys[0])  # dropped: it is never loaded again
+    assert store.load("cancelled", [PoolTransfer(KV, rig.alloc(KV, 2), other)])
     assert store.cancel_queued_load("cancelled")
-    assert store.load("reset", [PoolTransfer(KV, rig.alloc(KV, 2), keys)])
+    assert store.load("reset", [PoolTransfer(KV, rig.alloc(KV, 2), other)])
     assert store.offload([PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
     store.reset()
     assert _states(store) == [
         ("offload 0", StoreOffloadState.LANDED),
+        ("offload 1", StoreOffloadState.LANDED),
         ("ok", StoreLoadState.LANDED),
         ("corrupt", StoreLoadState.FAILED),
         ("cancelled", StoreLoadState.CANCELLED),
-        ("offload 1", StoreOffloadState.FAILED),
+        ("offload 2", StoreOffloadState.FAILED),
         ("reset", StoreLoadState.FAILED),
     ]
     assert all(

@@ -177,7 +177,19 @@ def _coverage_of(
     except (ValueError, KeyError, TypeError) as exc:
         msg = f"--coverage {str(path)!r} is not a coverage file ({exc})"
         raise CliError(msg) from None
-    return cov.declared
+
+    def declared(spec: MachineSpec) -> Mapping[tuple[int, str], int] | None:
+        unknown = cov.unknown(spec)
+        if unknown:
+            shown = ", ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+            msg = (
+                f"--coverage {str(path)!r}: {shown} is not a transition of {spec.name} "
+                f"({len(unknown)} such row(s)); was the file made from another version of it?"
+            )
+            raise CliError(msg)
+        return cov.declared(spec)
+
+    return declared
 
 
 def _run_diagram(args: argparse.Namespace) -> int:
@@ -435,6 +447,11 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     if args.minutes <= 0:
         msg = f"--minutes must be positive, got {args.minutes}"
         raise CliError(msg)
+    if args.coverage is not None:  # before the campaign, not after it
+        folder = Path(args.coverage).parent
+        if not folder.is_dir():
+            msg = f"--coverage {str(args.coverage)!r}: no folder {str(folder)!r} to write it in"
+            raise CliError(msg)
     swa = {"on": (True,), "off": (False,), "both": (False, True)}[args.swa]
     pages = (args.page_size,) if args.page_size else SystemMachine.page_sizes
     machine: type[SystemMachine] = type(
@@ -508,6 +525,9 @@ def _run_check_trace(args: argparse.Namespace) -> int:
     if result.violation is not None:
         print(result.violation.describe())
         return EXIT_CHECK_FAILED
+    if result.records == 0:
+        msg = f"{str(args.trace)!r} holds no trace records (an empty file checks nothing)"
+        raise CliError(msg)
     print(f"{result.records} records, {result.models} models: every step is legal")
     return EXIT_OK
 

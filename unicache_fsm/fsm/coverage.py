@@ -6,6 +6,8 @@
   (one entry per declared source, as diagrams draw them), so a diagram can colour
   each arrow and mark the ones never taken.
 - `Coverage.missing(spec)` — the declared transitions never taken.
+- `Coverage.unknown(spec)` — counted rows that are not transitions of the spec (a file
+  from another version of it, or edited by hand).
 
 File format: ``{"machines": {name: [[source, trigger, dest, count], ...]}}``.
 """
@@ -54,11 +56,46 @@ class Coverage:
 
     @classmethod
     def load(cls, path: str | Path) -> Coverage:
+        """Read a coverage file; `ValueError` naming the first malformed part (rows must be
+        ``[source, trigger, dest, count]``: three strings and an int >= 0)."""
         data = json.loads(Path(path).read_text(encoding="utf-8"))
+        machines = data.get("machines") if isinstance(data, dict) else None
+        if not isinstance(machines, dict):
+            msg = 'a coverage file is {"machines": {name: [[source, trigger, dest, count], ...]}}'
+            raise ValueError(msg)
         cov = cls()
-        for machine, rows in data.get("machines", {}).items():
-            cov.counts[machine] = Counter({(s, t, d): int(n) for s, t, d, n in rows})
+        for machine, rows in machines.items():
+            if not isinstance(rows, list):
+                msg = f"machine {machine!r}: rows must be a list, got {type(rows).__name__}"
+                raise ValueError(msg)
+            counts: Counter[tuple[str, str, str]] = Counter()
+            for row in rows:
+                if not isinstance(row, list) or len(row) != 4:
+                    msg = f"machine {machine!r}: row {row!r} is not [source, trigger, dest, count]"
+                    raise ValueError(msg)
+                s, t, d, n = row
+                if not all(isinstance(x, str) for x in (s, t, d)):
+                    msg = f"machine {machine!r}: row {row!r} names states and trigger by string"
+                    raise ValueError(msg)
+                if isinstance(n, bool) or not isinstance(n, int):
+                    msg = f"machine {machine!r}: row {row!r} has a count that is not an int"
+                    raise ValueError(msg)
+                if n < 0:
+                    msg = f"machine {machine!r}: row {row!r} has a negative count"
+                    raise ValueError(msg)
+                counts[(s, t, d)] += n
+            cov.counts[machine] = counts
         return cov
+
+    def unknown(self, spec: MachineSpec) -> list[str]:
+        """Rows for `spec` that are not transitions of it, as ``"source --trigger--> dest"``."""
+        flat = flatten(spec)
+        known = {(c, t, ft.dest) for (c, t), group in flat.table.items() for ft in group}
+        return [
+            f"{s} --{t}--> {d}"
+            for (s, t, d) in sorted(self.counts.get(spec.name, Counter()))
+            if (s, t, d) not in known
+        ]
 
     def declared(self, spec: MachineSpec) -> dict[EdgeKey, int]:
         """Counts per declared arrow ``(transition index, declared source)``."""

@@ -4,6 +4,17 @@ An executor binds one spec to one model class and drives any number of models of
 that class; it keeps no per-model data. A model's whole FSM state is one attribute
 (the *state slot*, ``state`` unless bound otherwise) holding its configuration name.
 
+Where the spec's guards and callbacks live is the binding's choice:
+
+- on the model (default): each is a method, called ``model.name(*args, **kwargs)``;
+- on a *handler* (``handler=obj``): the model is plain data and each name is a method
+  of `obj`, called ``obj.name(model, *args, **kwargs)`` — the record holds no
+  reference to whoever does the work (a linker drives its loads this way).
+
+A `states` enum (``states=LoadState``), when given, must name exactly the spec's
+configurations; a trigger enum (``triggers=...``) exactly its triggers. Either drift
+is an `InvalidSpecError` when the executor is built.
+
 Primitives:
 
 - `initialize(model, like=None)` — put a new model in the initial configuration (or
@@ -78,11 +89,14 @@ class Executor(abc.ABC):
         *,
         state_attribute: str = "state",
         triggers: type[enum.Enum] | None = None,
+        states: type[enum.Enum] | None = None,
+        handler: object | None = None,
     ) -> None:
         if isinstance(spec, str):
             spec = bundled_spec(spec)
-        check_binding(spec, model_cls, state_attribute, triggers)
+        check_binding(spec, model_cls, state_attribute, triggers, states=states, handler=handler)
         self.spec = spec
+        self.handler = handler
         self.flat: FlatMachine = flatten(spec)
         self.model_cls = model_cls
         self.state_attribute = state_attribute
@@ -99,6 +113,18 @@ class Executor(abc.ABC):
             for member in triggers:
                 self._alias[member] = str(member.value)
         self.observers: list[Observer] = []
+
+    def _callback(self, name: str) -> Callable[..., Any]:
+        """The spec name `name` as a function of ``(model, *args, **kwargs)``."""
+        if self.handler is not None:
+            bound: Callable[..., Any] = getattr(self.handler, name)
+            return bound
+
+        def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(model, name)(*args, **kwargs)
+
+        call.__qualname__ = call.__name__ = name
+        return call
 
     # -- observers ---------------------------------------------------------------------
     def add_observer(self, observer: Observer) -> None:

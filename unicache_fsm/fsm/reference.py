@@ -5,6 +5,8 @@ states are the configurations and whose transitions are the flat transitions, wi
 ``auto_transitions=False`` and invalid triggers raising. Models are driven through
 ``machine.events[trigger].trigger(model, ...)`` without ``add_model``: no machine per
 object, no per-model registration, nothing stored per model but the state slot.
+Guards and callbacks are called on the model, or on the bound handler with the model
+first (`Executor._callback` says which), exactly as the compiled executor does.
 
 `transitions` decides everything that is semantics rather than hierarchy: which
 candidate wins, when guards run, the callback order, and what an exception does to
@@ -39,9 +41,11 @@ class _Machine(Machine):
     transition_cls = _FlatTransition
 
 
-def _call(name: str) -> Callable[[EventData], Any]:
+def _event_call(name: str, fn: Callable[..., Any]) -> Callable[[EventData], Any]:
+    """A `transitions` callback that runs ``fn(model, *args, **kwargs)``."""
+
     def callback(event: EventData) -> Any:
-        return getattr(event.model, name)(*event.args, **event.kwargs)
+        return fn(event.model, *event.args, **event.kwargs)
 
     callback.__qualname__ = callback.__name__ = name
     return callback
@@ -59,8 +63,20 @@ class ReferenceExecutor(Executor):
         *,
         state_attribute: str = "state",
         triggers: type[enum.Enum] | None = None,
+        states: type[enum.Enum] | None = None,
+        handler: object | None = None,
     ) -> None:
-        super().__init__(spec, model_cls, state_attribute=state_attribute, triggers=triggers)
+        super().__init__(
+            spec,
+            model_cls,
+            state_attribute=state_attribute,
+            triggers=triggers,
+            states=states,
+            handler=handler,
+        )
+        self._fns: dict[str, Callable[..., Any]] = {
+            n: self._callback(n) for n in self.spec.callback_names()
+        }
         self._rejected = ""
         self.machine = _Machine(
             model=None,
@@ -82,21 +98,25 @@ class ReferenceExecutor(Executor):
                     trigger,
                     source=config,
                     dest=ft.dest,
-                    prepare=[_call(n) for n in t.prepare],
+                    prepare=[self._call(n) for n in t.prepare],
                     conditions=[self._guard(n, True) for n in t.conditions],
                     unless=[self._guard(n, False) for n in t.unless],
-                    before=[_call(n) for n in t.before],
-                    after=[_call(n) for n in t.after],
+                    before=[self._call(n) for n in t.before],
+                    after=[self._call(n) for n in t.after],
                 )
                 added = self.machine.events[trigger].transitions[config][-1]
                 assert isinstance(added, _FlatTransition)
                 added.flat = ft
 
+    def _call(self, name: str) -> Callable[[EventData], Any]:
+        return _event_call(name, self._fns[name])
+
     def _guard(self, name: str, expected: bool) -> Callable[[EventData], bool]:
         label = name if expected else f"not {name}"
+        fn = self._fns[name]
 
         def check(event: EventData) -> bool:
-            result = bool(getattr(event.model, name)(*event.args, **event.kwargs))
+            result = bool(fn(event.model, *event.args, **event.kwargs))
             if result is not expected:
                 self._rejected = label
             return result
@@ -109,17 +129,16 @@ class ReferenceExecutor(Executor):
         assert isinstance(transition, _FlatTransition) and transition.flat is not None
         return transition.flat
 
-    @classmethod
-    def _run_exits(cls, event: EventData) -> None:
-        for name in cls._flat_of(event).exits:
-            getattr(event.model, name)(*event.args, **event.kwargs)
+    def _run_exits(self, event: EventData) -> None:
+        for name in self._flat_of(event).exits:
+            self._fns[name](event.model, *event.args, **event.kwargs)
 
     def _run_enters(self, event: EventData) -> None:
         flat = self._flat_of(event)
         if self.observers:
             self._notify(event.model, flat.source, flat.trigger, flat.dest)
         for name in flat.enters:
-            getattr(event.model, name)(*event.args, **event.kwargs)
+            self._fns[name](event.model, *event.args, **event.kwargs)
 
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         state = self.state_of(model)

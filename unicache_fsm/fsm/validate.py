@@ -7,9 +7,9 @@ Primitives:
   an `initial` that is not a child, unknown states, `requires` that name no parallel
   region, unreachable states, non-final dead ends, transitions out of final states,
   ambiguous unguarded transitions, transitions across parallel regions.
-- `binding_problems(spec, model_cls, state_attribute, triggers)` — guard and callback
-  names the model class lacks, a missing state slot, a trigger enum that disagrees
-  with the spec.
+- `binding_problems(spec, model_cls, state_attribute, triggers, states=, handler=)` —
+  guard and callback names the model class (or the handler, when one is bound) lacks,
+  a missing state slot, a trigger enum or a state enum that disagrees with the spec.
 - `check_binding(...)` — raise `InvalidSpecError` when `binding_problems` finds any.
 
 Each problem lists *all* offending names of its kind, so one run tells the whole story.
@@ -141,25 +141,48 @@ def _own_region_requires(spec: MachineSpec) -> list[str]:
     return out
 
 
+def _enum_drift(
+    problems: list[SpecProblem], members: type[enum.Enum], declared: set[str], what: str
+) -> None:
+    values = {str(m.value) for m in members}
+    if values - declared:
+        problems.append(
+            SpecProblem(f"{members.__name__} members not in the spec", sorted(values - declared))
+        )
+    if declared - values:
+        problems.append(
+            SpecProblem(f"spec {what} missing from {members.__name__}", sorted(declared - values))
+        )
+
+
 def binding_problems(
     spec: MachineSpec,
     model_cls: type,
     state_attribute: str,
     triggers: type[enum.Enum] | None = None,
+    *,
+    states: type[enum.Enum] | None = None,
+    handler: object | None = None,
 ) -> list[SpecProblem]:
-    """What keeps `model_cls` from running `spec` (empty when it can)."""
+    """What keeps `model_cls` (with `handler`, when given) from running `spec`.
+
+    Empty when it can. With a handler, guards and callbacks are looked up on it;
+    `states` must then name exactly the spec's configurations (`fsm.flat`).
+    """
     problems: list[SpecProblem] = []
     guard_names = {n for t in spec.transitions for n in (*t.conditions, *t.unless)}
     missing_guards: list[str] = []
     missing_callbacks: list[str] = []
+    owner: object = model_cls if handler is None else handler
+    owner_name = model_cls.__name__ if handler is None else type(handler).__name__
     for name in spec.callback_names():
-        attr = getattr(model_cls, name, None)
+        attr = getattr(owner, name, None)
         if attr is None or not callable(attr):
             (missing_guards if name in guard_names else missing_callbacks).append(name)
     if missing_guards:
-        problems.append(SpecProblem(f"guard missing on {model_cls.__name__}", missing_guards))
+        problems.append(SpecProblem(f"guard missing on {owner_name}", missing_guards))
     if missing_callbacks:
-        problems.append(SpecProblem(f"callback missing on {model_cls.__name__}", missing_callbacks))
+        problems.append(SpecProblem(f"callback missing on {owner_name}", missing_callbacks))
     if not state_attribute.isidentifier() or keyword.iskeyword(state_attribute):
         problems.append(SpecProblem("state attribute is not an identifier", [state_attribute]))
     slots = {s for k in model_cls.__mro__ for s in getattr(k, "__slots__", ())}
@@ -169,20 +192,9 @@ def binding_problems(
             SpecProblem(f"state attribute missing on {model_cls.__name__}", [state_attribute])
         )
     if triggers is not None:
-        declared = set(spec.triggers())
-        values = {str(m.value) for m in triggers}
-        if values - declared:
-            problems.append(
-                SpecProblem(
-                    f"{triggers.__name__} members not in the spec", sorted(values - declared)
-                )
-            )
-        if declared - values:
-            problems.append(
-                SpecProblem(
-                    f"spec triggers missing from {triggers.__name__}", sorted(declared - values)
-                )
-            )
+        _enum_drift(problems, triggers, set(spec.triggers()), "triggers")
+    if states is not None:
+        _enum_drift(problems, states, set(flatten(spec).configs), "configurations")
     return problems
 
 
@@ -191,8 +203,13 @@ def check_binding(
     model_cls: type,
     state_attribute: str,
     triggers: type[enum.Enum] | None = None,
+    *,
+    states: type[enum.Enum] | None = None,
+    handler: object | None = None,
 ) -> None:
     """Raise `InvalidSpecError` listing everything that keeps `model_cls` from running `spec`."""
-    problems = binding_problems(spec, model_cls, state_attribute, triggers)
+    problems = binding_problems(
+        spec, model_cls, state_attribute, triggers, states=states, handler=handler
+    )
     if problems:
         raise InvalidSpecError(spec.name, spec.source, problems)

@@ -1,7 +1,9 @@
 """The external linker: the contract between a radix tree and an external KV store.
 
 A serving engine calls plain methods; each load and each offload is a machine
-(`load_transaction`, `offload`) whose callbacks do the work.
+(`load_transaction`, `offload`). The records (`ExternalLoad`, `PendingOffload`) are plain
+data; the linker is the handler their executors are bound to, so the spec callbacks are
+the linker's methods (listed under "Spec callbacks" below; called by the executors only).
 
 Primitives, in the order a scheduler step uses them:
 
@@ -9,32 +11,62 @@ Primitives, in the order a scheduler step uses them:
   pages past it: tail hashes chained from the last device page, one LOOKUP transfer
   per component, the store's restorable boundaries intersected across ranks (0/1
   mask, MIN). A hit creates an idle `ExternalLoad` held for the request.
-- `load_back(load)` — LOAD + PREPARE (``idle → prepared``): reserve slots, map SWA,
-  queue the store load; the outcome is agreed across ranks (MIN), so a load runs
-  everywhere or nowhere. False when it aborted instead (the request recomputes).
+- `load_back(load)` — LOAD + PREPARE (``idle → prepared``): first re-check that the
+  matched device prefix is still the tree's (same slots, a live SWA window: the
+  scheduler need not pin it between `match` and `load_back`; if another request
+  evicted, reloaded or replaced it, the load aborts with ``stale_prefix`` and the
+  request recomputes), then reserve slots, map SWA, queue the store load; the outcome
+  is agreed across ranks (MIN), so a load runs everywhere or nowhere. False when it
+  aborted instead (the request recomputes).
 - `start_loading()` — start every queued store load as one batch.
-- `finish_loads()` — take completed batches (count MIN across ranks), agree on each
-  verdict (MIN), COMMIT the landed loads and ABORT the rest; returns the loads that
-  ended. A committed load hands the caller one lock on `load.endpoint` (the end of
-  the loaded path), which the caller releases with ``tree.dec_lock_ref``.
+- `finish_loads()` — take this rank's completed batches (FIFO: each completion ends
+  the oldest batch in flight), then agree per prepared load (one MIN all-reduce) on
+  whether every rank's store is done with it and every page landed; COMMIT those,
+  ABORT the ones done but failed, keep waiting for the rest. Returns the loads that
+  ended. A committed load hands the caller one lock on `load.endpoint` (the end of the
+  loaded path), which the caller releases with ``tree.dec_lock_ref``.
 - `offload_nodes(chain)` — hand a root-first chain of nodes (a write-through result)
   to the store, one offload per node, acceptance agreed across ranks;
-  `poll_offloads()` completes them FIFO with verdicts agreed across ranks.
+  `poll_offloads()` completes them FIFO with verdicts agreed across ranks. Each KV
+  transfer starts with the last page of the node's parent when that parent is stored
+  or offloading: the store holds that page already and links the node to it, so its
+  capacity eviction shrinks the whole path from its end.
 - `verify_stored(node)` — LOOKUP a stored path and demote the nodes whose pages the
   store lost.
-- `release_request(rid)` — abort a request's load (deferred while its batch runs).
+- `release_request(rid)` — abort a request's load now if every rank's store gave it
+  back, else when its store is done with it (a running batch ends, or a lost
+  `cancel_queued_load` answer is settled).
 - `reset()` / `close()` — quiesce the store first, then abort every load and fail
   every offload, releasing their locks.
+
+Store faults: the linker talks to its store through a `CheckedStore`. Any exception or
+malformed answer from any store call is a fault of that call (counted in
+`stats.store_faults`, the last one kept in `last_store_fault`, a `StoreProtocolError`
+for an ill-typed answer), never an error for the caller: a failed LOOKUP is a miss, a
+failed `load` a refusal (the load aborts, the request recomputes), a failed `offload`
+a refusal (its nodes return to unstored, unlocked), a verdict that is not a real
+``True`` a failure, a completion naming a batch that is not the oldest in flight a
+protocol error that ends that oldest batch as failed. Slots are freed only when the
+store acknowledged it will write no more into them (a confirmed cancel, a completed
+batch, a reset).
 
 Every reserved slot ends exactly one way: adopted by the tree at COMMIT, freed as a
 duplicate at COMMIT, or freed by ABORT. Nothing is published before the verdict, so no
 node claims KV that never landed.
 
+Spec callbacks (``callback(record, *trigger_args)``; never call them directly):
+`reserve_slots`, `queue_store_load`, `landed_everywhere`, `publish`,
+`withdraw_store_load`, `free_reservation`, `record_abort` (load_transaction);
+`store_accepted`, `succeeded`, `publish_nodes`, `roll_back_nodes` (offload).
+
 Collective calls: with several ranks, every rank calls `match`, `load_back`,
-`finish_loads`, `offload_nodes`, `poll_offloads` and `verify_stored` in the same order
-with the same arguments (their trees stay identical because every decision that
-could differ — restorable prefixes, PREPARE, store acceptance, verdicts, completion
-counts — is agreed by a MIN all-reduce before the tree changes).
+`finish_loads`, `release_request`, `offload_nodes`, `poll_offloads`, `verify_stored`
+and `reset` in the same order with the same arguments (their trees stay identical
+because every decision that could differ — restorable prefixes, PREPARE, store
+acceptance, whether a store gave a load back, verdicts, completion counts, faults
+included — is agreed by a MIN all-reduce before the tree changes). `start_loading`
+is per rank: a rank whose store failed to start a batch keeps its loads queued and
+starts them later; agreement per load makes the ranks end them together.
 """
 
 from __future__ import annotations
@@ -51,7 +83,7 @@ from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.reference import ReferenceExecutor
 from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
-from unicache_fsm.linker.offload import OffloadTrigger, PendingOffload
+from unicache_fsm.linker.offload import OffloadState, OffloadTrigger, PendingOffload
 from unicache_fsm.linker.ranks import RankGroup, SingleRank, agree, intersect_restorable
 from unicache_fsm.pools.transfer import (
     ExternalLinkerLoadPhase,
@@ -59,11 +91,12 @@ from unicache_fsm.pools.transfer import (
     PoolName,
     PoolTransfer,
 )
-from unicache_fsm.store.errors import StoreFaultError
+from unicache_fsm.store.checked import CheckedStore
+from unicache_fsm.store.errors import StoreProtocolError
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.tree.components import LoadContext, components_for
 from unicache_fsm.tree.node import TreeNode
-from unicache_fsm.tree.params import InsertParams, MatchResult, _as_key
+from unicache_fsm.tree.params import InsertParams, MatchResult
 from unicache_fsm.tree.residency import ExecutorKind
 from unicache_fsm.tree.tree import RadixTree
 
@@ -81,6 +114,18 @@ PREPARE, COMMIT, ABORT = (
     ExternalLinkerLoadPhase.ABORT,
 )
 
+# per-load settlement values, agreed by MIN across ranks in `finish_loads`
+_UNSETTLED, _FAILED, _LANDED = 0, 1, 2
+
+
+def _token_key(key: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
+    """A request key as a tuple of tokens (what `ExternalLoad.key` holds)."""
+    if isinstance(key, tuple):
+        return key
+    if isinstance(key, torch.Tensor):
+        return tuple(key.tolist())
+    return tuple(key)
+
 
 class _LoadRefused(Exception):
     """Internal: PREPARE could not go ahead; carries the reason for the ABORT."""
@@ -88,6 +133,18 @@ class _LoadRefused(Exception):
     def __init__(self, reason: AbortReason) -> None:
         super().__init__(reason.value)
         self.reason = reason
+
+
+class _StoreHoldsLoad(Exception):
+    """Internal: the store did not confirm that it gave a queued load back."""
+
+
+@attrs.define(slots=True, eq=False)
+class _Batch:
+    """A batch the store acknowledged starting: its id and the loads it holds."""
+
+    id: int
+    loads: list[ExternalLoad]
 
 
 @attrs.frozen
@@ -114,6 +171,7 @@ class LinkerStats:
     offloads_failed: int = 0
     pages_offloaded: int = 0
     nodes_demoted: int = 0
+    store_faults: dict[str, int] = attrs.field(factory=dict)  # by store call
 
 
 @attrs.frozen
@@ -141,6 +199,8 @@ class ExternalLinker:
     ) -> None:
         self.tree = tree
         self.store = store
+        self.calls = CheckedStore(store, self._store_fault)
+        self.last_store_fault: BaseException | None = None
         self.group: RankGroup = group if group is not None else SingleRank()
         self.config = config or LinkerConfig()
         self.components = components_for(tree)
@@ -148,17 +208,35 @@ class ExternalLinker:
         kind: type[Executor] = (
             CompiledExecutor if self.config.executor is ExecutorKind.COMPILED else ReferenceExecutor
         )
-        self.load_machine = kind("load_transaction", ExternalLoad, triggers=LoadTrigger)
-        self.offload_machine = kind("offload", PendingOffload, triggers=OffloadTrigger)
+        # the records are data; this linker is the handler of both machines
+        self.load_machine = kind(
+            "load_transaction", ExternalLoad, triggers=LoadTrigger, states=LoadState, handler=self
+        )
+        self.offload_machine = kind(
+            "offload", PendingOffload, triggers=OffloadTrigger, states=OffloadState, handler=self
+        )
         self.loads: dict[str, ExternalLoad] = {}  # every load not yet final, by rid
-        # loads released while their batch runs: they still own slots and a lock
+        # released loads the store may still write into: they still own slots and a lock
         self.draining: list[ExternalLoad] = []
-        self.batches: dict[int, list[ExternalLoad]] = {}
+        # every prepared load not yet ended, in the order load_back prepared them (the
+        # same on every rank): what `finish_loads` agrees on, one value per load
+        self.held: dict[int, ExternalLoad] = {}
+        # batches the store acknowledged starting, oldest first (completions are FIFO)
+        self.batches: deque[_Batch] = deque()
         # accepted offloads not completed, FIFO; None marks a store offload this rank
         # queued but the group refused: its completion is popped and dropped locally
         self.offloads: deque[PendingOffload | None] = deque()
         self.stats = LinkerStats()
         self._offload_ids = 0
+        self._prepared_seq = 0
+
+    def _store_fault(self, operation: str, error: BaseException) -> None:
+        """A store call failed or answered outside the protocol: count it, keep it."""
+        faults = self.stats.store_faults
+        faults[operation] = faults.get(operation, 0) + 1
+        if operation == "lookup":
+            self.stats.lookup_faults += 1
+        self.last_store_fault = error
 
     # -- LOOKUP ------------------------------------------------------------------------
     def match(
@@ -167,7 +245,7 @@ class ExternalLinker:
         """Device prefix plus, when the store can restore more, an idle load for `rid`."""
         if rid in self.loads:
             self.release_request(rid)
-        key = _as_key(key)
+        key = _token_key(key)
         device = self.tree.match_prefix(key, namespace)
         p = self.page_size
         hit = device.prefix_len
@@ -186,18 +264,15 @@ class ExternalLinker:
         ]
         assert all(t is not None for t in transfers)
         self.stats.lookups += 1
-        try:
-            restorable = self.store.lookup(rid, [t for t in transfers if t is not None])
-        except StoreFaultError:
-            restorable = []  # a failing store is a miss, never an error for the request
-            self.stats.lookup_faults += 1
-        hit_pages = intersect_restorable(self.group, restorable, tail_pages)
+        found = self.calls.lookup(rid, [t for t in transfers if t is not None], tail_pages)
+        # a failing store is a miss, never an error for the request (on this rank; the
+        # intersection makes it a miss on every rank)
+        hit_pages = intersect_restorable(self.group, found or [], tail_pages)
         if hit_pages == 0:
             return LinkerMatch(device)
         self.stats.hit_pages += hit_pages
         load = ExternalLoad(
             rid=rid,
-            linker=self,
             key=key[: hit + hit_pages * p],
             namespace=namespace,
             anchor=device.last_device_node,
@@ -217,16 +292,129 @@ class ExternalLinker:
             self.load_machine.fire(load, L.PREPARE)
         except _LoadRefused as refused:
             refusal = refused.reason
+        self._prepared_seq += 1  # the same on every rank: load_back is collective
+        load.seq = self._prepared_seq
+        self.held[load.seq] = load
         if not agree(self.group, refusal is None):
-            self._abort(load, refusal or AbortReason.PEER_ABORTED)
+            self._end_now_or_later(load, refusal or AbortReason.PEER_ABORTED)
             return False
         self.stats.loads_prepared += 1
         return True
 
-    def _reserve(self, load: ExternalLoad) -> None:
+    def _prefix_current(self, load: ExternalLoad) -> bool:
+        """Whether the matched device prefix is still the tree's: the same nodes ending at
+        the anchor, the same FULL slots, and (SWA) a live window behind its end."""
+        hit = load.device_hit_len
+        if hit == 0:
+            return True
+        now = self.tree.match_prefix(load.key[:hit], load.namespace)
+        return (
+            now.prefix_len == hit
+            and now.last_device_node is load.anchor
+            and torch.equal(now.device_indices, load.device_prefix)
+        )
+
+    # -- landing -----------------------------------------------------------------------
+    def start_loading(self) -> int:
+        """Start every queued store load as one batch; the batch id, or -1 if none.
+
+        A fault of the store's `start_loading` starts nothing here (the loads stay
+        queued for the next call). A store that says nothing was queued holds none of
+        this rank's queued loads: they are settled as failed.
+        """
+        queued = [ld for ld in self.held.values() if ld.state == LoadState.QUEUED]
+        batch = self.calls.start_loading()
+        if batch is None:
+            return -1
+        if batch < 0:
+            for load in queued:
+                if load.settled is None:
+                    load.settled = False  # the store holds nothing queued
+            return -1
+        started = [ld for ld in queued if ld.settled is None]
+        for load in started:
+            self.load_machine.fire(load, L.START)
+            load.batch = batch
+        self.batches.append(_Batch(batch, started))
+        return batch
+
+    def finish_loads(self) -> list[ExternalLoad]:
+        """Take this rank's completions, agree per load, COMMIT or ABORT the settled ones."""
+        self._take_completions()
+        held = list(self.held.values())
+        if not held:
+            return []
+        mine = [
+            _FAILED
+            if ld.state == LoadState.IDLE  # PREPARE was refused here: nothing to wait for
+            else _UNSETTLED
+            if ld.settled is None
+            else _LANDED
+            if ld.settled
+            else _FAILED
+            for ld in held
+        ]
+        agreed = self.group.all_reduce_min(mine)
+        ended: list[ExternalLoad] = []
+        for load, value in zip(held, agreed, strict=True):
+            if value == _UNSETTLED:
+                continue
+            verdict = value == _LANDED
+            # the machine's guard judges the verdict (the LAND trigger's argument)
+            landed = load.state == LoadState.LOADING and self.load_machine.may_fire(
+                load, L.LAND, verdict
+            )
+            if landed and load.abort_pending is None:
+                self.load_machine.fire(load, L.LAND, verdict)
+                self.load_machine.fire(load, L.COMMIT)
+                self._forget(load)
+                self.stats.loads_committed += 1
+            elif load.state == LoadState.LOADING and not landed:
+                self._abort(load, AbortReason.LOAD_FAILED)
+            else:
+                self._abort(load, load.abort_pending or AbortReason.LOAD_FAILED)
+            ended.append(load)
+        return ended
+
+    def _take_completions(self) -> None:
+        """Pop every completion this rank's store has; each ends the oldest batch."""
+        for _ in range(self.calls.num_completed_loads()):
+            result = self.calls.pop_completed_load()
+            head = self.batches.popleft() if self.batches else None
+            if head is None:
+                if result is not None:
+                    msg = f"pop_completed_load: batch {result.batch} completed, none in flight"
+                    self._store_fault(
+                        "pop_completed_load",
+                        StoreProtocolError(msg, operation="pop_completed_load", value=result),
+                    )
+                continue
+            ok = result is not None and result.success
+            named = set(result.rids) if result is not None else set()
+            if result is not None and result.batch != head.id:
+                msg = (
+                    f"pop_completed_load: the completion names batch {result.batch}, but the "
+                    f"oldest batch in flight is {head.id}; it ends failed"
+                )
+                self._store_fault(
+                    "pop_completed_load",
+                    StoreProtocolError(msg, operation="pop_completed_load", value=result),
+                )
+                ok = False
+            for load in head.loads:
+                if load.state == LoadState.LOADING and load.settled is None:
+                    # a load the store does not name was not in its batch: not landed
+                    load.settled = ok and load.rid in named
+
+    # -- spec callbacks of load_transaction (called by `load_machine` only) -----------
+    def reserve_slots(self, load: ExternalLoad) -> None:
+        """Before ``prepare``: check the prefix, lock the anchor, LOAD every component,
+        PREPARE; on any failure undo exactly this work and raise (the load stays idle)."""
         anchor = load.anchor
         if anchor is not self.tree.root and not anchor.device_resident:
             raise _LoadRefused(AbortReason.NO_SLOTS)  # the matched prefix is gone
+        if not self._prefix_current(load):
+            raise _LoadRefused(AbortReason.STALE_PREFIX)
         self.tree.inc_lock_ref(anchor)  # before allocating: eviction must spare the prefix
         built: list[PoolTransfer] = []
         ctx = LoadContext(prefix_len=load.prefix_len)
@@ -246,52 +434,18 @@ class ExternalLinker:
             raise
         load.transfers, load.ctx = built, ctx
 
-    def _queue(self, load: ExternalLoad) -> None:
-        try:
-            queued = self.store.load(load.rid, load.transfers)
-        except StoreFaultError:
-            queued = False
-        if not queued:
+    def queue_store_load(self, load: ExternalLoad) -> None:
+        """After ``prepare``: hand the transfers to the store; raise when it refused (or
+        the call failed: the store may hold the load anyway, ABORT withdraws it)."""
+        if not self.calls.load(load.rid, load.transfers):
             raise _LoadRefused(AbortReason.STORE_REFUSED)
 
-    # -- landing -----------------------------------------------------------------------
-    def start_loading(self) -> int:
-        """Start every queued store load as one batch; the batch id, or -1 if none."""
-        batch = self.store.start_loading()
-        if batch < 0:
-            return batch
-        queued = [ld for ld in self.loads.values() if ld.state == LoadState.QUEUED]
-        for load in queued:
-            self.load_machine.fire(load, L.START)
-            load.batch = batch
-        self.batches[batch] = queued
-        return batch
+    def landed_everywhere(self, load: ExternalLoad, verdict: object = False) -> bool:
+        """Guard of ``land``: the agreed batch verdict, passed as the trigger's argument."""
+        return verdict is True
 
-    def finish_loads(self) -> list[ExternalLoad]:
-        """Complete the batches every rank has finished: COMMIT or ABORT each load."""
-        count = self.group.all_reduce_min([self.store.num_completed_loads()])[0]
-        ended: list[ExternalLoad] = []
-        for _ in range(count):
-            result = self.store.pop_completed_load()
-            verdict = agree(self.group, result.success)
-            for load in self.batches.pop(result.batch, []):
-                if load.state != LoadState.LOADING:
-                    continue
-                load.verdict = verdict
-                if verdict and not load.abort_pending:
-                    self.load_machine.fire(load, L.LAND)
-                    self.load_machine.fire(load, L.COMMIT)
-                    if self.loads.get(load.rid) is load:
-                        del self.loads[load.rid]
-                    self.stats.loads_committed += 1
-                else:
-                    reason = AbortReason.RELEASED if verdict else AbortReason.LOAD_FAILED
-                    self._abort(load, reason)
-                ended.append(load)
-        return ended
-
-    # -- COMMIT ------------------------------------------------------------------------
-    def _publish(self, load: ExternalLoad) -> None:
+    def publish(self, load: ExternalLoad) -> None:
+        """Before ``commit``: see `ExternalLoad` (insert, keep adopted, mark stored)."""
         ctx, tree, p = load.ctx, self.tree, self.page_size
         assert ctx is not None and ctx.full_transfer is not None
         loaded_full = ctx.full_transfer.device_indices
@@ -329,39 +483,75 @@ class ExternalLinker:
         tree.dec_lock_ref(load.anchor)
         load.transfers = []
 
-    # -- ABORT -------------------------------------------------------------------------
-    def _abort(self, load: ExternalLoad, reason: AbortReason) -> None:
-        load.abort_reason = reason
-        self.load_machine.fire(load, L.ABORT)
-        if self.loads.get(load.rid) is load:
-            del self.loads[load.rid]
-        elif load in self.draining:
-            self.draining.remove(load)
-        self.stats.loads_aborted[reason.value] = self.stats.loads_aborted.get(reason.value, 0) + 1
+    def withdraw_store_load(self, load: ExternalLoad, reason: AbortReason) -> None:
+        """Before ``abort`` from queued: the store gives the load back (skipped when it
+        already did, or holds nothing: `settled`). Raise when it does not confirm: the
+        slots must not be freed while the store may still write into them."""
+        if load.settled is not None:
+            return
+        if self.calls.cancel_queued_load(load.rid) is None:
+            raise _StoreHoldsLoad(load.rid)
+        load.settled = False
 
-    def _release(self, load: ExternalLoad) -> None:
-        if load.state == LoadState.IDLE:
-            return  # nothing was reserved (or PREPARE undid its own work)
-        if load.state == LoadState.QUEUED:
-            self.store.cancel_queued_load(load.rid)
+    def free_reservation(self, load: ExternalLoad, reason: AbortReason) -> None:
+        """Before ``abort`` from prepared: free exactly what LOAD reserved (reverse
+        component order), unmap SWA, release the anchor lock; publish nothing."""
         assert load.ctx is not None
         for c, t in reversed(list(zip(self.components, load.transfers, strict=True))):
             c.update_external_linker_load(ABORT, t, load.ctx)
         load.transfers = []
         self.tree.dec_lock_ref(load.anchor)
 
+    def record_abort(self, load: ExternalLoad, reason: AbortReason) -> None:
+        """On entering ``aborted``: keep the reason, forget the load, count it."""
+        load.abort_reason = reason
+        self._forget(load)
+        self.stats.loads_aborted[reason.value] = self.stats.loads_aborted.get(reason.value, 0) + 1
+
+    # -- ABORT -------------------------------------------------------------------------
+    def _abort(self, load: ExternalLoad, reason: AbortReason) -> None:
+        self.load_machine.fire(load, L.ABORT, reason)
+
+    def _forget(self, load: ExternalLoad) -> None:
+        """The load ended: it is no longer the request's, held, or draining."""
+        if self.loads.get(load.rid) is load:
+            del self.loads[load.rid]
+        if load in self.draining:
+            self.draining.remove(load)
+        self.held.pop(load.seq, None)
+
+    def _end_now_or_later(self, load: ExternalLoad, reason: AbortReason) -> None:
+        """Abort `load` now if every rank's store is done with it, else when it is.
+
+        A collective call (one MIN): a load still queued is withdrawn from this rank's
+        store first; one in a running batch is not done until the batch completes.
+        """
+        if (
+            load.state == LoadState.QUEUED
+            and load.settled is None
+            and self.calls.cancel_queued_load(load.rid) is not None
+        ):
+            load.settled = False  # the store answered: it holds the load no more
+        done = load.state == LoadState.IDLE or load.settled is not None
+        if agree(self.group, done):
+            self._abort(load, reason)
+            return
+        load.abort_pending = reason  # ends in finish_loads once every store is done
+        if self.loads.get(load.rid) is load:
+            del self.loads[load.rid]
+        if load not in self.draining:
+            self.draining.append(load)
+
     def release_request(self, rid: str) -> None:
-        """The request is gone: abort its load now, or when its running batch ends."""
+        """The request is gone: abort its load now, or once every rank's store is done
+        with it (a collective call for a prepared load)."""
         load = self.loads.get(rid)
         if load is None:
             return
-        if load.state == LoadState.LOADING:
-            # the store may still write into its slots: abort when the batch ends
-            load.abort_pending = True
-            del self.loads[rid]
-            self.draining.append(load)
+        if load.state == LoadState.IDLE:
+            self._abort(load, AbortReason.RELEASED)
             return
-        self._abort(load, AbortReason.RELEASED)
+        self._end_now_or_later(load, AbortReason.RELEASED)
 
     # -- OFFLOAD -----------------------------------------------------------------------
     def offload_nodes(self, chain: Sequence[TreeNode]) -> PendingOffload | None:
@@ -376,70 +566,102 @@ class ExternalLinker:
     def _offload_one(self, chain: Sequence[TreeNode]) -> PendingOffload | None:
         if not chain:
             return None
-        transfers = self._offload_transfers(chain)
+        transfers, chain_pages = self._offload_transfers(chain)
         ticket = self.tree.begin_offload(chain)
         self._offload_ids += 1
         record = PendingOffload(
-            id=self._offload_ids, linker=self, ticket=ticket, transfers=transfers
+            id=self._offload_ids, ticket=ticket, transfers=transfers, chain_pages=chain_pages
         )
         self.offload_machine.initialize(record)
-        try:
-            queued = self.store.offload(transfers)
-        except StoreFaultError:
-            queued = False
-        record.accepted = agree(self.group, queued)
-        if queued and not record.accepted:
+        queued = self.calls.offload(transfers)  # any fault of the call is a refusal
+        accepted = agree(self.group, queued)
+        if queued and not accepted:
             self.offloads.append(None)  # drop its completion when it comes
         self.stats.offloads_submitted += 1
-        self.offload_machine.fire(record, OFF.SUBMIT)
-        if record.accepted:
+        self.offload_machine.fire(record, OFF.SUBMIT, accepted)
+        if accepted:
             self.offloads.append(record)
         return record
 
-    def _offload_transfers(self, chain: Sequence[TreeNode]) -> list[PoolTransfer]:
+    def _link_page(self, chain: Sequence[TreeNode]) -> TreeNode | None:
+        """The chain's parent when its last page links the chain in the store (stored or
+        being offloaded, on the device, hashed), else None."""
+        parent = chain[0].parent
+        if (
+            parent is None
+            or parent.parent is None
+            or not parent.device_resident
+            or not parent.hashes
+            or parent.slots(self.components[0].component_type) is None  # the backbone
+            or not (parent.external_cache_stored or parent.offloading)
+        ):
+            return None
+        return parent
+
+    def _offload_transfers(self, chain: Sequence[TreeNode]) -> tuple[list[PoolTransfer], int]:
+        """One transfer per component over the chain (root first) and the chain's KV
+        page count; the KV transfer starts with the link page (see the module docstring)."""
         merged: list[PoolTransfer] = []
+        chain_pages = 0
+        link = self._link_page(chain)
         for c in self.components:
             parts = [c.build_external_linker_transfer(OFFLOAD, n, ()) for n in chain]
             present = [t for t in parts if t is not None and t.device_indices is not None]
             if not present:
                 continue
-            slots = torch.cat([t.device_indices for t in present if t.device_indices is not None])
+            slots = [t.device_indices for t in present if t.device_indices is not None]
             keys = tuple(k for t in present for k in t.keys)
-            merged.append(PoolTransfer(c.pool, slots, keys, present[0].hit_policy))
-        return merged
+            if c.pool is PoolName.KV:
+                chain_pages = len(keys)
+                link_slots = None if link is None else link.slots(c.component_type)
+                if link is not None and link_slots is not None and link.hashes:
+                    slots.insert(0, link_slots[-self.page_size :])
+                    keys = (link.hashes[-1], *keys)
+            merged.append(PoolTransfer(c.pool, torch.cat(slots), keys, present[0].hit_policy))
+        return merged, chain_pages
 
     def poll_offloads(self) -> list[PendingOffload]:
         """Complete the offloads every rank has finished, FIFO, with agreed verdicts
         (a collective call: one count all-reduce, then one verdict per offload)."""
-        while self.offloads and self.offloads[0] is None and self.store.num_completed_offloads():
-            self.store.pop_completed_offload()  # this rank's offload the group refused
+        calls = self.calls
+        while self.offloads and self.offloads[0] is None and calls.num_completed_offloads():
+            calls.pop_completed_offload()  # this rank's offload the group refused
             self.offloads.popleft()
         run = 0
         for record in self.offloads:
             if record is None:
                 break
             run += 1
-        local = min(self.store.num_completed_offloads(), run)
+        local = min(calls.num_completed_offloads(), run)
         count = self.group.all_reduce_min([local])[0]
         done = []
         for _ in range(count):
             record = self.offloads.popleft()
             assert record is not None
-            record.success = agree(self.group, self.store.pop_completed_offload())
-            self.offload_machine.fire(record, OFF.COMPLETE)
+            success = agree(self.group, calls.pop_completed_offload())
+            self.offload_machine.fire(record, OFF.COMPLETE, success)
             done.append(record)
         return done
 
-    def _finish_offload(self, record: PendingOffload) -> None:
-        published = record.state == "published"
-        self.tree.finish_offload(record.ticket, published)
-        if published:
-            self.stats.offloads_published += 1
-            self.stats.pages_offloaded += sum(
-                t.num_pages for t in record.transfers if t.name is PoolName.KV
-            )
-        else:
-            self.stats.offloads_failed += 1
+    # -- spec callbacks of offload (called by `offload_machine` only) -----------------
+    def store_accepted(self, record: PendingOffload, accepted: object = False) -> bool:
+        """Guard of ``submit``: the store's answer agreed across ranks (the argument)."""
+        return accepted is True
+
+    def succeeded(self, record: PendingOffload, success: object = False) -> bool:
+        """Guard of ``complete``: the verdict agreed across ranks (the argument)."""
+        return success is True
+
+    def publish_nodes(self, record: PendingOffload, success: object = True) -> None:
+        """After ``complete`` to published: the chain's nodes become stored, unlocked."""
+        self.tree.finish_offload(record.ticket, True)
+        self.stats.offloads_published += 1
+        self.stats.pages_offloaded += record.chain_pages
+
+    def roll_back_nodes(self, record: PendingOffload, verdict: object = False) -> None:
+        """After ``submit``/``complete`` to failed: the nodes become unstored, unlocked."""
+        self.tree.finish_offload(record.ticket, False)
+        self.stats.offloads_failed += 1
 
     # -- store-side eviction -----------------------------------------------------------
     def verify_stored(self, node: TreeNode) -> int:
@@ -448,7 +670,7 @@ class ExternalLinker:
         Returns how many nodes were demoted (they become eligible for offload again).
         `stored` is about FULL (KV) pages: a lost SWA window only narrows what LOOKUP
         restores, and re-offloading a node whose SWA is tombstoned could not bring it
-        back, so SWA losses demote nothing.
+        back, so SWA losses demote nothing. A failed LOOKUP is no evidence of loss.
         """
         path = node.path_from_root()
         if not path or any(n.hashes is None for n in path):
@@ -456,11 +678,10 @@ class ExternalLinker:
         keys = [k for n in path for k in (n.hashes or ())]
         transfer = self.components[0].build_external_linker_transfer(LOOKUP, None, keys)
         assert transfer is not None
-        try:
-            restorable = self.store.lookup(f"verify-{node.id}", [transfer])
-        except StoreFaultError:  # cannot tell: no evidence of loss, but stay in the collective
-            restorable = list(range(1, len(keys) + 1))
-        present = intersect_restorable(self.group, restorable, len(keys)) * self.page_size
+        found = self.calls.lookup(f"verify-{node.id}", [transfer], len(keys))
+        if found is None:  # cannot tell: no evidence of loss, but stay in the collective
+            found = list(range(1, len(keys) + 1))
+        present = intersect_restorable(self.group, found, len(keys)) * self.page_size
         demoted = 0
         for n in path:
             if n.end > present and self.tree.demote(n):
@@ -473,22 +694,26 @@ class ExternalLinker:
         """Quiesce the store, then abort every load and fail every pending offload.
 
         The store's own results of what it quiesced are drained and dropped: the
-        records they belong to end here, failed.
+        records they belong to end here, failed. Even when the store's reset fails,
+        every record ends (its slots are freed): a store that cannot reset cannot be
+        trusted with later writes either, so close it.
         """
-        self.store.reset()
-        while self.store.num_completed_loads():
-            self.store.pop_completed_load()
-        while self.store.num_completed_offloads():
-            self.store.pop_completed_offload()
+        calls = self.calls
+        calls.reset()
+        for _ in range(calls.num_completed_loads()):
+            calls.pop_completed_load()
+        for _ in range(calls.num_completed_offloads()):
+            calls.pop_completed_offload()
         for load in [*self.loads.values(), *self.draining]:
+            if load.in_flight:
+                load.settled = False  # quiesced: the store writes no more into it
             self._abort(load, AbortReason.RESET)
         self.batches.clear()
         while self.offloads:
             record = self.offloads.popleft()
             if record is None:
                 continue
-            record.success = False
-            self.offload_machine.fire(record, OFF.COMPLETE)
+            self.offload_machine.fire(record, OFF.COMPLETE, False)
 
     def close(self) -> None:
         self.reset()
@@ -510,6 +735,10 @@ class ExternalLinker:
         held = [ld.anchor for ld in [*self.loads.values(), *self.draining] if ld.transfers]
         held += [rec.ticket.anchor for rec in self.offloads if rec is not None]
         return held
+
+    def busy(self) -> bool:
+        """Whether any load or offload is still in flight (prepared, or pending)."""
+        return bool(self.held or self.batches or self.offloads)
 
     def describe(self) -> dict[str, Any]:
         return attrs.asdict(self.stats)

@@ -1,19 +1,23 @@
 """One external load: the record that the `load_transaction` machine drives.
 
-An `ExternalLoad` is created by LOOKUP (idle) and lives until it is committed or
-aborted. Its spec callbacks are thin methods that hand over to the linker, so the
-machine decides *when* work happens and the linker *how*:
+An `ExternalLoad` is plain data: created by LOOKUP (idle), it lives until it is
+committed or aborted. It holds no reference to the linker; the linker is the handler
+its executor calls (``linker.name(load, *args)``), so the machine decides *when* work
+happens and the linker *how* (see ``specs/load_transaction.toml``):
 
-- `reserve_slots` (before ``prepare``) — lock the anchor, LOAD every component
-  (allocating, evicting the shortfall), run PREPARE; transactional: on failure it
-  undoes its own work and raises, leaving the load idle.
-- `queue_store_load` (after ``prepare``) — hand the transfers to the store.
-- `landed_everywhere` (guard of ``land``) — the batch verdict agreed across ranks.
-- `publish` (before ``commit``) — insert the tail, keep the adopted pages, free the
-  duplicates, mark the path stored, and move the anchor lock to the loaded path's end:
-  the caller owns that lock on `endpoint` and releases it when the request is done.
-- `release_reservation` (before ``abort``) — free exactly what was reserved, cancel a
-  queued store load, release the anchor lock, publish nothing.
+- ``prepare`` — `reserve_slots` (before) re-checks the matched prefix against the
+  tree, locks the anchor, LOADs every component and runs PREPARE (transactional: on
+  failure it undoes its own work and raises, leaving the load idle);
+  `queue_store_load` (after) hands the transfers to the store.
+- ``start`` — the store acknowledged a started batch holding the load.
+- ``land(verdict)`` — `landed_everywhere` passes only a real ``True`` verdict.
+- ``commit`` — `publish` inserts the tail, keeps the adopted pages, frees the
+  duplicates, marks the path stored and moves the anchor lock to the loaded path's
+  end: the caller owns that lock on `endpoint` and releases it when the request is done.
+- ``abort(reason)`` — per source: nothing to undo (idle); `withdraw_store_load` then
+  `free_reservation` (queued; the withdrawal raises, and nothing changes, when the
+  store does not confirm it gave the load back); `free_reservation` (after the batch
+  ended). Entering ``aborted`` runs `record_abort`, which keeps the reason.
 
 Who may touch what: the linker owns every field; `state` is written only by the
 executor.
@@ -22,7 +26,6 @@ executor.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
 import attrs
 import torch
@@ -31,13 +34,12 @@ from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.tree.components import LoadContext
 from unicache_fsm.tree.node import TreeNode
 
-if TYPE_CHECKING:
-    from unicache_fsm.linker.linker import ExternalLinker
-
 __all__ = ["AbortReason", "ExternalLoad", "LoadState", "LoadTrigger"]
 
 
 class LoadTrigger(str, enum.Enum):
+    """The `load_transaction` triggers (checked against the spec when bound)."""
+
     PREPARE = "prepare"
     START = "start"
     LAND = "land"
@@ -46,7 +48,8 @@ class LoadTrigger(str, enum.Enum):
 
 
 class LoadState(str, enum.Enum):
-    """The configurations of the `load_transaction` machine (what `ExternalLoad.state` holds)."""
+    """The configurations of the `load_transaction` machine (what `ExternalLoad.state`
+    holds; checked against the spec when the executor is bound)."""
 
     IDLE = "idle"
     QUEUED = "prepared.queued"
@@ -60,11 +63,16 @@ class AbortReason(str, enum.Enum):
     """Why a load ended aborted (the request then recomputes the tail)."""
 
     NO_SLOTS = "no_slots"  # LOAD could not reserve device slots
-    STORE_REFUSED = "store_refused"  # the store did not queue the load
+    STALE_PREFIX = "stale_prefix"  # the matched device prefix changed before LOAD
+    STORE_REFUSED = "store_refused"  # the store did not queue the load (or the call failed)
     LOAD_FAILED = "load_failed"  # the batch verdict (MIN across ranks) was failure
     RELEASED = "released"  # the request went away before the load finished
     RESET = "reset"  # the linker was reset or closed
     PEER_ABORTED = "peer_aborted"  # this rank could prepare, another rank could not
+
+
+#: The states in which the load holds reserved slots the store may write into.
+IN_FLIGHT = frozenset({LoadState.QUEUED, LoadState.LOADING, LoadState.LANDED})
 
 
 @attrs.define(slots=True, eq=False, repr=False)
@@ -72,7 +80,6 @@ class ExternalLoad:
     """A request's restorable tail and everything its load reserved."""
 
     rid: str
-    linker: ExternalLinker
     key: tuple[int, ...]  # device prefix + restorable tail, in tokens
     namespace: str | None
     anchor: TreeNode  # the last device node of the match
@@ -82,9 +89,14 @@ class ExternalLoad:
     transfers: list[PoolTransfer] = attrs.field(factory=list)
     ctx: LoadContext | None = None
     batch: int = -1
-    verdict: bool = False
+    seq: int = -1  # order of load_back (the same on every rank)
+    # None while this rank's store may still write into the slots; then True (every
+    # page landed) or False (the store is done with it without landing it all)
+    settled: bool | None = None
     abort_reason: AbortReason | None = None
-    abort_pending: bool = False
+    # why it aborts once every rank's store is done with it (released, refused while
+    # the store may still hold it)
+    abort_pending: AbortReason | None = None
     endpoint: TreeNode | None = None
     committed: list[PoolTransfer] = attrs.field(factory=list)
     slots: torch.Tensor | None = None  # after commit: FULL slots of the whole key
@@ -96,7 +108,7 @@ class ExternalLoad:
     @property
     def in_flight(self) -> bool:
         """Reserved slots the store may still write into (prepared, not yet ended)."""
-        return self.state in (LoadState.QUEUED, LoadState.LOADING, LoadState.LANDED)
+        return self.state in IN_FLIGHT
 
     @property
     def committed_ok(self) -> bool:
@@ -115,19 +127,3 @@ class ExternalLoad:
             f"ExternalLoad(rid={self.rid!r}, state={self.state!r}, "
             f"device_hit_len={self.device_hit_len}, prefix_len={self.prefix_len})"
         )
-
-    # -- spec callbacks (see the module docstring) -----------------------------------
-    def reserve_slots(self) -> None:
-        self.linker._reserve(self)
-
-    def queue_store_load(self) -> None:
-        self.linker._queue(self)
-
-    def landed_everywhere(self) -> bool:
-        return self.verdict
-
-    def publish(self) -> None:
-        self.linker._publish(self)
-
-    def release_reservation(self) -> None:
-        self.linker._release(self)

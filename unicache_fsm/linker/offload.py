@@ -1,42 +1,57 @@
 """One offload of a chain of tree nodes: the record that the `offload` machine drives.
 
-- ``submit`` — `store_accepted` (guard) says whether the store queued the transfers;
-  if not, the offload fails at once and `release_nodes` rolls the nodes back.
-- ``complete`` — `succeeded` (guard) is the verdict agreed across ranks (MIN):
-  published (nodes stored) or failed (nodes unstored, eligible again); either way
-  `release_nodes` finishes the tree's ticket, which releases its lock exactly once.
+A `PendingOffload` is plain data; the linker is the handler its executor calls
+(``linker.name(record, *args)``), see ``specs/offload.toml``:
+
+- ``submit(accepted)`` — `store_accepted` passes a real ``True`` (the store's answer,
+  agreed across ranks): pending. Otherwise the offload fails at once and
+  `roll_back_nodes` finishes the tree's ticket as failed (nodes unstored, lock released).
+- ``complete(success)`` — the verdict agreed across ranks (MIN): `publish_nodes`
+  (nodes stored) or `roll_back_nodes` (nodes unstored, eligible again); either way the
+  tree's ticket releases its lock exactly once.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
 import attrs
 
 from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.tree.offload import OffloadTicket
 
-if TYPE_CHECKING:
-    from unicache_fsm.linker.linker import ExternalLinker
-
-__all__ = ["OffloadTrigger", "PendingOffload"]
+__all__ = ["OffloadState", "OffloadTrigger", "PendingOffload"]
 
 
 class OffloadTrigger(str, enum.Enum):
+    """The `offload` triggers (checked against the spec when bound)."""
+
     SUBMIT = "submit"
     COMPLETE = "complete"
 
 
+class OffloadState(str, enum.Enum):
+    """The configurations of the `offload` machine (checked against the spec when bound)."""
+
+    QUEUED = "queued"
+    PENDING = "pending"
+    PUBLISHED = "published"
+    FAILED = "failed"
+
+
 @attrs.define(slots=True, eq=False, repr=False)
 class PendingOffload:
+    """A chain's offload: its tree ticket and the transfers handed to the store.
+
+    `chain_pages` counts the KV pages of the chain itself (the KV transfer may start
+    with the stored parent's last page, which links the chain in the store).
+    """
+
     id: int
-    linker: ExternalLinker
     ticket: OffloadTicket
     transfers: list[PoolTransfer]
+    chain_pages: int = 0
     state: str = ""
-    accepted: bool = False
-    success: bool = False
 
     @property
     def fsm_id(self) -> str:
@@ -45,12 +60,3 @@ class PendingOffload:
     def __repr__(self) -> str:
         nodes = [n.id for n in self.ticket.publish]
         return f"PendingOffload(id={self.id}, state={self.state!r}, nodes={nodes})"
-
-    def store_accepted(self) -> bool:
-        return self.accepted
-
-    def succeeded(self) -> bool:
-        return self.success
-
-    def release_nodes(self) -> None:
-        self.linker._finish_offload(self)

@@ -17,7 +17,8 @@ same load/offload verdicts, so they agree through a MIN all-reduce.
   (gloo on CPU, nccl with a CUDA device); the reduction is ``all_reduce(MIN)`` on an
   int64 tensor. The default process group must be initialised first.
 - `RankGroupError` — a reduction that cannot be done (lengths differ across threads,
-  a rank gave up, bad input such as a boundary outside ``1..num_pages``).
+  a rank gave up, bad input such as a boundary outside ``1..num_pages``: raised after
+  the reduction, so the other ranks are not left waiting).
 """
 
 from __future__ import annotations
@@ -79,15 +80,19 @@ def intersect_restorable(group: RankGroup, restorable: Sequence[int], num_pages:
         msg = f"rank {rank}: num_pages must be an int >= 0, got {num_pages!r}"
         raise RankGroupError(msg, rank=rank)
     mask = [0] * num_pages
+    bad: list[object] = []
     for b in restorable:
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= num_pages:
-            msg = (
-                f"rank {rank}: restorable boundary {b!r} is outside 1..{num_pages}; "
-                "pass the store's lookup answer for this tail"
-            )
-            raise RankGroupError(msg, rank=rank)
+            bad.append(b)  # not restorable here, hence nowhere
+            continue
         mask[b - 1] = 1
-    common = group.all_reduce_min(mask)
+    common = group.all_reduce_min(mask)  # joined even with bad input: no peer waits alone
+    if bad:
+        msg = (
+            f"rank {rank}: restorable boundary {bad[0]!r} is outside 1..{num_pages}; "
+            "pass the store's lookup answer for this tail (checked: `CheckedStore.lookup`)"
+        )
+        raise RankGroupError(msg, rank=rank)
     for boundary in range(num_pages, 0, -1):
         if common[boundary - 1]:
             return boundary

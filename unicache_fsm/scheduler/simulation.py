@@ -59,6 +59,10 @@ __all__ = ["SimConfig", "SimConfigError", "Simulation", "SimulationStalledError"
 SWA_SALT = 7919
 
 
+#: The largest device pool a simulation builds (tokens): a pool is real torch memory.
+MAX_POOL_TOKENS = 1 << 22
+
+
 class SimConfigError(UnicacheFsmError, ValueError):
     """A simulation setting that cannot work; names the setting."""
 
@@ -89,7 +93,8 @@ class SimConfig:
     audit_every: int = 1
     verify_loads: bool = True
 
-    def validate(self, specs: list[RequestSpec]) -> None:
+    def validate_settings(self) -> None:
+        """The checks that need no workload (run before one is built)."""
         p = self.page_size
         if p < 1 or p & (p - 1):
             msg = f"--page-size must be a power of two, got {p}"
@@ -97,6 +102,18 @@ class SimConfig:
         if self.requests < 1:
             msg = f"--requests must be at least 1, got {self.requests}"
             raise SimConfigError(msg)
+        if self.pool_tokens > MAX_POOL_TOKENS:
+            gib = MAX_POOL_TOKENS * self.num_layers * self.width * 2 / 2**30
+            msg = (
+                f"--pool-tokens {self.pool_tokens} is too large: at most {MAX_POOL_TOKENS} "
+                f"tokens ({gib:.1f} GiB of float16 KV at {self.num_layers} layers x "
+                f"{self.width} lanes) in this simulation"
+            )
+            raise SimConfigError(msg)
+
+    def validate(self, specs: list[RequestSpec]) -> None:
+        p = self.page_size
+        self.validate_settings()
         if self.chunk_size is not None and (self.chunk_size < p or self.chunk_size % p):
             msg = f"--chunk-size must be a positive multiple of the page size {p}"
             raise SimConfigError(msg)
@@ -118,6 +135,7 @@ class Simulation:
 
     def __init__(self, config: SimConfig, *, trace_path: str | Path | None = None) -> None:
         self.config = config
+        config.validate_settings()
         self.specs = make_workload(
             config.workload,
             requests=config.requests,

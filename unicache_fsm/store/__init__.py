@@ -9,13 +9,15 @@ books shared by every backend), `memory` (`MemoryStore`), `shared` (`SharedStore
 medium-independent half of the persistent stores), `pageformat` (their page header and
 checksum), `file` (`FileStore`), `redis` (`RedisStore`; needs redis-py, imported on
 first use), `spec` (`open_store("memory" | "file:DIR" | "redis://HOST:PORT")`),
-`faults` (`FaultyStore`, `FaultPolicy`, `FaultKind`), `errors`.
+`faults` (`FaultyStore`, `FaultPolicy`, `FaultKind`), `checked` (`CheckedStore`: every
+answer checked, every fault of a call contained), `errors`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.errors import (
     FaultPolicyError,
     NoCompletionError,
@@ -23,6 +25,7 @@ from unicache_fsm.store.errors import (
     StoreConfigError,
     StoreError,
     StoreFaultError,
+    StoreProtocolError,
     StoreStateError,
     StoreTransferError,
     UnknownPoolError,
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOAD_MACHINE",
     "OFFLOAD_MACHINE",
+    "CheckedStore",
     "ExternalStore",
     "FaultKind",
     "FaultPolicy",
@@ -72,6 +76,7 @@ __all__ = [
     "StoreOffload",
     "StoreOffloadState",
     "StoreOffloadTrigger",
+    "StoreProtocolError",
     "StoreStateError",
     "StoreTransferError",
     "UnknownPoolError",

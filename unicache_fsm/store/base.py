@@ -477,6 +477,20 @@ class BaseStore(Generic[E]):
             self._leaves[parent] = None
             self._leaves.move_to_end(parent, last=False)
 
+    def _descendants(self, idents: Iterable[Ident]) -> list[Ident]:
+        """Every page stored after `idents` in their chains (descendants by parent link),
+        nearest first; a page that failed verification takes these with it, since LOOKUP
+        could never restore past it."""
+        found: list[Ident] = []
+        frontier = set(idents)
+        seen = set(frontier)
+        while frontier:
+            below = {i for i, e in self._pages.items() if e.parent in frontier} - seen
+            found += sorted(below)
+            seen |= below
+            frontier = below
+        return found
+
     def _evict_lru(self, count: int, protect: set[Ident]) -> int:
         evicted = 0
         skipped: list[Ident] = []

@@ -21,6 +21,9 @@ Malformed slot tensors and keys are reported with the pool errors the stores reu
   pool named twice, no slots for a load or offload, keys that do not match the KV keys).
 - `NoCompletionError`: `pop_completed_load`/`pop_completed_offload` with nothing completed.
 - `FaultPolicyError`: a fault policy string or argument that cannot be parsed.
+- `StoreProtocolError`: a store answered a call with a value the protocol does not
+  allow (a verdict that is not a bool, a completion naming a batch not in flight, a
+  restorable boundary outside ``1..n``); the caller treats it as a fault of that call.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "StoreConfigError",
     "StoreError",
     "StoreFaultError",
+    "StoreProtocolError",
     "StoreStateError",
     "StoreTransferError",
     "UnknownPoolError",
@@ -108,3 +112,12 @@ class FaultPolicyError(StoreError, ValueError):
     def __init__(self, message: str, *, item: str) -> None:
         super().__init__(message)
         self.item = item
+
+
+class StoreProtocolError(StoreError, TypeError):
+    """A store's answer to `operation` broke the protocol; `value` is the answer."""
+
+    def __init__(self, message: str, *, operation: str, value: object) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.value = value

@@ -13,7 +13,7 @@ executors below, so every store speaks the same lifecycle and an illegal step ra
   `is_final`); records keep only their state slot, the machines are shared.
 - `StoreLoadState`, `StoreOffloadState`, `StoreLoadTrigger`, `StoreOffloadTrigger` —
   the states and triggers as enums (``str`` enums: they compare equal to the names the
-  executors report).
+  executors report), checked against the specs when the executors are bound.
 """
 
 from __future__ import annotations
@@ -107,5 +107,9 @@ class StoreOffload:
         return f"StoreOffload(seq={self.seq}, state={self.state!r})"
 
 
-LOAD_MACHINE = CompiledExecutor("store_load", StoreLoad, triggers=StoreLoadTrigger)
-OFFLOAD_MACHINE = CompiledExecutor("store_offload", StoreOffload, triggers=StoreOffloadTrigger)
+LOAD_MACHINE = CompiledExecutor(
+    "store_load", StoreLoad, triggers=StoreLoadTrigger, states=StoreLoadState
+)
+OFFLOAD_MACHINE = CompiledExecutor(
+    "store_offload", StoreOffload, triggers=StoreOffloadTrigger, states=StoreOffloadState
+)

@@ -8,7 +8,10 @@ primitive of `unicache_fsm.store.protocol` (see there for the contracts) and add
   (the page's 64-bit words dotted with fixed odd pseudo-random weights, mod 2**64: any
   change of one word, and almost any reordering, changes it), computed for a whole
   transfer in one vectorised op. A load verifies header and checksum of every page
-  before writing it; a mismatch fails the batch (corrupt data is never written silently).
+  before writing it; a mismatch fails the batch (corrupt data is never written silently)
+  and drops the bad page and the chain stored after it, so LOOKUP stops reporting them
+  and the next request recomputes instead of loading them again (`rejected_pages`
+  counts the drops).
 - Write-once keys: an offload skips pages whose key the store already holds.
 - Optional capacity (pages, across pools), evicted from chain ends; queues, completions
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
@@ -155,6 +158,7 @@ class MemoryStore(BaseStore["_Entry"]):
         self, *, capacity_pages: int | None = None, background: bool = False, history: int = 256
     ) -> None:
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        self.rejected_pages = 0  # pages dropped because they failed verification
         self._slabs: dict[PoolName, _Slab] = {}
         self._start_worker()
 
@@ -229,6 +233,7 @@ class MemoryStore(BaseStore["_Entry"]):
                     pool = self._pools.pool(ct.pool, "load")
                     plan.append((ct, entries, self._slabs.get(ct.pool), pool))
         ok = True
+        rejected: list[tuple[_Ident, _Entry]] = []
         try:
             for ct, entries, slab, pool in plan:
                 if not ct.keys:
@@ -237,21 +242,33 @@ class MemoryStore(BaseStore["_Entry"]):
                     ok = False  # a page was evicted since the load was queued
                     continue
                 present = [e for e in entries if e is not None]
-                if not self._copy_out(ct, present, slab, pool):
+                bad = self._copy_out(ct, present, slab, pool)
+                if bad:
                     ok = False
+                    rejected += [((ct.pool, ct.keys[i]), present[i]) for i in bad]
         except Exception as exc:  # the batch must complete whatever went wrong
             self.last_error = exc
             ok = False
         with self._cond:
+            for ident, entry in rejected:
+                self._drop_rejected(ident, entry)
             self._finish_load_batch(batch, ok)
 
     @staticmethod
-    def _copy_out(ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: KVPool) -> bool:
-        """Verify and write one transfer's pages; False (nothing written) on a bad page."""
-        for key, entry in zip(ct.keys, entries, strict=True):
-            h = entry.header
-            if h.key != key or h.pool is not ct.pool or h.nbytes != pool.page_nbytes:
-                return False
+    def _copy_out(
+        ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: KVPool
+    ) -> list[int]:
+        """Verify and write one transfer's pages; the indices of the bad pages (header or
+        checksum mismatch), in which case nothing of the transfer is written."""
+        bad = [
+            i
+            for i, (key, entry) in enumerate(zip(ct.keys, entries, strict=True))
+            if entry.header.key != key
+            or entry.header.pool is not ct.pool
+            or entry.header.nbytes != pool.page_nbytes
+        ]
+        if bad:
+            return bad
         rows = torch.tensor([e.row for e in entries], dtype=torch.int64)
         data, order = slab.rows_of(rows)
         expected = torch.tensor([e.header.checksum for e in entries], dtype=torch.int64)
@@ -259,12 +276,30 @@ class MemoryStore(BaseStore["_Entry"]):
         if order is not None:  # the bytes come in row order: send each page where it goes
             expected = expected[order]
             slots = slots.view(-1, pool.page_size).index_select(0, order).view(-1)
-        if not torch.equal(slab.checksums(data), expected):
-            return False
+        mismatch = slab.checksums(data) != expected
+        if bool(mismatch.any()):
+            where = mismatch.nonzero().view(-1)
+            if order is not None:
+                where = order[where]  # view rows back to the transfer's page order
+            return sorted(int(i) for i in where.tolist())
         n = len(entries) * pool.page_size
         pages = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
         pool.write_pages(slots, pages.to(pool.device))
-        return True
+        return []
+
+    def _drop_rejected(self, ident: _Ident, entry: _Entry) -> None:
+        """A page failed its verification: drop it and the chain stored after it (its
+        descendants by parent link), so LOOKUP stops reporting what cannot be loaded.
+
+        Only the entry that was read: a page re-stored meanwhile is a new entry (lock held).
+        """
+        if self._pages.get(ident) is not entry:
+            return
+        self.rejected_pages += 1
+        doomed = [ident, *self._descendants([ident])]
+        for gone in reversed(doomed):  # the chain's end first: parents stay consistent
+            if gone in self._pages:
+                self._remove(gone)
 
     def _run_offload(self, record: StoreOffload) -> None:
         with self._cond:

@@ -41,6 +41,15 @@ Primitives, in the order a caller uses them (one line each, with the contract):
   `StoreClosedError` (a second `close()` is a no-op).
 
 Value type: `LoadBatchResult(batch, rids, success)`.
+
+Faults (what a caller may rely on, and what it must survive; the linker's side is
+`unicache_fsm.store.checked`): any exception from a call, of any type, and any answer of
+the wrong type (a verdict that is not a bool, None for a list, an unknown batch id) is a
+fault of that call. A call that raises has changed nothing in the store — except a pop,
+which consumed its completion whatever it answered, and `load` / `cancel_queued_load`,
+whose caller withdraws or defers the load when it cannot tell. The caller counts a
+faulty `lookup` as a miss, `load` / `offload` as refused, a faulty verdict as failed,
+and a completion that does not name the oldest batch in flight as that batch failed.
 """
 
 from __future__ import annotations

@@ -240,7 +240,8 @@ class SharedStore(BaseStore[KnownPage]):
                 self._forget(ident)
             if corrupt:
                 try:
-                    self._delete(corrupt)  # never offered again
+                    # never offered again, nor the chain after it (LOOKUP stops there)
+                    self._delete([*corrupt, *reversed(self._descendants(corrupt))])
                 except Exception as exc:
                     self.last_error = exc
             self._finish_load_batch(batch, ok)

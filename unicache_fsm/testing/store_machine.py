@@ -47,8 +47,9 @@ The model, per page ``(pool, key)``: *may* — could be in the store (an accepte
 named it and the test has not evicted it since, or evicted it while an accepted offload
 of it had not yet run: no `progress()` or `reset()` since); *stored* — a successful
 offload stored it and the test has not evicted it since (the store may still have
-dropped it on its own, unless `lossless`); *tainted* — `corrupt` flipped its bytes and
-the test has not evicted it since.
+dropped it on its own, unless `lossless`); *tainted* — `corrupt` flipped its bytes (at
+any time), or it follows such a page in a chain (a load that reads a corrupt page drops
+it and the chain after it).
 
 What is checked, in the rules and after every step (invariants):
 
@@ -229,7 +230,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.known: set[Ident] = set()  # every page the test named to the store
         self.may: set[Ident] = set()
         self.stored: set[Ident] = set()
-        self.tainted: set[Ident] = set()
+        self.corrupted: set[Ident] = set()  # pages `corrupt` ever flipped
+        self.chains_made: list[Chain] = []
         self.absent_because: dict[Ident, str] = {}
         self.offloads: collections.deque[_Offload] = collections.deque()
         self.queued: dict[str, _Load] = {}
@@ -318,6 +320,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._calls_since_reset += 1
         base = parent.pages[: cut % (len(parent.pages) + 1)] if parent is not None else ()
         chain = Chain(self.page_size, (*base, *pages)[: self.max_chain_pages])
+        self.chains_made.append(chain)
         parts = tuple(
             self._source(pool, keys) for pool, keys in self._pool_keys(chain.keys, swa, mamba)
         )
@@ -530,7 +533,7 @@ class StoreMachine(RuleBasedStateMachine):
         number = self._evict_number
         self._evict_number += 1
         most = len(idents & self.may)
-        least = len(idents & self.stored) if self.lossless else 0
+        least = len(idents & (self.stored - self.tainted)) if self.lossless else 0
         assert isinstance(removed, int) and least <= removed <= most, (
             f"evict #{number} of {len(keys)} key(s) ({pool or 'all pools'}) returned "
             f"{removed!r}, but "
@@ -541,8 +544,8 @@ class StoreMachine(RuleBasedStateMachine):
         for record in self.offloads:
             record.evicted |= idents & record.idents  # its success will not cover them
         for ident in idents:
-            self.stored.discard(ident)
-            self.tainted.discard(ident)
+            self.stored.discard(ident)  # (a corrupted page stays in `corrupted`: a load
+            # may already have dropped the chain after it, which this evict cannot undo)
             if ident not in pending:
                 self.may.discard(ident)
                 self.absent_because[ident] = (
@@ -578,8 +581,19 @@ class StoreMachine(RuleBasedStateMachine):
         if pool not in self.kv_pools or not self.store.contains(pool, key):
             return
         self.corrupt(self.store, pool, key)
-        self.tainted.add((pool, key))
-        self._disturb({(pool, key)})
+        self.corrupted.add((pool, key))
+        self._disturb(self.tainted)
+
+    @property
+    def tainted(self) -> set[Ident]:
+        """The corrupted pages and every page after one in any chain offloaded so far: a
+        load that reads a corrupt page drops it and the chain stored after it."""
+        out = set(self.corrupted)
+        for pool, key in self.corrupted:
+            for chain in self.chains_made:
+                if key in chain.keys:
+                    out |= {(pool, k) for k in chain.keys[chain.keys.index(key) :]}
+        return out
 
     # -- invariants ----------------------------------------------------------------------
 
@@ -596,7 +610,7 @@ class StoreMachine(RuleBasedStateMachine):
                     f"contains{_short(ident)} is True, but that page cannot be in the "
                     f"store: {self._absent_reason(ident)}"
                 )
-            elif self.lossless and ident in self.stored:
+            elif self.lossless and ident in self.stored and ident not in self.tainted:
                 assert self.store.contains(*ident), (
                     f"contains{_short(ident)} is False, but a successful offload stored it "
                     "and the test has not evicted it since; the store is lossless, so it "

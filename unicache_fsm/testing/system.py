@@ -26,6 +26,7 @@ pools, and the linker. Requests then go through it the way a scheduler would dri
 
 from __future__ import annotations
 
+import enum
 import functools
 import threading
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ import attrs
 import torch
 
 from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig, LinkerMatch
-from unicache_fsm.linker.load import ExternalLoad
+from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.linker.offload import PendingOffload
 from unicache_fsm.linker.ranks import RankGroup, ThreadRankGroup
 from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
@@ -56,6 +57,7 @@ from unicache_fsm.tree import (
 __all__ = [
     "NUM_LAYERS",
     "WIDTH",
+    "Outcome",
     "Request",
     "System",
     "kv_bytes",
@@ -90,6 +92,15 @@ def _kv_bytes(tokens: tuple[int, ...], start: int, swa: bool) -> torch.Tensor:
     return values.to(torch.float16)
 
 
+class Outcome(str, enum.Enum):
+    """How a request got its KV."""
+
+    COMMITTED = "committed"  # from its committed external load
+    ABORTED = "aborted"  # its load aborted: it recomputed the tail
+    MISS = "miss"  # no external hit: it computed the tail
+    COMPUTED = "computed"  # `compute`: no lookup at all
+
+
 @attrs.define(eq=False)
 class Request:
     """One request as the harness drives it (fields filled as it goes)."""
@@ -101,7 +112,7 @@ class Request:
     lock: TreeNode | None = None  # the node this request's own lock is on
     load: ExternalLoad | None = None
     prepared: bool = False
-    outcome: str = ""  # "committed" | "aborted" | "miss" | "computed"
+    outcome: Outcome | None = None
     slots: torch.Tensor | None = None  # FULL slots of the page-aligned key, when done
     last_node: TreeNode | None = None
     offload: PendingOffload | None = None
@@ -216,7 +227,7 @@ class System:
         self.locks.remove(node)
         self.tree.dec_lock_ref(node)
 
-    def _alloc(self, n: int) -> torch.Tensor:
+    def alloc(self, n: int) -> torch.Tensor:
         slots = self.allocator.alloc(n)
         if slots is None:
             self.tree.evict(EvictParams(num_tokens=n - self.allocator.available_size()))
@@ -224,7 +235,7 @@ class System:
         assert slots is not None, f"the FULL pool cannot hold {n} more tokens"
         return slots
 
-    def _alloc_swa(self, n: int) -> torch.Tensor:
+    def alloc_swa(self, n: int) -> torch.Tensor:
         assert isinstance(self.allocator, SWAAllocator)
         slots = self.allocator.alloc_swa(n)
         if slots is None:
@@ -255,7 +266,7 @@ class System:
         m = self.tree.match_prefix(full, namespace)
         req.lock = self.lock(m.last_device_node)
         self._compute_tail(req, m.device_indices, offload, settle, swa_boundary)
-        req.outcome = "computed"
+        req.outcome = Outcome.COMPUTED
         return req
 
     def _compute_tail(
@@ -271,12 +282,12 @@ class System:
         n, h = len(key), int(prefix.numel())
         bound = self.swa_boundary(n) if swa_boundary is None else swa_boundary
         if n > h:
-            fresh = self._alloc(n - h)
+            fresh = self.alloc(n - h)
             self.kv.write_pages(fresh, kv_bytes(key[h:], h))
             live_from = max(h, bound)
             if self.swa and n > live_from:
                 assert isinstance(self.allocator, SWAAllocator) and self.swa_kv is not None
-                sw = self._alloc_swa(n - live_from)
+                sw = self.alloc_swa(n - live_from)
                 self.allocator.set_full_to_swa_mapping(fresh[live_from - h :], sw)
                 self.swa_kv.write_pages(sw, kv_bytes(key[live_from:], live_from, swa=True))
             value = torch.cat([prefix, fresh])
@@ -325,11 +336,7 @@ class System:
 
     def in_flight(self) -> bool:
         lk = self.linker
-        return bool(
-            lk.batches
-            or lk.offloads
-            or any(ld.state.startswith("prepared") for ld in lk.loads.values())
-        )
+        return lk.busy() or any(ld.in_flight for ld in lk.loads.values())
 
     def drive(
         self, max_steps: int = 12, *, audit: bool = True, fixed: bool = False
@@ -367,14 +374,14 @@ class System:
                         ranges, self.page_size, load.device_hit_len, load.prefix_len
                     )
             req = self.requests.get(load.rid)
-            if req is not None and req.load is load and load.state == "committed":
+            if req is not None and req.load is load and load.state == LoadState.COMMITTED:
                 self._hold_loaded_path(req)
         return ended
 
     def _hold_loaded_path(self, req: Request) -> None:
         """Take over the lock COMMIT handed us on the loaded path's end (once)."""
         load = req.load
-        assert load is not None and load.state == "committed" and load.endpoint is not None
+        assert load is not None and load.committed_ok and load.endpoint is not None
         if req.lock is load.endpoint:
             return
         self.unlock(req.lock)
@@ -391,16 +398,16 @@ class System:
         """Finish `req`: use its committed load, or recompute the tail; release its lock."""
         assert req.match is not None
         load = req.load
-        if load is not None and load.state == "committed":
+        if load is not None and load.state == LoadState.COMMITTED:
             assert load.slots is not None
             self._hold_loaded_path(req)  # the lock COMMIT handed over
             prefix = load.slots
-            req.outcome = "committed"
+            req.outcome = Outcome.COMMITTED
         else:
-            if load is not None and load.state == "idle":
+            if load is not None and load.state == LoadState.IDLE:
                 self.linker.release_request(req.rid)
-            assert load is None or load.state == "aborted", f"{load!r} is still in flight"
-            req.outcome = "miss" if load is None else "aborted"
+            assert load is None or load.state == LoadState.ABORTED, f"{load!r} is still in flight"
+            req.outcome = Outcome.MISS if load is None else Outcome.ABORTED
             # recompute from the device prefix as it is now (it may have grown or gone)
             self.unlock(req.lock)
             m = self.tree.match_prefix(self.aligned(req.key), req.namespace)

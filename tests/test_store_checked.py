@@ -1,0 +1,107 @@
+"""`CheckedStore`: every exception and every ill-typed answer of a store call is a fault
+of that call — reported once (typed, naming the call and the value), answered as a
+refusal — and never raised at the caller."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from unicache_fsm.pools.transfer import PoolName, PoolTransfer
+from unicache_fsm.store.checked import CheckedStore
+from unicache_fsm.store.errors import StoreProtocolError
+from unicache_fsm.store.protocol import LoadBatchResult
+
+KEYS = tuple(f"{i:064x}" for i in range(1, 4))
+LOOKUP = [PoolTransfer(PoolName.KV, keys=KEYS)]
+
+
+class Answers:
+    """A stand-in store whose every call returns (or raises) what the test set."""
+
+    def __init__(self) -> None:
+        self.answer: Any = None
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            self.calls.append(name)
+            if isinstance(self.answer, BaseException):
+                raise self.answer
+            return self.answer
+
+        return call
+
+
+def checked() -> tuple[CheckedStore, Answers, list[tuple[str, BaseException]]]:
+    store = Answers()
+    faults: list[tuple[str, BaseException]] = []
+    return CheckedStore(store, lambda op, err: faults.append((op, err))), store, faults  # type: ignore[arg-type]
+
+
+# (call, args, ill-typed answers, what a fault answers, a good answer and its result)
+CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
+    ("lookup", ("r", LOOKUP, 3), [None, "12", [1, "2"], [True], 3], None, [1, 3], [1, 3]),
+    ("load", ("r", LOOKUP), [None, "true", 1, [True]], False, True, True),
+    ("start_loading", (), [None, "0", 1.0, -2, True], None, 4, 4),
+    ("num_completed_loads", (), [None, -1, "2", 2.0, True], 0, 2, 2),
+    (
+        "pop_completed_load",
+        (),
+        [None, 0, LoadBatchResult(1, ("r",), "false"), LoadBatchResult("1", (), True)],  # type: ignore[arg-type]
+        None,
+        LoadBatchResult(1, ("r",), False),
+        LoadBatchResult(1, ("r",), False),
+    ),
+    ("cancel_queued_load", ("r",), [None, "no", 0], None, False, False),
+    ("offload", (LOOKUP,), [None, "ok", 1], False, True, True),
+    ("num_completed_offloads", (), [None, -3, "1"], 0, 1, 1),
+    ("pop_completed_offload", (), [None, "false", 1, "true"], False, True, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "bad", "refusal", "good", "result"), CALLS, ids=[c[0] for c in CALLS]
+)
+def test_each_call_contains_exceptions_and_ill_typed_answers(
+    name: str, args: tuple[Any, ...], bad: list[Any], refusal: Any, good: Any, result: Any
+) -> None:
+    store, answers, faults = checked()
+    call = getattr(store, name)
+    answers.answer = good
+    assert call(*args) == result and not faults
+    for error in (
+        ConnectionError("gone"),
+        KeyError("x"),
+        StoreProtocolError("m", operation="o", value=1),
+    ):
+        answers.answer = error
+        assert call(*args) == refusal
+        assert faults[-1] == (name, error)
+    for value in bad:
+        answers.answer = value
+        assert call(*args) == refusal, value
+        op, err = faults[-1]
+        assert op == name and isinstance(err, StoreProtocolError), err
+        assert err.operation == name and err.value is value
+        assert name in str(err) and repr(value) in str(err)
+    assert len(answers.calls) == 1 + 3 + len(bad)
+
+
+def test_out_of_range_boundaries_are_dropped_and_reported() -> None:
+    store, answers, faults = checked()
+    answers.answer = [0, 1, 3, 4, -1]
+    assert store.lookup("r", LOOKUP, 3) == [1, 3]
+    ((op, err),) = faults
+    assert op == "lookup" and isinstance(err, StoreProtocolError) and "1..3" in str(err)
+
+
+def test_reset_reports_a_failure_and_keyboard_interrupt_passes() -> None:
+    store, answers, faults = checked()
+    answers.answer = RuntimeError("stuck")
+    assert store.reset() is False and faults[-1][0] == "reset"
+    answers.answer = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        store.load("r", LOOKUP)

@@ -1,0 +1,179 @@
+"""A store's answers, checked: every call the linker makes, with each fault contained.
+
+The linker talks to its store only through a `CheckedStore`. Any exception from a call
+(not only `StoreFaultError`: a `ConnectionError`, a `KeyError`, a closed store's
+`StoreClosedError`, ...) and any answer the protocol does not allow is a *fault of that
+call*: it is reported to `on_fault(operation, error)` — a `StoreProtocolError` naming
+the call and the value for a malformed answer, the exception itself otherwise — and
+the call answers what a refusal would. Nothing is raised at the caller.
+
+Primitives (the protocol's, in call order, each with its answer on a fault):
+
+- `lookup(rid, transfers, num_pages) -> list[int] | None` — the restorable boundaries
+  inside ``1..num_pages``; None on a fault (an exception, or not a list of ints).
+  Boundaries outside ``1..num_pages`` are dropped (reported as a protocol error), so
+  every rank treats them as not restorable.
+- `load(rid, transfers) -> bool` — True only for a real ``True``.
+- `start_loading() -> int | None` — the batch id (>= 0) or -1; None on a fault (the
+  caller cannot tell whether anything started).
+- `num_completed_loads() -> int` — a count >= 0; 0 on a fault.
+- `pop_completed_load() -> LoadBatchResult | None` — a result with an int batch and a
+  real bool verdict; None on a fault (the completion is consumed either way).
+- `cancel_queued_load(rid) -> bool | None` — the store's bool; None on a fault (the
+  store may still hold the load).
+- `offload(transfers) -> bool` — True only for a real ``True``.
+- `num_completed_offloads() -> int`, `pop_completed_offload() -> bool` — as for loads;
+  a faulty verdict is a failure.
+- `reset() -> bool` — False when the store's reset raised.
+
+Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from unicache_fsm.pools.transfer import PoolTransfer
+from unicache_fsm.store.errors import StoreProtocolError
+from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
+
+__all__ = ["CheckedStore", "FaultHandler"]
+
+#: ``on_fault(operation, error)``: called once per faulty call.
+FaultHandler = Callable[[str, BaseException], None]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class CheckedStore:
+    """`store` with every answer checked and every fault reported; see the module docstring."""
+
+    __slots__ = ("on_fault", "store")
+
+    def __init__(self, store: ExternalStore, on_fault: FaultHandler) -> None:
+        self.store = store
+        self.on_fault = on_fault
+
+    def _protocol(self, operation: str, value: object, expected: str) -> None:
+        msg = f"{operation}: the store answered {value!r}; the protocol expects {expected}"
+        self.on_fault(operation, StoreProtocolError(msg, operation=operation, value=value))
+
+    # -- loads -----------------------------------------------------------------------------
+    def lookup(
+        self, rid: str, transfers: Sequence[PoolTransfer], num_pages: int
+    ) -> list[int] | None:
+        try:
+            found: object = self.store.lookup(rid, transfers)
+        except Exception as exc:
+            self.on_fault("lookup", exc)
+            return None
+        if not isinstance(found, (list, tuple)) or not all(_is_int(b) for b in found):
+            self._protocol("lookup", found, "a list of int page counts")
+            return None
+        inside = [b for b in found if 1 <= b <= num_pages]
+        if len(inside) != len(found):
+            self._protocol("lookup", found, f"boundaries inside 1..{num_pages}")
+        return inside
+
+    def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
+        try:
+            queued: object = self.store.load(rid, transfers)
+        except Exception as exc:
+            self.on_fault("load", exc)
+            return False
+        if not isinstance(queued, bool):
+            self._protocol("load", queued, "a bool")
+            return False
+        return queued
+
+    def start_loading(self) -> int | None:
+        try:
+            batch: object = self.store.start_loading()
+        except Exception as exc:
+            self.on_fault("start_loading", exc)
+            return None
+        if not _is_int(batch) or batch < -1:  # type: ignore[operator]
+            self._protocol("start_loading", batch, "a batch id >= 0, or -1")
+            return None
+        assert isinstance(batch, int)
+        return batch
+
+    def num_completed_loads(self) -> int:
+        return self._count("num_completed_loads", self.store.num_completed_loads)
+
+    def pop_completed_load(self) -> LoadBatchResult | None:
+        try:
+            result: object = self.store.pop_completed_load()
+        except Exception as exc:
+            self.on_fault("pop_completed_load", exc)
+            return None
+        if (
+            not isinstance(result, LoadBatchResult)
+            or not _is_int(result.batch)
+            or not isinstance(result.success, bool)
+        ):
+            self._protocol(
+                "pop_completed_load", result, "a LoadBatchResult with an int batch and a bool"
+            )
+            return None
+        return result
+
+    def cancel_queued_load(self, rid: str) -> bool | None:
+        try:
+            cancelled: object = self.store.cancel_queued_load(rid)
+        except Exception as exc:
+            self.on_fault("cancel_queued_load", exc)
+            return None
+        if not isinstance(cancelled, bool):
+            self._protocol("cancel_queued_load", cancelled, "a bool")
+            return None
+        return cancelled
+
+    # -- offloads --------------------------------------------------------------------------
+    def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
+        try:
+            queued: object = self.store.offload(transfers)
+        except Exception as exc:
+            self.on_fault("offload", exc)
+            return False
+        if not isinstance(queued, bool):
+            self._protocol("offload", queued, "a bool")
+            return False
+        return queued
+
+    def num_completed_offloads(self) -> int:
+        return self._count("num_completed_offloads", self.store.num_completed_offloads)
+
+    def pop_completed_offload(self) -> bool:
+        try:
+            success: object = self.store.pop_completed_offload()
+        except Exception as exc:
+            self.on_fault("pop_completed_offload", exc)
+            return False
+        if not isinstance(success, bool):
+            self._protocol("pop_completed_offload", success, "a bool")
+            return False
+        return success
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def reset(self) -> bool:
+        try:
+            self.store.reset()
+        except Exception as exc:
+            self.on_fault("reset", exc)
+            return False
+        return True
+
+    def _count(self, operation: str, call: Callable[[], int]) -> int:
+        try:
+            count: object = call()
+        except Exception as exc:
+            self.on_fault(operation, exc)
+            return 0
+        if not _is_int(count) or count < 0:  # type: ignore[operator]
+            self._protocol(operation, count, "an int >= 0")
+            return 0
+        assert isinstance(count, int)
+        return count
