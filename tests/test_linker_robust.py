@@ -367,3 +367,26 @@ def test_corrupt_page_is_not_retried_forever() -> None:
     again = s.serve("again", x)
     assert again.outcome == "committed", "a corrupt page was loaded (and aborted) again"
     s.assert_quiet()
+
+
+# -- records are data ------------------------------------------------------------------
+def test_records_hold_no_reference_to_the_linker() -> None:
+    """`ExternalLoad` and `PendingOffload` are data: the linker is their executors'
+    handler, so no record field leads back to it."""
+    import attrs
+
+    from unicache_fsm.linker.load import ExternalLoad
+    from unicache_fsm.linker.offload import PendingOffload
+
+    s = System.build(P)
+    x = key_of(4)
+    a = s.compute("A", x)
+    s.evict_all()
+    r = s.serve("r", x)
+    assert a.offload is not None and r.load is not None
+    for record, cls in ((r.load, ExternalLoad), (a.offload, PendingOffload)):
+        values = [getattr(record, f.name) for f in attrs.fields(cls)]
+        assert all(v is not s.linker for v in values), cls
+        assert "linker" not in {f.name for f in attrs.fields(cls)}
+    assert s.linker.load_machine.handler is s.linker
+    assert s.linker.offload_machine.handler is s.linker

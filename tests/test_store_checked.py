@@ -46,7 +46,7 @@ CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
     ("lookup", ("r", LOOKUP, 3), [None, "12", [1, "2"], [True], 3], None, [1, 3], [1, 3]),
     ("load", ("r", LOOKUP), [None, "true", 1, [True]], False, True, True),
     ("start_loading", (), [None, "0", 1.0, -2, True], None, 4, 4),
-    ("num_completed_loads", (), [None, -1, "2", 2.0, True], 0, 2, 2),
+    ("num_completed_loads", (), [None, -1, "2", 2.0, True], None, 2, 2),
     (
         "pop_completed_load",
         (),
@@ -57,7 +57,7 @@ CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
     ),
     ("cancel_queued_load", ("r",), [None, "no", 0], None, False, False),
     ("offload", (LOOKUP,), [None, "ok", 1], False, True, True),
-    ("num_completed_offloads", (), [None, -3, "1"], 0, 1, 1),
+    ("num_completed_offloads", (), [None, -3, "1"], None, 1, 1),
     ("pop_completed_offload", (), [None, "false", 1, "true"], False, True, True),
 ]
 

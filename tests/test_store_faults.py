@@ -28,6 +28,7 @@ from unicache_fsm.store import (
     StoreLoad,
     StoreLoadState,
 )
+from unicache_fsm.store.faults import ERROR_TYPES
 
 
 class TestFaultFreeWrapperContract(StoreContract):
@@ -282,3 +283,58 @@ def test_bad_rules_and_arguments_are_typed() -> None:
         FaultPolicy(delay_steps=0)
     with pytest.raises(FaultPolicyError):
         FaultPolicy.parse(3)  # type: ignore[arg-type]
+
+
+# -- misbehaviour: arbitrary exceptions and ill-typed answers ----------------------------
+
+
+def test_raise_error_raises_any_type_and_changes_nothing_it_should_not() -> None:
+    rig, inner, store = _stores("")
+    keys, _ = _stored(rig, store, 2)
+    store.policy = FaultPolicy({FaultKind.RAISE_ERROR: FaultRule(every=1)}, seed=3)
+    seen: set[type] = set()
+    dst = rig.alloc(KV, 2)
+    for _ in range(12):
+        with pytest.raises(ERROR_TYPES) as info:
+            store.load("r", [PoolTransfer(KV, dst, keys)])
+        seen.add(type(info.value))
+        assert "raise_error" in str(info.value)
+    assert len(seen) >= 4, seen  # not only StoreFaultError
+    assert inner.start_loading() == -1, "a load that raised was queued anyway"
+    with pytest.raises(ERROR_TYPES):
+        store.offload([PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
+    inner.progress()
+    assert inner.num_completed_offloads() == 0, "an offload that raised was queued anyway"
+    # a pop raises after taking its completion: it is consumed, the answer lost
+    store.policy = FaultPolicy()
+    assert store.load("r", [PoolTransfer(KV, dst, keys)])
+    store.start_loading()
+    store.progress()
+    assert store.num_completed_loads() == 1
+    store.policy = FaultPolicy({FaultKind.RAISE_ERROR: FaultRule(every=1)})
+    with pytest.raises(ERROR_TYPES):
+        store.pop_completed_load()
+    store.policy = FaultPolicy()
+    assert store.num_completed_loads() == 0
+
+
+def test_garbage_answer_is_ill_typed_and_a_pop_still_consumes() -> None:
+    rig, inner, store = _stores("")
+    keys, _ = _stored(rig, store, 2)
+    store.policy = FaultPolicy({FaultKind.GARBAGE_ANSWER: FaultRule(every=1)}, seed=5)
+    answers = [store.lookup("r", kv_lookup(keys)) for _ in range(20)]
+    assert all(a != [1, 2] for a in answers)
+    assert any(a is None or not isinstance(a, list) for a in answers)
+    dst = rig.alloc(KV, 2)
+    loads = [store.load("r", [PoolTransfer(KV, dst, keys)]) for _ in range(10)]
+    assert not any(isinstance(answer, bool) for answer in loads), loads
+    assert inner.start_loading() == -1, "a garbage-answered load was queued"
+    store.policy = FaultPolicy()
+    assert store.load("r", [PoolTransfer(KV, dst, keys)])
+    batch = store.start_loading()
+    store.progress()
+    store.policy = FaultPolicy({FaultKind.GARBAGE_ANSWER: FaultRule(every=1)}, seed=1)
+    junk = store.pop_completed_load()
+    assert not (isinstance(junk, LoadBatchResult) and junk == LoadBatchResult(batch, ("r",), True))
+    store.policy = FaultPolicy()
+    assert store.num_completed_loads() == 0  # consumed

@@ -23,14 +23,16 @@ Primitives, in the order a scheduler step uses them:
   the oldest batch in flight), then agree per prepared load (one MIN all-reduce) on
   whether every rank's store is done with it and every page landed; COMMIT those,
   ABORT the ones done but failed, keep waiting for the rest. Returns the loads that
-  ended. A committed load hands the caller one lock on `load.endpoint` (the end of the
-  loaded path), which the caller releases with ``tree.dec_lock_ref``.
+  ended (not those whose `load_back` answered False: the request already recomputes).
+  A committed load hands the caller one lock on `load.endpoint` (the end of the loaded
+  path), which the caller releases with ``tree.dec_lock_ref``.
 - `offload_nodes(chain)` — hand a root-first chain of nodes (a write-through result)
   to the store, one offload per node, acceptance agreed across ranks;
   `poll_offloads()` completes them FIFO with verdicts agreed across ranks. Each KV
-  transfer starts with the last page of the node's parent when that parent is stored
-  or offloading: the store holds that page already and links the node to it, so its
-  capacity eviction shrinks the whole path from its end.
+  transfer starts with the last page of the node's parent when that parent is on the
+  device (stored, offloading or backed up): the store usually holds that page already
+  and links the node to it (else it stores it too), so its capacity eviction shrinks
+  the whole path from its end.
 - `verify_stored(node)` — LOOKUP a stored path and demote the nodes whose pages the
   store lost.
 - `release_request(rid)` — abort a request's load now if every rank's store gave it
@@ -72,7 +74,7 @@ starts them later; agreement per load makes the ranks end them together.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -116,6 +118,8 @@ PREPARE, COMMIT, ABORT = (
 
 # per-load settlement values, agreed by MIN across ranks in `finish_loads`
 _UNSETTLED, _FAILED, _LANDED = 0, 1, 2
+# how often `reset` asks again for a completion count the store failed to give
+_DRAIN_RETRIES = 32
 
 
 def _token_key(key: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
@@ -297,7 +301,8 @@ class ExternalLinker:
         self.held[load.seq] = load
         if not agree(self.group, refusal is None):
             self._end_now_or_later(load, refusal or AbortReason.PEER_ABORTED)
-            return False
+            return False  # (if its end is deferred, `finish_loads` does not report it)
+        load.awaited = True
         self.stats.loads_prepared += 1
         return True
 
@@ -373,12 +378,23 @@ class ExternalLinker:
                 self._abort(load, AbortReason.LOAD_FAILED)
             else:
                 self._abort(load, load.abort_pending or AbortReason.LOAD_FAILED)
-            ended.append(load)
+            if load.awaited:  # not a load whose load_back already answered False
+                ended.append(load)
         return ended
 
     def _take_completions(self) -> None:
-        """Pop every completion this rank's store has; each ends the oldest batch."""
-        for _ in range(self.calls.num_completed_loads()):
+        """Ask again for the loads being given up that the store may still hold queued
+        (their cancel failed), then pop every completion this rank's store has; each
+        ends the oldest batch in flight."""
+        for load in self.held.values():
+            if (
+                load.state == LoadState.QUEUED
+                and load.abort_pending is not None
+                and load.settled is None
+                and self.calls.cancel_queued_load(load.rid) is not None
+            ):
+                load.settled = False  # the store answered: it holds the load no more
+        for _ in range(self.calls.num_completed_loads() or 0):
             result = self.calls.pop_completed_load()
             head = self.batches.popleft() if self.batches else None
             if head is None:
@@ -584,8 +600,13 @@ class ExternalLinker:
         return record
 
     def _link_page(self, chain: Sequence[TreeNode]) -> TreeNode | None:
-        """The chain's parent when its last page links the chain in the store (stored or
-        being offloaded, on the device, hashed), else None."""
+        """The chain's parent, whose last page links the chain in the store, when there is
+        one (not the root; on the device and hashed), else None.
+
+        The chain stopped there because the parent is stored, being offloaded or backed
+        up: its last page is usually held already (then the store only links to it); if
+        not, the store keeps that page too, so the chain never starts in mid-air.
+        """
         parent = chain[0].parent
         if (
             parent is None
@@ -593,7 +614,6 @@ class ExternalLinker:
             or not parent.device_resident
             or not parent.hashes
             or parent.slots(self.components[0].component_type) is None  # the backbone
-            or not (parent.external_cache_stored or parent.offloading)
         ):
             return None
         return parent
@@ -632,7 +652,7 @@ class ExternalLinker:
             if record is None:
                 break
             run += 1
-        local = min(calls.num_completed_offloads(), run)
+        local = min(calls.num_completed_offloads() or 0, run)
         count = self.group.all_reduce_min([local])[0]
         done = []
         for _ in range(count):
@@ -700,10 +720,8 @@ class ExternalLinker:
         """
         calls = self.calls
         calls.reset()
-        for _ in range(calls.num_completed_loads()):
-            calls.pop_completed_load()
-        for _ in range(calls.num_completed_offloads()):
-            calls.pop_completed_offload()
+        self._drain(calls.num_completed_loads, calls.pop_completed_load)
+        self._drain(calls.num_completed_offloads, calls.pop_completed_offload)
         for load in [*self.loads.values(), *self.draining]:
             if load.in_flight:
                 load.settled = False  # quiesced: the store writes no more into it
@@ -714,6 +732,20 @@ class ExternalLinker:
             if record is None:
                 continue
             self.offload_machine.fire(record, OFF.COMPLETE, False)
+
+    def _drain(self, count: Callable[[], int | None], pop: Callable[[], object]) -> None:
+        """Pop every completion the store holds (a stale one would be taken for a later
+        batch's or offload's). A faulty count is asked again, a bounded number of times."""
+        faults = 0
+        while faults < _DRAIN_RETRIES:
+            n = count()
+            if n is None:
+                faults += 1
+                continue
+            if n == 0:
+                return
+            for _ in range(n):
+                pop()  # consumed, whatever it answers
 
     def close(self) -> None:
         self.reset()

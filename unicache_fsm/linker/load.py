@@ -90,6 +90,7 @@ class ExternalLoad:
     ctx: LoadContext | None = None
     batch: int = -1
     seq: int = -1  # order of load_back (the same on every rank)
+    awaited: bool = False  # load_back answered True: the caller waits for its end
     # None while this rank's store may still write into the slots; then True (every
     # page landed) or False (the store is done with it without landing it all)
     settled: bool | None = None

@@ -23,10 +23,13 @@ The books (`_pages`: one entry per stored page the store knows, each with its
 `parent`, the previous key in its offload's key order): capacity eviction takes least
 recently used pages that have no stored children, and a parent whose last child went is
 evicted next, so chains shrink from their end and the remaining prefixes stay
-restorable. Pages pinned by queued or started loads, and pages of the offload being
-stored, are never evicted for capacity (`evict()` itself removes what it is told to).
-`offload` refuses (False) pages that could never fit; an offload that cannot make room
-when it runs completes False and publishes nothing.
+restorable. A page's parent is remembered beyond the page's life (a bounded memo: hash
+chains never change), so a page stored again at the start of a transfer gets it back; a
+page whose parent was never known learns it from a later transfer that passes through
+it. Pages pinned by queued or started loads or by queued offloads, and the first page's
+parent of the offload being stored, are never evicted for capacity (`evict()` itself
+removes what it is told to). `offload` refuses (False) pages that could never fit; an
+offload that cannot make room when it runs completes False and publishes nothing.
 
 Completion: synchronous by default (`progress()` performs every started load batch and
 queued offload, in submission order); with ``background=True`` a worker thread performs
@@ -139,9 +142,15 @@ class BaseStore(Generic[E]):
         self._pools = AttachedPools({})
         self._pages: dict[Ident, E] = {}
         self._children: collections.Counter[Ident] = collections.Counter()
+        # a page's parent is a fact about its key (hash chains never change): remembered
+        # beyond the page's life, so a page stored again at the start of a transfer
+        # gets its parent back (bounded; the oldest facts go first)
+        self._parents: collections.OrderedDict[Ident, Ident] = collections.OrderedDict()
+        self._parents_limit = max(4096, 4 * (capacity_pages or 0))
         # evictable pages (no stored children), least recently used first
         self._leaves: collections.OrderedDict[Ident, None] = collections.OrderedDict()
         self._pins: collections.Counter[Ident] = collections.Counter()
+        self._offload_pins: dict[int, list[Ident]] = {}  # queued offload -> its pins
         self._queued: dict[str, StoreLoad] = {}
         self._in_flight: set[str] = set()
         self._jobs: collections.deque[LoadBatch | StoreOffload] = collections.deque()
@@ -292,6 +301,17 @@ class BaseStore(Generic[E]):
             record = StoreOffload(self._next_offload, checked)
             self._next_offload += 1
             OFFLOAD_MACHINE.initialize(record)
+            # the pages it names (and the parent of its first page) stay until it runs: a
+            # held page it links to must not be evicted for another offload's room in
+            # between (that would punch a hole in the chain)
+            pins = [(ct.pool, k) for ct in checked for k in ct.keys]
+            pins += [
+                parent
+                for ct in checked
+                if ct.keys and (parent := self._parents.get((ct.pool, ct.keys[0]))) is not None
+            ]
+            self._offload_pins[record.seq] = pins
+            self._pins.update(pins)
             self._jobs.append(record)
             self._cond.notify_all()
             return True
@@ -381,8 +401,10 @@ class BaseStore(Generic[E]):
             self._release()
             self._pages.clear()
             self._children.clear()
+            self._parents.clear()
             self._leaves.clear()
             self._pins.clear()
+            self._offload_pins.clear()
 
     # -- inspection ----------------------------------------------------------------------
 
@@ -420,6 +442,11 @@ class BaseStore(Generic[E]):
                 for ct in record.transfers
                 for k in ct.keys
             )
+            queued_offloads = {job.seq for job in self._jobs if isinstance(job, StoreOffload)}
+            if not self._busy:
+                assert set(self._offload_pins) == queued_offloads, "offload pins drifted"
+            for idents in self._offload_pins.values():
+                pinned.update(idents)
             if not self._busy:  # a job being performed holds pins outside these books
                 assert pinned == +self._pins, "pins drifted"
             assert not (set(self._queued) & self._in_flight), "rid both queued and started"
@@ -441,24 +468,44 @@ class BaseStore(Generic[E]):
                 leaves.move_to_end(ident)
 
     def _unpin(self, record: StoreLoad) -> None:
+        self._release_pins((ct.pool, key) for ct in record.transfers for key in ct.keys)
+
+    def _unpin_offload(self, record: StoreOffload) -> None:
+        self._release_pins(self._offload_pins.pop(record.seq, ()))
+
+    def _release_pins(self, idents: Iterable[Ident]) -> None:
         pins = self._pins
-        for ct in record.transfers:
-            for key in ct.keys:
-                ident = (ct.pool, key)
-                left = pins[ident] - 1
-                if left > 0:
-                    pins[ident] = left
-                else:
-                    del pins[ident]
+        for ident in idents:
+            left = pins[ident] - 1
+            if left > 0:
+                pins[ident] = left
+            else:
+                del pins[ident]
+
+    def _remember_parent(self, ident: Ident, parent: Ident) -> None:
+        memo = self._parents
+        memo[ident] = parent
+        memo.move_to_end(ident)
+        while len(memo) > self._parents_limit:
+            memo.popitem(last=False)
 
     def _insert(self, ident: Ident, entry: E) -> None:
         self._pages[ident] = entry
         parent = entry.parent
         if parent is not None:
+            self._remember_parent(ident, parent)
             self._children[parent] += 1
             self._leaves.pop(parent, None)
         if not self._children.get(ident):
             self._leaves[ident] = None
+
+    def _link(self, ident: Ident, entry: E, parent: Ident) -> None:
+        """A held page stored as a chain start (its parent was not in the transfer that
+        stored it) learns its parent from a later transfer that passes through it."""
+        entry.parent = parent
+        self._remember_parent(ident, parent)
+        self._children[parent] += 1
+        self._leaves.pop(parent, None)
 
     def _remove(self, ident: Ident) -> None:
         entry = self._pages.pop(ident)
@@ -518,11 +565,17 @@ class BaseStore(Generic[E]):
             parents: list[Ident | None] = []
             for i, key in enumerate(ct.keys):
                 ident = (ct.pool, key)
-                if ident in self._pages:
+                held = self._pages.get(ident)
+                if held is not None:
                     protect.add(ident)
+                    if i and held.parent is None and ct.keys[i - 1] != key:
+                        self._link(ident, held, (ct.pool, ct.keys[i - 1]))
                 elif key not in seen:
                     new.append(i)
-                    parents.append((ct.pool, ct.keys[i - 1]) if i else None)
+                    parent = (ct.pool, ct.keys[i - 1]) if i else self._parents.get(ident)
+                    if parent is not None and not i:
+                        protect.add(parent)  # room must not be made by evicting it
+                    parents.append(parent)
                 seen.add(key)
             chosen.append(NewPages(ct, new, parents))
         self._touch(protect)
@@ -536,6 +589,7 @@ class BaseStore(Generic[E]):
         return not (over > 0 and self._evict_lru(over, protect) < over)
 
     def _finish_offload(self, record: StoreOffload, ok: bool) -> None:
+        self._unpin_offload(record)
         OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.FINISH, ok)
         self._offload_results.append(ok)
         self._history.append(record)
@@ -566,6 +620,7 @@ class BaseStore(Generic[E]):
                 self._load_results.append(LoadBatchResult(job.batch, rids, False))
             else:
                 OFFLOAD_MACHINE.fire(job, StoreOffloadTrigger.ABANDON)
+                self._unpin_offload(job)
                 self._offload_results.append(False)
                 self._history.append(job)
         if self._queued:

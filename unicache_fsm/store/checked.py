@@ -16,14 +16,14 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
 - `load(rid, transfers) -> bool` — True only for a real ``True``.
 - `start_loading() -> int | None` — the batch id (>= 0) or -1; None on a fault (the
   caller cannot tell whether anything started).
-- `num_completed_loads() -> int` — a count >= 0; 0 on a fault.
+- `num_completed_loads() -> int | None` — a count >= 0; None on a fault.
 - `pop_completed_load() -> LoadBatchResult | None` — a result with an int batch and a
   real bool verdict; None on a fault (the completion is consumed either way).
 - `cancel_queued_load(rid) -> bool | None` — the store's bool; None on a fault (the
   store may still hold the load).
 - `offload(transfers) -> bool` — True only for a real ``True``.
-- `num_completed_offloads() -> int`, `pop_completed_offload() -> bool` — as for loads;
-  a faulty verdict is a failure.
+- `num_completed_offloads() -> int | None`, `pop_completed_offload() -> bool` — as for
+  loads; a faulty verdict is a failure.
 - `reset() -> bool` — False when the store's reset raised.
 
 Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through.
@@ -100,7 +100,7 @@ class CheckedStore:
         assert isinstance(batch, int)
         return batch
 
-    def num_completed_loads(self) -> int:
+    def num_completed_loads(self) -> int | None:
         return self._count("num_completed_loads", self.store.num_completed_loads)
 
     def pop_completed_load(self) -> LoadBatchResult | None:
@@ -143,7 +143,7 @@ class CheckedStore:
             return False
         return queued
 
-    def num_completed_offloads(self) -> int:
+    def num_completed_offloads(self) -> int | None:
         return self._count("num_completed_offloads", self.store.num_completed_offloads)
 
     def pop_completed_offload(self) -> bool:
@@ -166,14 +166,14 @@ class CheckedStore:
             return False
         return True
 
-    def _count(self, operation: str, call: Callable[[], int]) -> int:
+    def _count(self, operation: str, call: Callable[[], int]) -> int | None:
         try:
             count: object = call()
         except Exception as exc:
             self.on_fault(operation, exc)
-            return 0
+            return None
         if not _is_int(count) or count < 0:  # type: ignore[operator]
             self._protocol(operation, count, "an int >= 0")
-            return 0
+            return None
         assert isinstance(count, int)
         return count

@@ -18,6 +18,17 @@ purpose, reproducibly, in every way the linker must survive.
   - DELAY_COMPLETION (``delay_completion``): a completion is held back for
     `FaultPolicy.delay_steps` `progress()` calls (FIFO order is kept: later completions
     wait behind it).
+  - RAISE_ERROR (``raise_error``): a call the linker makes (`lookup`, `load`,
+    `start_loading`, `num_completed_*`, `pop_completed_*`, `cancel_queued_load`,
+    `offload`) raises an exception of an arbitrary type (`ConnectionError`,
+    `TimeoutError`, `KeyError`, `ValueError`, `StoreFaultError`, ...). As the protocol
+    allows: a call that queues or starts work raises before reaching the inner store
+    (nothing changed); a pop raises after taking the completion (it is consumed, the
+    answer lost); `lookup` after the inner lookup; `cancel_queued_load` either way.
+  - GARBAGE_ANSWER (``garbage_answer``): the same calls answer a value the protocol does
+    not allow — None, a string (``"false"`` as a verdict, ``"1"``), a number out of
+    range, a boundary outside ``1..n``, a completion naming an unknown batch — with the
+    same rules for what reached the inner store.
 - `FaultRule(probability=0.0, every=0)` — when a kind fires: with `probability` per
   eligible call, or deterministically on every `every`-th eligible call.
 - `FaultPolicy(rules, *, seed=0, delay_steps=2)` — one rule per kind, a
@@ -37,6 +48,7 @@ import collections
 import enum
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -50,7 +62,7 @@ from unicache_fsm.store.errors import (
 )
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
-__all__ = ["FaultKind", "FaultPolicy", "FaultRule", "FaultyStore"]
+__all__ = ["ERROR_TYPES", "MISBEHAVIOUR", "FaultKind", "FaultPolicy", "FaultRule", "FaultyStore"]
 
 
 class FaultKind(str, enum.Enum):
@@ -62,6 +74,26 @@ class FaultKind(str, enum.Enum):
     FAIL_OFFLOAD = "fail_offload"
     EVICT_AFTER_LOOKUP = "evict_after_lookup"
     DELAY_COMPLETION = "delay_completion"
+    RAISE_ERROR = "raise_error"
+    GARBAGE_ANSWER = "garbage_answer"
+
+
+#: The kinds a conforming store never shows (the protocol's checks in `testing`'s
+#: `StoreMachine` flag them); a caller must survive them all the same.
+MISBEHAVIOUR = frozenset({FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER})
+
+#: What RAISE_ERROR raises: the failures a real backend's client library throws.
+ERROR_TYPES: tuple[type[Exception], ...] = (
+    ConnectionError,
+    TimeoutError,
+    OSError,
+    RuntimeError,
+    ValueError,
+    KeyError,
+    TypeError,
+    AttributeError,
+    StoreFaultError,
+)
 
 
 def _check_rule(rule: FaultRule) -> None:
@@ -207,6 +239,10 @@ class FaultPolicy:
         """The same rules and seed with clean counters and a rewound random stream."""
         return FaultPolicy(self.rules, seed=self.seed, delay_steps=self.delay_steps)
 
+    def pick(self, options: Sequence[object]) -> object:
+        """One of `options`, drawn from the policy's random stream (reproducible)."""
+        return options[self._rng.randrange(len(options))]
+
     def roll(self, kind: FaultKind) -> bool:
         """Whether to inject `kind` on this eligible call (counted in `injected` if so)."""
         rule = self.rules.get(kind)
@@ -266,16 +302,24 @@ class FaultyStore:
         if self.policy.roll(FaultKind.FAIL_LOOKUP):
             msg = f"lookup for {rid!r} failed (injected fault {FaultKind.FAIL_LOOKUP.value})"
             raise StoreFaultError(msg, operation="lookup")
+        mischief = self._mischief()
         found = self.inner.lookup(rid, transfers)
         if found and self.policy.roll(FaultKind.EVICT_AFTER_LOOKUP):
             kv = next(t for t in transfers if t.name is PoolName.KV)
             self.inner.evict([kv.keys[found[-1] - 1]])
+        if mischief is not None:
+            n = len(next((t.keys for t in transfers if t.name is PoolName.KV), ()))
+            junk: list[object] = [None, "1", [str(b) for b in found], [0], [*found, n + 1], True]
+            return self._misbehave("lookup", mischief, junk)  # type: ignore[no-any-return]
         return found
 
     def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
         self._check_open("load")
         if self.policy.roll(FaultKind.REFUSE_LOAD):
             return False
+        mischief = self._mischief()
+        if mischief is not None:  # before the inner store: nothing was queued
+            return self._misbehave("load", mischief, [None, "true", 1, "false"])  # type: ignore[no-any-return]
         accepted = self.inner.load(rid, transfers)
         if accepted:
             self._queued.append(rid)
@@ -283,6 +327,9 @@ class FaultyStore:
 
     def start_loading(self) -> int:
         self._check_open("start_loading")
+        mischief = self._mischief()
+        if mischief is not None:  # before the inner store: nothing started
+            return self._misbehave("start_loading", mischief, [None, "0", 0.5, -7])  # type: ignore[no-any-return]
         if not self._queued:
             return -1
         rids = tuple(self._queued)
@@ -304,28 +351,49 @@ class FaultyStore:
 
     def num_completed_loads(self) -> int:
         self._check_open("num_completed_loads")
-        self._pull()
-        return self._ready(self._loads)
+        mischief = self._mischief()
+        if mischief is not None:
+            return self._misbehave("num_completed_loads", mischief, [None, -1, "1", 1.5])  # type: ignore[no-any-return]
+        return self._count_loads()
 
     def pop_completed_load(self) -> LoadBatchResult:
-        if not self.num_completed_loads():
+        self._check_open("pop_completed_load")
+        if not self._count_loads():
             msg = "pop_completed_load: no load batch has completed; check num_completed_loads()"
             raise NoCompletionError(msg, what="load")
-        entry = self._loads.popleft()
+        mischief = self._mischief()
+        entry = self._loads.popleft()  # consumed, whatever the answer says
         assert entry.success is not None
-        return LoadBatchResult(entry.batch, entry.rids, entry.success)
+        result = LoadBatchResult(entry.batch, entry.rids, entry.success)
+        if mischief is not None:
+            verdict = "true" if entry.success else "false"
+            junk: list[object] = [
+                None,
+                0,
+                LoadBatchResult(entry.batch, entry.rids, verdict),  # type: ignore[arg-type]
+                LoadBatchResult(entry.batch + 10_000, entry.rids, entry.success),
+            ]
+            return self._misbehave("pop_completed_load", mischief, junk)  # type: ignore[no-any-return]
+        return result
 
     def cancel_queued_load(self, rid: str) -> bool:
         self._check_open("cancel_queued_load")
-        cancelled = self.inner.cancel_queued_load(rid)
+        mischief = self._mischief()
+        reached = mischief is None or bool(self.policy.pick([True, False]))
+        cancelled = self.inner.cancel_queued_load(rid) if reached else False
         if cancelled and rid in self._queued:
             self._queued.remove(rid)
+        if mischief is not None:  # the answer is lost (the cancel may have happened)
+            return self._misbehave("cancel_queued_load", mischief, [None, "yes", 1])  # type: ignore[no-any-return]
         return cancelled
 
     def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
         self._check_open("offload")
         if self.policy.roll(FaultKind.REFUSE_OFFLOAD):
             return False
+        mischief = self._mischief()
+        if mischief is not None:  # before the inner store: nothing was queued
+            return self._misbehave("offload", mischief, [None, "ok", 1])  # type: ignore[no-any-return]
         accepted = self.inner.offload(transfers)
         if accepted:
             self._offloads.append(_OffloadEntry(self.policy.roll(FaultKind.FAIL_OFFLOAD)))
@@ -333,15 +401,22 @@ class FaultyStore:
 
     def num_completed_offloads(self) -> int:
         self._check_open("num_completed_offloads")
-        self._pull()
-        return self._ready(self._offloads)
+        mischief = self._mischief()
+        if mischief is not None:
+            return self._misbehave("num_completed_offloads", mischief, [None, -1, "2"])  # type: ignore[no-any-return]
+        return self._count_offloads()
 
     def pop_completed_offload(self) -> bool:
-        if not self.num_completed_offloads():
+        self._check_open("pop_completed_offload")
+        if not self._count_offloads():
             msg = "pop_completed_offload: no offload has completed; check num_completed_offloads()"
             raise NoCompletionError(msg, what="offload")
-        entry = self._offloads.popleft()
+        mischief = self._mischief()
+        entry = self._offloads.popleft()  # consumed, whatever the answer says
         assert entry.success is not None
+        if mischief is not None:
+            junk: list[object] = [None, "false", "true", 1, 0]
+            return self._misbehave("pop_completed_offload", mischief, junk)  # type: ignore[no-any-return]
         return entry.success
 
     def progress(self) -> int:
@@ -378,6 +453,34 @@ class FaultyStore:
         self._closed = True
 
     # -- internals -----------------------------------------------------------------------
+
+    def _count_loads(self) -> int:
+        self._pull()
+        return self._ready(self._loads)
+
+    def _count_offloads(self) -> int:
+        self._pull()
+        return self._ready(self._offloads)
+
+    def _mischief(self) -> FaultKind | None:
+        """RAISE_ERROR or GARBAGE_ANSWER when one fires for this call (rolled in order)."""
+        if self.policy.roll(FaultKind.RAISE_ERROR):
+            return FaultKind.RAISE_ERROR
+        if self.policy.roll(FaultKind.GARBAGE_ANSWER):
+            return FaultKind.GARBAGE_ANSWER
+        return None
+
+    def _misbehave(self, operation: str, mischief: FaultKind, junk: Sequence[object]) -> Any:
+        """Raise an arbitrary exception (RAISE_ERROR) or return one of `junk` (an answer
+        of the wrong type on purpose, hence `Any`)."""
+        if mischief is FaultKind.GARBAGE_ANSWER:
+            return self.policy.pick(junk)
+        kind = self.policy.pick(ERROR_TYPES)
+        msg = f"{operation}: injected fault {FaultKind.RAISE_ERROR.value}"
+        if kind is StoreFaultError:
+            raise StoreFaultError(msg, operation=operation)
+        assert isinstance(kind, type) and issubclass(kind, Exception)
+        raise kind(msg)
 
     def _check_open(self, operation: str) -> None:
         if self._closed:

@@ -159,6 +159,7 @@ class MemoryStore(BaseStore["_Entry"]):
     ) -> None:
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
         self.rejected_pages = 0  # pages dropped because they failed verification
+        self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification
         self._slabs: dict[PoolName, _Slab] = {}
         self._start_worker()
 
@@ -221,6 +222,9 @@ class MemoryStore(BaseStore["_Entry"]):
                 assert entry.row not in rows[ident[0]], f"row {entry.row} shared"
                 rows[ident[0]].add(entry.row)
                 assert not bool(self._slabs[ident[0]].free[entry.row]), f"{ident} on free row"
+            kept = [(i, e) for i, e in self._rejected if self._pages.get(i) is e]
+            assert not kept, f"{len(kept)} page(s) failed verification but are still stored"
+            self._rejected.clear()
 
     # -- internals: performing jobs ------------------------------------------------------
 
@@ -251,6 +255,7 @@ class MemoryStore(BaseStore["_Entry"]):
             ok = False
         with self._cond:
             for ident, entry in rejected:
+                self._rejected.append((ident, entry))  # checked by check_invariants
                 self._drop_rejected(ident, entry)
             self._finish_load_batch(batch, ok)
 

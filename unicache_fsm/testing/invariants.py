@@ -15,12 +15,25 @@ Each function checks one invariant of ``docs/contract.md`` and raises `Invariant
   of pending offloads are still in the tree, on the device.
 - `no_concurrent_offloads(tree)` — a node is in at most one pending offload, and is
   ``offloading`` exactly while it is.
+- `stored_pages_landed(tree, landed)` — every page of every node marked stored was
+  acknowledged by the store at some time (`StoreLedger.landed`): no node claims KV
+  that never landed. Holds whatever the store dropped since, so it runs with
+  capacity-limited stores and needs no LOOKUP to demote stale flags first.
 - `stored_pages_present(tree, store)` — no node marked stored lacks a page in the
-  store (no node claims KV that never landed).
+  store now (only where the store loses nothing on its own).
+- `store_chains_whole(tree, store, stale)` — where a stored node hangs below a stored
+  parent, the store does not hold the child's first KV page without the parent's last
+  one: capacity eviction shrinks chains from their end, not at the seam between two
+  offloads (only where nothing but capacity and corruption removes pages; `stale`
+  lists pages seen gone earlier, after which the child's page may have been stored
+  again, `restored` link pages offloaded again over a prefix the store had lost).
+- `loads_landed(committed, landed)` — no load committed unless a successful batch
+  completion of the store named it (counts per rid: `StoreLedger.landed_loads`).
 - `adopted_ranges_shape(ranges, page_size, start, end)` — sorted, disjoint, not
   touching, page-aligned, within ``[start, end)``.
 - `committed_load_sound(tree, load)` — after COMMIT, every kept KV page is owned by
-  the tree at its position, and the request's slots are the tree's canonical ones.
+  the tree at its position, the request's slots are the tree's canonical ones, and
+  (SWA) its last window has live SWA on every page.
 - `restorable_intersection(per_rank, num_pages, result)` — the agreed boundary is in
   every rank's set and is the largest such (0 when there is none).
 - `kv_bytes_match(tree, kv, expected)` — every resident node's KV bytes are the bytes
@@ -30,7 +43,7 @@ Each function checks one invariant of ``docs/contract.md`` and raises `Invariant
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 
@@ -52,12 +65,15 @@ __all__ = [
     "committed_load_sound",
     "hash_chain",
     "kv_bytes_match",
+    "loads_landed",
     "lock_balance",
     "mapping_consistency",
     "no_concurrent_offloads",
     "nothing_in_flight_evicted",
     "restorable_intersection",
     "slot_conservation",
+    "store_chains_whole",
+    "stored_pages_landed",
     "stored_pages_present",
 ]
 
@@ -166,6 +182,58 @@ def stored_pages_present(tree: RadixTree, store: ExternalStore) -> None:
                 raise InvariantViolation("stored pages present", detail)
 
 
+def stored_pages_landed(tree: RadixTree, landed: Callable[[PoolName, str], bool]) -> None:
+    for n in tree.nodes():
+        if n.external_cache_stored and n.hashes is not None:
+            never = [h for h in n.hashes if not landed(PoolName.KV, h)]
+            if never:
+                detail = (
+                    f"node {n.id} is stored, but the store never acknowledged {len(never)} "
+                    "of its pages (no successful offload or load named them)"
+                )
+                raise InvariantViolation("stored pages landed", detail)
+
+
+def loads_landed(committed: Mapping[str, int], landed: Mapping[str, int]) -> None:
+    over = {rid: (n, landed.get(rid, 0)) for rid, n in committed.items() if n > landed.get(rid, 0)}
+    if over:
+        detail = (
+            f"loads committed more often than a successful batch named them "
+            f"(rid: (commits, landings)): {over}"
+        )
+        raise InvariantViolation("loads landed", detail)
+
+
+def store_chains_whole(
+    tree: RadixTree,
+    store: ExternalStore,
+    stale: Collection[str] = frozenset(),
+    restored: Collection[str] = frozenset(),
+) -> None:
+    for n in tree.nodes():
+        parent = n.parent
+        if (
+            parent is None
+            or parent.parent is None
+            or not (n.external_cache_stored and parent.external_cache_stored)
+            or not n.hashes
+            or not parent.hashes
+            or parent.hashes[-1] in stale  # gone before: the child's page came back later
+            or n.hashes[0] in restored  # stored again as a link page over a missing prefix
+        ):
+            continue
+        # two stored nodes offloaded apart: the child's first page is linked to the
+        # parent's last page, so capacity eviction cannot take the parent's end first
+        if store.contains(PoolName.KV, n.hashes[0]) and not store.contains(
+            PoolName.KV, parent.hashes[-1]
+        ):
+            detail = (
+                f"node {parent.id}'s last page is gone but its stored child {n.id}'s first "
+                "page is still held: a hole in the middle of a chain, not a shorter chain"
+            )
+            raise InvariantViolation("store chains whole", detail)
+
+
 def adopted_ranges_shape(
     ranges: Sequence[tuple[int, int]], page_size: int, start: int, end: int
 ) -> None:
@@ -186,6 +254,12 @@ def committed_load_sound(tree: RadixTree, load: ExternalLoad) -> None:
     tree_slots = tree.path_slots(load.endpoint)
     if not torch.equal(tree_slots[: load.prefix_len], load.slots):
         raise InvariantViolation("COMMIT soundness", f"{load.rid}: slots are not the tree's")
+    alloc = tree.allocator
+    if isinstance(alloc, SWAAllocator):
+        window = load.slots[-tree.window :]
+        if bool((alloc.translate(window) == 0).any()):
+            detail = f"{load.rid}: its last window has FULL slots with no live SWA"
+            raise InvariantViolation("COMMIT soundness", detail)
     kept = set(tree_slots.tolist())
     for t in load.committed:
         if t.name is PoolName.KV and t.device_indices is not None:

@@ -1,13 +1,25 @@
 """`SystemMachine`: a Hypothesis state machine over tree + linker + store + host tier.
 
-Rules are a scheduler's moves and the world's events — requests computing or loading
-prefixes, the store progressing, loads landing or failing, completing, releasing,
-evicting (device, SWA, host), backing up and loading back from the host tier, the
-store losing pages, resets — plus one rule that fires an arbitrary trigger at an
-arbitrary live machine (on a shadow copy) and checks that the engine either allows it
-or raises exactly `IllegalTransitionError`. Preconditions mirror guards; every
-invariant of `testing.invariants` runs after every step (`System.audit`); the
-teardown drains everything and checks that nothing is left locked or in flight.
+Rules are a scheduler's moves and the world's events — requests computing (from their
+device prefix, or from scratch, replacing SWA tombstones) or loading prefixes, the
+store progressing, loads landing or failing, completing, releasing, evicting (device,
+SWA, host), backing up and loading back from the host tier, the store losing or
+corrupting pages, LOOKUPs that demote stale stored flags, resets — plus one rule that
+fires arbitrary triggers at a shadow of an arbitrary live machine and checks that the
+engine either allows each or raises exactly `IllegalTransitionError`.
+
+A request may leave its matched prefix unpinned (`begin(lock=False)`) and LOAD later
+(`prepare`), so other requests' inserts, evictions and host load-backs run inside the
+match -> load_back gap. The store may raise arbitrary exception types and answer
+ill-typed values on every call the linker makes (`FaultKind.RAISE_ERROR`,
+`FaultKind.GARBAGE_ANSWER`), besides the classic faults, with capacity-limited and
+unbounded stores.
+
+Preconditions mirror guards; every invariant of `testing.invariants` runs after every
+step (`System.audit`) without any LOOKUP first (stale stored flags stay as the linker
+left them: "stored pages landed" is checked against what the store acknowledged;
+"store chains whole" while only capacity removed pages); the teardown drains
+everything and checks that nothing is left locked or in flight.
 
 Use it as is (``TestSystem = SystemMachine.TestCase``), pin a configuration with the
 class attributes, or put your own store backend in the whole system::
@@ -18,8 +30,10 @@ class attributes, or put your own store backend in the whole system::
 
     TestMyStoreInSystem = MyStoreInSystem.TestCase
 
-Class attributes: `page_sizes`, `swa_choices`, `fault_rates` (each run draws one of
-each), `host_pages` (0 turns the host tier off). Every transition any run takes is
+Class attributes: `page_sizes`, `swa_choices`, `fault_rates`, `store_capacities` (each
+run draws one of each), `fault_kinds` (the kinds injected at the drawn rate; every one
+by default, `RAISE_ERROR` and `GARBAGE_ANSWER` at half of it), `host_pages` (0 turns
+the host tier off). Every transition any run takes is
 counted in the class's `coverage` (a `TransitionCounter`), for coverage reports.
 """
 
@@ -48,6 +62,7 @@ from unicache_fsm.linker.offload import PendingOffload
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store import jobs
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.testing.system import Request, System, kv_bytes
 from unicache_fsm.tree.node import TreeNode
@@ -58,6 +73,7 @@ __all__ = ["SystemMachine"]
 DOCS = 3
 MAX_PAGES = 8
 MAX_OPEN = 3
+HUGE_TOKENS = 10**9
 
 
 class _NoopHandler:
@@ -86,6 +102,7 @@ class SystemMachine(RuleBasedStateMachine):
     fault_rates: ClassVar[tuple[float, ...]] = (0.0, 0.1, 0.25)
     host_pages: ClassVar[int] = 12
     store_capacities: ClassVar[tuple[int | None, ...]] = (None, 24, 6)
+    fault_kinds: ClassVar[tuple[FaultKind, ...]] = tuple(FaultKind)  # injected at the rate
     coverage: ClassVar[TransitionCounter] = TransitionCounter()
     steps: ClassVar[int] = 0  # rule steps run by this class (each one audited)
 
@@ -120,7 +137,12 @@ class SystemMachine(RuleBasedStateMachine):
         rate = data.draw(st.sampled_from(cls.fault_rates), label="fault_rate")
         seed = data.draw(st.integers(0, 2**16), label="seed")
         capacity = data.draw(st.sampled_from(cls.store_capacities), label="capacity_pages")
-        rules = {k: FaultRule(probability=rate) for k in FaultKind} if rate else {}
+        wild = (FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER)  # every call: rarer
+        rules = (
+            {k: FaultRule(probability=rate / 2 if k in wild else rate) for k in cls.fault_kinds}
+            if rate
+            else {}
+        )
         self.policy = FaultPolicy(rules, seed=seed, delay_steps=2)
         self.capacity_pages = capacity
         backend = self.make_store()
@@ -133,9 +155,11 @@ class SystemMachine(RuleBasedStateMachine):
             store_factory=(lambda: backend) if backend is not None else None,
         )
         self.s.faulty.policy = self.policy
-        # a store with a capacity drops pages whenever it needs room, so "stored" can be
-        # stale until the next LOOKUP demotes; the check stays on for unbounded stores
-        self.s.check_stored = capacity is None
+        # "stored" may be stale (the store drops pages on its own, and nothing LOOKUPs
+        # before the audit): the audit checks what the store acknowledged instead, and
+        # that chains stay whole until a rule or fault punches a hole on purpose
+        self.s.check_stored = False
+        self.s.check_chains = True
         self._observed = [
             self.s.tree.residency.executor,
             self.s.linker.load_machine,
@@ -160,13 +184,14 @@ class SystemMachine(RuleBasedStateMachine):
         self.next_rid += 1
         return f"{what}{self.next_rid}"
 
-    def reverify(self) -> None:
-        """Demote what the store lost (looked up with faults off, so it can tell)."""
-        s = self.sys
-        s.faulty.policy = FaultPolicy()
-        for node in s.stored_nodes():
-            s.linker.verify_stored(node)
-        s.faulty.policy = self.policy
+    def punched(self) -> None:
+        """Pages were removed from the middle of chains on purpose: stop checking that
+        chains stay whole (capacity eviction alone never does that)."""
+        self.sys.check_chains = False
+
+    def after_store_call(self) -> None:
+        if self.policy.injected[FaultKind.EVICT_AFTER_LOOKUP]:
+            self.punched()
 
     def nodes(self, want: str) -> list[TreeNode]:
         """Tree nodes by id: ``resident``, ``evicted`` or ``backed`` (resident, backed up)."""
@@ -180,10 +205,18 @@ class SystemMachine(RuleBasedStateMachine):
 
     # -- requests --------------------------------------------------------------------
     @precondition(lambda self: self.s is not None)
-    @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES), settle=st.booleans())
-    def compute(self, doc: int, pages: int, settle: bool) -> None:
-        self.sys.compute(self.rid("c"), self.key(doc, pages, 0), settle=settle)
-        self.reverify()
+    @rule(
+        doc=st.integers(0, DOCS - 1),
+        pages=st.integers(1, MAX_PAGES),
+        settle=st.booleans(),
+        from_scratch=st.booleans(),
+    )
+    def compute(self, doc: int, pages: int, settle: bool, from_scratch: bool) -> None:
+        """A request computes a prefix (from its device prefix, or from scratch: its
+        insert offers fresh slots for every page and replaces unlocked tombstones)."""
+        key = self.key(doc, pages, 0)
+        self.sys.compute(self.rid("c"), key, settle=settle, from_scratch=from_scratch)
+        self.after_store_call()
 
     @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
     @rule(
@@ -191,12 +224,100 @@ class SystemMachine(RuleBasedStateMachine):
         pages=st.integers(1, MAX_PAGES),
         extra=st.integers(0, 3),
         prepare=st.booleans(),
+        pin=st.booleans(),
     )
-    def begin(self, doc: int, pages: int, extra: int, prepare: bool) -> None:
-        """LOOKUP (and, with `prepare`, LOAD + PREPARE a hit) for a new request."""
+    def begin(self, doc: int, pages: int, extra: int, prepare: bool, pin: bool) -> None:
+        """LOOKUP (and, with `prepare`, LOAD + PREPARE a hit) for a new request; without
+        `pin` nothing locks its matched prefix until its load does."""
         rid = self.rid("r")
-        self.open[rid] = self.sys.begin(rid, self.key(doc, pages, extra), load=prepare)
-        self.reverify()  # an injected evict_after_lookup loses a stored page
+        key = self.key(doc, pages, extra)
+        self.open[rid] = self.sys.begin(rid, key, load=prepare, lock=pin)
+        self.after_store_call()
+
+    @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
+    @rule(
+        doc=st.integers(0, DOCS - 1),
+        pages=st.integers(2, MAX_PAGES),
+        tail=st.integers(1, 3),
+        meddle=st.sampled_from(["reload", "refill", "evict_swa", "evict", "nothing"]),
+    )
+    def gap(self, doc: int, pages: int, tail: int, meddle: str) -> None:
+        """The match -> load_back gap, unpinned: a prefix on the device with its tail in
+        the store; a request matches it; before its LOAD another request meddles with
+        the prefix (it is backed up, evicted and loaded back into other slots; computed
+        again from scratch, replacing SWA tombstones; its SWA window or itself evicted);
+        then the LOAD: it must re-check the prefix, not build on what it matched."""
+        s = self.sys
+        p = s.page_size
+        head = max(1, pages - tail)
+        key = self.key(doc, pages, 0)
+        s.compute(self.rid("c"), key[: head * p], settle=True)
+        s.compute(self.rid("c"), key, settle=True)
+        s.tree.evict(EvictParams(num_tokens=(pages - head) * p))  # the tail: store only
+        rid = self.rid("r")
+        req = self.open[rid] = s.begin(rid, key, load=False, lock=False)
+        anchor = req.match.device.last_device_node if req.match is not None else None
+        if meddle == "reload" and anchor is not None and anchor is not s.tree.root:
+            if type(self).host_pages and not anchor.backuped:
+                s.tree.backup(anchor)
+            s.tree.evict(EvictParams(num_tokens=HUGE_TOKENS))
+            s.compute(self.rid("c"), self.key((doc + 1) % DOCS, head, 0), offload=False)
+            if anchor.evicted:
+                s.tree.load_back(anchor)
+        elif meddle == "refill":
+            s.compute(self.rid("c"), key[: head * p], from_scratch=True, swa_boundary=0)
+        elif meddle == "evict_swa":
+            s.tree.evict(EvictParams(swa_num_tokens=HUGE_TOKENS))
+        elif meddle == "evict":
+            s.tree.evict(EvictParams(num_tokens=head * p))
+        if req.load is not None:
+            req.prepared = s.linker.load_back(req.load)
+            if req.prepared:
+                s.poison_reserved(req.load)
+        self.after_store_call()
+
+    @precondition(lambda self: bool(self.open))
+    @rule(data=st.data())
+    def prepare(self, data: st.DataObject) -> None:
+        """LOAD + PREPARE a request's idle load, after whatever ran since its match."""
+        idle = sorted(
+            rid
+            for rid, req in self.open.items()
+            if req.load is not None and req.load.state == LoadState.IDLE
+        )
+        if idle:
+            req = self.open[data.draw(st.sampled_from(idle))]
+            assert req.load is not None
+            req.prepared = self.sys.linker.load_back(req.load)
+            if req.prepared:
+                self.sys.poison_reserved(req.load)
+
+    @precondition(lambda self: self.s is not None)
+    @rule(data=st.data())
+    def verify(self, data: st.DataObject) -> None:
+        """LOOKUP a stored path (faults on): demote what the store lost."""
+        stored = sorted(self.sys.stored_nodes(), key=lambda n: n.id)
+        if stored:
+            self.sys.linker.verify_stored(data.draw(st.sampled_from(stored)))
+            self.after_store_call()
+
+    @precondition(lambda self: self.s is not None and isinstance(self.s.backend, MemoryStore))
+    @rule(data=st.data())
+    def corrupt_store_page(self, data: st.DataObject) -> None:
+        """Flip bytes of a page the memory store holds (a bad disk, a bad copy)."""
+        s = self.sys
+        held = sorted(
+            (pool, h)
+            for n in s.tree.nodes()
+            for h in (n.hashes or ())
+            for pool in ((PoolName.KV, PoolName.SWA) if s.swa else (PoolName.KV,))
+            if s.memory.contains(pool, h)
+        )
+        if held:
+            pool, key = data.draw(st.sampled_from(held))
+            view = s.memory.stored_bytes(pool, key)
+            assert view is not None
+            view[:8] ^= 0xFF
 
     @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
     @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES))
@@ -208,7 +329,7 @@ class SystemMachine(RuleBasedStateMachine):
         s.tree.evict(EvictParams(num_tokens=pages * s.page_size))
         rid = self.rid("r")
         self.open[rid] = s.begin(rid, self.key(doc, pages, 1))
-        self.reverify()
+        self.after_store_call()
 
     @precondition(lambda self: self.s is not None)
     @rule()
@@ -224,20 +345,20 @@ class SystemMachine(RuleBasedStateMachine):
         s.store.progress()
         s.finish_loads()
         s.linker.poll_offloads()
-        self.reverify()
+        self.after_store_call()
 
     @precondition(lambda self: bool(self.open))
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.open)))
         req = self.open[rid]
-        if req.load is not None and req.load.in_flight:
+        if req.load is not None and req.load.in_flight and req.load.awaited:
             return  # a later step ends it
         self.sys.complete(req)
         del self.open[rid]
         assert req.slots is not None
         assert torch.equal(self.sys.full_bytes(req.slots), kv_bytes(self.sys.aligned(req.key), 0))
-        self.reverify()
+        self.after_store_call()
 
     @precondition(lambda self: bool(self.open))
     @rule(data=st.data())
@@ -265,7 +386,7 @@ class SystemMachine(RuleBasedStateMachine):
             st.sampled_from([PoolName.KV, PoolName.SWA] if self.sys.swa else [PoolName.KV])
         )
         self.sys.store.evict(lost, pool)
-        self.reverify()
+        self.punched()
 
     @precondition(lambda self: self.s is not None and bool(self.s.linker.loads))
     @rule(data=st.data())
@@ -275,7 +396,7 @@ class SystemMachine(RuleBasedStateMachine):
         if loads:
             load = data.draw(st.sampled_from(loads))
             self.sys.store.evict([data.draw(st.sampled_from(load.tail_hashes))])
-            self.reverify()  # a tree node may hold the same page
+            self.punched()
 
     @precondition(lambda self: self.s is not None)
     @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES - 1))
@@ -327,12 +448,16 @@ class SystemMachine(RuleBasedStateMachine):
         the states a live model passes through within one call (a load is ``landed``
         only between LAND and COMMIT)."""
         s = self.sys
-        live: list[tuple[Executor, Any]] = [(s.tree.residency.executor, n) for n in s.tree.nodes()]
-        live += [(s.linker.load_machine, ld) for ld in s.linker.loads.values()]
-        live += [(s.linker.offload_machine, r) for r in s.linker.offloads if r is not None]
-        if not live:
+        by_machine: list[tuple[Executor, list[Any]]] = [
+            (s.tree.residency.executor, list(s.tree.nodes())),
+            (s.linker.load_machine, list(s.linker.loads.values())),
+            (s.linker.offload_machine, [r for r in s.linker.offloads if r is not None]),
+        ]
+        by_machine = [(ex, models) for ex, models in by_machine if models]
+        if not by_machine:
             return
-        real, model = data.draw(st.sampled_from(live))
+        real, models = data.draw(st.sampled_from(by_machine))  # machine first: loads are few
+        model = data.draw(st.sampled_from(models))
         ex = self._shadow_executor(real)
         shadow = self._shadow(model)
         ex.initialize(shadow, like=model)

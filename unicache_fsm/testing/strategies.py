@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from unicache_fsm.hashing import check_prior, page_hashes
-from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.store.faults import MISBEHAVIOUR, FaultKind, FaultPolicy, FaultRule
 
 __all__ = [
     "fault_policies",
@@ -206,14 +206,18 @@ def _fault_policies(
     return FaultPolicy(rules, seed=seed, delay_steps=delay_steps)
 
 
+_CONFORMING = tuple(kind for kind in FaultKind if kind not in MISBEHAVIOUR)
+
+
 def fault_policies(
-    kinds: Iterable[FaultKind] = tuple(FaultKind),
+    kinds: Iterable[FaultKind] = _CONFORMING,
     *,
     max_probability: float = 0.3,
     max_every: int = 5,
     max_delay_steps: int = 3,
 ) -> SearchStrategy[FaultPolicy]:
-    """A fresh `FaultPolicy` over a drawn subset of `kinds` (the empty policy included).
+    """A fresh `FaultPolicy` over a drawn subset of `kinds` (the empty policy included;
+    by default every kind a conforming store may show, not `MISBEHAVIOUR`).
 
     Each chosen kind fires with a probability in ``0.05 .. max_probability`` (steps of
     0.05) or, when `max_every` > 0, possibly on every K-th eligible call (K in

@@ -17,15 +17,19 @@ pools, and the linker. Requests then go through it the way a scheduler would dri
   abort or a miss, recomputes the tail from the device prefix; then releases its lock.
 - `serve(rid, key)` — the three above in a row.
 - `audit()` — after every step: `tree.check` with the linker's reserved slots, every
-  lock accounted for, every stored node's pages in the store, the store's own books,
-  and the bytes of every resident node equal to `kv_bytes` of its tokens (so a load
-  that landed garbage, or landed into the wrong slots, is caught).
+  lock accounted for, every stored node's pages acknowledged by the store once (the
+  `StoreLedger` between linker and store records what it acknowledged) and, where the
+  store loses nothing on its own (`check_stored`), still in it; with `check_chains`,
+  the store's chains whole; the store's own books, and the bytes of every resident
+  node equal to `kv_bytes` of its tokens (so a load that landed garbage, or landed
+  into the wrong slots, is caught).
 
 `run_ranks(n, fn)` runs ``fn(rank, group)`` for n thread ranks (`ThreadRankGroup`).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import threading
@@ -45,6 +49,7 @@ from unicache_fsm.store.faults import FaultPolicy, FaultyStore
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.testing import invariants as inv
+from unicache_fsm.testing.ledger import StoreLedger
 from unicache_fsm.tree import (
     EvictParams,
     ExecutorKind,
@@ -67,6 +72,7 @@ __all__ = [
 NUM_LAYERS = 2
 WIDTH = 4
 HUGE = 10**9
+POISON = 1999.0  # never a `kv_bytes` value (those lie in -1001 .. 1007)
 
 
 def kv_bytes(tokens: Sequence[int], start: int, *, swa: bool = False) -> torch.Tensor:
@@ -129,13 +135,19 @@ class System:
     kv: KVPool
     swa_kv: KVPool | None
     tree: RadixTree
-    backend: ExternalStore  # the store itself (inside `store` when faults are injected)
-    store: ExternalStore
+    backend: ExternalStore  # the store itself (inside `store`)
+    store: ExternalStore  # what the linker talks to: the ledger (around the fault injector)
     linker: ExternalLinker
+    ledger: StoreLedger  # every page the store acknowledged (see `testing.ledger`)
+    faulty_store: FaultyStore | None = None
     locks: list[TreeNode] = attrs.field(factory=list)
     requests: dict[str, Request] = attrs.field(factory=dict)  # begun, not completed
     audits: int = 0
     check_stored: bool = True  # off while a test lets the store lose pages on purpose
+    check_chains: bool = False  # on while only capacity eviction removes stored pages
+    _stale: set[str] = attrs.field(factory=set)  # KV pages seen gone under "stored" nodes
+    _restored_links: set[str] = attrs.field(factory=set)  # link pages offloaded in mid-air
+    _committed: collections.Counter[str] = attrs.field(factory=collections.Counter)
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -182,7 +194,9 @@ class System:
         backend: ExternalStore = (
             store_factory() if store_factory else MemoryStore(capacity_pages=capacity_pages)
         )
-        store: ExternalStore = backend if faults is None else FaultyStore(backend, faults)
+        faulty = None if faults is None else FaultyStore(backend, faults)
+        ledger = StoreLedger(backend if faulty is None else faulty)
+        store: ExternalStore = ledger
         store.attach(pools)
         linker = ExternalLinker(tree, store, group=group, config=LinkerConfig(executor=executor))
         return cls(
@@ -196,6 +210,8 @@ class System:
             backend=backend,
             store=store,
             linker=linker,
+            ledger=ledger,
+            faulty_store=faulty,
         )
 
     @property
@@ -206,8 +222,9 @@ class System:
 
     @property
     def faulty(self) -> FaultyStore:
-        assert isinstance(self.store, FaultyStore)
-        return self.store
+        """The fault injector (built with `faults`)."""
+        assert self.faulty_store is not None, "this system was built without faults"
+        return self.faulty_store
 
     # -- small helpers -------------------------------------------------------------------
     def aligned(self, key: Sequence[int]) -> tuple[int, ...]:
@@ -259,13 +276,23 @@ class System:
         offload: bool = True,
         settle: bool = True,
         swa_boundary: int | None = None,
+        from_scratch: bool = False,
     ) -> Request:
-        """Compute `key` from its device prefix (no external lookup) and insert it."""
+        """Compute `key` from its device prefix (no external lookup) and insert it.
+
+        With `from_scratch`, the request computed every token itself (it matched before
+        the prefix was cached): the insert offers fresh slots for the whole key, so the
+        tree frees the duplicates and replaces unlocked SWA tombstones in its window.
+        """
         req = Request(rid, tuple(key), namespace)
         full = self.aligned(key)
-        m = self.tree.match_prefix(full, namespace)
-        req.lock = self.lock(m.last_device_node)
-        self._compute_tail(req, m.device_indices, offload, settle, swa_boundary)
+        if from_scratch:
+            prefix = torch.empty(0, dtype=torch.int64, device=self.tree.device)
+        else:
+            m = self.tree.match_prefix(full, namespace)
+            req.lock = self.lock(m.last_device_node)
+            prefix = m.device_indices
+        self._compute_tail(req, prefix, offload, settle, swa_boundary)
         req.outcome = Outcome.COMPUTED
         return req
 
@@ -310,9 +337,21 @@ class System:
         req.lock = None
         if offload and result.write_through:
             req.offload = self.linker.offload_nodes(result.write_through)
+            self._note_link(req.offload, result.write_through)
             if settle:
                 self.store.progress()
                 self.linker.poll_offloads()
+
+    def _note_link(self, record: PendingOffload | None, chain: Sequence[TreeNode]) -> None:
+        """A chain offloaded on top of a parent whose last page the store no longer holds
+        (a stale "stored" flag) stores that link page again in mid-air: not a hole made
+        by capacity eviction, so `store_chains_whole` exempts the seam above it."""
+        if record is None or not chain[0].hashes:
+            return
+        for t in record.transfers:
+            linked = t.name is PoolName.KV and t.keys and t.keys[0] != chain[0].hashes[0]
+            if linked and not self.store.contains(PoolName.KV, t.keys[0]):
+                self._restored_links.add(t.keys[0])
 
     def begin(
         self,
@@ -332,7 +371,20 @@ class System:
         req.load = req.match.load
         if load and req.load is not None:
             req.prepared = self.linker.load_back(req.load)
+            if req.prepared:
+                self.poison_reserved(req.load)
         return req
+
+    def poison_reserved(self, load: ExternalLoad) -> None:
+        """Fill the slots a prepared load reserved with garbage, as a real engine's
+        would hold: a load that commits without landing shows it (KV bytes)."""
+        for t in load.transfers:
+            assert t.device_indices is not None
+            pool = self.swa_kv if t.name is PoolName.SWA else self.kv
+            assert pool is not None
+            n = int(t.device_indices.numel())
+            garbage = torch.full((n, NUM_LAYERS, WIDTH), POISON, dtype=torch.float16)
+            pool.write_pages(t.device_indices, garbage)
 
     def in_flight(self) -> bool:
         lk = self.linker
@@ -367,6 +419,9 @@ class System:
         COMMIT left on `load.endpoint` (the loaded path stays put until it is done)."""
         ended = self.linker.finish_loads()
         for load in ended:
+            if load.committed_ok:
+                self._committed[load.rid] += 1
+                inv.loads_landed(self._committed, self.ledger.landed_loads)
             inv.committed_load_sound(self.tree, load)
             if load.ctx is not None:
                 for ranges in load.ctx.adopted_ranges.values():
@@ -406,7 +461,9 @@ class System:
         else:
             if load is not None and load.state == LoadState.IDLE:
                 self.linker.release_request(req.rid)
-            assert load is None or load.state == LoadState.ABORTED, f"{load!r} is still in flight"
+            assert load is None or load.state == LoadState.ABORTED or not load.awaited, (
+                f"{load!r} is still in flight"
+            )
             req.outcome = Outcome.MISS if load is None else Outcome.ABORTED
             # recompute from the device prefix as it is now (it may have grown or gone)
             self.unlock(req.lock)
@@ -449,8 +506,22 @@ class System:
         inv.no_concurrent_offloads(tree)
         inv.lock_balance(tree, self.lock_holders())
         inv.nothing_in_flight_evicted(tree, linker)
+        inv.stored_pages_landed(tree, self.ledger.landed)
         if self.check_stored:
             inv.stored_pages_present(tree, self.store)
+        if self.check_chains:
+            inv.store_chains_whole(
+                tree, self.store, stale=self._stale, restored=self._restored_links
+            )
+        # pages seen missing under a node still marked stored: a later re-store of a
+        # page after them (a link page) is no hole made by capacity eviction
+        self._stale |= {
+            h
+            for n in tree.nodes()
+            if n.external_cache_stored
+            for h in (n.hashes or ())
+            if not self.store.contains(PoolName.KV, h)
+        }
         check = getattr(self.backend, "check_invariants", None)
         if callable(check):
             check()  # the backend's own books, when it keeps any
