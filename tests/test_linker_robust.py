@@ -143,6 +143,12 @@ class Scripted(MemoryStore):
         result: LoadBatchResult = self._via("pop_completed_load", super().pop_completed_load)
         return result
 
+    def start_loading(self) -> int:
+        return int(self._via("start_loading", super().start_loading))
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        return bool(self._via("cancel_queued_load", super().cancel_queued_load, rid))
+
 
 def scripted(**kw: Any) -> tuple[System, Scripted]:
     store = Scripted()
@@ -390,3 +396,60 @@ def test_records_hold_no_reference_to_the_linker() -> None:
         assert "linker" not in {f.name for f in attrs.fields(cls)}
     assert s.linker.load_machine.handler is s.linker
     assert s.linker.offload_machine.handler is s.linker
+
+
+# -- what a lost answer may leave in the store ------------------------------------------
+def test_release_while_the_cancel_fails_frees_nothing_the_store_may_write() -> None:
+    """The store may still hold a queued load whose cancel raised: its slots stay
+    reserved until the store is done with it (here: it runs the load), then it aborts."""
+    s, store = scripted()
+    x = key_of(4)
+    stored_then_evicted(s, x)
+    r = s.begin("r", x)
+    assert r.load is not None and r.prepared
+    reserved = r.load.transfers[0].device_indices
+    assert reserved is not None
+    store.script["cancel_queued_load"] = raising(TimeoutError("no answer"))
+    s.linker.release_request("r")
+    assert r.load.state == "prepared.queued" and r.load.abort_pending is not None
+    other = s.compute("other", key_of(6, base=700), offload=False)
+    assert other.slots is not None
+    assert not set(other.slots.tolist()) & set(reserved.tolist()), "slots reused too early"
+    s.audit()
+    del store.script["cancel_queued_load"]
+    s.drive()
+    assert r.load.state == "aborted" and r.load.abort_reason is not None
+    assert r.load.abort_reason.value == "released"
+    s.unlock(r.lock)
+    s.requests.pop("r")
+    s.assert_quiet()
+
+
+def test_start_loading_failing_on_one_rank_keeps_the_ranks_together() -> None:
+    """One rank's store fails to start the batch once: that rank starts it a round
+    later, and both ranks commit the load together (per-load agreement)."""
+    x = key_of(4)
+
+    def step(rank: int, group: Any) -> tuple[str, int]:
+        store = Scripted()
+        s = System.build(P, store_factory=lambda: store, group=group)
+        stored_then_evicted(s, x)
+        if rank == 1:
+            calls = {"n": 0}
+
+            def once(real: Callable[..., Any]) -> Any:
+                calls["n"] += 1
+                if calls["n"] == 1:
+                    raise ConnectionError("start lost")
+                return real()
+
+            store.script["start_loading"] = once
+        r = s.begin("r", x)
+        assert r.load is not None and r.prepared
+        s.drive(5, fixed=True)
+        state = r.load.state
+        finish_request(s, r)
+        s.assert_quiet()
+        return state, s.linker.stats.store_faults.get("start_loading", 0)
+
+    assert run_ranks(2, step, timeout=10.0) == [("committed", 0), ("committed", 1)]

@@ -748,8 +748,12 @@ class ExternalLinker:
                 pop()  # consumed, whatever it answers
 
     def close(self) -> None:
+        """`reset()`, then close the store (a failing close is a fault, not an error)."""
         self.reset()
-        self.store.close()
+        try:
+            self.store.close()
+        except Exception as exc:
+            self._store_fault("close", exc)
 
     # -- audit helpers -----------------------------------------------------------------
     def reserved_slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

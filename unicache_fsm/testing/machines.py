@@ -443,24 +443,30 @@ class SystemMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def fire_anything(self, data: st.DataObject) -> None:
         """Fire arbitrary triggers (1 to 3 in a row, each with an arbitrary argument) at
-        a shadow of an arbitrary live model: each time the engine allows it (maybe vetoed
-        by a guard) or raises exactly IllegalTransitionError. A row of triggers reaches
-        the states a live model passes through within one call (a load is ``landed``
-        only between LAND and COMMIT)."""
+        a shadow of an arbitrary live model (or a fresh store-side job record): each time
+        the engine allows it (maybe vetoed by a guard) or raises exactly
+        IllegalTransitionError. A row of triggers reaches the states a live model passes
+        through within one call (a load is ``landed`` only between LAND and COMMIT; a
+        synchronous store's offload is ``started`` only inside `progress`)."""
         s = self.sys
         by_machine: list[tuple[Executor, list[Any]]] = [
             (s.tree.residency.executor, list(s.tree.nodes())),
             (s.linker.load_machine, list(s.linker.loads.values())),
             (s.linker.offload_machine, [r for r in s.linker.offloads if r is not None]),
+            # a store's own jobs live inside it: fresh records, from their initial state
+            (jobs.LOAD_MACHINE, [jobs.StoreLoad("shadow", ())]),
+            (jobs.OFFLOAD_MACHINE, [jobs.StoreOffload(-1, ())]),
         ]
         by_machine = [(ex, models) for ex, models in by_machine if models]
-        if not by_machine:
-            return
         real, models = data.draw(st.sampled_from(by_machine))  # machine first: loads are few
         model = data.draw(st.sampled_from(models))
         ex = self._shadow_executor(real)
-        shadow = self._shadow(model)
-        ex.initialize(shadow, like=model)
+        if isinstance(model, (jobs.StoreLoad, jobs.StoreOffload)):
+            shadow = model
+            ex.initialize(shadow)
+        else:
+            shadow = self._shadow(model)
+            ex.initialize(shadow, like=model)
         for _ in range(data.draw(st.integers(1, 3), label="triggers")):
             trigger = data.draw(st.sampled_from(ex.spec.triggers()))
             arg = data.draw(st.booleans(), label="argument")
