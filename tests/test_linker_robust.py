@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.store.errors import StoreProtocolError
 from unicache_fsm.store.memory import MemoryStore
@@ -453,3 +454,29 @@ def test_start_loading_failing_on_one_rank_keeps_the_ranks_together() -> None:
         return state, s.linker.stats.store_faults.get("start_loading", 0)
 
     assert run_ranks(2, step, timeout=10.0) == [("committed", 0), ("committed", 1)]
+
+
+def test_a_load_released_while_loading_lands_then_aborts() -> None:
+    """The request goes while its batch runs; the batch lands: the load takes LAND (the
+    pages are there) and then ABORT (nobody wants them), freeing its reservation."""
+    s, store = scripted()
+    seen = TransitionCounter()
+    s.linker.load_machine.add_observer(seen)
+    x = key_of(4)
+    stored_then_evicted(s, x)
+    r = s.begin("r", x)
+    assert r.load is not None and r.prepared
+    assert s.linker.start_loading() >= 0 and r.load.state == "prepared.loading"
+    s.linker.release_request("r")
+    assert r.load.state == "prepared.loading" and r.load.abort_pending is not None
+    store.progress()
+    assert s.linker.finish_loads() == [r.load]
+    assert r.load.state == "aborted" and r.load.abort_reason is not None
+    assert r.load.abort_reason.value == "released"
+    arrows = {(src, trigger, dest) for (_, src, trigger, dest) in seen.counts}
+    assert ("prepared.loading", "land", "prepared.landed") in arrows
+    assert ("prepared.landed", "abort", "aborted") in arrows
+    assert not any(trigger == "commit" for (_, trigger, _) in arrows)
+    s.unlock(r.lock)
+    s.requests.pop("r")
+    s.assert_quiet()

@@ -175,6 +175,29 @@ def test_books_are_rebuilt_with_parents_so_capacity_still_evicts_chain_ends(
     bounded.close()
 
 
+def test_a_page_seen_while_its_offload_writes_it_keeps_its_parent(tmp_path: Path) -> None:
+    """A `contains` (or LOOKUP, or load) that sees a page between the offload's write and
+    its bookkeeping learns it without its parent; the offload's own entry must link it
+    again, or capacity eviction takes the chain's start and leaves its end stored."""
+
+    class Peeking(FileStore):
+        def _write(self, pool: PoolName, pages: Any) -> None:
+            super()._write(pool, pages)
+            for key, _, _ in pages:  # another thread asks right after the write
+                assert self.contains(pool, key)
+
+    rig = Rig()
+    store = Peeking(tmp_path / "s", capacity_pages=2)
+    store.attach(rig.pools)
+    x, _ = _offload(store, rig, 2)  # type: ignore[arg-type]
+    store.check_invariants()
+    _offload(store, rig, 1)  # one page must go: the chain's end, x[1]
+    assert store.contains(KV, x[0]) and not store.contains(KV, x[1])
+    assert store.lookup("x", kv_lookup(x)) == [1]
+    store.check_invariants()
+    store.close()
+
+
 # -- sharing one directory ---------------------------------------------------------------------
 
 

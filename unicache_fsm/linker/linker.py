@@ -21,8 +21,9 @@ Primitives, in the order a scheduler step uses them:
 - `start_loading()` — start every queued store load as one batch.
 - `finish_loads()` — take this rank's completed batches (FIFO: each completion ends
   the oldest batch in flight), then agree per prepared load (one MIN all-reduce) on
-  whether every rank's store is done with it and every page landed; COMMIT those,
-  ABORT the ones done but failed, keep waiting for the rest. Returns the loads that
+  whether every rank's store is done with it and every page landed; LAND and COMMIT
+  those (LAND then ABORT where the request gave the load up meanwhile), ABORT the ones
+  done but failed, keep waiting for the rest. Returns the loads that
   ended (not those whose `load_back` answered False: the request already recomputes).
   A committed load hands the caller one lock on `load.endpoint` (the end of the loaded
   path), which the caller releases with ``tree.dec_lock_ref``.
@@ -369,12 +370,15 @@ class ExternalLinker:
             landed = load.state == LoadState.LOADING and self.load_machine.may_fire(
                 load, L.LAND, verdict
             )
-            if landed and load.abort_pending is None:
+            if landed:
                 self.load_machine.fire(load, L.LAND, verdict)
-                self.load_machine.fire(load, L.COMMIT)
-                self._forget(load)
-                self.stats.loads_committed += 1
-            elif load.state == LoadState.LOADING and not landed:
+                if load.abort_pending is None:
+                    self.load_machine.fire(load, L.COMMIT)
+                    self._forget(load)
+                    self.stats.loads_committed += 1
+                else:  # every page landed, but the request gave the load up meanwhile
+                    self._abort(load, load.abort_pending)
+            elif load.state == LoadState.LOADING:
                 self._abort(load, AbortReason.LOAD_FAILED)
             else:
                 self._abort(load, load.abort_pending or AbortReason.LOAD_FAILED)

@@ -18,7 +18,9 @@ What `SharedStore` does with them:
 
 - LOOKUP, `load` and `contains` ask the medium (`_exists`), not the books, then reconcile
   the books: pages another process wrote are learnt (parent: the previous key of the
-  same request), pages another process removed are forgotten. `capacity_pages` bounds
+  same request, or the parent the store remembers for the first key), pages another
+  process removed are forgotten; a page learnt as a chain start gets its parent when
+  an offload or a later request names it. `capacity_pages` bounds
   the pages this store knows; it evicts only from its own books (`_erase`).
 - OFFLOAD: the books are first reconciled with the medium for the offload's keys (so a
   page someone removed is written again, not skipped); the new pages (write-once,
@@ -114,7 +116,8 @@ class SharedStore(BaseStore[KnownPage]):
             ident = (pool, key)
             known = ident in self._pages
             if flag and not known and nbytes:
-                self._learn(ident, KnownPage((pool, keys[i - 1]) if i else None, nbytes))
+                parent = (pool, keys[i - 1]) if i else self._parents.get(ident)
+                self._learn(ident, KnownPage(parent, nbytes))
             elif known and not flag:
                 self._forget(ident)
         return flags
@@ -140,8 +143,14 @@ class SharedStore(BaseStore[KnownPage]):
     # -- books ---------------------------------------------------------------------------
 
     def _learn(self, ident: Ident, entry: KnownPage) -> None:
-        if ident not in self._pages:
+        """Put a page the medium holds into the books; a page already there that was
+        learnt as a chain start (say by `contains` while its offload was writing it)
+        takes the parent this entry knows, so capacity eviction keeps the chain whole."""
+        held = self._pages.get(ident)
+        if held is None:
             self._insert(ident, entry)
+        elif held.parent is None and entry.parent is not None and entry.parent != ident:
+            self._link(ident, held, entry.parent)
 
     def _forget(self, ident: Ident) -> None:
         entry = self._pages.get(ident)

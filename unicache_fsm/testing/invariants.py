@@ -255,8 +255,9 @@ def committed_load_sound(tree: RadixTree, load: ExternalLoad) -> None:
     if not torch.equal(tree_slots[: load.prefix_len], load.slots):
         raise InvariantViolation("COMMIT soundness", f"{load.rid}: slots are not the tree's")
     alloc = tree.allocator
-    if isinstance(alloc, SWAAllocator):
-        window = load.slots[-tree.window :]
+    size = tree.config.sliding_window_size
+    if isinstance(alloc, SWAAllocator) and size is not None:
+        window = load.slots[-size:]
         if bool((alloc.translate(window) == 0).any()):
             detail = f"{load.rid}: its last window has FULL slots with no live SWA"
             raise InvariantViolation("COMMIT soundness", detail)
