@@ -21,12 +21,14 @@ Each function checks one invariant of ``docs/contract.md`` and raises `Invariant
   capacity-limited stores and needs no LOOKUP to demote stale flags first.
 - `stored_pages_present(tree, store)` — no node marked stored lacks a page in the
   store now (only where the store loses nothing on its own).
-- `store_chains_whole(tree, store, stale)` — where a stored node hangs below a stored
-  parent, the store does not hold the child's first KV page without the parent's last
-  one: capacity eviction shrinks chains from their end, not at the seam between two
-  offloads (only where nothing but capacity and corruption removes pages; `stale`
-  lists pages seen gone earlier, after which the child's page may have been stored
-  again, `restored` link pages offloaded again over a prefix the store had lost).
+- `store_chains_whole(tree, held, stale, restored)` — where a stored node hangs below
+  a stored parent, the store does not hold the child's first KV page without the
+  parent's last one: capacity eviction shrinks chains from their end, not at the seam
+  between two offloads. `held(pool, key)` is one consistent view of the store (a
+  snapshot, where a worker thread may evict between two questions). Only where
+  nothing but capacity and corruption removes pages; `stale` lists pages seen gone
+  earlier, after which the child's page may have been stored again, `restored` link
+  pages offloaded again over a prefix the store had lost.
 - `loads_landed(committed, landed)` — no load committed unless a successful batch
   completion of the store named it (counts per rid: `StoreLedger.landed_loads`).
 - `adopted_ranges_shape(ranges, page_size, start, end)` — sorted, disjoint, not
@@ -206,7 +208,7 @@ def loads_landed(committed: Mapping[str, int], landed: Mapping[str, int]) -> Non
 
 def store_chains_whole(
     tree: RadixTree,
-    store: ExternalStore,
+    held: Callable[[PoolName, str], bool],
     stale: Collection[str] = frozenset(),
     restored: Collection[str] = frozenset(),
 ) -> None:
@@ -224,9 +226,7 @@ def store_chains_whole(
             continue
         # two stored nodes offloaded apart: the child's first page is linked to the
         # parent's last page, so capacity eviction cannot take the parent's end first
-        if store.contains(PoolName.KV, n.hashes[0]) and not store.contains(
-            PoolName.KV, parent.hashes[-1]
-        ):
+        if held(PoolName.KV, n.hashes[0]) and not held(PoolName.KV, parent.hashes[-1]):
             detail = (
                 f"node {parent.id}'s last page is gone but its stored child {n.id}'s first "
                 "page is still held: a hole in the middle of a chain, not a shorter chain"
