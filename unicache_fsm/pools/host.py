@@ -141,8 +141,8 @@ class HostKVPool(KVPool):
                 "with HostKVPool.for_device_pool"
             )
             raise TensorShapeError(msg, what="device_pool", got=dev_layout, expected=host_layout)
-        device_pool._pages_of(device_slots, "device_slots")
-        self._pages_of(host_slots, "host_slots")
+        device_pool.pages_of(device_slots, "device_slots")
+        self.pages_of(host_slots, "host_slots")
         if device_slots.numel() != host_slots.numel():
             msg = (
                 f"a page copy needs one host slot per device slot: got {device_slots.numel()} "

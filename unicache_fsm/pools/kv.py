@@ -148,7 +148,7 @@ class KVPool:
 
     def read_pages(self, slots: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """The rows of whole pages `slots`, ``[len(slots), num_layers, width]``."""
-        pages = self._pages_of(slots, "slots to read")
+        pages = self.pages_of(slots, "slots to read")
         if out is not None:
             self._check_data(out, slots.numel(), "out")
             if not out.is_contiguous():
@@ -168,7 +168,7 @@ class KVPool:
 
     def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
         """Store `data` (``[len(slots), num_layers, width]``) into whole pages `slots`."""
-        pages = self._pages_of(slots, "slots to write")
+        pages = self.pages_of(slots, "slots to write")
         self._check_data(data, slots.numel(), "data")
         if SlotCodec.has_duplicates(pages):
             dup = SlotCodec.duplicate_pages(pages)
@@ -182,7 +182,9 @@ class KVPool:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _pages_of(self, slots: object, what: str) -> torch.Tensor:
+    def pages_of(self, slots: object, what: str) -> torch.Tensor:
+        """Page ids of `slots` (whole pages of this pool, else a typed error naming
+        `what`); nothing is read or changed."""
         codec = self._codec
         return codec.to_pages(codec.check_index_tensor(slots, what), what)
 

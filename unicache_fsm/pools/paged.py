@@ -136,8 +136,8 @@ class PagedAllocator:
 
     def free(self, slots: torch.Tensor) -> None:
         """Return whole pages; a free page (or one named twice) raises `DoubleFreeError`."""
-        pages = self._live_pages(slots, what="slots to free", freeing=True)
-        self._release_pages(pages)
+        pages = self.live_pages(slots, what="slots to free", freeing=True)
+        self.release_pages(pages)
 
     # -- package-internal (used by the SWA allocator, which validates first) ------------
 
@@ -152,8 +152,10 @@ class PagedAllocator:
         self._is_free.index_fill_(0, pages, False)
         return pages
 
-    def _release_pages(self, pages: torch.Tensor) -> None:
-        """Push validated, allocated, distinct page ids back on the free stack."""
+    def release_pages(self, pages: torch.Tensor) -> None:
+        """Push page ids back on the free stack. They must be validated, allocated and
+        distinct (`live_pages(..., freeing=True)` checks that): a composing allocator
+        (`SWAAllocator`) validates both of its pools before it releases either."""
         n = pages.numel()
         if n == 0:
             return
@@ -168,9 +170,9 @@ class PagedAllocator:
         For callers about to take ownership of slots (the tree adopting an insert's
         value): one gather, nothing changed.
         """
-        self._live_pages(slots, what=what, freeing=False)
+        self.live_pages(slots, what=what, freeing=False)
 
-    def _live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
+    def live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
         """Page ids of `slots`, which must be whole, distinct, currently allocated pages.
 
         Raises (nothing changed) `DoubleFreeError` when `freeing`, else

@@ -162,8 +162,8 @@ class SWAAllocator:
                 left_len=full_slots.numel(),
                 right_len=swa_slots.numel(),
             )
-        self._full._live_pages(full_slots, what="full_slots to map", freeing=False)
-        self._swa._live_pages(swa_slots, what="swa_slots to map", freeing=False)
+        self._full.live_pages(full_slots, what="full_slots to map", freeing=False)
+        self._swa.live_pages(swa_slots, what="swa_slots to map", freeing=False)
         if full_slots.numel() == 0:
             return
         fwd, rev = self._full_to_swa, self._swa_to_full
@@ -194,45 +194,45 @@ class SWAAllocator:
 
     def free(self, full_slots: torch.Tensor) -> None:
         """Free FULL pages and the SWA pages they map to; zero their mapping."""
-        pages = self._full._live_pages(full_slots, what="full_slots to free", freeing=True)
+        pages = self._full.live_pages(full_slots, what="full_slots to free", freeing=True)
         if pages.numel() == 0:
             return
         swa_pages = self._mapped_swa_pages(full_slots)
         self._unmap_full(full_slots)
-        self._swa._release_pages(swa_pages)
-        self._full._release_pages(pages)
+        self._swa.release_pages(swa_pages)
+        self._full.release_pages(pages)
 
     def free_full_only(self, full_slots: torch.Tensor) -> None:
         """Free FULL pages and zero their mapping; their SWA pages stay allocated."""
-        pages = self._full._live_pages(full_slots, what="full_slots to free", freeing=True)
+        pages = self._full.live_pages(full_slots, what="full_slots to free", freeing=True)
         if pages.numel() == 0:
             return
         self._unmap_full(full_slots)
-        self._full._release_pages(pages)
+        self._full.release_pages(pages)
 
     def free_mapped_swa(self, full_slots: torch.Tensor) -> None:
         """Free the SWA pages mapped from allocated FULL pages; FULL stays allocated.
 
         Unmapped FULL pages in `full_slots` are skipped (they have no SWA data).
         """
-        pages = self._full._live_pages(
+        pages = self._full.live_pages(
             full_slots, what="full_slots whose SWA to free", freeing=False
         )
         if pages.numel() == 0:
             return
         swa_pages = self._mapped_swa_pages(full_slots)
         self._unmap_full(full_slots)
-        self._swa._release_pages(swa_pages)
+        self._swa.release_pages(swa_pages)
 
     def free_swa(self, swa_slots: torch.Tensor) -> None:
         """Free SWA pages; FULL pages that mapped to them become unmapped."""
-        pages = self._swa._live_pages(swa_slots, what="swa_slots to free", freeing=True)
+        pages = self._swa.live_pages(swa_slots, what="swa_slots to free", freeing=True)
         if pages.numel() == 0:
             return
         fwd, rev = self._full_to_swa, self._swa_to_full
         fwd.index_fill_(0, rev.index_select(0, swa_slots), 0)
         rev.index_fill_(0, swa_slots, 0)
-        self._swa._release_pages(pages)
+        self._swa.release_pages(pages)
 
     # -- internals ---------------------------------------------------------------------
 
