@@ -11,7 +11,9 @@
 #                       (git apply); exits 0 when the suite FAILS (mutant caught), 1 when
 #                       it passes (mutant survived)
 #     --cli ARGS...     run `python -m conformance ARGS` instead of pytest (run one
-#                       configuration, replay a program, check the behaviour catalogue)
+#                       configuration, replay a program, check the behaviour catalogue);
+#                       after --mutant, against the mutant (`--cli census`: caught when
+#                       any generated program diverges; no shrinking, so minutes faster)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -33,11 +35,10 @@ done
 bash "$REPO/scripts/sglang_env.sh" --quick
 PY="$SGLANG_VENV/bin/python"
 
-if [ "$CLI" = 1 ]; then
-    exec env PYTHONPATH="$REPO:$REPO/tests" "$PY" -m conformance "$@"
-fi
-
 if [ -z "$MUTANT" ]; then
+    if [ "$CLI" = 1 ]; then
+        exec env PYTHONPATH="$REPO:$REPO/tests" "$PY" -m conformance "$@"
+    fi
     exec "$PY" -m pytest tests/conformance "$@"
 fi
 
@@ -48,7 +49,11 @@ git ls-files -co --exclude-standard -z | tar --null -cf - -T - | tar -xf - -C "$
 (cd "$WORK" && git apply "$MUTANT")
 echo "[conformance] mutant $(basename "$MUTANT") applied in $WORK"
 set +e
-(cd "$WORK" && "$PY" -m pytest tests/conformance -x -q "$@")
+if [ "$CLI" = 1 ]; then  # e.g. --cli census: exit 1 when any program diverges
+    (cd "$WORK" && env PYTHONPATH="$WORK:$WORK/tests" "$PY" -m conformance "$@")
+else
+    (cd "$WORK" && "$PY" -m pytest tests/conformance -x -q "$@")
+fi
 rc=$?
 set -e
 if [ "$rc" = 1 ]; then

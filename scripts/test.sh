@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: system packages the tests use, the dev
 # install at the exact versions of constraints.txt, then ruff, mypy and pytest.
+# Last, the differential suite against SGLang 0.5.23's own cache (tests/conformance),
+# with the python of a separate venv that scripts/sglang_env.sh builds or reuses.
 # Called by .ci/run and by the README. Prints no warning it did not cause: pip runs
 # with -qq (the machine's own pip configuration may warn about its mirrors) and apt's
 # chatter goes to a log that is shown only when apt fails.
@@ -13,6 +15,9 @@ if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; f
 need_apt=()
 command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)  # the Redis store tests start their own
+# the SGLang oracle (scripts/sglang_env.sh) JIT-builds SGLang's page-hash extension
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+[ -e /usr/include/openssl/sha.h ] || need_apt+=(libssl-dev)
 
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt_log=$(mktemp)
@@ -35,3 +40,5 @@ PY="${PYTHON:-python3}"
 "$PY" -m ruff format --check .
 "$PY" -m mypy
 "$PY" -m pytest -q "$@"
+# SGLang's vendored imports warn about their own deprecations; not ours to show
+PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" bash scripts/conformance.sh -- -q -p no:warnings

@@ -120,6 +120,7 @@ class RadixTree(HostTier, Offloads):
         self.lock_hooks = self._overriding("lock")
         self.held_locks = {}
         self._match_end_hooks = self._overriding("after_match")
+        self._cut_hooks = self._overriding("cut_match")
         self._insert_end_hooks = self._overriding("after_insert")
         self._overlap_order = tuple(reversed(self.components))
 
@@ -170,33 +171,31 @@ class RadixTree(HostTier, Offloads):
             if m < len(child.key):
                 break  # a partial host hit would need a split of an evicted node; skip it
             host_len, host_node, probe, hpos = host_len + m, child, child, hpos + m
-        walked = len(path)
-        for c in self.components:
-            keep = c.cut_match(path)
-            if keep < len(path):
-                path = path[:keep]
-        if len(path) < walked:  # the host hit no longer continues the device prefix
-            host_len, host_node = 0, None
-        self._touch_path(path[-1] if path else self.root)
-        for c in self._match_end_hooks:
-            c.after_match(path[-1] if path else self.root)
+        if self._cut_hooks:
+            walked = len(path)
+            for c in self._cut_hooks:
+                keep = c.cut_match(path)
+                if keep < len(path):
+                    path = path[:keep]
+            if len(path) < walked:  # the host hit no longer continues the device prefix
+                host_len, host_node = 0, None
         if not path:
+            for c in self._match_end_hooks:
+                c.after_match(self.root)
             return MatchResult(self._empty, self.root, host_len, host_node)
+        # the kept end node is used now; each ancestor a hair older (it stays behind
+        # its child in LRU order, ahead of everything used before)
+        self.clock += 1
+        stamp = float(self.clock)
+        for n in reversed(path):
+            n.last_access = stamp
+            stamp -= ANCESTOR_STEP
+        for c in self._match_end_hooks:
+            c.after_match(path[-1])
         bk = self.backbone_type
         parts = [n.data[bk] for n in path]
         indices = parts[0].clone() if len(parts) == 1 else torch.cat(parts)  # never the tree's
         return MatchResult(indices, path[-1], host_len, host_node)
-
-    def _touch_path(self, node: TreeNode) -> None:
-        """Stamp `node` and its ancestors as just used: `node` with a fresh tick, each
-        ancestor a hair older (so a parent stays behind its child in LRU order but
-        ahead of everything used before)."""
-        stamp = float(self.tick())
-        n: TreeNode | None = node
-        while n is not None:
-            n.last_access = stamp
-            stamp -= ANCESTOR_STEP
-            n = n.parent
 
     # -- insert ------------------------------------------------------------------------
     def _check_insert(self, params: InsertParams) -> None:
@@ -222,13 +221,14 @@ class RadixTree(HostTier, Offloads):
                 raise InsertParamsError(msg, what=what, value=v)
             check_aligned(what, v, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
+        tail = value[params.prev_prefix_len :]
         if self.config.check_slots:
-            self.allocator.check_live(value[params.prev_prefix_len :], "insert value")
+            self.allocator.check_live(tail, "insert value")
         if self.config.hash_pages:  # hashing errors must come before any change
             hashing.check_tokens(key)
             hashing.check_prior(params.namespace)
         for c in self.components:
-            c.check_insert(params)
+            c.check_insert(params, tail)
 
     def insert(self, params: InsertParams) -> InsertResult:
         self._check_insert(params)
@@ -243,7 +243,8 @@ class RadixTree(HostTier, Offloads):
             child = node.children.get(child_key(node, key, pos, ns, p))
             if child is None:
                 break
-            child.last_access = self.tick()
+            self.clock += 1
+            child.last_access = self.clock
             m = common_len(child.key, key, pos, n, p)
             if m < len(child.key):
                 child = self.split(child, m)
@@ -267,8 +268,9 @@ class RadixTree(HostTier, Offloads):
                 parent=node,
                 namespace=ns,
                 hashes=self._hashes_for(node, key[pos:], ns),
-                last_access=self.tick(),
+                last_access=self.clock + 1,
             )
+            self.clock += 1
             self.residency.initialize(leaf)
             self.link(leaf)
             for c in components:

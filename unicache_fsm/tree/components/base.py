@@ -10,7 +10,8 @@ Tree hooks, in the order a tree uses them:
 
 - `enabled(allocator, config)` (classmethod) — whether a tree built with these gets
   the component; `TreeError` for half a configuration.
-- `check_insert(params)` — refuse an insert (typed error) before the tree changes.
+- `check_insert(params, tail)` — refuse an insert (typed error) before the tree
+  changes; `tail` is the caller's slots from `prev_prefix_len` on.
 - `take_slots(node, slots)` / `drop_slots(node)` — set / remove this component's
   slots on a node, keeping the component's own books (FULL: which pages the tree
   owns). Every write of a node's `data` entry goes through them.
@@ -182,10 +183,14 @@ class TreeComponent(abc.ABC):
         return False
 
     # -- tree hooks ----------------------------------------------------------------------
-    def check_insert(self, params: InsertParams) -> None:
+    def check_insert(self, params: InsertParams, tail: torch.Tensor) -> None:
         return None
 
-    def take_slots(self, node: TreeNode, slots: torch.Tensor) -> None:
+    def take_slots(
+        self, node: TreeNode, slots: torch.Tensor, page_ids: list[int] | None = None
+    ) -> None:
+        """Set this component's `slots` on `node` (`page_ids`: their page ids, when the
+        caller has them already)."""
         node.data[self.component_type] = slots
 
     def drop_slots(self, node: TreeNode) -> torch.Tensor:

@@ -6,7 +6,7 @@ Tree hooks:
 - `check_insert` — with `TreeConfig.check_slots`, refuse caller slots (at or past
   `prev_prefix_len`) whose pages the tree already owns (`OwnedSlotsError`): adopted
   under another key, two nodes would share them; freed as duplicates, the tree would
-  lose them. The component keeps a per-page ownership map for it (`take_slots` /
+  lose them. The component keeps the set of pages it owns for it (`take_slots` /
   `drop_slots`).
 - `adopt` — the node takes the caller's FULL slots for its span (a copy, never a view
   of the caller's tensor); the range is recorded as adopted.
@@ -70,64 +70,78 @@ class FullComponent(TreeComponent):
 
     def __init__(self, tree: RadixTree) -> None:
         super().__init__(tree)
-        alloc = tree.allocator
-        rows = alloc.full_num_slots if isinstance(alloc, SWAAllocator) else alloc.num_slots
-        # owned[page]: the tree holds that FULL page (on some node); None without checks
-        self.owned: torch.Tensor | None = (
-            torch.zeros(rows // self.page_size, dtype=torch.bool, device=alloc.device)
-            if tree.config.check_slots
-            else None
-        )
+        # the FULL pages the tree holds (on some node); None without checks. A Python
+        # set: an insert touches a few pages, and a set lookup beats a tensor gather
+        self.owned: set[int] | None = set() if tree.config.check_slots else None
+        # the page ids of the last checked insert's caller slots (params, from, ids),
+        # reused when that insert adopts them: one conversion per insert, not two
+        self._checked: tuple[InsertParams, int, list[int]] | None = None
 
     # -- tree hooks ----------------------------------------------------------------------
-    def _pages(self, slots: torch.Tensor) -> torch.Tensor:
+    def _page_ids(self, slots: torch.Tensor) -> list[int]:
+        """The page id of each page of `slots` (whole pages)."""
         p = self.page_size
-        return slots if p == 1 else slots[::p] // p
+        values: list[int] = slots.tolist()
+        return values if p == 1 else [s // p for s in values[::p]]
 
-    def check_insert(self, params: InsertParams) -> None:
+    def check_insert(self, params: InsertParams, tail: torch.Tensor) -> None:
         owned = self.owned
-        tail = params.value[params.prev_prefix_len :]
-        if owned is None or not tail.numel():
+        if owned is None:
+            self._checked = None
             return
-        pages = self._pages(tail)
-        hit = owned[pages]
-        if not bool(hit.any()):
+        p, prev = self.page_size, params.prev_prefix_len
+        slots = tail.tolist()  # cheaper than slicing the tensor first
+        pages = slots if p == 1 else [s // p for s in slots[::p]]
+        self._checked = (params, prev, pages)
+        if owned.isdisjoint(pages):
             return
-        bad = sorted(set(pages[hit].tolist()))
+        bad = sorted(owned.intersection(pages))
         holders = [
             n.id
             for n in self.tree.nodes()
-            if (s := n.data.get(FULL)) is not None
-            and not set(self._pages(s).tolist()).isdisjoint(bad)
+            if (s := n.data.get(FULL)) is not None and not set(self._page_ids(s)).isdisjoint(bad)
         ]
         msg = (
             f"insert value names FULL pages {bad[:10]} at or past prev_prefix_len = "
-            f"{params.prev_prefix_len}, which the tree already owns (nodes {holders[:10]}); "
-            "pass the slots you matched below prev_prefix_len and fresh slots past it"
+            f"{prev}, which the tree already owns (nodes {holders[:10]}); pass the slots "
+            "you matched below prev_prefix_len and fresh slots past it"
         )
         raise OwnedSlotsError(msg, pages=bad, node_ids=holders)
 
-    def take_slots(self, node: TreeNode, slots: torch.Tensor) -> None:
+    def take_slots(
+        self, node: TreeNode, slots: torch.Tensor, page_ids: list[int] | None = None
+    ) -> None:
         node.data[FULL] = slots
         if self.owned is not None:
-            self.owned[self._pages(slots)] = True
+            self.owned.update(self._page_ids(slots) if page_ids is None else page_ids)
 
     def drop_slots(self, node: TreeNode) -> torch.Tensor:
         slots = node.data.pop(FULL)
         if self.owned is not None:
-            self.owned[self._pages(slots)] = False
+            self.owned.difference_update(self._page_ids(slots))
         return slots
 
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
-        self.take_slots(node, ctx.value[node.start : node.end].clone())
-        ctx.result.record_adopted_range(FULL, node.start, node.end)
+        start = node.start
+        end = start + len(node.key)
+        slots = ctx.value[start:end].clone()
+        node.data[FULL] = slots
+        owned, checked = self.owned, self._checked
+        if owned is not None:
+            if checked is not None and checked[0] is ctx.params and start >= checked[1]:
+                p, first = self.page_size, checked[1]
+                owned.update(checked[2][(start - first) // p : (end - first) // p])
+            else:
+                owned.update(self._page_ids(slots))
+        ctx.result.record_adopted_range(FULL, start, end)
         return node
 
     def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
         if not ctx.settled:
-            dup_start = max(node.start, ctx.params.prev_prefix_len)
-            if dup_start < node.end:
-                ctx.to_free.append(ctx.value[dup_start : node.end])
+            start, end = node.start, node.start + len(node.key)
+            dup_start = max(start, ctx.params.prev_prefix_len)
+            if dup_start < end:
+                ctx.to_free.append(ctx.value[dup_start:end])
         return node
 
     def evict(self, params: EvictParams, tally: dict[ComponentType, int]) -> None:
@@ -164,10 +178,9 @@ class FullComponent(TreeComponent):
             findings,
         )
         if self.owned is not None:
-            books = set(self.owned.nonzero().flatten().tolist())
             held = set(page_ids(owned, self.page_size).tolist())
-            if books != held:
-                wrong = sorted(books ^ held)[:10]
+            if self.owned != held:
+                wrong = sorted(self.owned ^ held)[:10]
                 findings.append(f"FULL: the ownership map disagrees with the nodes on {wrong}")
 
     # -- linker hooks --------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""The package's layering rules, read off its source (AST), so a change that breaks one
+fails here with the file and line.
+
+- The tree core (``unicache_fsm/tree/`` outside ``tree/components/``) is
+  component-generic: it names no specific component (no ``FULL`` / ``SWA`` /
+  ``MAMBA``, no component class, no ``swa_enabled``) and imports no component module
+  but ``components.base`` and the registry (``components/__init__``). What a component
+  does lives in its own module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import unicache_fsm
+
+PACKAGE = Path(unicache_fsm.__file__).resolve().parent
+TREE = PACKAGE / "tree"
+COMPONENT_NAMES = {
+    "FULL",
+    "SWA",
+    "MAMBA",
+    "swa_enabled",
+    "FullComponent",
+    "SwaComponent",
+    "MambaComponent",
+}
+
+
+def _tree_core_files() -> list[Path]:
+    return [p for p in sorted(TREE.rglob("*.py")) if "components" not in p.relative_to(TREE).parts]
+
+
+def component_mentions(source: str) -> list[str]:
+    """Each place in `source`'s code (not its docstrings) that names a component."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        name = None
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            inside = parts[:3] == ["unicache_fsm", "tree", "components"]
+            if inside and parts[3:] not in ([], ["base"]):
+                found.append(f"line {node.lineno}: imports {node.module}")
+            name = next((a.name for a in node.names if a.name in COMPONENT_NAMES), None)
+        if name in COMPONENT_NAMES:
+            found.append(f"line {getattr(node, 'lineno', '?')}: {name}")
+    return found
+
+
+def test_the_checker_sees_a_component_name() -> None:
+    assert component_mentions("x = ComponentType.SWA\n") == ["line 1: SWA"]
+    assert component_mentions("from unicache_fsm.tree.components.swa import X\n") == [
+        "line 1: imports unicache_fsm.tree.components.swa"
+    ]
+    assert component_mentions('"""SWA and FULL in prose are fine."""\n') == []
+
+
+def test_the_tree_core_names_no_specific_component() -> None:
+    files = _tree_core_files()
+    assert len(files) >= 8, files  # walk, tree, locks, eviction, host, offload, state, audit...
+    offenders = {
+        str(p.relative_to(PACKAGE)): hits
+        for p in files
+        if (hits := component_mentions(p.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}
