@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.linker.linker import ExternalLinker
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 
-class InvariantViolation(AssertionError):
+class InvariantViolation(UnicacheFsmError, AssertionError):
     """An invariant of the contract does not hold; `invariant` names it."""
 
     def __init__(self, invariant: str, detail: str) -> None:
