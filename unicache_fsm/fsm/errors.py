@@ -6,8 +6,70 @@ meaning it shares (a malformed spec is a `ValueError`, an illegal trigger a
 `RuntimeError`), so callers can catch either. Messages name the culprit and say what
 to do; they are built as ``msg = f"..."; raise X(msg)`` by the code that detects them.
 
-Other subpackages (pools, tree, linker, store) add their own classes under
-`UnicacheFsmError`; this module imports nothing of ours.
+Other subpackages add their own classes under `UnicacheFsmError`; this module imports
+nothing of ours. Catch `UnicacheFsmError` for anything the library raises, a subpackage's
+root (`TreeError`, `PoolError`, `StoreError`, `HashError`) for one part. The whole
+hierarchy (checked against the code by `tests/test_public_api.py`):
+
+```text
+UnicacheFsmError (unicache_fsm.fsm.errors)
+  CliError (unicache_fsm.cli)
+  GraphvizFailedError (unicache_fsm.fsm.diagram)
+  GraphvizNotFoundError (unicache_fsm.fsm.diagram)
+  GuardRejectedError (unicache_fsm.fsm.errors)
+  HashError (unicache_fsm.hashing)
+    InvalidPriorHashError (unicache_fsm.hashing)
+    InvalidTokenError (unicache_fsm.hashing)
+    NamespaceFieldError (unicache_fsm.hashing)
+    PageSizeError (unicache_fsm.hashing)
+  IllegalTransitionError (unicache_fsm.fsm.errors)
+    UnknownTriggerError (unicache_fsm.fsm.errors)
+  InvalidSpecError (unicache_fsm.fsm.errors)
+  InvariantViolation (unicache_fsm.testing.invariants)
+  PoolError (unicache_fsm.pools.errors)
+    DeviceMismatchError (unicache_fsm.pools.errors)
+    DeviceUnavailableError (unicache_fsm.pools.errors)
+    DuplicatePagesError (unicache_fsm.pools.errors)
+    ForeignSlotsError (unicache_fsm.pools.errors)
+    InvalidPageKeyError (unicache_fsm.pools.transfer)
+    LengthMismatchError (unicache_fsm.pools.errors)
+    NotPageMultipleError (unicache_fsm.pools.errors)
+    PoolConfigError (unicache_fsm.pools.errors)
+    SlotsNotAllocatedError (unicache_fsm.pools.errors)
+      DoubleFreeError (unicache_fsm.pools.errors)
+    TensorShapeError (unicache_fsm.pools.errors)
+    TensorTypeError (unicache_fsm.pools.errors)
+    UnalignedSlotsError (unicache_fsm.pools.errors)
+  RankGroupError (unicache_fsm.linker.ranks)
+  RedisServerError (unicache_fsm.testing.redis_server)
+  SimConfigError (unicache_fsm.scheduler.simulation)
+  SimulationStalledError (unicache_fsm.scheduler.simulation)
+  StoreError (unicache_fsm.store.errors)
+    FaultPolicyError (unicache_fsm.store.errors)
+    NoCompletionError (unicache_fsm.store.errors)
+    StoreClosedError (unicache_fsm.store.errors)
+    StoreConfigError (unicache_fsm.store.errors)
+    StoreFaultError (unicache_fsm.store.errors)
+    StoreProtocolError (unicache_fsm.store.errors)
+    StoreStateError (unicache_fsm.store.errors)
+    StoreTransferError (unicache_fsm.store.errors)
+    TornPage (unicache_fsm.store.shared)
+    UnknownPoolError (unicache_fsm.store.errors)
+  TraceInputError (unicache_fsm.fsm.errors)
+  TreeError (unicache_fsm.tree.errors)
+    InsertParamsError (unicache_fsm.tree.errors)
+    LockUnderflowError (unicache_fsm.tree.errors)
+    NodeStateError (unicache_fsm.tree.errors)
+    OwnedSlotsError (unicache_fsm.tree.errors)
+    SlotTensorError (unicache_fsm.tree.errors)
+    TreeConfigError (unicache_fsm.tree.errors)
+    TreeConsistencyError (unicache_fsm.tree.errors)
+    UnalignedKeyError (unicache_fsm.tree.errors)
+    UnsupportedComponentError (unicache_fsm.tree.errors)
+    ValueLengthError (unicache_fsm.tree.errors)
+  UnknownStateError (unicache_fsm.fsm.errors)
+  UnknownWorkloadError (unicache_fsm.scheduler.workloads)
+```
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""The linker: transfer types and rank agreement (the load/offload linker comes later).
+"""The linker: the external linker (`unicache_fsm.linker.linker.ExternalLinker`, also
+`unicache_fsm.ExternalLinker`), its load and offload records (`load`, `offload`), and
+rank agreement (`ranks`).
 
-Kept light on purpose: it re-exports the transfer descriptors from
+This package module stays light (no tree import): it re-exports the transfer descriptors from
 `unicache_fsm.pools.transfer` (PoolName, PoolHitPolicy, PoolTransfer, PoolTransferResult,
 LinkerTransferPhase, ExternalLinkerLoadPhase) and the rank-agreement names from
 `unicache_fsm.linker.ranks` (RankGroup and its implementations, `intersect_restorable`,

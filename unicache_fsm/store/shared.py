@@ -44,7 +44,7 @@ import torch
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
-from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.pageformat import PageRecord, encode_header, page_checksums
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
@@ -55,8 +55,9 @@ PageWrite = tuple[str, bytes, memoryview]
 """One page to write: its key, its header, its payload."""
 
 
-class TornPage(Exception):
-    """A medium's value for `key` is not one whole page (torn, partial, foreign)."""
+class TornPage(StoreError):
+    """A medium's value for `key` is not one whole page (torn, partial, foreign); the
+    shared store catches it and treats the page as missing."""
 
     def __init__(self, key: str) -> None:
         super().__init__(key)

@@ -49,6 +49,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import torch
 
+from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.linker.linker import ExternalLinker
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
@@ -80,7 +81,7 @@ __all__ = [
 ]
 
 
-class InvariantViolation(AssertionError):
+class InvariantViolation(UnicacheFsmError, AssertionError):
     """An invariant of the contract does not hold; `invariant` names it."""
 
     def __init__(self, invariant: str, detail: str) -> None:

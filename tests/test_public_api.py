@@ -1,0 +1,130 @@
+"""The front door: what `import unicache_fsm` offers, and the error hierarchy.
+
+- `unicache_fsm.__all__` is the public namespace, locked here: a name added or removed
+  by accident fails this test (update `PUBLIC` on purpose).
+- Every name resolves lazily; importing the package (or the CLI) imports no torch.
+- Every exception class the package defines (private ones aside) derives from
+  `UnicacheFsmError`, and the hierarchy drawn in `unicache_fsm.fsm.errors`' docstring is
+  exactly the one the code defines.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import unicache_fsm
+from unicache_fsm.fsm import errors
+
+PUBLIC = {
+    "CompiledExecutor",
+    "EvictParams",
+    "ExternalLinker",
+    "ExternalStore",
+    "FileStore",
+    "InsertParams",
+    "KVPool",
+    "LinkerConfig",
+    "MemoryStore",
+    "PagedAllocator",
+    "RadixTree",
+    "RedisStore",
+    "ReferenceExecutor",
+    "SWAAllocator",
+    "SingleRank",
+    "TreeConfig",
+    "UnicacheFsmError",
+    "__version__",
+    "bundled_spec",
+    "load_spec",
+    "open_store",
+}
+
+
+def test_the_public_namespace_is_locked() -> None:
+    assert set(unicache_fsm.__all__) == PUBLIC
+    for name in unicache_fsm.__all__:
+        assert getattr(unicache_fsm, name) is not None, name
+    assert sorted(dir(unicache_fsm)) == sorted(set(dir(unicache_fsm)))  # no duplicates
+    assert set(dir(unicache_fsm)) >= PUBLIC
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        unicache_fsm.Nope  # noqa: B018
+
+
+def test_the_front_door_names_the_classes_of_the_subpackages() -> None:
+    from unicache_fsm.linker.linker import ExternalLinker
+    from unicache_fsm.store import MemoryStore
+    from unicache_fsm.tree import RadixTree
+
+    assert unicache_fsm.ExternalLinker is ExternalLinker
+    assert unicache_fsm.RadixTree is RadixTree
+    assert unicache_fsm.MemoryStore is MemoryStore
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import unicache_fsm",
+        "import unicache_fsm.cli",
+        "from unicache_fsm import UnicacheFsmError, load_spec, CompiledExecutor",
+    ],
+)
+def test_importing_the_package_imports_no_torch(code: str) -> None:
+    probe = f"import sys\n{code}\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def _package_errors() -> dict[str, type[BaseException]]:
+    found: dict[str, type[BaseException]] = {}
+    for info in pkgutil.walk_packages(unicache_fsm.__path__, "unicache_fsm."):
+        if ".integrations." in info.name:
+            continue  # optional extras with their own dependencies
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == module.__name__
+                and not name.startswith("_")
+            ):
+                found[name] = obj
+    return found
+
+
+def render_hierarchy(classes: dict[str, type[BaseException]]) -> list[str]:
+    """The tree under `UnicacheFsmError`, two spaces per level, children sorted, each
+    line ``Name (module)``."""
+    lines: list[str] = []
+
+    def walk(cls: type[BaseException], depth: int) -> None:
+        lines.append(f"{'  ' * depth}{cls.__name__} ({cls.__module__})")
+        children = [c for c in classes.values() if cls in c.__bases__]
+        for child in sorted(children, key=lambda c: c.__name__):
+            walk(child, depth + 1)
+
+    walk(errors.UnicacheFsmError, 0)
+    return lines
+
+
+def test_every_error_of_the_package_derives_from_the_root() -> None:
+    classes = _package_errors()
+    assert len(classes) > 40
+    strays = sorted(n for n, c in classes.items() if not issubclass(c, errors.UnicacheFsmError))
+    assert strays == []
+
+
+def test_the_errors_docstring_draws_the_whole_hierarchy() -> None:
+    drawn = render_hierarchy(_package_errors())
+    doc = errors.__doc__ or ""
+    block = doc.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    assert block == drawn, "\n".join(drawn)
