@@ -6,6 +6,8 @@ fails here with the file and line.
   ``MAMBA``, no component class, no ``swa_enabled``) and imports no component module
   but ``components.base`` and the registry (``components/__init__``). What a component
   does lives in its own module.
+- No module reaches another module's private names: no ``from unicache_fsm.x import
+  _name`` and no ``module._name`` on an imported module of the package.
 """
 
 from __future__ import annotations
@@ -67,5 +69,51 @@ def test_the_tree_core_names_no_specific_component() -> None:
         str(p.relative_to(PACKAGE)): hits
         for p in files
         if (hits := component_mentions(p.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}
+
+
+def private_reaches(source: str) -> list[str]:
+    """Each place in `source` that imports or reads another package module's `_name`."""
+    found = []
+    tree = ast.parse(source)
+    modules: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("unicache_fsm"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"line {node.lineno}: imports {node.module}.{alias.name}")
+                modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("unicache_fsm"):
+                    modules.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+        ):
+            found.append(f"line {node.lineno}: reads {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_private_name_checker_sees_a_reach() -> None:
+    assert private_reaches("from unicache_fsm.tree.params import _as_key\n") == [
+        "line 1: imports unicache_fsm.tree.params._as_key"
+    ]
+    assert private_reaches("from unicache_fsm.pools import kv\nkv._pages(1)\n") == [
+        "line 2: reads kv._pages"
+    ]
+    assert private_reaches("import os\nos._exit(0)\nself._x = 1\n") == []
+
+
+def test_no_module_reaches_another_modules_private_names() -> None:
+    offenders = {
+        str(p.relative_to(PACKAGE)): hits
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (hits := private_reaches(p.read_text(encoding="utf-8")))
     }
     assert offenders == {}
