@@ -133,6 +133,19 @@ def _run(
 ) -> None:
     _, compiled, reference = PAIRS[(name, binding)]
     aio = binding.endswith("-async")
+    with asyncio.Runner() as runner:
+        _steps(name, data, compiled, reference, runner if aio else None, seen)
+
+
+def _steps(
+    name: str,
+    data: st.DataObject,
+    compiled: ExecutorBase,
+    reference: ExecutorBase,
+    runner: asyncio.Runner | None,
+    seen: set[str] | None,
+) -> None:
+    """Draw and run the steps of one example (async calls go through `runner`)."""
     firing = firing_names(type(compiled.handler) if compiled.handler else compiled.model_cls)
     models: dict[str, RecordingModel] = {}
     for kind, ex in (("compiled", compiled), ("reference", reference)):
@@ -153,7 +166,7 @@ def _run(
 
             def call(fn: Any = fn, m: RecordingModel = m, s: dict[str, Any] = step) -> Any:
                 result = fn(m, s["trigger"], *s["args"], **s["kwargs"])
-                return asyncio.run(result) if aio else result
+                return runner.run(result) if runner is not None else result
 
             outcomes[kind] = _outcome(call)
         c, r = models["compiled"], models["reference"]

@@ -4,6 +4,7 @@ concurrent threads on different models, run-to-completion, and async bindings.""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import threading
 from collections.abc import Iterator
@@ -102,7 +103,7 @@ def test_threads_on_different_models_get_their_own_rejecting_guard(
 class Eager(NestedModel):  # type: ignore[misc, valid-type]
     """Fires triggers on itself from inside its own transitions (set `self.ex`)."""
 
-    __slots__ = ("ex", "fire_in")
+    __slots__ = ("ex",)
 
     def _maybe_fire(self, name: str) -> None:
         trigger = self.fire_in.pop(name, None)
@@ -154,7 +155,7 @@ def test_a_trigger_fired_inside_a_transition_runs_after_it(
     assert _names(m) == [*OUTER[:fired_at], "fire go", *OUTER[fired_at:], *INNER]
     traced.close()
     assert traced.path is not None
-    records = [__import__("json").loads(line) for line in traced.path.read_text().splitlines()]
+    records = [json.loads(line) for line in traced.path.read_text().splitlines()]
     assert [(r["trigger"], r["dest"]) for r in records] == [
         ("<init>", "a"),
         ("go", "b.b1"),

@@ -48,6 +48,8 @@ from unicache_fsm.fsm.spec import MachineSpec, TransitionSpec
 __all__ = ["AsyncReferenceExecutor", "ReferenceExecutor"]
 
 _Callback = Callable[[EventData], Any]
+#: What `Machine.add_transition` takes for a callback list (its stubs are narrower).
+_Callbacks = list[Any]
 
 
 class _FlatTransition(Transition):
@@ -144,6 +146,7 @@ class _ReferenceGlue(ExecutorBase):
                 after=self._calls(t.after),
             )
             added = self.machine.events[trigger].transitions[config][-1]
+            assert isinstance(added, _FlatTransition | _AsyncFlatTransition)
             added.flat = ft
 
     def _legal(self, model: Any, trigger: Any) -> tuple[str, str | None]:
@@ -151,9 +154,9 @@ class _ReferenceGlue(ExecutorBase):
         the machine when it is legal (None: unknown trigger)."""
         state = self.state_of(model)
         name = self._normalize(trigger)
-        if name is not None and (state, name) not in self._added:
-            if name in self.flat.triggers_from(state):
-                self._add(state, name)
+        pending = name is not None and (state, name) not in self._added
+        if pending and name in self.flat.triggers_from(state):
+            self._add(state, name)
         return state, name
 
     def _event(self, model: Any, trigger: Any) -> tuple[str, str, Any]:
@@ -181,10 +184,10 @@ class _ReferenceGlue(ExecutorBase):
         return self._run(flat.enters, event)
 
     # -- what differs between the sync and the async machine ---------------------------
-    def _calls(self, names: tuple[str, ...]) -> list[_Callback]:
+    def _calls(self, names: tuple[str, ...]) -> _Callbacks:
         raise NotImplementedError
 
-    def _guards(self, t: TransitionSpec) -> tuple[list[_Callback], list[_Callback]]:
+    def _guards(self, t: TransitionSpec) -> tuple[_Callbacks, _Callbacks]:
         raise NotImplementedError
 
     def _run(self, names: tuple[str, ...], event: EventData) -> Any:
@@ -207,7 +210,7 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
         callback.__qualname__ = callback.__name__ = name
         return callback
 
-    def _calls(self, names: tuple[str, ...]) -> list[_Callback]:
+    def _calls(self, names: tuple[str, ...]) -> _Callbacks:
         return [self._call(n) for n in names]
 
     def _guard(self, name: str, expected: bool) -> Callable[[EventData], bool]:
@@ -222,7 +225,7 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
 
         return check
 
-    def _guards(self, t: TransitionSpec) -> tuple[list[_Callback], list[_Callback]]:
+    def _guards(self, t: TransitionSpec) -> tuple[_Callbacks, _Callbacks]:
         return [self._guard(n, True) for n in t.conditions], [
             self._guard(n, False) for n in t.unless
         ]
@@ -267,7 +270,7 @@ class AsyncReferenceExecutor(_ReferenceGlue, AsyncExecutor):
     _machine_cls = _AsyncMachine
     _state_cls = AsyncState
 
-    def _calls(self, names: tuple[str, ...]) -> list[_Callback]:
+    def _calls(self, names: tuple[str, ...]) -> _Callbacks:
         if not names:
             return []
 
@@ -277,7 +280,7 @@ class AsyncReferenceExecutor(_ReferenceGlue, AsyncExecutor):
         callbacks.__qualname__ = callbacks.__name__ = "+".join(names)
         return [callbacks]
 
-    def _guards(self, t: TransitionSpec) -> tuple[list[_Callback], list[_Callback]]:
+    def _guards(self, t: TransitionSpec) -> tuple[_Callbacks, _Callbacks]:
         checks = [(n, True) for n in t.conditions] + [(n, False) for n in t.unless]
         if not checks:
             return [], []
