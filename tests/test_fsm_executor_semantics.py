@@ -236,3 +236,55 @@ def test_async_executors_await_guards_and_callbacks(executor: type[AsyncExecutor
     assert m.state == "b.b1"
     assert _names(m) == [*OUTER[:4], "enter_b", "enter_b1", "after_go"]
     assert m.log[1] == ("g1", (7,), {})
+
+
+class Stalled(NestedModel):  # type: ignore[misc, valid-type]
+    __slots__ = ()
+
+    async def before_go(self, *args: Any, **kwargs: Any) -> None:
+        self.log.append(("before_go", args, kwargs))
+        await asyncio.Event().wait()  # never set: only cancellation ends it
+
+
+@pytest.mark.parametrize("executor", ASYNC, ids=lambda c: c.kind)
+def test_a_cancelled_async_fire_is_cancelled_not_vetoed(executor: type[AsyncExecutor]) -> None:
+    """`AsyncMachine` turns a cancelled transition into a failed one; the executor must
+    not report that as a guard veto, and the model is not left marked as running."""
+    ex = executor(NESTED, Stalled)
+    m = Stalled("w-1")
+    ex.initialize(m)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(ex.fire(m, "go"))
+        while not m.log or m.log[-1][0] != "before_go":
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert m.state == "a"
+    m.guards = {"g1": False, "g2": False}
+    with pytest.raises(GuardRejectedError):
+        asyncio.run(ex.fire(m, "go"))
+
+
+@pytest.mark.parametrize("executor", ASYNC, ids=lambda c: c.kind)
+def test_an_async_trigger_from_another_task_waits_for_the_running_transition(
+    executor: type[AsyncExecutor],
+) -> None:
+    ex = executor(NESTED, AsyncGuarded)
+    m = AsyncGuarded("w-1")
+    ex.initialize(m)
+
+    async def scenario() -> None:
+        first = asyncio.create_task(ex.fire(m, "go"))
+        while not m.log:  # the first transition is awaiting inside its guard
+            await asyncio.sleep(0)
+        await ex.fire(m, "go")  # queued behind it: returns at once
+        assert m.state == "a"
+        await first
+
+    asyncio.run(scenario())
+    assert m.state == "b.b2.x"
+    assert _names(m)[-len(INNER) :] == INNER
