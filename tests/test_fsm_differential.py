@@ -1,16 +1,21 @@
-"""Differential test: the compiled executor behaves exactly like the reference one.
+"""Differential test: the compiled executors behave exactly like the reference ones.
 
-Each machine runs twice: with its guards and callbacks on the model, and bound to a
-handler object (the model is plain data). Random sequences of steps — legal and
-illegal triggers, unknown triggers, guards set true or false, callbacks that raise,
-positional and keyword arguments, `may_fire` probes — go to one model driven by each
-executor. After every step the two must
-agree on the state, the full callback log (names, order, arguments) and the outcome
-(the same error type and message, or success).
+Each machine runs four ways: with its guards and callbacks on the model, and bound to
+a handler object (the model is plain data), each with the sync executors and with the
+async ones (`AsyncCompiledExecutor` against `AsyncReferenceExecutor`, every other
+guard and callback an ``async def`` that yields to the event loop). Random sequences
+of steps — legal and illegal triggers, unknown triggers, guards set true or false,
+callbacks that raise, guards that write the state slot (a configuration or garbage),
+callbacks and guards that fire a trigger on their own model (re-entrant: queued by
+run-to-completion, or run at once from a `may_fire` probe), positional and keyword
+arguments, `may_fire` probes — go to one model driven by each executor. After every
+step the two must agree on the state, the full callback log (names, order, arguments,
+re-entrant fires) and the outcome (the same error type and message, or success).
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +23,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fsm_models import Boom, RecordingModel, recording_handler_class, recording_model_class
-from unicache_fsm.fsm.compiled import CompiledExecutor
-from unicache_fsm.fsm.executor import Executor
+from fsm_models import (
+    Boom,
+    RecordingModel,
+    firing_names,
+    recording_handler_class,
+    recording_model_class,
+)
+from unicache_fsm.fsm.compiled import AsyncCompiledExecutor, CompiledExecutor
+from unicache_fsm.fsm.executor import ExecutorBase
 from unicache_fsm.fsm.loader import bundled_spec, load_spec
-from unicache_fsm.fsm.reference import ReferenceExecutor
+from unicache_fsm.fsm.reference import AsyncReferenceExecutor, ReferenceExecutor
 from unicache_fsm.fsm.spec import MachineSpec
 
 SPECS = Path(__file__).parent / "data" / "specs"
@@ -34,27 +45,33 @@ def _spec(name: str) -> MachineSpec:
 
 
 MACHINES = ["load_transaction", "offload", "node_residency", "nested", "parallel"]
-BINDINGS = ["model", "handler"]
-PAIRS: dict[tuple[str, str], tuple[MachineSpec, Executor, Executor]] = {}
+BINDINGS = ["model", "handler", "model-async", "handler-async"]
+PAIRS: dict[tuple[str, str], tuple[MachineSpec, ExecutorBase, ExecutorBase]] = {}
 
 
-def _log_transition(_ex: Executor, model: RecordingModel, src: str, trig: str, dest: str) -> None:
+def _log_transition(
+    _ex: ExecutorBase, model: RecordingModel, src: str, trig: str, dest: str
+) -> None:
     model.log.append(("<transition>", (src, trig, dest), {}))
 
 
 for _name in MACHINES:
     _s = _spec(_name)
-    _cls = recording_model_class(_s)
-    PAIRS[(_name, "model")] = (_s, CompiledExecutor(_s, _cls), ReferenceExecutor(_s, _cls))
-    _handler = recording_handler_class(_s)()
-    PAIRS[(_name, "handler")] = (
-        _s,
-        CompiledExecutor(_s, RecordingModel, handler=_handler),
-        ReferenceExecutor(_s, RecordingModel, handler=_handler),
-    )
-    for _binding in BINDINGS:
-        for _ex in PAIRS[(_name, _binding)][1:]:
-            _ex.add_observer(_log_transition)  # observers see the same transitions, same place
+    for _aio in (False, True):
+        compiled = AsyncCompiledExecutor if _aio else CompiledExecutor
+        reference = AsyncReferenceExecutor if _aio else ReferenceExecutor
+        suffix = "-async" if _aio else ""
+        _cls = recording_model_class(_s, aio=_aio)
+        PAIRS[(_name, f"model{suffix}")] = (_s, compiled(_s, _cls), reference(_s, _cls))
+        _handler = recording_handler_class(_s, aio=_aio)()
+        PAIRS[(_name, f"handler{suffix}")] = (
+            _s,
+            compiled(_s, RecordingModel, handler=_handler),
+            reference(_s, RecordingModel, handler=_handler),
+        )
+for _pair in PAIRS.values():
+    for _ex in _pair[1:]:
+        _ex.add_observer(_log_transition)  # observers see the same transitions, same place
 
 
 def _outcome(call: Any) -> tuple[str, str]:
@@ -67,7 +84,7 @@ def _outcome(call: Any) -> tuple[str, str]:
     return ("ok", repr(result))
 
 
-def _involved(ex: Executor, state: str, trigger: str) -> list[str]:
+def _involved(ex: ExecutorBase, state: str, trigger: str) -> list[str]:
     """Names a firing of `trigger` in `state` may call, in spec order."""
     names: dict[str, None] = {}
     for ft in ex.flat.table.get((state, trigger), ()):
@@ -77,16 +94,29 @@ def _involved(ex: Executor, state: str, trigger: str) -> list[str]:
     return list(names)
 
 
-def _draw_step(data: st.DataObject, ex: Executor, state: str) -> dict[str, Any]:
+def _draw_step(
+    data: st.DataObject, ex: ExecutorBase, state: Any, firing: tuple[str, ...]
+) -> dict[str, Any]:
     """One step, biased towards triggers legal in `state` and callbacks they call."""
     spec = ex.spec
-    allowed = list(ex.flat.triggers_from(state))
+    allowed = list(ex.flat.triggers_from(state)) if ex.flat.is_config(state) else []
     everything = [*spec.triggers(), "no_such_trigger"]
     legal = bool(allowed) and data.draw(st.integers(0, 3)) > 0
     trigger = data.draw(st.sampled_from(allowed if legal else everything))
     involved = _involved(ex, state, trigger) or list(spec.callback_names()) or [None]
     guards = sorted({n for t in spec.transitions for n in (*t.conditions, *t.unless)})
+    can_fire = [n for n in involved if n in firing]
+    fire_in: dict[str, str] = {}
+    if can_fire and data.draw(st.integers(0, 2)) == 0:
+        fire_in = {data.draw(st.sampled_from(can_fire)): data.draw(st.sampled_from(everything))}
+    meddlers = [n for n in involved if n in guards]
+    mutate_in = None
+    if meddlers and data.draw(st.integers(0, 3)) == 0:
+        values = [*ex.flat.first_configs(3), "no-such-configuration"]
+        mutate_in = (data.draw(st.sampled_from(meddlers)), data.draw(st.sampled_from(values)))
     return {
+        "fire_in": fire_in,
+        "mutate_in": mutate_in,
         "trigger": trigger,
         "probe": data.draw(st.integers(0, 4)) == 0,
         "guards": data.draw(st.fixed_dictionaries({g: st.booleans() for g in guards})),
@@ -102,22 +132,43 @@ def _run(
     name: str, data: st.DataObject, seen: set[str] | None = None, binding: str = "model"
 ) -> None:
     _, compiled, reference = PAIRS[(name, binding)]
+    aio = binding.endswith("-async")
+    with asyncio.Runner() as runner:
+        _steps(name, data, compiled, reference, runner if aio else None, seen)
+
+
+def _steps(
+    name: str,
+    data: st.DataObject,
+    compiled: ExecutorBase,
+    reference: ExecutorBase,
+    runner: asyncio.Runner | None,
+    seen: set[str] | None,
+) -> None:
+    """Draw and run the steps of one example (async calls go through `runner`)."""
+    firing = firing_names(type(compiled.handler) if compiled.handler else compiled.model_cls)
     models: dict[str, RecordingModel] = {}
     for kind, ex in (("compiled", compiled), ("reference", reference)):
         m = ex.model_cls(fsm_id=f"{name}-1")
+        m.executor = ex
         ex.initialize(m)
         models[kind] = m
     for i in range(data.draw(st.integers(1, 30))):
-        step = _draw_step(data, compiled, models["compiled"].state)
+        step = _draw_step(data, compiled, models["compiled"].state, firing)
         outcomes = {}
         for kind, ex in (("compiled", compiled), ("reference", reference)):
             m = models[kind]
             m.guards = dict(step["guards"])
             m.raise_in = step["raise_in"]
-            fn = ex.may_fire if step["probe"] else ex.fire
-            outcomes[kind] = _outcome(
-                lambda fn=fn, m=m, s=step: fn(m, s["trigger"], *s["args"], **s["kwargs"])
-            )
+            m.fire_in = dict(step["fire_in"])
+            m.mutate_in = step["mutate_in"]
+            fn: Any = ex.may_fire if step["probe"] else ex.fire
+
+            def call(fn: Any = fn, m: RecordingModel = m, s: dict[str, Any] = step) -> Any:
+                result = fn(m, s["trigger"], *s["args"], **s["kwargs"])
+                return runner.run(result) if runner is not None else result
+
+            outcomes[kind] = _outcome(call)
         c, r = models["compiled"], models["reference"]
         context = f"step {i}: {step}"
         assert outcomes["compiled"] == outcomes["reference"], context
@@ -125,6 +176,9 @@ def _run(
         assert c.log == r.log, context
         if seen is not None:
             seen.add(outcomes["compiled"][0])
+            seen.update(f"{n.split()[0]}" for n, _a, _k in c.log if n.startswith("fire "))
+            if step["mutate_in"] is not None:
+                seen.add("mutated")
 
 
 @pytest.mark.parametrize("binding", BINDINGS)
@@ -147,4 +201,4 @@ def test_differential_sees_every_outcome_kind() -> None:
 
     collect()
     expected = {"ok", "IllegalTransitionError", "UnknownTriggerError", "GuardRejectedError"}
-    assert expected | {"Boom"} <= seen, seen
+    assert expected | {"Boom", "fire", "mutated"} <= seen, seen

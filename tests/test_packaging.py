@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_fsm_namespace_is_locked() -> None:
     assert sorted(unicache_fsm.fsm.__all__) == [
         "ANY_STATE",
+        "AsyncCompiledExecutor",
+        "AsyncExecutor",
+        "AsyncReferenceExecutor",
         "CompiledExecutor",
         "Executor",
         "FlatMachine",

@@ -1,36 +1,42 @@
-"""The compiled executor: the spec's flat table turned into straight-line Python.
+"""The compiled executors: the spec's flat table turned into straight-line Python.
 
-For every `(configuration, trigger)` pair the spec allows, one small function is
-generated from source text when the executor is built. It calls the guards and
-callbacks by name in the reference order (per candidate: `prepare`, `conditions`,
-`unless`; then for the winner: `before`, exits, state change, enters, `after`) and
-returns ``None`` on success or the label of the guard that vetoed the last candidate.
-A firing is then two dict lookups and one call, with no loops over empty callback
-lists and no per-event objects. Bound to a handler, each callback is a constant of
-the step (the handler's bound method, looked up once when the executor is built),
-so a handler costs no more per firing than methods on the model.
+For a `(configuration, trigger)` pair the spec allows, one small function is generated
+from source text the first time a model fires that trigger in that configuration
+(at once for every pair when flattening already enumerated the configurations; a
+machine of many independent parallel regions never has its product walked). It calls
+the guards and callbacks by name in the reference order (per candidate: `prepare`,
+`conditions`, `unless`; then for the winner: `before`, exits, state change, enters,
+`after`) and returns ``None`` on success or the label of the guard that vetoed the
+last candidate. A firing is then two dict lookups and one call, with no loops over
+empty callback lists and no per-event objects. Bound to a handler, each callback is a
+constant of the step (the handler's bound method, looked up once when the executor is
+built), so a handler costs no more per firing than methods on the model.
+
+`AsyncCompiledExecutor` generates ``async def`` steps instead: each call's result is
+awaited when it is awaitable, at the same place in the same order.
 
 Generated code only ever contains names that validation accepted as Python
 identifiers and configuration names passed in as constants, so a spec cannot inject
-code. The differential test in ``tests/test_fsm_differential.py`` holds this
-executor to the same observable behaviour as `ReferenceExecutor`.
+code. The differential test in ``tests/test_fsm_differential.py`` holds these
+executors to the same observable behaviour as the reference executors.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
-from unicache_fsm.fsm.executor import Executor
+from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec
 
-__all__ = ["CompiledExecutor"]
+__all__ = ["AsyncCompiledExecutor", "CompiledExecutor"]
 
-_Step = Callable[[Any, tuple[Any, ...], dict[str, Any]], "str | None"]
+_Step = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def _call(name: str, bound: bool) -> str:
@@ -38,20 +44,49 @@ def _call(name: str, bound: bool) -> str:
     return f"CB_{name}(model, *args, **kwargs)" if bound else f"model.{name}(*args, **kwargs)"
 
 
-def _calls(names: tuple[str, ...], indent: str, bound: bool = False) -> list[str]:
-    return [f"{indent}{_call(n, bound)}" for n in names]
+def _value(name: str, ind: str, bound: bool, aio: bool) -> tuple[list[str], str]:
+    """Lines that compute a guard's value, and the expression that holds it."""
+    if not aio:
+        return [], _call(name, bound)
+    return [
+        f"{ind}_r = {_call(name, bound)}",
+        f"{ind}if ISAWAITABLE(_r):",
+        f"{ind}    _r = await _r",
+    ], "_r"
+
+
+def _calls(names: tuple[str, ...], ind: str, bound: bool, aio: bool) -> list[str]:
+    """Lines that call each of `names` in order (awaiting awaitable results if `aio`)."""
+    if not aio:
+        return [f"{ind}{_call(n, bound)}" for n in names]
+    out: list[str] = []
+    for n in names:
+        out += [f"{ind}_r = {_call(n, bound)}", f"{ind}if ISAWAITABLE(_r):", f"{ind}    await _r"]
+    return out
+
+
+def _guard(name: str, veto_if: bool, ind: str, bound: bool, aio: bool) -> list[str]:
+    """Lines that evaluate one guard and leave the candidate's block when it vetoes."""
+    lines, value = _value(name, ind, bound, aio)
+    test = value if veto_if else f"not {value}"
+    return [*lines, f"{ind}if {test}:"]
 
 
 def _step_source(
-    group: tuple[FlatTransition, ...], attr: str, observed: bool, bound: bool = False
+    group: tuple[FlatTransition, ...],
+    attr: str,
+    observed: bool,
+    bound: bool = False,
+    aio: bool = False,
 ) -> tuple[str, dict[str, str]]:
     """Source of one `(configuration, trigger)` step function and its constants.
 
     With `observed`, the step calls ``NOTIFY(model, source, trigger, dest)`` right
     after the state change. With `bound`, callbacks are the handler's (``CB_<name>``).
+    With `aio`, the step is a coroutine function awaiting awaitable results.
     """
     consts: dict[str, str] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
-    lines = ["def step(model, args, kwargs):"]
+    lines = [f"{'async ' if aio else ''}def step(model, args, kwargs):"]
     if any(ft.spec.guarded for ft in group):
         lines.append("    rejected = None")
     for i, ft in enumerate(group):
@@ -60,18 +95,18 @@ def _step_source(
         body: list[str] = []
         guarded = bool(t.conditions or t.unless)
         ind = "        " if guarded else "    "
-        body += _calls(t.prepare, ind, bound)
+        body += _calls(t.prepare, ind, bound, aio)
         for n in t.conditions:
-            body += [f"{ind}if not {_call(n, bound)}:", f"{ind}    rejected = {n!r}"]
-            body += [f"{ind}    break"]
+            body += _guard(n, False, ind, bound, aio)
+            body += [f"{ind}    rejected = {n!r}", f"{ind}    break"]
         for n in t.unless:
-            body += [f"{ind}if {_call(n, bound)}:", f"{ind}    rejected = 'not {n}'"]
-            body += [f"{ind}    break"]
-        body += _calls(t.before, ind, bound) + _calls(ft.exits, ind, bound)
+            body += _guard(n, True, ind, bound, aio)
+            body += [f"{ind}    rejected = 'not {n}'", f"{ind}    break"]
+        body += _calls(t.before, ind, bound, aio) + _calls(ft.exits, ind, bound, aio)
         body.append(f"{ind}model.{attr} = DEST{i}")
         if observed:
             body.append(f"{ind}NOTIFY(model, SOURCE, TRIGGER, DEST{i})")
-        body += _calls(ft.enters, ind, bound) + _calls(t.after, ind, bound)
+        body += _calls(ft.enters, ind, bound, aio) + _calls(t.after, ind, bound, aio)
         body.append(f"{ind}return None")
         if guarded:
             lines.append(f"    while True:  # candidate {i}: a block that `break` leaves")
@@ -83,18 +118,19 @@ def _step_source(
     return "\n".join(lines) + "\n", consts
 
 
-def _probe_source(group: tuple[FlatTransition, ...], bound: bool = False) -> str:
+def _probe_source(group: tuple[FlatTransition, ...], bound: bool = False, aio: bool = False) -> str:
     """Source of the `may_fire` probe: `prepare` and guards of each candidate."""
-    lines = ["def probe(model, args, kwargs):"]
+    lines = [f"{'async ' if aio else ''}def probe(model, args, kwargs):"]
+    ind = "        "
     for ft in group:
         t = ft.spec
         lines.append("    while True:")
-        lines += _calls(t.prepare, "        ", bound)
+        lines += _calls(t.prepare, ind, bound, aio)
         for n in t.conditions:
-            lines += [f"        if not {_call(n, bound)}:", "            break"]
+            lines += [*_guard(n, False, ind, bound, aio), f"{ind}    break"]
         for n in t.unless:
-            lines += [f"        if {_call(n, bound)}:", "            break"]
-        lines.append("        return True")
+            lines += [*_guard(n, True, ind, bound, aio), f"{ind}    break"]
+        lines.append(f"{ind}return True")
     lines.append("    return False")
     return "\n".join(lines) + "\n"
 
@@ -111,10 +147,11 @@ def _compile(source: str, name: str, consts: dict[str, Any], filename: str) -> A
     return namespace[name]
 
 
-class CompiledExecutor(Executor):
-    """Drives models through dispatch tables of generated step functions."""
+class _CompiledDispatch(ExecutorBase):
+    """Dispatch tables of generated steps, filled on first use; see the module docstring."""
 
-    kind = "compiled"
+    #: Whether the generated steps and probes are coroutine functions.
+    _aio = False
 
     def __init__(
         self,
@@ -136,57 +173,115 @@ class CompiledExecutor(Executor):
         )
         bound = handler is not None
         self._bound = bound
-        # the handler's callbacks, looked up once: constants of every generated function
-        self._cbs: dict[str, Any] = (
+        # constants of every generated function: the handler's callbacks, looked up once
+        self._consts: dict[str, Any] = (
             {f"CB_{n}": getattr(handler, n) for n in self.spec.callback_names()} if bound else {}
         )
-        self._probes: dict[str, dict[str, Any]] = {c: {} for c in self.flat.configs}
+        if self._aio:
+            self._consts["ISAWAITABLE"] = inspect.isawaitable
+        # dispatch tables, filled on first use of each (configuration, trigger); a spec
+        # whose configurations were all enumerated while flattening is compiled at once
+        self._probes: dict[str, dict[str, Any]] = {}
         self.sources: dict[tuple[str, str], str] = {}
-        for (config, trigger), group in self.flat.table.items():
-            filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
-            self.sources[(config, trigger)] = _step_source(group, state_attribute, False, bound)[0]
-            probe = _probe_source(group, bound)
-            self._probes[config][trigger] = _compile(probe, "probe", self._cbs, filename)
-        self._plain = self._build_steps(observed=False)
+        self._plain: dict[str, dict[Any, _Step]] = {}
         self._observed: dict[str, dict[Any, _Step]] | None = None
         self._steps = self._plain
+        if self.flat.enumerated:
+            for config, trigger in self.flat.table:
+                self._compile_step(self._plain, config, trigger, observed=False)
 
-    def _build_steps(self, *, observed: bool) -> dict[str, dict[Any, _Step]]:
-        steps: dict[str, dict[Any, _Step]] = {c: {} for c in self.flat.configs}
-        for (config, trigger), group in self.flat.table.items():
-            filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
-            src, consts = _step_source(group, self.state_attribute, observed, self._bound)
-            extra: dict[str, Any] = {"NOTIFY": self._notify} if observed else {}
-            steps[config][trigger] = _compile(
-                src, "step", {**consts, **self._cbs, **extra}, filename
-            )
+    def _compile_step(
+        self, steps: dict[str, dict[Any, _Step]], config: str, trigger: str, *, observed: bool
+    ) -> _Step:
+        """Compile the step of one legal `(config, trigger)` into `steps` (and its probe)."""
+        group = self.flat.group(config, trigger)
+        filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
+        attr, bound, aio = self.state_attribute, self._bound, self._aio
+        src, consts = _step_source(group, attr, observed, bound, aio)
+        extra: dict[str, Any] = {"NOTIFY": self._notify} if observed else {}
+        step: _Step = _compile(src, "step", {**consts, **self._consts, **extra}, filename)
+        table = steps.setdefault(config, {})
+        table[trigger] = step
         for alias, name in self._alias.items():  # enum members hash by name: own keys
-            if alias is not name:
-                for table in steps.values():
-                    if name in table:
-                        table[alias] = table[name]
-        return steps
+            if name == trigger and alias is not name:
+                table[alias] = step
+        if (config, trigger) not in self.sources:
+            self.sources[(config, trigger)] = _step_source(group, attr, False, bound, aio)[0]
+            probe = _compile(_probe_source(group, bound, aio), "probe", self._consts, filename)
+            self._probes.setdefault(config, {})[trigger] = probe
+        return step
 
     def _observers_changed(self) -> None:
         if self.observers and self._observed is None:
-            self._observed = self._build_steps(observed=True)
-        self._steps = self._observed if self.observers and self._observed else self._plain
+            self._observed = {}
+            for config, table in self._plain.items():
+                for trigger in [t for t in table if type(t) is str]:  # not enum aliases
+                    self._compile_step(self._observed, config, trigger, observed=True)
+        observed = self.observers and self._observed is not None
+        self._steps = self._observed if observed and self._observed is not None else self._plain
 
-    def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
+    def _lookup(self, model: Any, trigger: Any) -> tuple[str, _Step]:
+        """The model's configuration and the step of `trigger` there (compiled now if
+        it is legal but not built yet); raises the error of an unfireable trigger."""
         try:
-            step = self._steps[self._get_state(model)][trigger]
+            state: str = self._get_state(model)
+            return state, self._steps[state][trigger]
         except (KeyError, AttributeError, TypeError):
-            name = self._reject_unfireable(model, trigger)  # raises unless an alias
-            step = self._steps[self._get_state(model)][name]
-        rejected = step(model, args, kwargs)
-        if rejected is not None:
-            state = self.state_of(model)
-            self._guard_rejected(model, state, self._alias[trigger], rejected)
+            name = self._reject_unfireable(model, trigger)  # raises unless legal after all
+            state = self._get_state(model)
+            step = self._steps.get(state, {}).get(name) or self._compile_step(
+                self._steps, state, name, observed=self._steps is self._observed
+            )
+            return state, step
 
-    def may_fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> bool:
+    def _probe(self, model: Any, trigger: Any) -> Any:
+        """The `may_fire` probe of `trigger` in the model's state (None: not legal)."""
         state = self.state_of(model)
         name = self._normalize(trigger)
         if name is None:
             self._reject_unfireable(model, trigger)  # raises UnknownTriggerError
-        probe = self._probes[state].get(name) if name is not None else None
+        if name is None or name not in self.flat.triggers_from(state):
+            return None
+        probe = self._probes.get(state, {}).get(name)
+        if probe is None:
+            self._compile_step(self._steps, state, name, observed=self._steps is self._observed)
+            probe = self._probes[state][name]
+        return probe
+
+
+class CompiledExecutor(_CompiledDispatch, Executor):
+    """Drives models through dispatch tables of generated step functions."""
+
+    kind = "compiled"
+
+    def _fire_one(
+        self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        state, step = self._lookup(model, trigger)
+        rejected = step(model, args, kwargs)
+        if rejected is not None:
+            self._guard_rejected(model, state, self._alias[trigger], rejected)
+
+    def may_fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> bool:
+        probe = self._probe(model, trigger)
         return probe is not None and bool(probe(model, args, kwargs))
+
+
+class AsyncCompiledExecutor(_CompiledDispatch, AsyncExecutor):
+    """`CompiledExecutor` with coroutine steps that await awaitable results."""
+
+    kind = "async-compiled"
+    _aio = True
+
+    async def _fire_one(
+        self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        state, step = self._lookup(model, trigger)
+        running: Coroutine[Any, Any, str | None] = step(model, args, kwargs)
+        rejected = await running
+        if rejected is not None:
+            self._guard_rejected(model, state, self._alias[trigger], rejected)
+
+    async def may_fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> bool:
+        probe = self._probe(model, trigger)
+        return probe is not None and bool(await probe(model, args, kwargs))

@@ -1,7 +1,8 @@
-"""The executor API shared by the reference and the compiled executor.
+"""The executor API shared by the reference and the compiled executors, sync and async.
 
 An executor binds one spec to one model class and drives any number of models of
-that class; it keeps no per-model data. A model's whole FSM state is one attribute
+that class; it keeps no per-model data (but, while a model's transition runs, the
+triggers queued behind it). A model's whole FSM state is one attribute
 (the *state slot*, ``state`` unless bound otherwise) holding its configuration name.
 
 Where the spec's guards and callbacks live is the binding's choice:
@@ -23,10 +24,11 @@ Primitives:
   `before`, exits, state change, enters, `after`, each called as
   ``model.name(*args, **kwargs)``. Raises `IllegalTransitionError` (no transition
   from this state; nothing ran), `UnknownTriggerError` (not a trigger of this
-  machine), `GuardRejectedError` (every candidate vetoed; state unchanged) or
-  `UnknownStateError` (the slot holds garbage). An exception from a callback before
-  the state change propagates with the state unchanged; one from an `on_enter` or
-  `after` callback propagates with the new state kept (no rollback after the change).
+  machine), `GuardRejectedError` (every candidate vetoed; the state slot holds the
+  source configuration again, even if a guard wrote it) or `UnknownStateError` (the
+  slot holds garbage). An exception from a callback before the state change
+  propagates with the state unchanged; one from an `on_enter` or `after` callback
+  propagates with the new state kept (no rollback after the change).
 - `may_fire(model, trigger, *args, **kwargs)` — whether `fire` would pass the guards
   now; runs `prepare` callbacks and guards, never `before`/`after` (so never
   allocate in `prepare`).
@@ -36,9 +38,28 @@ Primitives:
   trigger, dest)`` for every transition taken, right after the state change and before
   the `on_enter` callbacks (traces, coverage counters), and for every `initialize`
   (trigger `INIT_TRIGGER`, source ``""``). Without observers nothing is paid for them.
+  Adding or removing an observer during a notification takes effect from the next one.
 
-Neither executor is thread-safe: a scheduler drives its models from one thread.
-A trigger fired from inside a callback runs at once (nested), like `transitions`.
+Run-to-completion. A trigger fired on a model while one of that model's transitions is
+running (from its `prepare`, guards, `before`, `on_exit`, `on_enter` or `after`
+callbacks; in an async executor also from another task) does not run at once: it is
+queued, `fire` returns ``None``, and the outermost `fire` runs the queued triggers in
+order once the running transition has finished, each as a transition of its own
+(observers see them in that order). An error ends the run: when the running
+transition or a queued one raises (illegal by then, vetoed, a callback failing),
+the triggers still queued are dropped and the error propagates from the outermost
+`fire`. `may_fire` and the queries run at once, wherever they are called from.
+
+Sync and async. `Executor`'s `fire` and `may_fire` are plain methods; binding a
+coroutine function (``async def``) as a guard or callback is an `InvalidSpecError`
+naming it (its coroutine would be truthy and never run). `AsyncExecutor`'s `fire`
+and `may_fire` are coroutines that await every guard or callback returning an
+awaitable, one after another in spec order, exactly where the sync executors call
+them; plain functions are called as they are. Initialization and the queries are
+plain methods on both.
+
+Neither executor is thread-safe for one model: a model is driven from one thread (or
+task) at a time. Different models may be driven from different threads at once.
 """
 
 from __future__ import annotations
@@ -46,6 +67,7 @@ from __future__ import annotations
 import abc
 import enum
 import operator
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -56,31 +78,29 @@ from unicache_fsm.fsm.errors import (
     UnknownTriggerError,
 )
 from unicache_fsm.fsm.flat import FlatMachine, flatten
+from unicache_fsm.fsm.identity import model_id
 from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.validate import check_binding
 
-__all__ = ["INIT_TRIGGER", "Executor", "Observer", "model_id"]
+__all__ = ["INIT_TRIGGER", "AsyncExecutor", "Executor", "ExecutorBase", "Observer", "model_id"]
 
 #: The trigger observers see when a model is initialized (never a spec trigger).
 INIT_TRIGGER = "<init>"
 
 #: ``fn(executor, model, source, trigger, dest)``, called for every transition taken.
-Observer = Callable[["Executor", Any, str, str, str], None]
+Observer = Callable[["ExecutorBase", Any, str, str, str], None]
+
+#: A trigger waiting for the running transition of its model: (trigger, args, kwargs).
+_Queued = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
-def model_id(model: object) -> str:
-    """How messages name a model: its ``fsm_id`` attribute, else type and address."""
-    ident = getattr(model, "fsm_id", None)
-    if ident is not None:
-        return str(ident)
-    return f"{type(model).__name__}@{id(model):x}"
-
-
-class Executor(abc.ABC):
-    """Runs one spec over models of one class; see the module docstring."""
+class ExecutorBase(abc.ABC):
+    """What sync and async executors share: binding, queries, observers, errors."""
 
     kind: ClassVar[str]
+    #: Whether guards and callbacks may be coroutine functions (`AsyncExecutor`).
+    awaits: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -94,7 +114,15 @@ class Executor(abc.ABC):
     ) -> None:
         if isinstance(spec, str):
             spec = bundled_spec(spec)
-        check_binding(spec, model_cls, state_attribute, triggers, states=states, handler=handler)
+        check_binding(
+            spec,
+            model_cls,
+            state_attribute,
+            triggers,
+            states=states,
+            handler=handler,
+            coroutines=self.awaits,
+        )
         self.spec = spec
         self.handler = handler
         self.flat: FlatMachine = flatten(spec)
@@ -104,15 +132,15 @@ class Executor(abc.ABC):
         self.noun = spec.noun or spec.name
         self._get_state: Callable[[Any], Any] = operator.attrgetter(state_attribute)
         self._triggers = frozenset(spec.triggers())
-        self._allowed: dict[str, tuple[str, ...]] = {
-            c: self.flat.triggers_from(c) for c in self.flat.configs
-        }
         # trigger aliases: enum members hash by name, so they get their own keys
         self._alias: dict[Any, str] = {t: t for t in self._triggers}
         if triggers is not None:
             for member in triggers:
                 self._alias[member] = str(member.value)
         self.observers: list[Observer] = []
+        # id(model) -> triggers queued behind its running transition (run-to-completion);
+        # an entry lives exactly as long as the outermost `fire` of that model
+        self._running: dict[int, deque[_Queued]] = {}
 
     def _callback(self, name: str) -> Callable[..., Any]:
         """The spec name `name` as a function of ``(model, *args, **kwargs)``."""
@@ -129,11 +157,14 @@ class Executor(abc.ABC):
     # -- observers ---------------------------------------------------------------------
     def add_observer(self, observer: Observer) -> None:
         """Call `observer` for every transition taken from now on."""
-        self.observers.append(observer)
+        # copy-on-write: a notification in progress keeps iterating the list it started
+        self.observers = [*self.observers, observer]
         self._observers_changed()
 
     def remove_observer(self, observer: Observer) -> None:
-        self.observers.remove(observer)
+        observers = list(self.observers)
+        observers.remove(observer)
+        self.observers = observers
         self._observers_changed()
 
     def _observers_changed(self) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -157,14 +188,14 @@ class Executor(abc.ABC):
     def state_of(self, model: object) -> str:
         """The model's configuration name; `UnknownStateError` if the slot holds garbage."""
         state = getattr(model, self.state_attribute, None)
-        if state not in self._allowed:
-            raise UnknownStateError(self.name, state, self.flat.configs)
+        if not self.flat.is_config(state):  # False for non-strings, unhashable values
+            raise UnknownStateError(self.name, state, self.flat.first_configs(13))
         assert isinstance(state, str)
         return state
 
     def allowed_triggers(self, model: object) -> tuple[str, ...]:
         """Triggers with a transition from the model's state (guards not evaluated)."""
-        return self._allowed[self.state_of(model)]
+        return self.flat.triggers_from(self.state_of(model))
 
     def is_active(self, model: object, path: str) -> bool:
         """Whether the state at dotted `path` is active for `model`."""
@@ -173,16 +204,7 @@ class Executor(abc.ABC):
         return self.flat.is_active(self.state_of(model), path)
 
     def is_final(self, model: object) -> bool:
-        return self.state_of(model) in self.flat.final_configs
-
-    # -- firing ------------------------------------------------------------------------
-    @abc.abstractmethod
-    def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
-        """Run one transition; see the module docstring for the contract."""
-
-    @abc.abstractmethod
-    def may_fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> bool:
-        """Whether `fire` would pass the guards now (runs `prepare` and guards)."""
+        return self.flat.is_final(self.state_of(model))
 
     # -- shared error paths ------------------------------------------------------------
     def _normalize(self, trigger: object) -> str | None:
@@ -194,27 +216,93 @@ class Executor(abc.ABC):
     def _reject_unfireable(self, model: object, trigger: object) -> str:
         """Resolve `trigger` for a model whose fast lookup missed, or raise the right error.
 
-        Returns the canonical trigger name when it is legal after all (an enum alias).
+        Returns the canonical trigger name when it is legal after all (an enum alias,
+        or a pair whose dispatch is built on first use).
         """
         state = self.state_of(model)
+        allowed = self.flat.triggers_from(state)
         name = self._normalize(trigger)
         if name is None:
             raise UnknownTriggerError(
-                self.name,
-                model_id(model),
-                state,
-                str(trigger),
-                self._allowed[state],
-                noun=self.noun,
+                self.name, model_id(model), state, str(trigger), allowed, noun=self.noun
             )
-        if name not in self._allowed[state]:
+        if name not in allowed:
             raise IllegalTransitionError(
-                self.name, model_id(model), state, name, self._allowed[state], noun=self.noun
+                self.name, model_id(model), state, name, allowed, noun=self.noun
             )
         return name
 
     def _guard_rejected(self, model: object, state: str, trigger: str, guard: str) -> None:
+        """Put the source configuration back (a guard may have written the slot) and
+        raise `GuardRejectedError`."""
+        setattr(model, self.state_attribute, state)
         raise GuardRejectedError(self.name, model_id(model), state, trigger, guard, noun=self.noun)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.model_cls.__qualname__}>"
+
+
+class Executor(ExecutorBase):
+    """A sync executor; see the module docstring."""
+
+    def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
+        """Run one transition, or queue it behind the model's running one (see the
+        module docstring for the contract)."""
+        running = self._running
+        key = id(model)
+        queue = running.get(key)
+        if queue is not None:
+            queue.append((trigger, args, kwargs))
+            return
+        queue = running[key] = deque()
+        try:
+            self._fire_one(model, trigger, args, kwargs)
+            while queue:
+                trigger, args, kwargs = queue.popleft()
+                self._fire_one(model, trigger, args, kwargs)
+        finally:
+            del running[key]
+
+    @abc.abstractmethod
+    def _fire_one(
+        self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Run exactly one transition now (the model is marked as running)."""
+
+    @abc.abstractmethod
+    def may_fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> bool:
+        """Whether `fire` would pass the guards now (runs `prepare` and guards)."""
+
+
+class AsyncExecutor(ExecutorBase):
+    """An async executor: `fire` and `may_fire` are coroutines; see the module docstring."""
+
+    awaits = True
+
+    async def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
+        """Run one transition, awaiting its guards and callbacks, or queue it behind the
+        model's running one (see the module docstring for the contract)."""
+        running = self._running
+        key = id(model)
+        queue = running.get(key)
+        if queue is not None:
+            queue.append((trigger, args, kwargs))
+            return
+        queue = running[key] = deque()
+        try:
+            await self._fire_one(model, trigger, args, kwargs)
+            while queue:
+                trigger, args, kwargs = queue.popleft()
+                await self._fire_one(model, trigger, args, kwargs)
+        finally:
+            del running[key]
+
+    @abc.abstractmethod
+    async def _fire_one(
+        self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Run exactly one transition now (the model is marked as running)."""
+
+    @abc.abstractmethod
+    async def may_fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> bool:
+        """Whether `fire` would pass the guards now (awaits `prepare` and guards)."""

@@ -19,13 +19,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from unicache_fsm.fsm.executor import INIT_TRIGGER, Executor, Observer
+from unicache_fsm.fsm.executor import INIT_TRIGGER, ExecutorBase, Observer
 from unicache_fsm.fsm.identity import model_id
 
 __all__ = ["TraceRecorder", "TransitionCounter", "attach"]
 
 
-def attach(observer: Observer, *executors: Executor) -> None:
+def attach(observer: Observer, *executors: ExecutorBase) -> None:
     """Register `observer` on every executor given (each only once)."""
     for ex in dict.fromkeys(executors):
         ex.add_observer(observer)
@@ -37,7 +37,7 @@ class TransitionCounter:
     def __init__(self) -> None:
         self.counts: collections.Counter[tuple[str, str, str, str]] = collections.Counter()
 
-    def __call__(self, ex: Executor, model: Any, source: str, trigger: str, dest: str) -> None:
+    def __call__(self, ex: ExecutorBase, model: Any, source: str, trigger: str, dest: str) -> None:
         if trigger != INIT_TRIGGER:
             self.counts[(ex.name, source, trigger, dest)] += 1
 
@@ -62,7 +62,7 @@ class TraceRecorder:
         )
         self.ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
 
-    def __call__(self, ex: Executor, model: Any, source: str, trigger: str, dest: str) -> None:
+    def __call__(self, ex: ExecutorBase, model: Any, source: str, trigger: str, dest: str) -> None:
         self.seq += 1
         record = {
             "seq": self.seq,

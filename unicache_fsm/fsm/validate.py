@@ -19,6 +19,7 @@ The loader runs `structural_problems`; the executors run `check_binding` when bo
 from __future__ import annotations
 
 import enum
+import inspect
 import keyword
 import re
 
@@ -163,26 +164,35 @@ def binding_problems(
     *,
     states: type[enum.Enum] | None = None,
     handler: object | None = None,
+    coroutines: bool = False,
 ) -> list[SpecProblem]:
     """What keeps `model_cls` (with `handler`, when given) from running `spec`.
 
     Empty when it can. With a handler, guards and callbacks are looked up on it;
-    `states` must then name exactly the spec's configurations (`fsm.flat`).
+    `states` must then name exactly the spec's configurations (`fsm.flat`). Unless
+    `coroutines` (an async executor), no guard or callback may be a coroutine function.
     """
     problems: list[SpecProblem] = []
     guard_names = {n for t in spec.transitions for n in (*t.conditions, *t.unless)}
     missing_guards: list[str] = []
     missing_callbacks: list[str] = []
+    coroutine_functions: list[str] = []
     owner: object = model_cls if handler is None else handler
     owner_name = model_cls.__name__ if handler is None else type(handler).__name__
     for name in spec.callback_names():
         attr = getattr(owner, name, None)
         if attr is None or not callable(attr):
             (missing_guards if name in guard_names else missing_callbacks).append(name)
+        elif not coroutines and inspect.iscoroutinefunction(attr):
+            coroutine_functions.append(name)
     if missing_guards:
         problems.append(SpecProblem(f"guard missing on {owner_name}", missing_guards))
     if missing_callbacks:
         problems.append(SpecProblem(f"callback missing on {owner_name}", missing_callbacks))
+    if coroutine_functions:
+        problems.append(
+            SpecProblem("coroutine function on a sync executor", sorted(coroutine_functions))
+        )
     if not state_attribute.isidentifier() or keyword.iskeyword(state_attribute):
         problems.append(SpecProblem("state attribute is not an identifier", [state_attribute]))
     slots = {s for k in model_cls.__mro__ for s in getattr(k, "__slots__", ())}
@@ -206,10 +216,17 @@ def check_binding(
     *,
     states: type[enum.Enum] | None = None,
     handler: object | None = None,
+    coroutines: bool = False,
 ) -> None:
     """Raise `InvalidSpecError` listing everything that keeps `model_cls` from running `spec`."""
     problems = binding_problems(
-        spec, model_cls, state_attribute, triggers, states=states, handler=handler
+        spec,
+        model_cls,
+        state_attribute,
+        triggers,
+        states=states,
+        handler=handler,
+        coroutines=coroutines,
     )
     if problems:
         raise InvalidSpecError(spec.name, spec.source, problems)

@@ -1,11 +1,7 @@
-"""Executor behaviour that issue 18 asks for and that needs edits to the executors
-(`fsm/executor.py`, `fsm/compiled.py`, `fsm/reference.py`), which another change owns.
-
-Each test fails today and is marked ``xfail(strict=True)``: once the edit lands it
-passes, the strict marker turns that into a failure, and the marker must go. The edits
-are small; the engine side (`FlatMachine.is_config`, `first_configs`, `group`,
-`triggers_from`, `is_final`, `enumerated`; `fsm.identity.model_id`) is already here.
-"""
+"""Executor behaviour of issue 18 that rests on `FlatMachine`'s per-configuration
+answers: dispatch built on first use (a machine of many parallel regions never has its
+product walked), observers copied on write, a typed error for an unhashable state
+value, and error messages naming models as traces do (`fsm.identity.model_id`)."""
 
 from __future__ import annotations
 
@@ -23,7 +19,6 @@ from unicache_fsm.fsm.loader import bundled_spec, parse_spec
 from unicache_fsm.fsm.reference import ReferenceExecutor
 
 EXECUTORS = [CompiledExecutor, ReferenceExecutor]
-PENDING = "needs the executor edits listed in this module's docstring (issue 18)"
 
 
 class Plain:
@@ -41,7 +36,6 @@ def _regions(k: int) -> str:
     return "\n".join(text) + "\n"
 
 
-@pytest.mark.xfail(strict=True, reason=f"{PENDING}: dispatch built on first use")
 @pytest.mark.parametrize("executor", EXECUTORS, ids=lambda c: c.kind)
 def test_an_executor_of_many_regions_never_walks_their_product(executor: type[Executor]) -> None:
     """Item 6: executors take what they need per configuration. Six regions keep the
@@ -64,7 +58,6 @@ def test_an_executor_of_many_regions_never_walks_their_product(executor: type[Ex
     assert "configs" not in vars(flatten(spec))
 
 
-@pytest.mark.xfail(strict=True, reason=f"{PENDING}: observers copied on write")
 @pytest.mark.parametrize("executor", EXECUTORS, ids=lambda c: c.kind)
 def test_an_observer_that_removes_itself_does_not_hide_the_event(
     executor: type[Executor],
@@ -82,8 +75,10 @@ def test_an_observer_that_removes_itself_does_not_hide_the_event(
         def succeeded(self) -> bool:
             return True
 
-        def release_nodes(self) -> None:
+        def roll_back_nodes(self) -> None:
             pass
+
+        publish_nodes = roll_back_nodes
 
     ex = executor(spec, Record)
     seen: list[str] = []
@@ -103,7 +98,6 @@ def test_an_observer_that_removes_itself_does_not_hide_the_event(
     assert seen == ["once:<init>", "always:<init>", "always:submit"]
 
 
-@pytest.mark.xfail(strict=True, reason=f"{PENDING}: state_of asks FlatMachine.is_config")
 @pytest.mark.parametrize("executor", EXECUTORS, ids=lambda c: c.kind)
 @pytest.mark.parametrize("garbage", [["idle"], {"a": 1}, {"idle"}])
 def test_an_unhashable_state_value_is_a_typed_error(executor: type[Executor], garbage: Any) -> None:
@@ -113,7 +107,8 @@ def test_an_unhashable_state_value_is_a_typed_error(executor: type[Executor], ga
         def reserve_slots(self) -> None:
             pass
 
-        queue_store_load = publish = release_reservation = reserve_slots
+        queue_store_load = publish = withdraw_store_load = reserve_slots
+        free_reservation = record_abort = reserve_slots
 
         def landed_everywhere(self) -> bool:
             return True
@@ -126,7 +121,6 @@ def test_an_unhashable_state_value_is_a_typed_error(executor: type[Executor], ga
             call(model)
 
 
-@pytest.mark.xfail(strict=True, reason=f"{PENDING}: executor.py imports fsm.identity.model_id")
 def test_executor_errors_name_models_as_traces_do() -> None:
     """Item 3: error messages and traces name a model the same way."""
     ex = CompiledExecutor(parse_spec(_regions(1)), Plain)
@@ -144,7 +138,6 @@ class Flip(str, enum.Enum):
     OFF_1 = "off_1"
 
 
-@pytest.mark.xfail(strict=True, reason=f"{PENDING}: dispatch built on first use")
 @pytest.mark.parametrize("executor", EXECUTORS, ids=lambda c: c.kind)
 @pytest.mark.parametrize("observe_first", [False, True])
 def test_enum_triggers_and_observers_on_dispatch_built_on_first_use(
