@@ -17,7 +17,17 @@ import torch
 from hypothesis import settings
 from hypothesis.stateful import invariant, rule
 
-from test_store_memory import KV, SWA, Rig, StoreContract, StoreFactory, drain, kv_lookup, load_now
+from test_store_memory import (
+    KV,
+    SWA,
+    LargeRig,
+    Rig,
+    StoreContract,
+    StoreFactory,
+    drain,
+    kv_lookup,
+    load_now,
+)
 from unicache_fsm.pools.transfer import InvalidPageKeyError, PoolName, PoolTransfer
 from unicache_fsm.store import ExternalStore, LoadBatchResult, StoreConfigError
 from unicache_fsm.store.file import MARKER, FileStore
@@ -66,6 +76,17 @@ class TestFileStore(StoreContract):
     def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
         assert isinstance(store, FileStore)
         flip_payload(store.path_of(pool, key))
+
+
+class TestFileStoreLargePages(TestFileStore):
+    """The contract again with 128 KiB pages: these are read straight into their
+    reserved slots and checked there, not through the staging buffer."""
+
+    failed_load_leaves_slots = False
+
+    @pytest.fixture
+    def rig(self) -> Rig:
+        return LargeRig()
 
 
 # -- helpers ----------------------------------------------------------------------------------

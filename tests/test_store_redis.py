@@ -14,7 +14,16 @@ from hypothesis import settings
 from hypothesis.stateful import invariant
 
 from redis_helpers import REDIS_SKIP, flush, open_store, shared_server
-from test_store_memory import KV, Rig, StoreContract, StoreFactory, drain, kv_lookup, load_now
+from test_store_memory import (
+    KV,
+    LargeRig,
+    Rig,
+    StoreContract,
+    StoreFactory,
+    drain,
+    kv_lookup,
+    load_now,
+)
 from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools import KVPool, PagedAllocator
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
@@ -63,6 +72,17 @@ class TestRedisStore(StoreContract):
     def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
         assert isinstance(store, RedisStore)
         flip_value(store, pool, key)
+
+
+class TestRedisStoreLargePages(TestRedisStore):
+    """The contract again with 128 KiB pages: these are copied straight into their
+    reserved slots and checked there, not through the staging buffer."""
+
+    failed_load_leaves_slots = False
+
+    @pytest.fixture
+    def rig(self) -> Rig:
+        return LargeRig()
 
 
 # -- the public store machine -----------------------------------------------------------------

@@ -52,8 +52,13 @@ import torch
 from unicache_fsm.pools.transfer import PoolName, check_page_key
 from unicache_fsm.store.base import Ident
 from unicache_fsm.store.errors import StoreConfigError
-from unicache_fsm.store.pageformat import HEADER_SIZE, PageRecord, decode_header, page_checksums
-from unicache_fsm.store.shared import KnownPage, PageWrite, SharedStore, TornPage
+from unicache_fsm.store.pageformat import (
+    HEADER_SIZE,
+    decode_header,
+    page_checksum,
+    page_checksums,
+)
+from unicache_fsm.store.shared import KnownPage, PageRead, PageWrite, SharedStore, TornPage
 
 __all__ = ["MARKER", "FileStore", "Recovery"]
 
@@ -138,6 +143,8 @@ class FileStore(SharedStore):
         self.directory = Path(directory)
         self.namespace = namespace
         self._root = self.directory / namespace
+        # the pool folders as strings: per-page paths are joined on hot paths
+        self._folders = {pool: str(self._root / pool.value) for pool in PoolName}
         self._tmp_counter = 0
         self._tmp_lock = threading.Lock()
         self._open_directory()
@@ -256,18 +263,28 @@ class FileStore(SharedStore):
     # -- the medium --------------------------------------------------------------------
 
     def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        folder = self._root / pool.value
-        return [os.path.exists(folder / key) for key in keys]
+        folder = self._folders[pool]
+        return [os.path.exists(f"{folder}/{key}") for key in keys]
 
     def _each(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """`fn` over `items` on the I/O threads (in order); the first failure is raised."""
-        if self.io_threads == 1 or len(items) < 2:
+        workers = min(self.io_threads, len(items))
+        if workers < 2:
             return [fn(item) for item in items]
         if self._io is None:
             self._io = concurrent.futures.ThreadPoolExecutor(
                 self.io_threads, thread_name_prefix="unicache-file-io"
             )
-        return list(self._io.map(fn, items))
+
+        def run(part: Sequence[T]) -> list[R]:
+            return [fn(item) for item in part]
+
+        # one task per thread, each a stride of the items (few hand-offs between threads)
+        parts = list(self._io.map(run, [items[w::workers] for w in range(workers)]))
+        out: list[R] = [None] * len(items)  # type: ignore[list-item]
+        for w, part in enumerate(parts):
+            out[w::workers] = part
+        return out
 
     def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         folder = self._root / pool.value
@@ -301,27 +318,26 @@ class FileStore(SharedStore):
             raise
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
-    ) -> list[PageRecord | None]:
-        folder = self._root / pool.value
-        nbytes = staging.shape[1]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+    ) -> list[PageRead | None]:
+        folder = self._folders[pool]
 
-        def read(row: int) -> PageRecord | None:
-            key = keys[row]
+        def read(i: int) -> PageRead | None:
+            key, row = keys[i], rows[i]
             header = bytearray(HEADER_SIZE)
             extra = bytearray(1)  # a longer file is torn too
             try:
-                fd = os.open(folder / key, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(f"{folder}/{key}", os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 return None
-            try:
-                got = os.preadv(fd, [header, staging[row].numpy().data, extra], 0)
+            try:  # one call: header, payload straight into its row, and any excess
+                got = os.preadv(fd, [header, row.numpy().data, extra], 0)
             finally:
                 os.close(fd)
             record = decode_header(header)
-            if record is None or got != HEADER_SIZE + record.nbytes or record.nbytes != nbytes:
+            if record is None or got != HEADER_SIZE + record.nbytes or record.nbytes != len(row):
                 raise TornPage(key)
-            return record
+            return record, page_checksum(row)  # checked while the page is in cache
 
         return self._each(read, range(len(keys)))
 
