@@ -29,8 +29,21 @@ and forgetting pages other processes wrote or removed are
   from the headers (parents included), least recently modified first.
 - Several processes may share one directory (on one host): two writers of one page
   write identical bytes and the renames make that safe; a reader never sees a partial
-  file (renamed files are never written again). `capacity_pages` bounds the pages this
-  store knows (found at open, written, or found since).
+  file (renamed files are never written again; a page file unlinked under a reader
+  that already opened it still reads whole, one unlinked before is missing: the load
+  fails and the page is forgotten).
+- Capacity holds for the namespace in the directory, across processes: offloads take
+  an exclusive lock on ``DIR/<namespace>/.lock`` (`fcntl.flock`; released by the kernel
+  if the process dies) around choosing, evicting and writing, and a store with
+  `capacity_pages` first reconciles its books with the files in the namespace (learning
+  pages other processes wrote, parents from their headers; forgetting pages they
+  removed), then evicts from chain ends so that the namespace holds at most
+  `capacity_pages` pages when the offload completes. Opening evicts down to the limit
+  (oldest files first), and a LOOKUP that learns pages beyond it reconciles and evicts
+  too. So when every store writing a namespace passes the same `capacity_pages`, the
+  namespace never holds more (a store without a limit writes under the same lock but
+  never evicts). Recency is each process's own: pages another process wrote rank as
+  least recently used until this process looks them up.
 - Inspection: `directory`, `namespace`, `path_of(pool, key)`, `recovered` (what
   opening discarded), `num_pages`, `stored_keys`, `check_invariants()`, `last_error`.
 """
@@ -38,11 +51,13 @@ and forgetting pages other processes wrote or removed are
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import json
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -52,6 +67,7 @@ import torch
 from unicache_fsm.pools.transfer import PoolName, check_page_key
 from unicache_fsm.store.base import Ident
 from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.jobs import StoreOffload
 from unicache_fsm.store.pageformat import (
     HEADER_SIZE,
     decode_header,
@@ -148,7 +164,15 @@ class FileStore(SharedStore):
         self._tmp_counter = 0
         self._tmp_lock = threading.Lock()
         self._open_directory()
-        self.recovered = self._recover(verify=verify_on_open)
+        self._lock_fd = self._open_lock()
+        try:
+            self.recovered = self._recover(verify=verify_on_open)
+            if capacity_pages is not None:
+                with self._namespace_lock(), self._cond:
+                    self._shrink()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._start_worker()
 
     def __repr__(self) -> str:
@@ -260,6 +284,55 @@ class FileStore(SharedStore):
             return False
         return True
 
+    # -- the namespace lock and directory-wide capacity ----------------------------------
+
+    def _open_lock(self) -> int:
+        try:
+            return os.open(self._root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            msg = f"cannot open the store's lock file in {self._root}: {exc}"
+            raise StoreConfigError(msg, argument="directory", value=str(self.directory)) from exc
+
+    @contextlib.contextmanager
+    def _namespace_lock(self) -> Iterator[None]:
+        """Exclusive across processes (and across stores of one process)."""
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _reconcile(self) -> None:
+        """Make the books match the page files of the namespace (the lock is held):
+        forget pages whose file is gone, learn the others (at the least recently used
+        end, parents from their headers); files that are not whole pages are left to
+        recovery."""
+        for pool in PoolName:
+            folder = self._folders[pool]
+            on_disk = {e.name for e in os.scandir(folder) if _KEY.fullmatch(e.name)}
+            for ident in [i for i in self._pages if i[0] is pool and i[1] not in on_disk]:
+                self._forget(ident)
+            for key in on_disk:
+                ident = (pool, key)
+                if ident in self._pages:
+                    continue
+                known = self._check_file(Path(folder) / key, pool, key, verify=False)
+                if known is not None:
+                    self._insert(ident, known)
+                    if ident in self._leaves:
+                        self._leaves.move_to_end(ident, last=False)
+
+    def _shrink(self) -> None:
+        self._reconcile()  # pages others removed no longer count
+        super()._shrink()
+
+    def _run_offload(self, record: StoreOffload) -> None:
+        with self._namespace_lock():
+            if self.capacity_pages is not None:
+                with self._cond:
+                    self._reconcile()  # room is made for the namespace, not the books
+            super()._run_offload(record)
+
     # -- the medium --------------------------------------------------------------------
 
     def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
@@ -346,6 +419,7 @@ class FileStore(SharedStore):
         return sum(self._unlink(folder / key) for key in keys)
 
     def _release(self) -> None:
+        os.close(self._lock_fd)
         if self._io is not None:
             self._io.shutdown(wait=True)
             self._io = None

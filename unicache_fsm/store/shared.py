@@ -20,7 +20,10 @@ What `SharedStore` does with them:
 - LOOKUP, `load` and `contains` ask the medium (`_exists`), not the books, then reconcile
   the books: pages another process wrote are learnt (parent: the previous key of the
   same request), pages another process removed are forgotten. `capacity_pages` bounds
-  the pages this store knows; it evicts only from its own books (`_erase`).
+  the pages this store knows: learning a page beyond it evicts (`_erase`) from chain
+  ends, least recently used first (`_shrink`; a medium may first reconcile all its
+  books there). A medium that can see all of its pages at once (the file store) makes
+  the bound hold for the whole namespace; see there.
 - OFFLOAD: the books are first reconciled with the medium for the offload's keys (so a
   page someone removed is written again, not skipped); the new pages (write-once,
   chosen and made room for under the lock as in `BaseStore`) are read from the pool,
@@ -155,6 +158,17 @@ class SharedStore(BaseStore[KnownPage]):
     def _learn(self, ident: Ident, entry: KnownPage) -> None:
         if ident not in self._pages:
             self._insert(ident, entry)
+            if self.capacity_pages is not None and len(self._pages) > self.capacity_pages:
+                self._shrink()
+
+    def _shrink(self) -> None:
+        """The books hold more than `capacity_pages` (pages other processes wrote): evict
+        from chain ends, least recently used first, until they fit (pinned pages stay;
+        the page just learnt is the most recently used)."""
+        assert self.capacity_pages is not None
+        over = len(self._pages) - self.capacity_pages
+        if over > 0:
+            self._evict_lru(over, set())
 
     def _forget(self, ident: Ident) -> None:
         entry = self._pages.get(ident)
