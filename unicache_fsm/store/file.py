@@ -169,7 +169,7 @@ class FileStore(SharedStore):
             self.recovered = self._recover(verify=verify_on_open)
             if capacity_pages is not None:
                 with self._namespace_lock(), self._cond:
-                    self._shrink()
+                    self._shrink(set())
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -309,8 +309,9 @@ class FileStore(SharedStore):
         recovery."""
         for pool in PoolName:
             folder = self._folders[pool]
-            on_disk = {e.name for e in os.scandir(folder) if _KEY.fullmatch(e.name)}
-            for ident in [i for i in self._pages if i[0] is pool and i[1] not in on_disk]:
+            on_disk = sorted(e.name for e in os.scandir(folder) if _KEY.fullmatch(e.name))
+            names = set(on_disk)
+            for ident in [i for i in self._pages if i[0] is pool and i[1] not in names]:
                 self._forget(ident)
             for key in on_disk:
                 ident = (pool, key)
@@ -322,9 +323,9 @@ class FileStore(SharedStore):
                     if ident in self._leaves:
                         self._leaves.move_to_end(ident, last=False)
 
-    def _shrink(self) -> None:
+    def _shrink(self, protect: set[Ident]) -> None:
         self._reconcile()  # pages others removed no longer count
-        super()._shrink()
+        super()._shrink(protect)
 
     def _run_offload(self, record: StoreOffload) -> None:
         with self._namespace_lock():

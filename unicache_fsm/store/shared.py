@@ -126,13 +126,18 @@ class SharedStore(BaseStore[KnownPage]):
     def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         flags = self._exists(pool, keys)
         nbytes = self._page_nbytes(pool)
+        learnt: set[Ident] = set()
         for i, (key, flag) in enumerate(zip(keys, flags, strict=True)):
             ident = (pool, key)
             known = ident in self._pages
             if flag and not known and nbytes:
                 self._learn(ident, KnownPage((pool, keys[i - 1]) if i else None, nbytes))
+                learnt.add(ident)
             elif known and not flag:
                 self._forget(ident)
+        if learnt and self._over():
+            self._shrink(learnt)  # capacity: a page evicted here is no longer present
+            flags = [f and (pool, k) in self._pages for k, f in zip(keys, flags, strict=True)]
         return flags
 
     def _drop(self, ident: Ident, entry: KnownPage) -> None:
@@ -158,15 +163,18 @@ class SharedStore(BaseStore[KnownPage]):
     def _learn(self, ident: Ident, entry: KnownPage) -> None:
         if ident not in self._pages:
             self._insert(ident, entry)
-            if self.capacity_pages is not None and len(self._pages) > self.capacity_pages:
-                self._shrink()
 
-    def _shrink(self) -> None:
+    def _over(self) -> bool:
+        return self.capacity_pages is not None and len(self._pages) > self.capacity_pages
+
+    def _shrink(self, protect: set[Ident]) -> None:
         """The books hold more than `capacity_pages` (pages other processes wrote): evict
-        from chain ends, least recently used first, until they fit (pinned pages stay;
-        the page just learnt is the most recently used)."""
+        from chain ends, least recently used first, until they fit; pinned pages stay,
+        and `protect` (the pages just learnt) goes only if nothing else can."""
         assert self.capacity_pages is not None
         over = len(self._pages) - self.capacity_pages
+        if over > 0:
+            over -= self._evict_lru(over, protect)
         if over > 0:
             self._evict_lru(over, set())
 
@@ -209,6 +217,8 @@ class SharedStore(BaseStore[KnownPage]):
         with self._cond:
             for ident, known in written:
                 self._learn(ident, known)  # a LOOKUP may have found it meanwhile
+            if self._over():
+                self._shrink({ident for ident, _ in written})
             self._finish_offload(record, ok)
 
     def _write_new(
