@@ -65,15 +65,24 @@ def _arm(kill_after: int) -> None:
     os.replace = step(os.replace)
 
 
-def write_until_killed(directory: str, seed: int, conn: Connection, kill_after: int) -> None:
+def write_until_killed(
+    directory: str,
+    seed: int,
+    conn: Connection,
+    kill_after: int,
+    *,
+    capacity_pages: int | None = None,
+    rounds: int = 500,
+) -> None:
+    """Offload `rounds` chains (or until killed), with `capacity_pages` for the store."""
     torch.set_num_threads(1)
     rng = random.Random(seed)
-    store = FileStore(directory)
+    store = FileStore(directory, capacity_pages=capacity_pages)
     alloc, pool = make_pool()
     store.attach({PoolName.KV: pool})
     if kill_after:
         _arm(kill_after)
-    for _ in range(500):
+    for _ in range(rounds):
         doc = rng.randrange(SHARED_DOCS) if rng.random() < 0.3 else rng.randrange(40_000)
         keys = chain_keys(doc, rng.randint(1, MAX_PAGES))
         slots = alloc.alloc(len(keys) * P)

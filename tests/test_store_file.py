@@ -17,7 +17,17 @@ import torch
 from hypothesis import settings
 from hypothesis.stateful import invariant, rule
 
-from test_store_memory import KV, SWA, Rig, StoreContract, StoreFactory, drain, kv_lookup, load_now
+from test_store_memory import (
+    KV,
+    SWA,
+    LargeRig,
+    Rig,
+    StoreContract,
+    StoreFactory,
+    drain,
+    kv_lookup,
+    load_now,
+)
 from unicache_fsm.pools.transfer import InvalidPageKeyError, PoolName, PoolTransfer
 from unicache_fsm.store import ExternalStore, LoadBatchResult, StoreConfigError
 from unicache_fsm.store.file import MARKER, FileStore
@@ -66,6 +76,17 @@ class TestFileStore(StoreContract):
     def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
         assert isinstance(store, FileStore)
         flip_payload(store.path_of(pool, key))
+
+
+class TestFileStoreLargePages(TestFileStore):
+    """The contract again with 128 KiB pages: these are read straight into their
+    reserved slots and checked there, not through the staging buffer."""
+
+    failed_load_leaves_slots = False
+
+    @pytest.fixture
+    def rig(self) -> Rig:
+        return LargeRig()
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -222,6 +243,59 @@ def test_two_stores_on_one_directory_see_each_others_pages(tmp_path: Path) -> No
     b.check_invariants()
     a.close()
     b.close()
+
+
+def _page_files(store: FileStore) -> set[str]:
+    return {n for n in os.listdir(store.path_of(KV, "0" * 64).parent) if not n.startswith(".")}
+
+
+def test_capacity_holds_for_the_namespace_not_per_store(tmp_path: Path) -> None:
+    """Two stores on one directory, each capped at 6 pages: each offload counts the
+    other's pages too and evicts from chain ends, so the namespace stays within 6."""
+    rig = Rig()
+    a = _open(tmp_path / "s", rig, capacity_pages=6)
+    b = _open(tmp_path / "s", rig, capacity_pages=6)
+    x, _ = _offload(a, rig, 4)
+    y, _ = _offload(b, rig, 4)  # learns x (least recently used here), evicts x's end
+    assert len(_page_files(a)) == 6
+    assert a.lookup("x", kv_lookup(x)) == [1, 2]  # x lost its last two pages, in order
+    assert b.lookup("y", kv_lookup(y)) == [1, 2, 3, 4]
+    z, _ = _offload(a, rig, 3)  # a forgets what b evicted, learns y, makes room for z
+    assert len(_page_files(a)) == 6
+    assert a.lookup("z", kv_lookup(z)) == [1, 2, 3]
+    for store in (a, b):  # every page still there is whole, whoever reads it
+        for chain in (x, y, z):
+            found = store.lookup("r", kv_lookup(chain))
+            if found:
+                dst = rig.alloc(KV, found[-1])
+                assert load_now(store, "r", [PoolTransfer(KV, dst, chain[: found[-1]])])
+        store.check_invariants()
+        assert store.num_pages <= 6
+    a.close()
+    b.close()
+    # reopening with a lower limit evicts down to it, oldest files first
+    c = _open(tmp_path / "s", rig, capacity_pages=2)
+    assert len(_page_files(c)) == 2 and c.num_pages == 2
+    c.check_invariants()
+    c.close()
+
+
+def test_a_lookup_that_learns_pages_beyond_the_limit_evicts(tmp_path: Path) -> None:
+    """A store without a limit filled the namespace; a capped store that learns those
+    pages evicts down to its limit, keeping what it just looked up."""
+    rig = Rig()
+    free = _open(tmp_path / "s", rig)
+    capped = _open(tmp_path / "s", rig, capacity_pages=3)
+    x, _ = _offload(free, rig, 5)
+    assert capped.lookup("x", kv_lookup(x[:3])) == [1, 2, 3]
+    y, _ = _offload(free, rig, 2)
+    assert capped.lookup("y", kv_lookup(y)) == [1, 2]  # learns 2 more: 5 > 3
+    assert capped.num_pages <= 3
+    assert len(_page_files(capped)) <= 3
+    assert capped.contains(KV, y[0]) and capped.contains(KV, y[1])
+    capped.check_invariants()
+    free.close()
+    capped.close()
 
 
 def test_a_load_queued_before_another_process_evicts_fails_cleanly(tmp_path: Path) -> None:

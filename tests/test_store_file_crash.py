@@ -122,3 +122,38 @@ def test_writers_killed_at_random_points_leave_a_consistent_directory(tmp_path: 
     assert self_kills >= 15 and timed_kills >= 15, (self_kills, timed_kills)
     assert len(published) >= 20 and len(verified) >= 100, (len(published), len(verified))
     assert cleaned > 0, "no kill ever landed mid-write: the kill points are not random enough"
+
+
+def test_two_writer_processes_keep_the_namespace_within_capacity(tmp_path: Path) -> None:
+    """Two processes with the same `capacity_pages` offload overlapping chains into one
+    directory at once (evicting each other's pages): the namespace never ends above the
+    limit, and every page left reads back byte-exact."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "crash_writer"])
+    directory = tmp_path / "store"
+    FileStore(directory).close()
+    capacity = 30
+    published: list[list[str]] = []
+    writers = []
+    for seed in (1, 2):
+        ours, theirs = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=write_until_killed,
+            args=(str(directory), seed, theirs, 0),
+            kwargs={"capacity_pages": capacity, "rounds": 40},
+        )
+        proc.start()
+        theirs.close()
+        writers.append((proc, ours))
+    for proc, conn in writers:
+        deadline = time.monotonic() + 300
+        while proc.is_alive() and time.monotonic() < deadline:
+            _collect(conn, published)
+            proc.join(0.05)
+        _collect(conn, published)
+        conn.close()
+        assert proc.exitcode == 0, f"a writer failed or hung: exit code {proc.exitcode}"
+    assert len(published) >= 40  # both wrote (a chain longer than the limit is refused)
+    pages = [n for n in os.listdir(directory / "default" / "kv") if not n.startswith(".")]
+    assert 0 < len(pages) <= capacity, f"{len(pages)} pages in a namespace capped at {capacity}"
+    _check_directory(directory, [], set())  # every page left is whole and exact

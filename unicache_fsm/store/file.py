@@ -29,8 +29,21 @@ and forgetting pages other processes wrote or removed are
   from the headers (parents included), least recently modified first.
 - Several processes may share one directory (on one host): two writers of one page
   write identical bytes and the renames make that safe; a reader never sees a partial
-  file (renamed files are never written again). `capacity_pages` bounds the pages this
-  store knows (found at open, written, or found since).
+  file (renamed files are never written again; a page file unlinked under a reader
+  that already opened it still reads whole, one unlinked before is missing: the load
+  fails and the page is forgotten).
+- Capacity holds for the namespace in the directory, across processes: offloads take
+  an exclusive lock on ``DIR/<namespace>/.lock`` (`fcntl.flock`; released by the kernel
+  if the process dies) around choosing, evicting and writing, and a store with
+  `capacity_pages` first reconciles its books with the files in the namespace (learning
+  pages other processes wrote, parents from their headers; forgetting pages they
+  removed), then evicts from chain ends so that the namespace holds at most
+  `capacity_pages` pages when the offload completes. Opening evicts down to the limit
+  (oldest files first), and a LOOKUP that learns pages beyond it reconciles and evicts
+  too. So when every store writing a namespace passes the same `capacity_pages`, the
+  namespace never holds more (a store without a limit writes under the same lock but
+  never evicts). Recency is each process's own: pages another process wrote rank as
+  least recently used until this process looks them up.
 - Inspection: `directory`, `namespace`, `path_of(pool, key)`, `recovered` (what
   opening discarded), `num_pages`, `stored_keys`, `check_invariants()`, `last_error`.
 """
@@ -38,11 +51,13 @@ and forgetting pages other processes wrote or removed are
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import json
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -52,8 +67,14 @@ import torch
 from unicache_fsm.pools.transfer import PoolName, check_page_key
 from unicache_fsm.store.base import Ident
 from unicache_fsm.store.errors import StoreConfigError
-from unicache_fsm.store.pageformat import HEADER_SIZE, PageRecord, decode_header, page_checksums
-from unicache_fsm.store.shared import KnownPage, PageWrite, SharedStore, TornPage
+from unicache_fsm.store.jobs import StoreOffload
+from unicache_fsm.store.pageformat import (
+    HEADER_SIZE,
+    decode_header,
+    page_checksum,
+    page_checksums,
+)
+from unicache_fsm.store.shared import KnownPage, PageRead, PageWrite, SharedStore, TornPage
 
 __all__ = ["MARKER", "FileStore", "Recovery"]
 
@@ -138,10 +159,20 @@ class FileStore(SharedStore):
         self.directory = Path(directory)
         self.namespace = namespace
         self._root = self.directory / namespace
+        # the pool folders as strings: per-page paths are joined on hot paths
+        self._folders = {pool: str(self._root / pool.value) for pool in PoolName}
         self._tmp_counter = 0
         self._tmp_lock = threading.Lock()
         self._open_directory()
-        self.recovered = self._recover(verify=verify_on_open)
+        self._lock_fd = self._open_lock()
+        try:
+            self.recovered = self._recover(verify=verify_on_open)
+            if capacity_pages is not None:
+                with self._namespace_lock(), self._cond:
+                    self._shrink(set())
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
         self._start_worker()
 
     def __repr__(self) -> str:
@@ -253,21 +284,81 @@ class FileStore(SharedStore):
             return False
         return True
 
+    # -- the namespace lock and directory-wide capacity ----------------------------------
+
+    def _open_lock(self) -> int:
+        try:
+            return os.open(self._root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            msg = f"cannot open the store's lock file in {self._root}: {exc}"
+            raise StoreConfigError(msg, argument="directory", value=str(self.directory)) from exc
+
+    @contextlib.contextmanager
+    def _namespace_lock(self) -> Iterator[None]:
+        """Exclusive across processes (and across stores of one process)."""
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _reconcile(self) -> None:
+        """Make the books match the page files of the namespace (the lock is held):
+        forget pages whose file is gone, learn the others (at the least recently used
+        end, parents from their headers); files that are not whole pages are left to
+        recovery."""
+        for pool in PoolName:
+            folder = self._folders[pool]
+            on_disk = sorted(e.name for e in os.scandir(folder) if _KEY.fullmatch(e.name))
+            names = set(on_disk)
+            for ident in [i for i in self._pages if i[0] is pool and i[1] not in names]:
+                self._forget(ident)
+            for key in on_disk:
+                ident = (pool, key)
+                if ident in self._pages:
+                    continue
+                known = self._check_file(Path(folder) / key, pool, key, verify=False)
+                if known is not None:
+                    self._insert(ident, known)
+                    if ident in self._leaves:
+                        self._leaves.move_to_end(ident, last=False)
+
+    def _shrink(self, protect: set[Ident]) -> None:
+        self._reconcile()  # pages others removed no longer count
+        super()._shrink(protect)
+
+    def _run_offload(self, record: StoreOffload) -> None:
+        with self._namespace_lock():
+            if self.capacity_pages is not None:
+                with self._cond:
+                    self._reconcile()  # room is made for the namespace, not the books
+            super()._run_offload(record)
+
     # -- the medium --------------------------------------------------------------------
 
     def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        folder = self._root / pool.value
-        return [os.path.exists(folder / key) for key in keys]
+        folder = self._folders[pool]
+        return [os.path.exists(f"{folder}/{key}") for key in keys]
 
     def _each(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """`fn` over `items` on the I/O threads (in order); the first failure is raised."""
-        if self.io_threads == 1 or len(items) < 2:
+        workers = min(self.io_threads, len(items))
+        if workers < 2:
             return [fn(item) for item in items]
         if self._io is None:
             self._io = concurrent.futures.ThreadPoolExecutor(
                 self.io_threads, thread_name_prefix="unicache-file-io"
             )
-        return list(self._io.map(fn, items))
+
+        def run(part: Sequence[T]) -> list[R]:
+            return [fn(item) for item in part]
+
+        # one task per thread, each a stride of the items (few hand-offs between threads)
+        parts = list(self._io.map(run, [items[w::workers] for w in range(workers)]))
+        out: list[R] = [None] * len(items)  # type: ignore[list-item]
+        for w, part in enumerate(parts):
+            out[w::workers] = part
+        return out
 
     def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         folder = self._root / pool.value
@@ -301,27 +392,26 @@ class FileStore(SharedStore):
             raise
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
-    ) -> list[PageRecord | None]:
-        folder = self._root / pool.value
-        nbytes = staging.shape[1]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+    ) -> list[PageRead | None]:
+        folder = self._folders[pool]
 
-        def read(row: int) -> PageRecord | None:
-            key = keys[row]
+        def read(i: int) -> PageRead | None:
+            key, row = keys[i], rows[i]
             header = bytearray(HEADER_SIZE)
             extra = bytearray(1)  # a longer file is torn too
             try:
-                fd = os.open(folder / key, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(f"{folder}/{key}", os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 return None
-            try:
-                got = os.preadv(fd, [header, staging[row].numpy().data, extra], 0)
+            try:  # one call: header, payload straight into its row, and any excess
+                got = os.preadv(fd, [header, row.numpy().data, extra], 0)
             finally:
                 os.close(fd)
             record = decode_header(header)
-            if record is None or got != HEADER_SIZE + record.nbytes or record.nbytes != nbytes:
+            if record is None or got != HEADER_SIZE + record.nbytes or record.nbytes != len(row):
                 raise TornPage(key)
-            return record
+            return record, page_checksum(row)  # checked while the page is in cache
 
         return self._each(read, range(len(keys)))
 
@@ -330,6 +420,7 @@ class FileStore(SharedStore):
         return sum(self._unlink(folder / key) for key in keys)
 
     def _release(self) -> None:
+        os.close(self._lock_fd)
         if self._io is not None:
             self._io.shutdown(wait=True)
             self._io = None

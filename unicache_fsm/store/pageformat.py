@@ -14,6 +14,7 @@ own, whoever wrote it (another process, an older run):
   8) dotted with fixed odd weights, mod 2**64. The weights are the splitmix64 sequence
   from `WEIGHT_SEED`, so the checksum is the same in every process and every version of
   torch (a golden value in the tests pins it). Any change of one word changes it.
+- `page_checksum(page)` — the same checksum of one page (a 1-D uint8 CPU tensor).
 - `encode_header(key, parent, pool, nbytes, checksum) -> bytes`,
   `decode_header(raw) -> PageRecord | None` (None for anything that is not a valid
   header of this version: wrong magic or version, bad header CRC, non-zero reserved
@@ -40,6 +41,7 @@ __all__ = [
     "PageRecord",
     "decode_header",
     "encode_header",
+    "page_checksum",
     "page_checksums",
 ]
 
@@ -138,3 +140,12 @@ def page_checksums(pages: torch.Tensor) -> list[int]:
     words = pages.view(torch.int64) if nbytes % 8 == 0 else pages.to(torch.int64)
     sums = torch.mv(words, _weights(words.shape[1]))
     return [v % _U64 for v in sums.tolist()]
+
+
+def page_checksum(page: torch.Tensor) -> int:
+    """`page_checksums` of one page, a 1-D uint8 CPU tensor (one dot product)."""
+    nbytes = page.numel()
+    if nbytes % 8 or not page.is_contiguous():
+        return page_checksums(page.view(1, -1))[0]
+    words = page.view(torch.int64)
+    return int(torch.dot(words, _weights(words.numel()))) % _U64

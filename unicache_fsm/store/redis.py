@@ -39,8 +39,8 @@ import torch
 
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
-from unicache_fsm.store.pageformat import HEADER_SIZE, PageRecord, decode_header
-from unicache_fsm.store.shared import PageWrite, SharedStore, TornPage
+from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header, page_checksum
+from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -145,24 +145,26 @@ class RedisStore(SharedStore):
             self._pipelined(batch)
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
-    ) -> list[PageRecord | None]:
-        nbytes = staging.shape[1]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+    ) -> list[PageRead | None]:
+        nbytes = len(rows[0]) if rows else 0
         per_chunk = max(1, _CHUNK_BYTES // max(1, nbytes))
-        records: list[PageRecord | None] = []
+        reads: list[PageRead | None] = []
         for start in range(0, len(keys), per_chunk):
             chunk = keys[start : start + per_chunk]
             values = self._pipelined([("GET", self.key_of(pool, k)) for k in chunk])
-            for row, (key, value) in enumerate(zip(chunk, values, strict=True), start):
+            for row, key, value in zip(
+                rows[start : start + len(chunk)], chunk, values, strict=True
+            ):
                 if value is None:
-                    records.append(None)
+                    reads.append(None)
                     continue
                 record = decode_header(value)
                 if record is None or len(value) != HEADER_SIZE + nbytes:
                     raise TornPage(key)
-                staging[row].numpy().data[:] = memoryview(value)[HEADER_SIZE:]
-                records.append(record)
-        return records
+                row.numpy()[:] = memoryview(value)[HEADER_SIZE:]
+                reads.append((record, page_checksum(row)))
+        return reads
 
     def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         if not keys:

@@ -9,8 +9,9 @@ synchronous protocol call):
 - `_exists(pool, keys) -> list[bool]` — which pages the medium holds now;
 - `_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
   atomically per page, skipping keys already held (write-once); return only when all are;
-- `_read(pool, keys, staging) -> list[PageRecord | None]` — read each page's payload
-  into its row of `staging` and return its header (None: the page is missing); a page
+- `_read(pool, keys, rows) -> list[PageRead | None]` — read each page's payload into
+  its row (`rows[i]`, a 1-D uint8 CPU tensor of the page's length) and return its
+  header with the `page_checksum` of the bytes read (None: the page is missing); a page
   whose value is not one whole page raises `TornPage`;
 - `_erase(pool, keys) -> int` — delete pages; the number that existed.
 
@@ -20,18 +21,25 @@ What `SharedStore` does with them:
   the books: pages another process wrote are learnt (parent: the previous key of the
   same request, or the parent the store remembers for the first key), pages another
   process removed are forgotten; a page learnt as a chain start gets its parent when
-  an offload or a later request names it. `capacity_pages` bounds
-  the pages this store knows; it evicts only from its own books (`_erase`).
+  an offload or a later request names it. `capacity_pages` bounds the pages this store
+  knows: learning a page beyond it evicts (`_erase`) from chain ends, least recently
+  used first (`_shrink`; a medium may first reconcile all its books there). A medium
+  that can see all of its pages at once (the file store) makes the bound hold for the
+  whole namespace; see there.
 - OFFLOAD: the books are first reconciled with the medium for the offload's keys (so a
   page someone removed is written again, not skipped); the new pages (write-once,
   chosen and made room for under the lock as in `BaseStore`) are read from the pool,
   checksummed, and written with their headers; the offload completes True only when
   `_write` returned for all of them.
-- LOAD: every page of a transfer is read into a staging buffer and its header (key,
-  pool, length) and checksum checked before the transfer is written into its slots in
-  one `write_pages`: a bad page fails the batch with no byte of that transfer written,
-  and the bad page is deleted (never offered again); a missing page fails the batch and
-  is forgotten.
+- LOAD: every page of a transfer is read and its header (key, pool, length) and
+  checksum checked. Large pages of a CPU pool are read straight into their reserved
+  slots and checked there (no staging copy); a bad page then fails the batch with
+  unchecked bytes left in the load's own reserved slots, which the protocol lets the
+  caller free (no other slot is touched). Small pages, and pages of a pool on another
+  device, are read into a staging buffer and the transfer is written into its slots in
+  one `write_pages` only when every page checked out. A bad page is deleted together
+  with the chain stored after it (LOOKUP could never restore past it); a missing page
+  fails the batch and is forgotten.
 """
 
 from __future__ import annotations
@@ -46,13 +54,21 @@ from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
 from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
-from unicache_fsm.store.pageformat import PageRecord, encode_header, page_checksums
+from unicache_fsm.store.pageformat import (
+    PageRecord,
+    encode_header,
+    page_checksum,
+    page_checksums,
+)
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 
-__all__ = ["KnownPage", "SharedStore", "TornPage"]
+__all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
 
 PageWrite = tuple[str, bytes, memoryview]
 """One page to write: its key, its header, its payload."""
+
+PageRead = tuple[PageRecord, int]
+"""One page read: its header, and the checksum of the payload bytes as read."""
 
 
 class TornPage(StoreError):
@@ -88,8 +104,8 @@ class SharedStore(BaseStore[KnownPage]):
         raise NotImplementedError
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], staging: torch.Tensor
-    ) -> list[PageRecord | None]:
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+    ) -> list[PageRead | None]:
         raise NotImplementedError
 
     def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
@@ -113,14 +129,19 @@ class SharedStore(BaseStore[KnownPage]):
     def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         flags = self._exists(pool, keys)
         nbytes = self._page_nbytes(pool)
+        learnt: set[Ident] = set()
         for i, (key, flag) in enumerate(zip(keys, flags, strict=True)):
             ident = (pool, key)
             known = ident in self._pages
             if flag and not known and nbytes:
                 parent = (pool, keys[i - 1]) if i else self._parents.get(ident)
                 self._learn(ident, KnownPage(parent, nbytes))
+                learnt.add(ident)
             elif known and not flag:
                 self._forget(ident)
+        if learnt and self._over():
+            self._shrink(learnt)  # capacity: a page evicted here is no longer present
+            flags = [f and (pool, k) in self._pages for k, f in zip(keys, flags, strict=True)]
         return flags
 
     def _drop(self, ident: Ident, entry: KnownPage) -> None:
@@ -152,6 +173,20 @@ class SharedStore(BaseStore[KnownPage]):
             self._insert(ident, entry)
         elif held.parent is None and entry.parent is not None and entry.parent != ident:
             self._link(ident, held, entry.parent)
+
+    def _over(self) -> bool:
+        return self.capacity_pages is not None and len(self._pages) > self.capacity_pages
+
+    def _shrink(self, protect: set[Ident]) -> None:
+        """The books hold more than `capacity_pages` (pages other processes wrote): evict
+        from chain ends, least recently used first, until they fit; pinned pages stay,
+        and `protect` (the pages just learnt) goes only if nothing else can."""
+        assert self.capacity_pages is not None
+        over = len(self._pages) - self.capacity_pages
+        if over > 0:
+            over -= self._evict_lru(over, protect)
+        if over > 0:
+            self._evict_lru(over, set())
 
     def _forget(self, ident: Ident) -> None:
         entry = self._pages.get(ident)
@@ -192,6 +227,8 @@ class SharedStore(BaseStore[KnownPage]):
         with self._cond:
             for ident, known in written:
                 self._learn(ident, known)  # a LOOKUP may have found it meanwhile
+            if self._over():
+                self._shrink({ident for ident, _ in written})
             self._finish_offload(record, ok)
 
     def _write_new(
@@ -259,32 +296,36 @@ class SharedStore(BaseStore[KnownPage]):
     def _load_transfer(
         self, ct: CheckedTransfer, pool: KVPool, missing: list[Ident], corrupt: list[Ident]
     ) -> bool:
-        """Read, check and write one transfer; False (nothing written) on a bad page."""
+        """Read, check and write one transfer; False on a bad or missing page (then
+        nothing was written outside the transfer's own reserved slots)."""
         n, nbytes = len(ct.keys), pool.page_nbytes
-        staging = self._staging_for(n, nbytes)
+        staging: torch.Tensor | None = None
+        rows = _page_views(ct.pages.tolist(), pool)  # large CPU pages: in place
+        if rows is None:
+            staging = self._staging_for(n, nbytes)
+            rows = list(staging)
         try:
-            records = self._read(ct.pool, ct.keys, staging)
+            reads = self._read(ct.pool, ct.keys, rows)
         except TornPage as torn:
             corrupt.append((ct.pool, torn.key))
             return False
-        for key, record in zip(ct.keys, records, strict=True):
-            if record is None:
+        bad: list[Ident] = []
+        for key, read in zip(ct.keys, reads, strict=True):
+            if read is None:
                 missing.append((ct.pool, key))
                 return False
+            record, got = read
             if record.key != key or record.pool is not ct.pool or record.nbytes != nbytes:
                 corrupt.append((ct.pool, key))
                 return False
-        sums = page_checksums(staging)
-        bad = [
-            (ct.pool, key)
-            for key, record, got in zip(ct.keys, records, sums, strict=True)
-            if record is not None and record.checksum != got
-        ]
+            if record.checksum != got:
+                bad.append((ct.pool, key))
         if bad:
             corrupt.extend(bad)
             return False
-        pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
-        pool.write_pages(ct.slots, pages.to(pool.device))
+        if staging is not None:
+            pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
+            pool.write_pages(ct.slots, pages.to(pool.device))
         return True
 
 
@@ -301,13 +342,23 @@ def _source_pages(
     another device, are gathered in one `read_pages` and checksummed in one op."""
     p, n, nbytes = pool.page_size, len(indices), pool.page_nbytes
     pages = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(indices)]
-    if pool.device.type == "cpu" and nbytes >= _VIEW_BYTES and nbytes % 8 == 0:
-        by_page = pool.data.view(-1, p, pool.num_layers, pool.width)
-        views = [by_page[int(page)].view(-1).view(torch.uint8) for page in pages]
-        return views, [page_checksums(v.view(1, -1))[0] for v in views]
+    views = _page_views(pages.tolist(), pool)
+    if views is not None:
+        return views, [page_checksum(v) for v in views]
     slots = ct.slots
     if n != len(ct.keys):
         index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
         slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
     data = pool.read_pages(slots).to("cpu").view(torch.uint8).reshape(n, nbytes)
     return list(data), page_checksums(data)
+
+
+def _page_views(pages: list[int], pool: KVPool) -> list[torch.Tensor] | None:
+    """Each page of `pool` as a 1-D uint8 view of the pool itself, when pages are large
+    and the pool is on the CPU (reading or writing them in place saves a copy); None
+    otherwise (small pages move faster gathered in one op)."""
+    nbytes = pool.page_nbytes
+    if pool.device.type != "cpu" or nbytes < _VIEW_BYTES or nbytes % 8:
+        return None
+    by_page = pool.data.view(-1, pool.page_size * pool.num_layers * pool.width)
+    return [by_page[page].view(torch.uint8) for page in pages]
