@@ -183,3 +183,15 @@ def test_the_trace_is_json_lines_of_the_three_machines(tmp_path: Path) -> None:
     m.close_trace()
     machines = {json.loads(line)["machine"] for line in (tmp_path / "t.jsonl").open()}
     assert machines == {"sglang_linker", "sglang_load"}
+
+
+def test_importing_the_sglang_integration_without_sglang_is_one_typed_error() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is importable here (tests/sglang_linker covers it)")
+    from unicache_fsm.integrations.errors import SglangUnavailableError
+
+    with pytest.raises(SglangUnavailableError, match="needs SGLang 0.5.23") as info:
+        import unicache_fsm.integrations.sglang  # noqa: F401
+    assert isinstance(info.value, ImportError)

@@ -272,6 +272,11 @@ class ProtocolMonitor:
         if self.trace is not None:
             self.trace.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the linker saw its `close`."""
+        return self.linker.state == SglangLinkerState.CLOSED
+
     def oldest_offload(self) -> OffloadRecord | None:
         return self.offloads[0] if self.offloads else None
 
