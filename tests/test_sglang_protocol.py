@@ -192,6 +192,6 @@ def test_importing_the_sglang_integration_without_sglang_is_one_typed_error() ->
         pytest.skip("SGLang is importable here (tests/sglang_linker covers it)")
     from unicache_fsm.integrations.errors import SglangUnavailableError
 
-    with pytest.raises(SglangUnavailableError, match="needs SGLang 0.5.23") as info:
+    with pytest.raises(SglangUnavailableError, match=r"needs SGLang 0\.5\.23") as info:
         import unicache_fsm.integrations.sglang  # noqa: F401
     assert isinstance(info.value, ImportError)

@@ -72,25 +72,44 @@ def test_offload_evict_load_finish_insert_byte_for_byte(engine: Engine, tmp_path
     } <= taken
 
 
-def test_a_missing_page_fails_the_load_and_sglang_aborts_the_request(engine: Engine) -> None:
+def test_a_page_lost_before_the_load_is_a_refusal_and_sglang_recomputes(engine: Engine) -> None:
+    engine.compute(TOKENS)
+    engine.settle_offloads()
+    engine.evict_all()
+    free = engine.allocator.available_size()
+    req, result = engine.match(TOKENS, "r1")
+    assert result.host_hit_length == 16
+    engine.store_linker.store.evict(engine.cache.linker.hit_markers["r1"].tail_hashes)
+    loaded, slots = engine.load_back(req, result)
+    assert (loaded, slots) == (0, None)  # refused: SGLang aborted the load, freed its slots
+    assert engine.allocator.available_size() == free
+    counts = engine.monitor.monitor.counter.counts
+    assert counts[("sglang_load", "requested", "answer", "refused")] == 1
+
+
+def test_a_page_lost_after_the_load_queued_fails_the_batch_and_sglang_aborts(
+    engine: Engine,
+) -> None:
     engine.compute(TOKENS)
     engine.settle_offloads()
     engine.evict_all()
     req, result = engine.match(TOKENS, "r1")
-    assert result.host_hit_length == 16
-    # the store loses every page between the lookup and the load's start
-    keys = engine.cache.linker.hit_markers["r1"].tail_hashes
-    store = engine.store_linker.store
-    store.evict(keys)
     loaded, slots = engine.load_back(req, result)
-    if loaded:  # the store accepted the load before noticing
-        engine.cache.ready_to_load_host_cache()
-        failed = engine.cache.finish_external_linker_loads([req])
-        assert [r.rid for r in failed] == ["r1"] and req.skip_radix_cache_insert
-        engine.free(slots)
-    else:  # the store refused the load: SGLang aborted it and recomputes
-        assert slots is None
+    assert loaded == 16 and slots is not None
+    assert engine.store_linker.store.evict(_keys_of(engine, TOKENS)) > 0
+    engine.cache.ready_to_load_host_cache()
+    failed = engine.cache.finish_external_linker_loads([req])
+    assert [r.rid for r in failed] == ["r1"] and req.skip_radix_cache_insert
+    engine.free(slots)
+    counts = engine.monitor.monitor.counter.counts
+    assert counts[("sglang_load", "started", "finish", "failed")] == 1
     assert engine.store_linker.in_flight() == {"loads": 0, "batches": 0, "verdicts": 0}
+
+
+def _keys_of(engine: Engine, tokens: list[int]) -> list[str]:
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    return list(get_storage_hash_str(RadixKey(tokens), None, page_size=engine.page))
 
 
 def test_cancel_a_queued_load_then_reset(engine: Engine) -> None:
