@@ -93,6 +93,7 @@ class Engine:
         trace: Any = None,
         mode: str = "raise",
         monitored: bool = True,
+        store_trace: Any = None,
     ) -> None:
         self.page = page
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
@@ -155,7 +156,8 @@ class Engine:
                 tree_core_backend="python",
             )
         )
-        self.store_linker = StoreLinker(store, pools)
+        self.pools = pools
+        self.store_linker = StoreLinker(store, pools, trace=store_trace)
         self.linker: Any = self.store_linker
         self.monitor: ContractMonitor | None = None
         if monitored:

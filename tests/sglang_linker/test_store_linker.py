@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_linker.engine import Engine, MatchPrefixParams, RadixKey
+from sglang_linker.engine import Engine, MatchPrefixParams, PoolName, RadixKey
 from sglang_linker.stores import make_store
 from unicache_fsm.fsm.conformance import check_trace, read_trace
 from unicache_fsm.fsm.loader import bundled_spec
@@ -154,3 +154,42 @@ def test_two_instances_share_one_store_directory_or_server(store_kind: str, tmp_
     assert second.read(loaded.slots).same(wrote)
     first.close()
     second.close()
+
+
+def test_the_store_linkers_own_jobs_are_traced_and_counted(tmp_path: Path) -> None:
+    from unicache_fsm.store import MemoryStore
+
+    trace = tmp_path / "store.jsonl"
+    engine = Engine(MemoryStore(), store_trace=trace, monitored=False)
+    engine.compute(TOKENS)
+    engine.settle_offloads()
+    engine.evict_all()
+    assert engine.load([*TOKENS, 3], "r1").loaded == 16
+    engine.close()
+    records = list(read_trace(trace))
+    assert check_trace(records, bundled_spec).violation is None
+    ends = {(r["machine"], r["dest"]) for r in records if r["trigger"] == "finish"}
+    assert ends == {("store_offload", "landed"), ("store_load", "landed")}
+    per_machine = engine.store_linker.counter.per_machine()
+    assert set(per_machine) == {"store_load", "store_offload"}
+    cov = engine.store_linker.coverage()
+    assert "start: queued -> started" not in cov.missing(bundled_spec("store_load"))
+
+
+def test_bad_input_is_a_typed_error_naming_the_culprit() -> None:
+    from unicache_fsm.integrations.errors import LinkerConfigError, UnknownBatchError
+    from unicache_fsm.integrations.sglang import StoreLinker
+    from unicache_fsm.store import MemoryStore
+
+    engine = Engine(MemoryStore(), monitored=False)
+    kv = engine.pools[PoolName.KV]
+    with pytest.raises(LinkerConfigError) as info:
+        StoreLinker(MemoryStore(), {PoolName.KV: kv, PoolName.MAMBA: kv})
+    assert info.value.value == PoolName.MAMBA
+    with pytest.raises(LinkerConfigError) as info:
+        StoreLinker(MemoryStore(), {})
+    assert info.value.argument == "pools"
+    with pytest.raises(UnknownBatchError) as err:
+        engine.store_linker.finish_layer_wise_loading(5)
+    assert (err.value.index, err.value.started) == (5, ())
+    engine.close()
