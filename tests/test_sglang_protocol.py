@@ -195,3 +195,38 @@ def test_importing_the_sglang_integration_without_sglang_is_one_typed_error() ->
     with pytest.raises(SglangUnavailableError, match=r"needs SGLang 0\.5\.23") as info:
         import unicache_fsm.integrations.sglang  # noqa: F401
     assert isinstance(info.value, ImportError)
+
+
+def test_every_declared_transition_of_the_three_machines_is_taken() -> None:
+    m = ProtocolMonitor()
+    _load_round(m, "landed", 0)
+    _load_round(m, "failed", 1, landed=False)
+    m.before_load("refused")
+    m.after_load("refused", False)
+    m.before_load("cancelled")
+    m.after_load("cancelled", True)
+    m.before_cancel("cancelled")
+    m.after_cancel("cancelled", True)
+    _offload_round(m, 1, ok=True)
+    _offload_round(m, 1, ok=False)
+    m.before_offload()
+    m.after_offload(False, 1)
+    for rid in ("started", "queued"):  # dropped by the reset below
+        m.before_load(rid)
+        m.after_load(rid, True)
+        if rid == "started":
+            m.before_start()
+            m.after_start(2)
+    m.before_offload()
+    m.after_offload(True, 1)  # pending
+    m.before_offload()
+    m.after_offload(True, 1)
+    m.before_count()
+    m.after_count(1)  # one completed, one pending
+    m.before_reset()
+    m.after_reset()
+    m.before_close()
+    m.after_close()
+    cov = m.coverage()
+    for name in ("sglang_linker", "sglang_load", "sglang_offload"):
+        assert cov.missing(bundled_spec(name)) == [], name
