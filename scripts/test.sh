@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: system packages the tests use, the dev
 # install at the exact versions of constraints.txt, then ruff, mypy and pytest.
-# Last, the differential suite against SGLang 0.5.23's own cache (tests/conformance),
+# Last, the differential suite against SGLang 0.5.23's own cache (tests/conformance)
+# and the SGLang integration (tests/sglang_linker),
 # with the python of a separate venv that scripts/sglang_env.sh builds or reuses.
 # Called by .ci/run and by the README. Prints no warning it did not cause: pip runs
 # with -qq (the machine's own pip configuration may warn about its mirrors) and apt's
@@ -42,3 +43,5 @@ PY="${PYTHON:-python3}"
 "$PY" -m pytest -q "$@"
 # SGLang's vendored imports warn about their own deprecations; not ours to show
 PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" bash scripts/conformance.sh -- -q -p no:warnings
+# StoreLinker and ContractMonitor inside SGLang 0.5.23's real cache (tests/sglang_linker)
+PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" bash scripts/sglang_integration.sh -q -p no:warnings

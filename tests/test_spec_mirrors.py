@@ -16,6 +16,14 @@ import pytest
 
 from unicache_fsm.fsm.flat import flatten
 from unicache_fsm.fsm.loader import bundled_machines, bundled_spec
+from unicache_fsm.integrations.protocol import (
+    SglangLinkerState,
+    SglangLinkerTrigger,
+    SglangLoadState,
+    SglangLoadTrigger,
+    SglangOffloadState,
+    SglangOffloadTrigger,
+)
 from unicache_fsm.linker.load import LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadState, OffloadTrigger
 from unicache_fsm.store.jobs import (
@@ -34,6 +42,9 @@ MIRRORS: dict[str, tuple[type[enum.Enum], type[enum.Enum] | None]] = {
     "store_load": (StoreLoadTrigger, StoreLoadState),
     "store_offload": (StoreOffloadTrigger, StoreOffloadState),
     "node_residency": (ResidencyTrigger, None),
+    "sglang_linker": (SglangLinkerTrigger, SglangLinkerState),
+    "sglang_load": (SglangLoadTrigger, SglangLoadState),
+    "sglang_offload": (SglangOffloadTrigger, SglangOffloadState),
 }
 
 

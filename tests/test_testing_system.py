@@ -33,6 +33,9 @@ SEEN = TransitionCounter()
 # (the synchronous store of these runs finishes an offload inside one progress() call);
 # fire_anything takes it on fresh store-job records, so nothing is exempt any more.
 UNREACHABLE_IN_SYNC_MODE: set[tuple[str, str]] = set()
+# SGLang 0.5.23's own linker protocol: driven by the SGLang integration, not by this
+# system (its arrows are all taken in tests/test_sglang_protocol.py).
+NOT_THIS_SYSTEMS = {"sglang_linker", "sglang_load", "sglang_offload"}
 
 
 def _machine(p: int, swa: bool, faults: bool) -> type[SystemMachine]:
@@ -58,7 +61,10 @@ def test_every_declared_transition_is_taken() -> None:
             test_system_machine(*combo)
     cov = Coverage.from_counter(SEEN)
     missing = {
-        (name, arrow) for name in bundled_machines() for arrow in cov.missing(bundled_spec(name))
+        (name, arrow)
+        for name in bundled_machines()
+        if name not in NOT_THIS_SYSTEMS
+        for arrow in cov.missing(bundled_spec(name))
     }
     assert missing <= UNREACHABLE_IN_SYNC_MODE, sorted(missing - UNREACHABLE_IN_SYNC_MODE)
 
