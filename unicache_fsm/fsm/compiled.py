@@ -42,10 +42,12 @@ def _calls(names: tuple[str, ...], indent: str, bound: bool = False) -> list[str
     return [f"{indent}{_call(n, bound)}" for n in names]
 
 
+@functools.lru_cache(maxsize=8192)
 def _step_source(
     group: tuple[FlatTransition, ...], attr: str, observed: bool, bound: bool = False
 ) -> tuple[str, dict[str, str]]:
-    """Source of one `(configuration, trigger)` step function and its constants.
+    """Source of one `(configuration, trigger)` step function and its constants
+    (generated once per process and shared: callers copy the constants, never edit them).
 
     With `observed`, the step calls ``NOTIFY(model, source, trigger, dest)`` right
     after the state change. With `bound`, callbacks are the handler's (``CB_<name>``).
@@ -83,6 +85,7 @@ def _step_source(
     return "\n".join(lines) + "\n", consts
 
 
+@functools.lru_cache(maxsize=8192)
 def _probe_source(group: tuple[FlatTransition, ...], bound: bool = False) -> str:
     """Source of the `may_fire` probe: `prepare` and guards of each candidate."""
     lines = ["def probe(model, args, kwargs):"]
