@@ -110,7 +110,7 @@ def test_fingerprints_rename_slots_but_tell_states_apart() -> None:
     ns_c, _ = _walk(scope, ["compute 0", "progress", "poll"])
     assert fingerprint(ns_c, scope) != fingerprint(ns_a, scope)
     # and replaying a path reaches the same fingerprint every time
-    _, path = _walk(scope, ["compute 0", "begin 1", "load_back 1"])
+    _, path = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0", "load_back 0"])
     assert fingerprint(replay(scope, path), scope) == fingerprint(replay(scope, path), scope)
 
 
