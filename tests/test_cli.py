@@ -65,7 +65,14 @@ def run_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 def test_commands_are_a_table() -> None:
-    assert [c.name for c in COMMANDS] == ["diagram", "docs", "check-trace", "fuzz", "simulate"]
+    assert [c.name for c in COMMANDS] == [
+        "diagram",
+        "docs",
+        "check-trace",
+        "fuzz",
+        "explore",
+        "simulate",
+    ]
 
 
 # -- diagram: text formats ---------------------------------------------------------------

@@ -30,6 +30,12 @@ its arguments, a function that runs it, and one entry in the table):
 - ``fuzz --minutes M [--coverage F]`` — run the whole-system Hypothesis machine for M
   minutes; a summary of steps, steps/s and transition coverage; exit 1 on a failure
   (after Hypothesis printed the falsifying program).
+- ``explore [--pages N] [--requests R] [--page-size P] [--swa-window W] [--faults F]
+  [--depth D] [--minutes M] [--workers J] [--coverage F] [--test-out F]`` — breadth-first
+  search of every state of a tiny system (`unicache_fsm.testing.explore`); prints the
+  distinct states, transitions, states/s, depth, whether the space was exhausted and
+  the declared transitions reached; on a violation prints the shortest operation
+  sequence as a pytest test and the machines' diagrams along it, and exits 1.
 - ``simulate [...]`` — serve a workload through the reference scheduler loop and print
   the report (``--json``); ``--trace`` records every transition, ``--coverage``
   writes transition counts that ``diagram --coverage`` draws.
@@ -41,7 +47,7 @@ import argparse
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import attrs
 
@@ -493,6 +499,133 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- explore ----------------------------------------------------------------------------
+
+
+def _explore_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pages", type=int, default=4, metavar="N", help="FULL pool pages (4)")
+    p.add_argument("--requests", type=int, default=2, metavar="R", help="requests (2)")
+    p.add_argument("--page-size", type=int, default=1, metavar="P", help="tokens a page (1)")
+    p.add_argument(
+        "--key-pages", type=int, default=2, metavar="K", help="pages of each request's key (2)"
+    )
+    p.add_argument(
+        "--swa-window",
+        type=int,
+        default=1,
+        metavar="W",
+        help="SWA window in pages; 0 explores a FULL-only system (1)",
+    )
+    p.add_argument("--host-pages", type=int, default=0, metavar="H", help="host tier pages (0)")
+    p.add_argument(
+        "--faults",
+        default="all",
+        metavar="KINDS",
+        help="store faults the search may inject: all, none, or kinds joined by commas",
+    )
+    p.add_argument("--depth", type=int, default=None, metavar="D", help="stop after D operations")
+    p.add_argument("--minutes", type=float, default=None, metavar="M", help="stop after M minutes")
+    p.add_argument(
+        "--workers", type=int, default=None, metavar="J", help="processes (default: one per core)"
+    )
+    p.add_argument(
+        "--coverage",
+        type=Path,
+        default=None,
+        metavar="FILE.json",
+        help="write the transitions reached (for diagram --coverage)",
+    )
+    p.add_argument(
+        "--test-out",
+        type=Path,
+        default=None,
+        metavar="FILE.py",
+        help="write the counterexample test there too (on a violation)",
+    )
+
+
+def _explore_scope(args: argparse.Namespace) -> Any:
+    from unicache_fsm.store.faults import FaultKind
+    from unicache_fsm.testing.explore import Scope
+
+    text = args.faults.strip()
+    kinds = {k.value: k for k in FaultKind}
+    if text == "all":
+        faults = tuple(FaultKind)
+    elif text in ("none", ""):
+        faults = ()
+    else:
+        names = [n.strip() for n in text.split(",")]
+        bad = [n for n in names if n not in kinds]
+        if bad:
+            msg = f"--faults: unknown fault kind {bad[0]!r}; valid: all, none, {', '.join(kinds)}"
+            raise CliError(msg)
+        faults = tuple(dict.fromkeys(kinds[n] for n in names))
+    if args.swa_window < 0:
+        msg = f"--swa-window must be >= 0 pages, got {args.swa_window}"
+        raise CliError(msg)
+    for name in ("depth", "workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            msg = f"--{name} must be >= 1, got {value}"
+            raise CliError(msg)
+    if args.minutes is not None and args.minutes <= 0:
+        msg = f"--minutes must be positive, got {args.minutes}"
+        raise CliError(msg)
+    for flag in ("coverage", "test_out"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).parent.is_dir():
+            name = "--" + flag.replace("_", "-")
+            msg = f"{name} {str(path)!r}: no folder {str(Path(path).parent)!r} to write it in"
+            raise CliError(msg)
+    try:
+        return Scope(
+            pages=args.pages,
+            requests=args.requests,
+            page_size=args.page_size,
+            swa=args.swa_window > 0,
+            swa_pages=args.pages,
+            window_pages=max(1, args.swa_window),
+            key_pages=args.key_pages,
+            host_pages=args.host_pages,
+            faults=faults,
+        )
+    except ValueError as exc:
+        flag = str(exc).split()[0].removeprefix("Scope.").replace("_", "-")
+        msg = f"--{flag}: {exc}"
+        raise CliError(msg) from exc
+
+
+def _run_explore(args: argparse.Namespace) -> int:
+    from unicache_fsm.testing.explore import explore
+
+    scope = _explore_scope(args)
+
+    def progress(depth: int, states: int, frontier: int) -> None:
+        print(f"depth {depth:3d}: {states} states, {frontier} new", file=sys.stderr, flush=True)
+
+    report = explore(
+        scope,
+        max_depth=args.depth,
+        minutes=args.minutes,
+        workers=args.workers,
+        progress=progress,
+    )
+    if args.coverage is not None:
+        report.coverage.save(args.coverage)
+    print(report.summary())
+    if report.violation is None:
+        return EXIT_OK
+    test = report.violation.as_test()
+    print("\n# -- the shortest counterexample, as a pytest test --\n")
+    print(test)
+    print("# -- the machines along it (Mermaid; last state highlighted) --\n")
+    print(report.violation.diagrams())
+    if args.test_out is not None:
+        Path(args.test_out).write_text(test, encoding="utf-8")
+    return EXIT_CHECK_FAILED
+
+
 # -- check-trace ------------------------------------------------------------------------
 
 
@@ -550,6 +683,12 @@ COMMANDS: tuple[Command, ...] = (
         "fuzz the whole system (tree, linker, store, host tier) for a while",
         _fuzz_arguments,
         _run_fuzz,
+    ),
+    Command(
+        "explore",
+        "explore every state of a tiny system breadth-first; shortest counterexamples",
+        _explore_arguments,
+        _run_explore,
     ),
     Command(
         "simulate",

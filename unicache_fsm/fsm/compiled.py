@@ -72,6 +72,7 @@ def _guard(name: str, veto_if: bool, ind: str, bound: bool, aio: bool) -> list[s
     return [*lines, f"{ind}if {test}:"]
 
 
+@functools.lru_cache(maxsize=8192)
 def _step_source(
     group: tuple[FlatTransition, ...],
     attr: str,
@@ -79,7 +80,8 @@ def _step_source(
     bound: bool = False,
     aio: bool = False,
 ) -> tuple[str, dict[str, str]]:
-    """Source of one `(configuration, trigger)` step function and its constants.
+    """Source of one `(configuration, trigger)` step function and its constants
+    (generated once per process and shared: callers copy the constants, never edit them).
 
     With `observed`, the step calls ``NOTIFY(model, source, trigger, dest)`` right
     after the state change. With `bound`, callbacks are the handler's (``CB_<name>``).
@@ -118,6 +120,7 @@ def _step_source(
     return "\n".join(lines) + "\n", consts
 
 
+@functools.lru_cache(maxsize=8192)
 def _probe_source(group: tuple[FlatTransition, ...], bound: bool = False, aio: bool = False) -> str:
     """Source of the `may_fire` probe: `prepare` and guards of each candidate."""
     lines = [f"{'async ' if aio else ''}def probe(model, args, kwargs):"]

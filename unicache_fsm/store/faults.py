@@ -40,6 +40,8 @@ purpose, reproducibly, in every way the linker must survive.
 - `FaultyStore(inner, policy)` — an `ExternalStore` that forwards to `inner` and
   injects faults per `policy`. It numbers its own load batches (the inner store's ids
   are translated) and keeps its own completion FIFOs. Drive it from one thread.
+  `pending()` describes that in-flight work without its numbering (for state-space
+  exploration: two wrappers with equal `pending()` behave alike from here on).
 """
 
 from __future__ import annotations
@@ -451,6 +453,20 @@ class FaultyStore:
         self.reset()
         self.inner.close()
         self._closed = True
+
+    def pending(self) -> tuple[object, ...]:
+        """The wrapper's in-flight work, free of batch numbers and the clock: the rids
+        queued for the next batch, then per started batch (rids, forced failure, verdict
+        or None, progress() calls until it is released), then per offload (forced
+        failure, verdict or None, calls until released). Reads only; changes nothing."""
+        loads = tuple(
+            (e.rids, e.force_fail, e.success, max(0, e.release_at - self._tick))
+            for e in self._loads
+        )
+        offloads = tuple(
+            (e.force_fail, e.success, max(0, e.release_at - self._tick)) for e in self._offloads
+        )
+        return (tuple(self._queued), loads, offloads)
 
     # -- internals -----------------------------------------------------------------------
 

@@ -1,0 +1,775 @@
+"""Exhaustive small-scope exploration of the real system (``unicache-fsm explore``).
+
+Hypothesis samples the system's behaviours; this module enumerates them. Starting from
+a fresh `System` (the kit's real tree, pools, linker, `MemoryStore` inside a
+`FaultyStore`, machines) built for a tiny `Scope`, it runs a breadth-first search over
+every interleaving of an alphabet of operations, checks every invariant of the kit
+(`System.audit`) at every state it reaches, and reports the shortest operation sequence
+that breaks one, printed as a runnable pytest test.
+
+The alphabet (`enabled_ops`): per request, its `begin` (LOOKUP: match and lock the device
+prefix), `load_back` (LOAD + PREPARE), `release` (the request goes away mid-load) and
+`complete` (use the committed load or recompute, insert, offload write-through); per
+request key, `compute` (insert computed KV, offload write-through); the linker's
+`start` (a load batch), the store's `progress`, `finish` (land/commit/abort loads),
+`poll` (offload completions); `evict` of one FULL (and one SWA) page; `store_evict` of
+a stored node's last page and `store_lose` of a loading page (each followed by the
+LOOKUP that demotes what the store lost); `reset`; and with a host tier `backup` and
+`host_load`. Each store fault of the `Scope` is one more variant of every operation
+that makes the call it applies to, injected on exactly that call (`inject`); so "the
+store refuses this load" and "this batch fails midway" are choices the search takes,
+not dice. An operation that the tiny pools cannot serve (the harness cannot allocate)
+is not enabled there.
+
+States are canonicalised (`canonical`): the tree's shape and keys, each node's
+residency, locks, hash/backup/offload marks, the relative order of its last access,
+and its FULL / SWA / host slots renamed in order of first appearance (slots are opaque
+handles, so free-list order is not part of a state); every load's state, anchor,
+reserved slots and batch; the offload records; the harness's requests and locks; the
+store's contents and its in-flight work (`FaultyStore.pending`). A state is kept as a
+16-byte BLAKE2b fingerprint of that form, so memory grows with 16 bytes per state plus
+the current and next frontier.
+
+Reaching a state: a frontier entry is its operation path, and each successor is
+reached by *replay*: build a fresh `System` and re-run the path (without the audits,
+which passed the first time). Deep-copying a `System` instead was tried and measured
+first: ``copy.deepcopy`` fails on it (the store holds a thread lock), and even where it
+succeeds the compiled executors' steps keep calling the original linker's bound
+callbacks; a fresh build costs about 4 ms (the compiled executors' generated source is
+cached per process) and an operation about 1-3 ms, so replaying the short paths of a
+small scope is both correct and cheap enough. Every successor of one state is
+independent, so a level's frontier is split across worker processes (``workers``; by
+default one per core): each returns fingerprints, the main process deduplicates.
+
+Coverage: the transitions each new operation fires (not the replays) are counted per
+machine, as `unicache-fsm fuzz --coverage` writes them (`Coverage`).
+
+Entry points: `explore(scope, ...) -> Report`; `Report.summary()`;
+`Counterexample.as_test()` (a pytest module) and `Counterexample.diagrams()` (each
+machine the path touched, in Mermaid, its arrows labelled with how often the path took
+them and its last state highlighted). Helpers the printed tests use: `inject`,
+`node_at`, `reverify`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from unicache_fsm.fsm.coverage import Coverage
+from unicache_fsm.fsm.diagram import render_mermaid
+from unicache_fsm.fsm.executor import Executor
+from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.fsm.trace import TransitionCounter
+from unicache_fsm.linker.load import ExternalLoad, LoadState
+from unicache_fsm.pools.transfer import ComponentType, PoolName
+from unicache_fsm.store import jobs
+from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.testing.system import Request, System
+from unicache_fsm.tree import EvictParams
+from unicache_fsm.tree.node import TreeNode
+
+__all__ = [
+    "Counterexample",
+    "Op",
+    "Refused",
+    "Report",
+    "Scope",
+    "apply",
+    "canonical",
+    "enabled_ops",
+    "explore",
+    "fingerprint",
+    "inject",
+    "node_at",
+    "replay",
+    "reverify",
+]
+
+FULL, SWA = ComponentType.FULL, ComponentType.SWA
+EXTRA_TOKEN = 7  # a request asks for its key plus one token past it (a partial page)
+_REFUSALS = ("the FULL pool cannot hold", "the SWA pool cannot hold")
+
+# which fault kinds apply to which operation's calls
+_LOOKUP_FAULTS = (FaultKind.FAIL_LOOKUP, FaultKind.EVICT_AFTER_LOOKUP)
+_LOAD_FAULTS = (FaultKind.REFUSE_LOAD,)
+_BATCH_FAULTS = (FaultKind.FAIL_BATCH_BEFORE_START, FaultKind.FAIL_BATCH_MIDWAY)
+_OFFLOAD_FAULTS = (FaultKind.REFUSE_OFFLOAD, FaultKind.FAIL_OFFLOAD)
+_PROGRESS_FAULTS = (FaultKind.DELAY_COMPLETION,)
+
+
+# -- scope -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Scope:
+    """The tiny configuration explored: pools, requests, keys, host tier, faults.
+
+    Request ``i`` asks for ``key_pages`` pages: the first page is shared by every request
+    (so paths split), the rest are its own. `faults` lists the store faults the search
+    may inject (each on one call of its choosing).
+    """
+
+    pages: int = 4
+    requests: int = 2
+    page_size: int = 1
+    swa: bool = True
+    swa_pages: int = 4
+    window_pages: int = 1
+    key_pages: int = 2
+    host_pages: int = 0
+    faults: tuple[FaultKind, ...] = tuple(FaultKind)
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("pages", "requests", "page_size", "key_pages", "swa_pages", "window_pages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                msg = f"Scope.{name} must be an int >= 1, got {value!r}"
+                raise ValueError(msg)
+        if self.host_pages < 0:
+            msg = f"Scope.host_pages must be an int >= 0, got {self.host_pages!r}"
+            raise ValueError(msg)
+        if self.requests > 9:
+            msg = f"Scope.requests must be at most 9 (a small scope), got {self.requests}"
+            raise ValueError(msg)
+
+    def key(self, i: int) -> tuple[int, ...]:
+        p = self.page_size
+        tokens = [100 + t for t in range(p)]
+        for j in range(1, self.key_pages):
+            tokens += [1000 * (i + 1) + 10 * j + t for t in range(p)]
+        return tuple(tokens)
+
+    def build(self) -> System:
+        """A fresh system of this scope, with an (inactive) fault wrapper."""
+        return System.build(
+            self.page_size,
+            swa=self.swa,
+            full_pages=self.pages,
+            swa_pages=self.swa_pages,
+            window_pages=self.window_pages,
+            faults=FaultPolicy(),
+            host_pages=self.host_pages,
+        )
+
+    def source(self) -> str:
+        """This scope as a Python expression."""
+        kinds = ", ".join(f"FaultKind.{k.name}" for k in self.faults)
+        faults = f"({kinds},)" if len(self.faults) == 1 else f"({kinds})"
+        return (
+            f"Scope(pages={self.pages}, requests={self.requests}, "
+            f"page_size={self.page_size}, swa={self.swa}, swa_pages={self.swa_pages}, "
+            f"window_pages={self.window_pages}, key_pages={self.key_pages}, "
+            f"host_pages={self.host_pages}, faults={faults})"
+        )
+
+    def describe(self) -> str:
+        faults = ",".join(k.value for k in self.faults) or "none"
+        kind = f"FULL+SWA (window {self.window_pages} pages)" if self.swa else "FULL only"
+        return (
+            f"{self.pages} pages (P={self.page_size}), {self.requests} requests of "
+            f"{self.key_pages} pages, {kind}, "
+            f"host {self.host_pages} pages, faults {faults}"
+        )
+
+
+# -- helpers the operations (and the printed tests) use -----------------------------------
+
+
+@contextlib.contextmanager
+def inject(s: System, kind: FaultKind) -> Iterator[None]:
+    """Inject `kind` on every eligible store call inside the block (one call, in practice)."""
+    s.faulty.policy = FaultPolicy({kind: FaultRule(every=1)}, delay_steps=1)
+    try:
+        yield
+    finally:
+        s.faulty.policy = FaultPolicy()
+
+
+def reverify(s: System) -> None:
+    """The LOOKUP that demotes every stored node the store lost pages of."""
+    for node in s.stored_nodes():
+        s.linker.verify_stored(node)
+
+
+def node_at(s: System, tokens: Sequence[int]) -> TreeNode:
+    """The tree node whose path from the root spells exactly `tokens`."""
+    want = tuple(tokens)
+    for node in s.tree.nodes():
+        if node.end == len(want) and _path_key(node) == want:
+            return node
+    msg = f"no tree node ends at {want}"
+    raise LookupError(msg)
+
+
+def _path_key(node: TreeNode) -> tuple[int, ...]:
+    key: tuple[int, ...] = ()
+    for n in node.path_from_root():
+        key += tuple(n.key)
+    return key
+
+
+# -- operations -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Op:
+    """One operation: a label for reports and the Python statement that performs it
+    (run with ``s``, the system, and ``r0, r1, ...``, the requests, in scope)."""
+
+    label: str
+    code: str
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _faulted(op: Op, kinds: Sequence[FaultKind], scope: Scope) -> list[Op]:
+    """`op`, and one variant per fault of the scope that applies to its calls."""
+    out = [op]
+    for kind in kinds:
+        if kind in scope.faults:
+            code = f"with inject(s, FaultKind.{kind.name}):\n    " + op.code.replace("\n", "\n    ")
+            out.append(Op(f"{op.label}[{kind.value}]", code))
+    return out
+
+
+def _requests(ns: dict[str, Any], scope: Scope) -> list[tuple[int, Request | None]]:
+    return [(i, ns.get(f"r{i}")) for i in range(scope.requests)]
+
+
+def enabled_ops(ns: dict[str, Any], scope: Scope) -> list[Op]:
+    """Every operation the search may take from the state in `ns` (see the module doc)."""
+    s: System = ns["s"]
+    lk = s.linker
+    ops: list[Op] = []
+    for i, req in _requests(ns, scope):
+        key = scope.key(i)
+        compute = Op(f"compute {i}", f"s.compute('c{i}', {key}, settle=False)")
+        ops += _faulted(compute, _OFFLOAD_FAULTS, scope)
+        if req is None:
+            begin = Op(f"begin {i}", f"r{i} = s.begin('r{i}', {(*key, EXTRA_TOKEN)}, load=False)")
+            ops += _faulted(begin, _LOOKUP_FAULTS, scope)
+            continue
+        if req.rid not in s.requests:
+            continue  # completed
+        load = req.load
+        if load is not None and load.state == LoadState.IDLE and not req.prepared:
+            lb = Op(f"load_back {i}", f"r{i}.prepared = s.linker.load_back(r{i}.load)")
+            ops += _faulted(lb, _LOAD_FAULTS, scope)
+        if load is not None and load.in_flight and load.abort_pending is None:
+            ops.append(Op(f"release {i}", f"s.linker.release_request('r{i}')"))
+            ops.append(
+                Op(
+                    f"store_lose {i}",
+                    f"s.store.evict([r{i}.load.tail_hashes[-1]])\nreverify(s)",
+                )
+            )
+        if load is None or not load.in_flight:
+            complete = Op(f"complete {i}", f"s.complete(r{i}, settle=False)")
+            ops += _faulted(complete, _OFFLOAD_FAULTS, scope)
+    if any(ld.state == LoadState.QUEUED for ld in lk.loads.values()):
+        ops += _faulted(Op("start", "s.linker.start_loading()"), _BATCH_FAULTS, scope)
+    if s.in_flight():
+        ops += _faulted(Op("progress", "s.store.progress()"), _PROGRESS_FAULTS, scope)
+        ops.append(Op("finish", "s.finish_loads()\nreverify(s)"))
+    if lk.offloads:
+        ops.append(Op("poll", "s.linker.poll_offloads()\nreverify(s)"))
+    p = scope.page_size
+    ops.append(Op("evict", f"s.tree.evict(EvictParams(num_tokens={p}))"))
+    if scope.swa:
+        ops.append(Op("evict_swa", f"s.tree.evict(EvictParams(swa_num_tokens={p}))"))
+    for node in sorted(s.stored_nodes(), key=_path_key):
+        path = _path_key(node)
+        ops.append(
+            Op(
+                f"store_evict {list(path)}",
+                f"s.store.evict([node_at(s, {path}).hashes[-1]])\nreverify(s)",
+            )
+        )
+    if lk.busy() or lk.loads:
+        ops.append(Op("reset", "s.linker.reset()"))
+    if scope.host_pages:
+        for node in sorted(s.tree.nodes(), key=_path_key):
+            if node is s.tree.root:
+                continue
+            path = _path_key(node)
+            if node.device_resident and not node.backuped and not node.offloading:
+                ops.append(Op(f"backup {list(path)}", f"s.tree.backup(node_at(s, {path}))"))
+            if node.evicted and node.backuped:
+                ops.append(Op(f"host_load {list(path)}", f"s.tree.load_back(node_at(s, {path}))"))
+    return ops
+
+
+def _namespace(s: System) -> dict[str, Any]:
+    return {
+        "s": s,
+        "EvictParams": EvictParams,
+        "FaultKind": FaultKind,
+        "inject": inject,
+        "node_at": node_at,
+        "reverify": reverify,
+    }
+
+
+def _run(op: Op, ns: dict[str, Any]) -> None:
+    code = _COMPILED.get(op.code)
+    if code is None:
+        code = _COMPILED[op.code] = compile(op.code, f"<op {op.label}>", "exec")
+    exec(code, ns)  # the operation's statement, the same text the printed test runs
+
+
+class Refused(Exception):
+    """The tiny pools cannot serve the operation: it is not enabled in that state."""
+
+
+def apply(op: Op, ns: dict[str, Any], *, audit: bool = True) -> None:
+    """Run `op` on the system in `ns`, then (with `audit`) check every invariant.
+
+    Raises `Refused` when the harness cannot allocate; any other exception is a finding.
+    """
+    try:
+        _run(op, ns)
+    except AssertionError as exc:
+        if str(exc).startswith(_REFUSALS):
+            raise Refused(str(exc)) from exc
+        raise
+    if audit:
+        ns["s"].audit()
+
+
+def replay(scope: Scope, path: Sequence[Op]) -> dict[str, Any]:
+    """A fresh system of `scope` after `path` (no audits: the path was checked)."""
+    ns = _namespace(scope.build())
+    for op in path:
+        apply(op, ns, audit=False)
+    return ns
+
+
+# -- canonical form -----------------------------------------------------------------------
+
+
+class _Renamer:
+    """Slot numbers renamed in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, int] = {}
+
+    def __call__(self, t: torch.Tensor | None) -> tuple[int, ...] | None:
+        if t is None:
+            return None
+        names = self.names
+        return tuple(names.setdefault(x, len(names)) for x in t.tolist())
+
+
+def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
+    """The state of the system in `ns`, free of ids, counters, clocks and slot numbers."""
+    s: System = ns["s"]
+    lk = s.linker
+    full, swa, host = _Renamer(), _Renamer(), _Renamer()
+    index: dict[int, int] = {}
+    nodes: list[TreeNode] = []
+
+    def walk(node: TreeNode) -> None:
+        index[id(node)] = len(nodes)
+        nodes.append(node)
+        for key in sorted(node.children, key=repr):
+            walk(node.children[key])
+
+    walk(s.tree.root)
+
+    def ref(node: TreeNode | None) -> Any:
+        if node is None:
+            return None
+        at = index.get(id(node))
+        return at if at is not None else ("detached", _path_key(node), node.residency)
+
+    tickets = {id(rec.ticket): i for i, rec in enumerate(lk.offloads) if rec is not None}
+    stamps = {v: i for i, v in enumerate(sorted({n.last_access for n in nodes}))}
+    tree = tuple(
+        (
+            tuple(n.key),
+            ref(n.parent),
+            n.namespace,
+            n.residency,
+            n.lock_ref,
+            min(n.hit_count, 2),
+            stamps[n.last_access],
+            n.hashes is not None,
+            full(n.slots(FULL)),
+            swa(n.slots(SWA)),
+            host(n.host),
+            None
+            if n.pending_offload is None
+            else (tickets.get(id(n.pending_offload), -1), n.pending_offload.finished),
+        )
+        for n in nodes
+    )
+
+    seqs = {ld.seq: i for i, ld in enumerate(sorted(lk.loads.values(), key=lambda x: x.seq))}
+
+    def load_form(ld: ExternalLoad) -> Any:
+        return (
+            ld.rid,
+            ld.state,
+            ref(ld.anchor),
+            len(ld.key),
+            len(ld.tail_hashes),
+            ld.batch >= 0,
+            seqs.get(ld.seq, -1),
+            ld.settled,
+            ld.abort_reason,
+            ld.abort_pending,
+            ref(ld.endpoint),
+            tuple(
+                (t.name, (swa if t.name is PoolName.SWA else full)(t.device_indices))
+                for t in ld.transfers
+            ),
+            tuple((t.name, len(t.keys)) for t in ld.committed),
+            full(ld.slots),
+        )
+
+    loads = tuple(load_form(ld) for _, ld in sorted(lk.loads.items()))
+    draining = tuple(load_form(ld) for ld in lk.draining)
+    held = tuple(sorted(ld.rid for ld in lk.held.values()))
+    batches = tuple(tuple(ld.rid for ld in b.loads) for b in lk.batches)
+    offloads = tuple(
+        None
+        if rec is None
+        else (
+            rec.state,
+            tuple(ref(n) for n in rec.ticket.publish),
+            ref(rec.ticket.anchor),
+            rec.chain_pages,
+            len(rec.transfers),
+        )
+        for rec in lk.offloads
+    )
+    requests: list[Any] = []
+    for _, req in _requests(ns, scope):
+        if req is None:
+            requests.append(None)
+        elif req.rid not in s.requests:
+            requests.append("done")
+        else:
+            requests.append(
+                (
+                    ref(req.lock),
+                    req.prepared,
+                    None if req.load is None else load_form(req.load),
+                    req.match is not None and req.match.load is req.load,
+                )
+            )
+    locks = tuple(sorted(repr(ref(n)) for n in s.locks))
+    pools = [PoolName.KV, PoolName.SWA] if scope.swa else [PoolName.KV]
+    store = tuple(tuple(sorted(s.memory.stored_keys(pool))) for pool in pools)
+    return (
+        tree,
+        loads,
+        draining,
+        held,
+        batches,
+        offloads,
+        tuple(requests),
+        locks,
+        store,
+        s.faulty.pending(),
+        s.allocator.available_size(),
+    )
+
+
+def fingerprint(ns: dict[str, Any], scope: Scope) -> bytes:
+    """16 bytes that stand for the state's canonical form."""
+    return hashlib.blake2b(repr(canonical(ns, scope)).encode(), digest_size=16).digest()
+
+
+# -- coverage during one operation --------------------------------------------------------
+
+
+def _executors(s: System) -> list[Executor]:
+    return [
+        s.tree.residency.executor,
+        s.linker.load_machine,
+        s.linker.offload_machine,
+        jobs.LOAD_MACHINE,
+        jobs.OFFLOAD_MACHINE,
+    ]
+
+
+@contextlib.contextmanager
+def _observing(s: System, observer: Callable[..., None]) -> Iterator[None]:
+    executors = _executors(s)
+    for ex in executors:
+        ex.add_observer(observer)
+    try:
+        yield
+    finally:
+        for ex in executors:
+            ex.remove_observer(observer)
+
+
+# -- one expansion (runs in a worker) -----------------------------------------------------
+
+
+@attrs.frozen
+class _Child:
+    op: Op
+    digest: bytes | None  # None: a finding (see `error`)
+    error: str | None = None
+
+
+def _expand(scope: Scope, path: tuple[Op, ...]) -> tuple[list[_Child], int, Counter[Any]]:
+    """Every successor of the state `path` reaches: (children, refused, transition counts)."""
+    counter = TransitionCounter()
+    parent = replay(scope, path)
+    ops = enabled_ops(parent, scope)
+    children: list[_Child] = []
+    refused = 0
+    ns: dict[str, Any] | None = parent
+    for op in ops:
+        if ns is None:
+            ns = replay(scope, path)
+        try:
+            with _observing(ns["s"], counter):
+                apply(op, ns)
+        except Refused:
+            refused += 1
+        except Exception as exc:  # a finding: an invariant or a crash of the real code
+            children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
+        else:
+            children.append(_Child(op, fingerprint(ns, scope)))
+        ns = None
+    return children, refused, counter.counts
+
+
+def _expand_star(args: tuple[Scope, tuple[Op, ...]]) -> tuple[list[_Child], int, Counter[Any]]:
+    return _expand(*args)
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+@attrs.define
+class Counterexample:
+    """The shortest operation sequence found that breaks an invariant."""
+
+    scope: Scope
+    path: tuple[Op, ...]
+    error: str
+
+    def __len__(self) -> int:
+        return len(self.path)
+
+    def as_test(self, name: str = "test_explore_counterexample") -> str:
+        """A pytest module that replays the path with the kit's `System` calls (it fails
+        on the last line while the bug is there)."""
+        lines = [
+            f'"""Found by `unicache-fsm explore`: {self.error.splitlines()[0][:200]}"""',
+            "",
+            "from unicache_fsm.store.faults import FaultKind",
+            "from unicache_fsm.testing.explore import Scope, inject, node_at, reverify",
+            "from unicache_fsm.tree import EvictParams",
+            "",
+            "",
+            f"def {name}() -> None:",
+            f"    s = {self.scope.source()}.build()",
+        ]
+        for op in self.path:
+            lines.append(f"    # {op.label}")
+            lines += ["    " + line for line in op.code.splitlines()]
+            lines.append("    s.audit()")
+        used = ("EvictParams", "FaultKind", "inject", "node_at", "reverify")
+        body = "\n".join(lines[8:])
+        header = lines[:8]
+        if "EvictParams" not in body:
+            header.remove("from unicache_fsm.tree import EvictParams")
+        helpers = [h for h in used[2:] if h in body]
+        header[3] = f"from unicache_fsm.testing.explore import {', '.join(['Scope', *helpers])}"
+        if "FaultKind" not in body:
+            header.remove("from unicache_fsm.store.faults import FaultKind")
+        return "\n".join([*header, *lines[8:]]) + "\n"
+
+    def trace(self) -> tuple[Coverage, dict[str, str], dict[str, MachineSpec]]:
+        """Replay the path, observing every machine: (transitions taken, each machine's
+        last state, its spec)."""
+        counter = TransitionCounter()
+        last: dict[str, str] = {}
+        specs: dict[str, MachineSpec] = {}
+
+        def observe(ex: Executor, model: Any, source: str, trigger: str, dest: str) -> None:
+            counter(ex, model, source, trigger, dest)
+            last[ex.spec.name] = dest
+            specs[ex.spec.name] = ex.spec
+
+        ns = _namespace(self.scope.build())
+        with _observing(ns["s"], observe):
+            for op in self.path:
+                with contextlib.suppress(Exception):
+                    apply(op, ns, audit=False)
+        return Coverage.from_counter(counter), last, specs
+
+    def diagrams(self) -> str:
+        """Mermaid diagrams of the machines the path drove: arrows labelled with how often
+        it took them, each machine's last state highlighted."""
+        cov, last, specs = self.trace()
+        parts = []
+        for name in sorted(specs):
+            parts.append(f"%% {name}: last state {last[name]}")
+            # a parallel machine's configuration lists one state per region: the first
+            # region's is highlighted, the comment above names them all
+            first = last[name].split(",")[0]
+            parts.append(render_mermaid(specs[name], first, cov.declared(specs[name])))
+        return "\n".join(parts)
+
+
+@attrs.define
+class Report:
+    scope: Scope
+    states: int = 0
+    transitions: int = 0
+    refused: int = 0
+    depth: int = 0
+    exhausted: bool = False
+    seconds: float = 0.0
+    workers: int = 1
+    violation: Counterexample | None = None
+    coverage: Coverage = attrs.field(factory=Coverage)
+
+    @property
+    def rate(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else 0.0
+
+    def declared(self) -> tuple[int, int]:
+        """(declared transitions reached, declared transitions) over the bundled specs."""
+        from unicache_fsm.fsm import loader
+
+        arrows = missing = 0
+        for name in loader.bundled_machines():
+            spec = loader.bundled_spec(name)
+            arrows += len(self.coverage.declared(spec))
+            missing += len(self.coverage.missing(spec))
+        return arrows - missing, arrows
+
+    def summary(self) -> str:
+        reached, arrows = self.declared()
+        if self.violation is not None:
+            result = f"VIOLATION after {len(self.violation)} operations: {self.violation.error}"
+        elif self.exhausted:
+            result = "exhausted: every reachable state checked, no invariant broken"
+        else:
+            result = "stopped (depth or time limit): no invariant broken so far"
+        return "\n".join(
+            [
+                f"scope          {self.scope.describe()}",
+                f"states         {self.states} distinct",
+                f"transitions    {self.transitions} ({self.refused} refused by the tiny pools)",
+                f"depth          {self.depth}",
+                f"time           {self.seconds:.1f} s, {self.rate:.0f} states/s, "
+                f"{self.workers} worker(s)",
+                f"coverage       {reached}/{arrows} declared transitions reached",
+                f"result         {result}",
+            ]
+        )
+
+
+def explore(
+    scope: Scope,
+    *,
+    max_depth: int | None = None,
+    minutes: float | None = None,
+    workers: int | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> Report:
+    """Breadth-first search of every state `scope` can reach (see the module docstring).
+
+    Stops at the first level holding a violation (the reported one is the first found
+    at that depth, so no shorter one exists), when no new state appears (exhausted),
+    past `max_depth` operations, or after `minutes`. `workers` (default: one per core,
+    at most 2 on a small machine) expand a level's states in parallel. `progress` is
+    called after each level with (depth, states, frontier size).
+    """
+    if workers is None:
+        workers = max(1, min(os.cpu_count() or 1, 4))
+    if workers < 1:
+        msg = f"workers must be >= 1, got {workers}"
+        raise ValueError(msg)
+    start = time.perf_counter()
+    deadline = None if minutes is None else start + minutes * 60.0
+    report = Report(scope, workers=workers)
+    counts: Counter[Any] = Counter()
+    root = _namespace(scope.build())
+    root["s"].audit()
+    visited = {fingerprint(root, scope)}
+    frontier: list[tuple[Op, ...]] = [()]
+    pool = _pool(workers)
+    try:
+        while frontier:
+            if max_depth is not None and report.depth >= max_depth:
+                break
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            jobs_ = [(scope, path) for path in frontier]
+            if pool is None:
+                results: Any = map(_expand_star, jobs_)
+            else:
+                chunk = max(1, len(jobs_) // (8 * workers))
+                results = pool.imap(_expand_star, jobs_, chunksize=chunk)
+            nxt: list[tuple[Op, ...]] = []
+            found: Counterexample | None = None
+            for path, (children, refused, level_counts) in zip(frontier, results, strict=True):
+                counts.update(level_counts)
+                report.refused += refused
+                for child in children:
+                    report.transitions += 1
+                    if child.error is not None:
+                        if found is None:
+                            found = Counterexample(scope, (*path, child.op), child.error)
+                        continue
+                    assert child.digest is not None
+                    if child.digest not in visited:
+                        visited.add(child.digest)
+                        nxt.append((*path, child.op))
+                if deadline is not None and time.perf_counter() > deadline and found is None:
+                    break
+            else:
+                report.depth += 1
+                frontier = nxt
+                report.states = len(visited)
+                if progress is not None:
+                    progress(report.depth, report.states, len(frontier))
+                if found is not None:
+                    report.violation = found
+                    break
+                continue
+            break  # the deadline struck inside a level
+        report.exhausted = not frontier and report.violation is None
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    report.states = len(visited)
+    report.seconds = time.perf_counter() - start
+    report.coverage = Coverage.from_counter(_counter_of(counts))
+    return report
+
+
+def _counter_of(counts: Counter[Any]) -> TransitionCounter:
+    counter = TransitionCounter()
+    counter.counts.update(counts)
+    return counter
+
+
+def _pool(workers: int) -> Any:
+    if workers == 1:
+        return None
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return multiprocessing.get_context(method).Pool(workers)
