@@ -207,7 +207,8 @@ BUGS = [
         (4, False, False),
         ("not in the tree", "lock"),
         marks=pytest.mark.xfail(
-            strict=True, reason="Hypothesis's failure here carries no falsifying program note"
+            run=False,  # ~2 minutes of Hypothesis shrinking to confirm a known gap
+            reason="Hypothesis's failure here carries no falsifying program note",
         ),
     ),
     pytest.param(
