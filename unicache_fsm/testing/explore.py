@@ -67,6 +67,7 @@ import torch
 
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import render_mermaid
+from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.trace import TransitionCounter
@@ -328,7 +329,7 @@ def _run(op: Op, ns: dict[str, Any]) -> None:
     exec(code, ns)  # the operation's statement, the same text the printed test runs
 
 
-class Refused(Exception):
+class Refused(UnicacheFsmError):
     """The tiny pools cannot serve the operation: it is not enabled in that state."""
 
 

@@ -447,7 +447,12 @@ class StoreMachine(RuleBasedStateMachine):
         boundary = found[-1 - pick % len(found)]
         pool_keys = [(KV, tail[:boundary])]
         pool_keys += [(pool, tail[max(0, boundary - n) : boundary]) for pool, n in windows]
-        must = f"lookup just reported boundary {boundary}" if self.lossless else None
+        must = None
+        # a tainted page may vanish after LOOKUP: a load running on a background worker
+        # reads a corrupt page and drops it with the chain after it
+        wanted = {(pool, key) for pool, keys in pool_keys for key in keys}
+        if self.lossless and not wanted & self.tainted:
+            must = f"lookup just reported boundary {boundary}"
         return self._settled(self._queue_load(pool_keys, must), settle)
 
     @precondition(lambda self: self._load_calls_since_start > 0)
