@@ -24,6 +24,7 @@
 #   -lcrypto); it is built here once, into the venv (TORCH_EXTENSIONS_DIR), so a
 #   missing compiler fails this script, not the suite.
 # Works as root on a fresh Debian machine with only the package registries reachable.
+# pip runs with -qq: the machine's own pip configuration may warn about its mirrors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -57,7 +58,7 @@ project_stamp() {
 STAMP="$(base_stamp)"
 
 install_project() {
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check \
         -e "$REPO[dev]" -r "$REQS" "${CONSTRAINTS[@]}"
     project_stamp > "$VENV/.unicache-project-stamp"
 }
@@ -114,7 +115,7 @@ log "building $VENV from scratch"
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 VPY="$VENV/bin/python"
-PIP=("$VPY" -m pip install -q --disable-pip-version-check)
+PIP=("$VPY" -m pip install -qq --disable-pip-version-check)
 
 # The CPU build of torch lies on local disk; name it first so nothing pulls a CUDA build.
 "${PIP[@]}" "torch==2.13.0"
@@ -123,7 +124,7 @@ install_project
 # -- SGLang itself: the wheel, unpacked, never installed -----------------------------
 WHEELS="$(mktemp -d)"
 trap 'rm -rf "$WHEELS"' EXIT
-"$VPY" -m pip download -q --disable-pip-version-check --no-deps -d "$WHEELS" "sglang==$SGLANG_VERSION"
+"$VPY" -m pip download -qq --disable-pip-version-check --no-deps -d "$WHEELS" "sglang==$SGLANG_VERSION"
 WHEEL="$(ls "$WHEELS"/sglang-"$SGLANG_VERSION"-*.whl)"
 got_sha="$(sha256sum "$WHEEL" | cut -d' ' -f1)"
 if [ "$got_sha" != "$SGLANG_WHEEL_SHA256" ]; then
