@@ -221,16 +221,35 @@ class Harness:
         self.locks.append((rs, rp))
 
     def _insert(self, op: Insert) -> None:
-        P, swa = self.P, self.swa
+        P = self.P
         tokens = key_tokens(op.pages, P)
-        n = len(tokens)
         tree_s: tuple[int, ...] = ()
         tree_p: tuple[int, ...] = ()
         prev = 0
+        pinned = None
         if op.match_first:
             ms, mp = self._matched(tokens, "insert.match")
             prev = min(op.prev_pages * P, ms.prefix_len)
             tree_s, tree_p = ms.indices[:prev], mp.indices[:prev]
+            if prev:  # a scheduler pins the prefix it reuses while it allocates and inserts
+                pinned = (self.s.lock(ms.handle), self._project(self.p.lock, mp.handle))
+        try:
+            self._insert_after_match(op, tokens, prev, tree_s, tree_p)
+        finally:
+            if pinned is not None:
+                self.s.unlock(pinned[0])
+                self._project(self.p.unlock, pinned[1])
+
+    def _insert_after_match(
+        self,
+        op: Insert,
+        tokens: list[int],
+        prev: int,
+        tree_s: tuple[int, ...],
+        tree_p: tuple[int, ...],
+    ) -> None:
+        P, swa = self.P, self.swa
+        n = len(tokens)
         swa_evicted = min(op.swa_evicted_pages * P, n) if swa else 0
         need = n - prev
         short_full = need - self.s.available(Pool.FULL)  # equal on both sides here
