@@ -138,7 +138,7 @@ def test_two_instances_share_one_store_directory_or_server(store_kind: str, tmp_
     if store_kind == "file":
         from unicache_fsm.store import FileStore
 
-        stores = [FileStore(tmp_path / "shared") for _ in range(2)]
+        stores = [FileStore(tmp_path / "one_directory") for _ in range(2)]
     else:
         from redis_helpers import fresh_namespace, shared_server
         from unicache_fsm.store import RedisStore
