@@ -88,6 +88,7 @@ class PageEntry(Protocol):
 
 
 E = TypeVar("E", bound=PageEntry)
+_R = TypeVar("_R")
 
 
 @attrs.define(slots=True)
@@ -270,10 +271,7 @@ class BaseStore(Generic[E]):
     def pop_completed_load(self) -> LoadBatchResult:
         with self._cond:
             self._check_open("pop_completed_load")
-            if not self._load_results:
-                msg = "pop_completed_load: no load batch has completed; check num_completed_loads()"
-                raise NoCompletionError(msg, what="load")
-            result = self._load_results.popleft()
+            result = self._pop_completed(self._load_results, "load")
             self._in_flight.difference_update(result.rids)
             return result
 
@@ -324,13 +322,16 @@ class BaseStore(Generic[E]):
     def pop_completed_offload(self) -> bool:
         with self._cond:
             self._check_open("pop_completed_offload")
-            if not self._offload_results:
-                msg = (
-                    "pop_completed_offload: no offload has completed; "
-                    "check num_completed_offloads()"
-                )
-                raise NoCompletionError(msg, what="offload")
-            return self._offload_results.popleft()
+            return self._pop_completed(self._offload_results, "offload")
+
+    @staticmethod
+    def _pop_completed(results: collections.deque[_R], what: str) -> _R:
+        """The oldest completion of `results` (call under the lock); `NoCompletionError`
+        naming `what` ("load" / "offload") when there is none."""
+        if not results:
+            msg = f"pop_completed_{what}: no {what} has completed; check num_completed_{what}s()"
+            raise NoCompletionError(msg, what=what)
+        return results.popleft()
 
     # -- protocol: driving, eviction, lifecycle ------------------------------------------
 
