@@ -22,6 +22,7 @@ import heapq
 from unicache_fsm.pools.host import HostKVPool
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.room import alloc_making_room
 from unicache_fsm.tree.errors import NodeStateError, TreeError
 from unicache_fsm.tree.eviction import Eviction
 from unicache_fsm.tree.locks import Locks
@@ -77,10 +78,9 @@ class HostTier(Locks, Eviction):
                 if not n.evicted:
                     continue
                 need = len(n.key)
-                short = need - self.allocator.available_size()
-                if short > 0:
-                    self.evict(EvictParams(num_tokens=short))
-                slots = self.allocator.alloc(need)
+                alloc = self.allocator
+                room = lambda short: self.evict(EvictParams(num_tokens=short))  # noqa: E731
+                slots = alloc_making_room(need, alloc.available_size, alloc.alloc, room)
                 if slots is None:
                     return False
                 assert n.host is not None

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.room import alloc_making_room
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import (
     ComponentType,
@@ -192,10 +193,8 @@ class FullComponent(TreeComponent):
         if phase is LinkerTransferPhase.LOAD:
             need = len(keys) * self.page_size
             alloc = self.tree.allocator
-            short = need - alloc.available_size()
-            if short > 0:
-                self.tree.evict(EvictParams(num_tokens=short))
-            slots = alloc.alloc(need)
+            room = lambda short: self.tree.evict(EvictParams(num_tokens=short))  # noqa: E731
+            slots = alloc_making_room(need, alloc.available_size, alloc.alloc, room)
             if slots is None:
                 return None
             return PoolTransfer(self.pool, slots, tuple(keys))

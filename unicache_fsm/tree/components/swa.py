@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.room import alloc_making_room
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import (
     ComponentType,
@@ -326,10 +327,9 @@ class SwaComponent(TreeComponent):
         if phase is LinkerTransferPhase.LOAD:
             window_keys = tuple(keys[-self.window_pages :])
             need = len(window_keys) * self.page_size
-            short = need - self.allocator.available_swa_size()
-            if short > 0:
-                self.tree.evict(EvictParams(swa_num_tokens=short))
-            slots = self.allocator.alloc_swa(need)
+            alloc = self.allocator
+            room = lambda short: self.tree.evict(EvictParams(swa_num_tokens=short))  # noqa: E731
+            slots = alloc_making_room(need, alloc.available_swa_size, alloc.alloc_swa, room)
             if slots is None:
                 return None
             return PoolTransfer(self.pool, slots, window_keys, TRAILING)
