@@ -1,4 +1,5 @@
-"""The contract's invariants as functions, for tests and for fuzzing your own system.
+"""The contract's invariants as functions: the one set that `serving.System.audit` (and
+so `simulate`'s audits and the fuzzing kit's) runs, and that tests and users call.
 
 Each function checks one invariant of ``docs/contract.md`` and raises `InvariantViolation`
 (an `AssertionError`) naming the invariant and the culprit; it changes nothing.

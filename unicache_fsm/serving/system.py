@@ -1,9 +1,25 @@
-"""A small serving system around one `ExternalLinker`: the kit's system under test.
+"""`System`: one serving system around one `ExternalLinker`, under both the reference
+scheduler (`scheduler.simulation`) and the fuzzing kit (`testing`).
 
 `System.build(page_size, swa=...)` wires a FULL-only (`PagedAllocator`) or FULL+SWA
 (`SWAAllocator`) system: KV pools, a `RadixTree` in linker mode (write-through
-threshold 1), a `MemoryStore` (optionally inside a `FaultyStore`) attached to the
-pools, and the linker. Requests then go through it the way a scheduler would drive them:
+threshold 1), optionally the host backup tier, a store (a `MemoryStore` unless
+`store_factory` names another; optionally inside a `FaultyStore`) behind a
+`StoreLedger`, attached to the pools, and the linker. KV bytes are `serving.kv`'s.
+
+Building blocks a scheduler composes:
+
+- `try_alloc(n)` / `try_alloc_swa(n)` — evict the shortfall, then allocate
+  (`pools.room.alloc_making_room`); None when the pool stays short. `alloc` /
+  `alloc_swa` assert instead.
+- `write_kv(slots, tokens, start, swa=...)` / `expected(tokens, start, swa=...)` — the
+  KV a request computes, written into a pool or returned.
+- `lock(node)` / `unlock(node)` — a lock the system accounts for (the root needs none).
+- `finish_loads()` — `linker.finish_loads()`, each committed request taking over the
+  lock COMMIT left on its path; `release(req)` — the request's lock and its linker
+  state go.
+
+Requests then go through it the way a scheduler would drive them:
 
 - `compute(rid, key)` — a request computes its KV: the device prefix from the tree,
   fresh FULL slots (and SWA slots for its window, mapped) for the rest, deterministic
@@ -16,40 +32,39 @@ pools, and the linker. Requests then go through it the way a scheduler would dri
 - `complete(req)` — the request uses the committed load (`load.slots`) or, after an
   abort or a miss, recomputes the tail from the device prefix; then releases its lock.
 - `serve(rid, key)` — the three above in a row.
-- `audit()` — after every step: `tree.check` with the linker's reserved slots, every
+- `audit()` — `tree.check` with the slots held outside the tree, every
   lock accounted for, every stored node's pages acknowledged by the store once (the
   `StoreLedger` between linker and store records what it acknowledged) and, where the
   store loses nothing on its own (`check_stored`), still in it; with `check_chains`,
   the store's chains whole; the store's own books, and the bytes of every resident
   node equal to `kv_bytes` of its tokens (so a load that landed garbage, or landed
-  into the wrong slots, is caught).
-
-`run_ranks(n, fn)` runs ``fn(rank, group)`` for n thread ranks (`ThreadRankGroup`).
+  into the wrong slots, is caught). Held outside the tree: the linker's reservations
+  and the private slots of the requests in `requests`.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
-import functools
-import threading
+import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import attrs
 import torch
 
-from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig, LinkerMatch
+from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.linker.offload import PendingOffload
-from unicache_fsm.linker.ranks import RankGroup, ThreadRankGroup
+from unicache_fsm.linker.ranks import RankGroup
 from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
+from unicache_fsm.pools.room import alloc_making_room
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.serving import invariants as inv
+from unicache_fsm.serving.kv import NUM_LAYERS, POISON, WIDTH, kv_bytes
+from unicache_fsm.serving.ledger import StoreLedger
+from unicache_fsm.serving.request import Outcome, Request
 from unicache_fsm.store.faults import FaultPolicy, FaultyStore
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
-from unicache_fsm.testing import invariants as inv
-from unicache_fsm.testing.ledger import StoreLedger
 from unicache_fsm.tree import (
     EvictParams,
     ExecutorKind,
@@ -59,69 +74,9 @@ from unicache_fsm.tree import (
     TreeNode,
 )
 
-__all__ = [
-    "NUM_LAYERS",
-    "WIDTH",
-    "Outcome",
-    "Request",
-    "System",
-    "kv_bytes",
-    "run_ranks",
-]
+__all__ = ["System"]
 
-NUM_LAYERS = 2
-WIDTH = 4
 HUGE = 10**9
-POISON = 1999.0  # never a `kv_bytes` value (those lie in -1001 .. 1007)
-
-
-def kv_bytes(tokens: Sequence[int], start: int, *, swa: bool = False) -> torch.Tensor:
-    """The KV a "model" computes for `tokens` at absolute positions ``start, start+1, ...``.
-
-    Small integers (exact in float16) derived from token and position, different for
-    every layer and lane; the SWA pool holds the negated values, so FULL and SWA bytes
-    can never be mistaken for each other. Read-only: the result may be shared.
-    """
-    return _kv_bytes(tuple(tokens), start, swa)
-
-
-@functools.lru_cache(maxsize=8192)
-def _kv_bytes(tokens: tuple[int, ...], start: int, swa: bool) -> torch.Tensor:
-    n = len(tokens)
-    t = torch.tensor(list(tokens), dtype=torch.int64)
-    pos = torch.arange(start, start + n, dtype=torch.int64)
-    base = (t * 7 + pos * 13) % 1000
-    lanes = torch.arange(NUM_LAYERS * WIDTH, dtype=torch.int64).view(1, NUM_LAYERS, WIDTH)
-    values = base.view(n, 1, 1) + lanes
-    if swa:
-        values = -(values + 1)
-    return values.to(torch.float16)
-
-
-class Outcome(str, enum.Enum):
-    """How a request got its KV."""
-
-    COMMITTED = "committed"  # from its committed external load
-    ABORTED = "aborted"  # its load aborted: it recomputed the tail
-    MISS = "miss"  # no external hit: it computed the tail
-    COMPUTED = "computed"  # `compute`: no lookup at all
-
-
-@attrs.define(eq=False)
-class Request:
-    """One request as the harness drives it (fields filled as it goes)."""
-
-    rid: str
-    key: tuple[int, ...]
-    namespace: str | None = None
-    match: LinkerMatch | None = None
-    lock: TreeNode | None = None  # the node this request's own lock is on
-    load: ExternalLoad | None = None
-    prepared: bool = False
-    outcome: Outcome | None = None
-    slots: torch.Tensor | None = None  # FULL slots of the page-aligned key, when done
-    last_node: TreeNode | None = None
-    offload: PendingOffload | None = None
 
 
 @attrs.define(eq=False)
@@ -138,7 +93,7 @@ class System:
     backend: ExternalStore  # the store itself (inside `store`)
     store: ExternalStore  # what the linker talks to: the ledger (around the fault injector)
     linker: ExternalLinker
-    ledger: StoreLedger  # every page the store acknowledged (see `testing.ledger`)
+    ledger: StoreLedger  # every page the store acknowledged (see `serving.ledger`)
     faulty_store: FaultyStore | None = None
     locks: list[TreeNode] = attrs.field(factory=list)
     requests: dict[str, Request] = attrs.field(factory=dict)  # begun, not completed
@@ -166,27 +121,34 @@ class System:
         capacity_pages: int | None = None,
         store_factory: Callable[[], ExternalStore] | None = None,
         host_pages: int = 0,
+        sliding_window: int | None = None,
+        num_layers: int = NUM_LAYERS,
+        width: int = WIDTH,
     ) -> System:
         """Wire a system; `store_factory` puts your own store backend in it (default: a
-        `MemoryStore`), `host_pages` adds the host backup tier."""
+        `MemoryStore`), `host_pages` adds the host backup tier. With `swa`, the sliding
+        window is `sliding_window` tokens (default: ``window_pages`` pages less half a
+        page, so with P > 1 it is no page multiple); requests keep SWA KV for the
+        window rounded up to whole pages. `num_layers` x `width` is a KV row's shape."""
         p = page_size
-        kv = KVPool(full_pages * p, p, NUM_LAYERS, WIDTH)
+        kv = KVPool(full_pages * p, p, num_layers, width)
         pools = {PoolName.KV: kv}
         swa_kv: KVPool | None = None
         allocator: PagedAllocator | SWAAllocator
+        window = 0
         if swa:
             allocator = SWAAllocator(full_pages * p, swa_pages * p, p)
-            swa_kv = KVPool(swa_pages * p, p, NUM_LAYERS, WIDTH, name="swa")
+            swa_kv = KVPool(swa_pages * p, p, num_layers, width, name="swa")
             pools[PoolName.SWA] = swa_kv
-            # not a page multiple when P > 1, so the window rounds up to whole pages
-            sliding = window_pages * p - p // 2
+            sliding = window_pages * p - p // 2 if sliding_window is None else sliding_window
+            window = math.ceil(sliding / p) * p
             config = TreeConfig(
                 sliding_window_size=sliding, write_through_threshold=1, executor=tree_executor
             )
         else:
             allocator = PagedAllocator(full_pages * p, p)
             config = TreeConfig(write_through_threshold=1, executor=tree_executor)
-        host_pool = HostKVPool(host_pages * p, p, NUM_LAYERS, WIDTH) if host_pages else None
+        host_pool = HostKVPool(host_pages * p, p, num_layers, width) if host_pages else None
         host_alloc = PagedAllocator(host_pages * p, p, name="host") if host_pages else None
         tree = RadixTree(
             allocator, config, kv_pool=kv, host_pool=host_pool, host_allocator=host_alloc
@@ -202,7 +164,7 @@ class System:
         return cls(
             page_size=p,
             swa=swa,
-            window=window_pages * p if swa else 0,
+            window=window,
             allocator=allocator,
             kv=kv,
             swa_kv=swa_kv,
@@ -244,23 +206,52 @@ class System:
         self.locks.remove(node)
         self.tree.dec_lock_ref(node)
 
+    def try_alloc(self, n: int) -> torch.Tensor | None:
+        """`n` FULL slots, evicting the tree's shortfall first; None if still short."""
+        a = self.allocator
+        return alloc_making_room(n, a.available_size, a.alloc, self._evict_full)
+
+    def try_alloc_swa(self, n: int) -> torch.Tensor | None:
+        """`n` SWA slots, evicting the tree's SWA shortfall first; None if still short."""
+        a = self.allocator
+        assert isinstance(a, SWAAllocator), "this system has no SWA pool"
+        return alloc_making_room(n, a.available_swa_size, a.alloc_swa, self._evict_swa)
+
+    def _evict_full(self, short: int) -> None:
+        self.tree.evict(EvictParams(num_tokens=short))
+
+    def _evict_swa(self, short: int) -> None:
+        self.tree.evict(EvictParams(swa_num_tokens=short))
+
     def alloc(self, n: int) -> torch.Tensor:
-        slots = self.allocator.alloc(n)
-        if slots is None:
-            self.tree.evict(EvictParams(num_tokens=n - self.allocator.available_size()))
-            slots = self.allocator.alloc(n)
+        slots = self.try_alloc(n)
         assert slots is not None, f"the FULL pool cannot hold {n} more tokens"
         return slots
 
     def alloc_swa(self, n: int) -> torch.Tensor:
-        assert isinstance(self.allocator, SWAAllocator)
-        slots = self.allocator.alloc_swa(n)
-        if slots is None:
-            short = n - self.allocator.available_swa_size()
-            self.tree.evict(EvictParams(swa_num_tokens=short))
-            slots = self.allocator.alloc_swa(n)
+        slots = self.try_alloc_swa(n)
         assert slots is not None, f"the SWA pool cannot hold {n} more tokens"
         return slots
+
+    def expected(self, tokens: Sequence[int], start: int, *, swa: bool = False) -> torch.Tensor:
+        """The KV rows of `tokens` at positions from `start`, in this system's shape."""
+        kv = self.kv
+        return kv_bytes(tokens, start, swa=swa, num_layers=kv.num_layers, width=kv.width)
+
+    def write_kv(
+        self, slots: torch.Tensor, tokens: Sequence[int], start: int, *, swa: bool = False
+    ) -> None:
+        """Write the KV of `tokens` (positions from `start`) into FULL (or SWA) `slots`;
+        slots past the tokens (a partial last page) get zeros."""
+        pool = self.swa_kv if swa else self.kv
+        assert pool is not None, "this system has no SWA pool"
+        rows = self.expected(tokens, start, swa=swa)
+        n = int(slots.numel())
+        if n != rows.shape[0]:
+            padded = torch.zeros(n, *rows.shape[1:], dtype=rows.dtype)
+            padded[: rows.shape[0]] = rows
+            rows = padded
+        pool.write_pages(slots, rows)
 
     def swa_boundary(self, n: int) -> int:
         """The request's SWA boundary: only the last window keeps SWA."""
@@ -310,13 +301,13 @@ class System:
         bound = self.swa_boundary(n) if swa_boundary is None else swa_boundary
         if n > h:
             fresh = self.alloc(n - h)
-            self.kv.write_pages(fresh, kv_bytes(key[h:], h))
+            self.write_kv(fresh, key[h:], h)
             live_from = max(h, bound)
             if self.swa and n > live_from:
                 assert isinstance(self.allocator, SWAAllocator) and self.swa_kv is not None
                 sw = self.alloc_swa(n - live_from)
                 self.allocator.set_full_to_swa_mapping(fresh[live_from - h :], sw)
-                self.swa_kv.write_pages(sw, kv_bytes(key[live_from:], live_from, swa=True))
+                self.write_kv(sw, key[live_from:], live_from, swa=True)
             value = torch.cat([prefix, fresh])
         else:
             value = prefix
@@ -366,6 +357,8 @@ class System:
         req = Request(rid, tuple(key), namespace)
         self.requests[rid] = req
         req.match = self.linker.match(rid, key, namespace)
+        req.prefix_len = req.match.device.prefix_len
+        req.prefix_slots = req.match.device.device_indices
         if lock:
             req.lock = self.lock(req.match.device.last_device_node)
         req.load = req.match.load
@@ -383,7 +376,7 @@ class System:
             pool = self.swa_kv if t.name is PoolName.SWA else self.kv
             assert pool is not None
             n = int(t.device_indices.numel())
-            garbage = torch.full((n, NUM_LAYERS, WIDTH), POISON, dtype=torch.float16)
+            garbage = torch.full((n, *pool.data.shape[1:]), POISON, dtype=pool.dtype)
             pool.write_pages(t.device_indices, garbage)
 
     def in_flight(self) -> bool:
@@ -414,16 +407,20 @@ class System:
         )
         return ended
 
-    def finish_loads(self) -> list[ExternalLoad]:
+    def finish_loads(self, *, check: bool = True) -> list[ExternalLoad]:
         """`linker.finish_loads()`, then each committed request takes over the lock
-        COMMIT left on `load.endpoint` (the loaded path stays put until it is done)."""
+        COMMIT left on `load.endpoint` (the loaded path stays put until it is done).
+        With `check`, each ended load is checked (`loads_landed`, COMMIT soundness,
+        the shape of its adopted ranges)."""
         ended = self.linker.finish_loads()
         for load in ended:
             if load.committed_ok:
                 self._committed[load.rid] += 1
-                inv.loads_landed(self._committed, self.ledger.landed_loads)
-            inv.committed_load_sound(self.tree, load)
-            if load.ctx is not None:
+                if check:
+                    inv.loads_landed(self._committed, self.ledger.landed_loads)
+            if check:
+                inv.committed_load_sound(self.tree, load)
+            if check and load.ctx is not None:
                 for ranges in load.ctx.adopted_ranges.values():
                     inv.adopted_ranges_shape(
                         ranges, self.page_size, load.device_hit_len, load.prefix_len
@@ -432,6 +429,13 @@ class System:
             if req is not None and req.load is load and load.state == LoadState.COMMITTED:
                 self._hold_loaded_path(req)
         return ended
+
+    def release(self, req: Request) -> None:
+        """`req` is done: its lock goes, the linker forgets it, the system too."""
+        self.unlock(req.lock)
+        req.lock = None
+        self.linker.release_request(req.rid)
+        self.requests.pop(req.rid, None)
 
     def _hold_loaded_path(self, req: Request) -> None:
         """Take over the lock COMMIT handed us on the loaded path's end (once)."""
@@ -508,11 +512,15 @@ class System:
         return lambda pool, key: key in snapshot[pool]
 
     def audit(self) -> None:
-        """Check every invariant of the system (`testing.invariants`); raise
+        """Check every invariant of the system (`serving.invariants`); raise
         `InvariantViolation` naming the invariant and the culprit."""
         self.audits += 1
         tree, linker = self.tree, self.linker
         full_out, swa_out = linker.reserved_slots()
+        for req in self.requests.values():
+            full, swa = req.outside_slots()
+            full_out += full
+            swa_out += swa
         inv.slot_conservation(tree, full_out, swa_out)
         inv.no_concurrent_offloads(tree)
         inv.lock_balance(tree, self.lock_holders())
@@ -539,9 +547,9 @@ class System:
         inv.kv_bytes_match(
             tree,
             self.kv,
-            kv_bytes,
+            self.expected,
             swa_kv=self.swa_kv,
-            expected_swa=lambda key, start: kv_bytes(key, start, swa=True),
+            expected_swa=lambda key, start: self.expected(key, start, swa=True),
         )
 
     def assert_quiet(self) -> None:
@@ -572,32 +580,3 @@ class System:
 
     def stored_nodes(self) -> list[TreeNode]:
         return [n for n in self.tree.nodes() if n.external_cache_stored]
-
-
-def run_ranks(
-    n: int, fn: Callable[[int, ThreadRankGroup], Any], timeout: float = 30.0
-) -> list[Any]:
-    """Run ``fn(rank, group)`` in one thread per rank; return the results, rank order.
-
-    An exception on any rank is re-raised (the first by rank) after every thread ended.
-    """
-    groups = ThreadRankGroup.create(n, timeout=timeout)
-    results: list[Any] = [None] * n
-    errors: list[BaseException | None] = [None] * n
-
-    def target(rank: int) -> None:
-        try:
-            results[rank] = fn(rank, groups[rank])
-        except BaseException as exc:  # reported to the caller below
-            errors[rank] = exc
-
-    threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 10)
-        assert not t.is_alive(), "a rank thread hung"
-    for exc in errors:
-        if exc is not None:
-            raise exc
-    return results

@@ -73,9 +73,10 @@ from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.transfer import ComponentType, PoolName
+from unicache_fsm.serving.request import Request
+from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
-from unicache_fsm.testing.system import Request, System
 from unicache_fsm.tree import EvictParams
 from unicache_fsm.tree.node import TreeNode
 

@@ -15,7 +15,7 @@ ill-typed values on every call the linker makes (`FaultKind.RAISE_ERROR`,
 `FaultKind.GARBAGE_ANSWER`), besides the classic faults, with capacity-limited and
 unbounded stores.
 
-Preconditions mirror guards; every invariant of `testing.invariants` runs after every
+Preconditions mirror guards; every invariant of `serving.invariants` runs after every
 step (`System.audit`) without any LOOKUP first (stale stored flags stay as the linker
 left them: "stored pages landed" is checked against what the store acknowledged;
 "store chains whole" while only capacity removed pages); the teardown drains
@@ -60,11 +60,13 @@ from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.linker.offload import PendingOffload
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.serving.kv import kv_bytes
+from unicache_fsm.serving.request import Request
+from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
-from unicache_fsm.testing.system import Request, System, kv_bytes
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import EvictParams
 

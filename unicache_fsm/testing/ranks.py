@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unicache_fsm.linker import ranks
-from unicache_fsm.testing.invariants import InvariantViolation, restorable_intersection
+from unicache_fsm.serving.invariants import InvariantViolation, restorable_intersection
 
 __all__ = ["check_rank_agreement", "run_on_ranks"]
 

@@ -1,0 +1,71 @@
+"""The one KV synthesis: the bytes a stand-in "model" computes for tokens at positions.
+
+Nothing here runs a model. A serving system only needs KV bytes that are
+deterministic, cheap and different wherever they should differ, so that a load which
+landed garbage, landed in the wrong slots or came from the wrong pages is caught by
+comparing what a pool holds with what recomputing would give, byte for byte.
+
+- `kv_bytes(tokens, start, *, swa=False, num_layers=NUM_LAYERS, width=WIDTH)` — rows
+  ``[len(tokens), num_layers, width]`` (float16) for `tokens` at absolute positions
+  ``start, start + 1, ...``: small integers from token and position, different for
+  every layer and lane (the first 1,000 lanes), all in ``0 .. 1998``, exact in
+  float16. The SWA pool holds the negated values ``-(v + 1)``, so FULL and SWA bytes
+  are never mistaken for each other. A row depends only on its token and position,
+  so the expected bytes of a tree node follow from its own key and start. Read-only:
+  the result may be shared (small results are cached).
+- `POISON` — a value no row holds: what a test writes into reserved slots, so a load
+  that commits without landing shows.
+- `NUM_LAYERS`, `WIDTH` — the default shape (the fuzzing kit's small pools).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["NUM_LAYERS", "POISON", "WIDTH", "kv_bytes"]
+
+NUM_LAYERS = 2
+WIDTH = 4
+POISON = 1999.0  # never a `kv_bytes` value (those lie in -1999 .. 1998)
+
+#: results up to this many elements are cached (the audits ask for the same nodes)
+_CACHED_ELEMENTS = 1 << 14
+
+
+def kv_bytes(
+    tokens: Sequence[int],
+    start: int,
+    *,
+    swa: bool = False,
+    num_layers: int = NUM_LAYERS,
+    width: int = WIDTH,
+) -> torch.Tensor:
+    """The KV rows for `tokens` at positions ``start, start + 1, ...`` (see the module)."""
+    key = tuple(tokens)
+    if len(key) * num_layers * width <= _CACHED_ELEMENTS:
+        return _cached(key, start, swa, num_layers, width)
+    return _compute(key, start, swa, num_layers, width)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached(
+    tokens: tuple[int, ...], start: int, swa: bool, num_layers: int, width: int
+) -> torch.Tensor:
+    return _compute(tokens, start, swa, num_layers, width)
+
+
+def _compute(
+    tokens: tuple[int, ...], start: int, swa: bool, num_layers: int, width: int
+) -> torch.Tensor:
+    n = len(tokens)
+    t = torch.tensor(tokens, dtype=torch.int64)
+    pos = torch.arange(start, start + n, dtype=torch.int64)
+    base = (t * 7 + pos * 13) % 1000
+    lanes = torch.arange(num_layers * width, dtype=torch.int64).view(1, num_layers, width) % 1000
+    values = base.view(n, 1, 1) + lanes
+    if swa:
+        values = -(values + 1)
+    return values.to(torch.float16)

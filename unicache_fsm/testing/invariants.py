@@ -1,0 +1,43 @@
+"""The kit's invariants: `unicache_fsm.serving.invariants`, re-exported.
+
+They live below both the reference scheduler and the kit, so `simulate`'s audits and
+the kit's `System.audit` run the same functions; see that module for each one.
+"""
+
+from __future__ import annotations
+
+from unicache_fsm.serving.invariants import (
+    InvariantViolation,
+    adopted_ranges_shape,
+    committed_load_sound,
+    hash_chain,
+    kv_bytes_match,
+    loads_landed,
+    lock_balance,
+    mapping_consistency,
+    no_concurrent_offloads,
+    nothing_in_flight_evicted,
+    restorable_intersection,
+    slot_conservation,
+    store_chains_whole,
+    stored_pages_landed,
+    stored_pages_present,
+)
+
+__all__ = [
+    "InvariantViolation",
+    "adopted_ranges_shape",
+    "committed_load_sound",
+    "hash_chain",
+    "kv_bytes_match",
+    "loads_landed",
+    "lock_balance",
+    "mapping_consistency",
+    "no_concurrent_offloads",
+    "nothing_in_flight_evicted",
+    "restorable_intersection",
+    "slot_conservation",
+    "store_chains_whole",
+    "stored_pages_landed",
+    "stored_pages_present",
+]
