@@ -1,23 +1,27 @@
 """The reference scheduler loop: a serving engine's step, with the linker embedded.
 
-`Simulation(config).run()` builds a real system (torch KV pools on CPU, a paged or
-SWA allocator, the radix tree, the store named by ``SimConfig.store`` (``memory``,
-``file:DIR``, ``redis://HOST:PORT``: `unicache_fsm.store.spec`) — optionally behind a
-fault injector — and the external linker; the store is closed when the run ends) and
-serves a workload. Each step:
+`Simulation(config).run()` builds the serving system the fuzzing kit drives too
+(`serving.System`: torch KV pools on CPU, a paged or SWA allocator, the radix tree,
+the store named by ``SimConfig.store`` (``memory``, ``file:DIR``,
+``redis://HOST:PORT``: `unicache_fsm.store.spec`) — optionally behind a fault
+injector — and the external linker; the store is closed when the run ends) and serves
+a workload. Each step:
 
-1. admit waiting requests whose predecessor finished: ``linker.match`` (device prefix
-   and LOOKUP), lock the device prefix, ``load_back`` for external hits;
+1. admit waiting requests whose predecessor finished: `System.begin` (``linker.match``:
+   device prefix and LOOKUP; lock the device prefix; ``load_back`` for external hits);
 2. ``start_loading`` the batch's store loads, let the store progress, and
-   ``finish_loads``: a committed load extends the request's prefix (its KV bytes are
-   checked against what recompute produces); an aborted one falls back to recompute;
-3. forward the ready requests: allocate slots (evicting the shortfall), write KV
-   computed from the tokens (`forward.synth_kv`), and insert what is computed —
-   ``cache_unfinished`` (chunked) after a prefill chunk, ``cache_finished`` at the end,
-   then offload the write-through chain and release the request;
+   `System.finish_loads` (each ended load checked; a committed request takes over the
+   lock on its loaded path): a committed load extends the request's prefix (its KV
+   bytes are checked against what recompute produces); an aborted one falls back to
+   recompute;
+3. forward the ready requests: allocate slots (`System.try_alloc`: evict the
+   shortfall, then allocate), write the KV computed from the tokens
+   (`serving.kv.kv_bytes`), and insert what is computed — ``cache_unfinished``
+   (chunked) after a prefill chunk, ``cache_finished`` at the end, then offload the
+   write-through chain and release the request;
 4. let the store progress and complete offloads (``poll_offloads``);
-5. audit: ``tree.check`` with every slot held outside the tree, lock balance, and
-   every stored node's pages present in the store (when the store cannot lose pages).
+5. every ``audit_every`` steps, and always once at the end: `System.audit`, every
+   invariant of `serving.invariants` (the kit's audit).
 
 Every load, offload and node-residency change is a transition fired through the
 engine; the loop never sets a state.
@@ -36,28 +40,18 @@ import torch
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
-from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig
 from unicache_fsm.linker.load import ExternalLoad, LoadState
-from unicache_fsm.pools.kv import KVPool
-from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.swa import SWAAllocator
-from unicache_fsm.pools.transfer import ComponentType, PoolName
-from unicache_fsm.scheduler.forward import namespace_salt, synth_kv
 from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
-from unicache_fsm.scheduler.request import Request
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
-from unicache_fsm.store.faults import FaultPolicy, FaultyStore
-from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.serving.request import Request
+from unicache_fsm.serving.system import System
+from unicache_fsm.store.faults import FaultPolicy
 from unicache_fsm.store.spec import open_store, store_loses_pages
-from unicache_fsm.tree.node import TreeNode
-from unicache_fsm.tree.params import EvictParams, InsertParams
+from unicache_fsm.tree.params import InsertParams
 from unicache_fsm.tree.residency import ExecutorKind
-from unicache_fsm.tree.tree import RadixTree, TreeConfig
 
 __all__ = ["SimConfig", "SimConfigError", "Simulation", "SimulationStalledError"]
-
-SWA_SALT = 7919
-
 
 #: The largest device pool a simulation builds (tokens): a pool is real torch memory.
 MAX_POOL_TOKENS = 1 << 22
@@ -145,40 +139,28 @@ class Simulation:
         )
         config.validate(self.specs)
         p = self.page_size = config.page_size
-        dtype = torch.float16
-        self.allocator: PagedAllocator | SWAAllocator
-        pools: dict[PoolName, KVPool] = {}
-        if config.swa_window is None:
-            self.allocator = PagedAllocator(config.pool_tokens, p)
-            self.window = 0
-        else:
-            swa_tokens = config.pool_tokens  # requests hold SWA for their window only
-            self.allocator = SWAAllocator(config.pool_tokens, swa_tokens, p)
-            self.window = math.ceil(config.swa_window / p) * p
-            pools[PoolName.SWA] = KVPool(
-                swa_tokens, p, config.num_layers, config.width, dtype=dtype, name="swa"
-            )
-        self.kv = KVPool(config.pool_tokens, p, config.num_layers, config.width, dtype=dtype)
-        pools[PoolName.KV] = self.kv
-        self.swa_kv = pools.get(PoolName.SWA)
-        self.tree = RadixTree(
-            self.allocator,
-            TreeConfig(
-                sliding_window_size=config.swa_window,
-                write_through_threshold=1,
-                executor=config.executor,
-            ),
-            kv_pool=self.kv,
-        )
         self.policy = FaultPolicy.parse(config.faults) if config.faults else None
-        self.backend = open_store(config.store)
-        self.store: ExternalStore = (
-            FaultyStore(self.backend, self.policy) if self.policy else self.backend
+        pages = config.pool_tokens // p
+        self.system = s = System.build(
+            p,
+            swa=config.swa_window is not None,
+            full_pages=pages,
+            swa_pages=pages,  # requests hold SWA for their window only
+            sliding_window=config.swa_window,
+            faults=self.policy,
+            executor=config.executor,
+            tree_executor=config.executor,
+            store_factory=lambda: open_store(config.store),
+            num_layers=config.num_layers,
+            width=config.width,
         )
-        self.store.attach(pools)
-        self.linker = ExternalLinker(
-            self.tree, self.store, config=LinkerConfig(executor=config.executor)
+        # the store holds every stored node's pages unless faults or the store drop some
+        s.check_stored = (self.policy is None or not self.policy.rules) and not store_loses_pages(
+            s.backend
         )
+        self.tree, self.linker, self.store = s.tree, s.linker, s.store
+        self.kv, self.swa_kv, self.allocator = s.kv, s.swa_kv, s.allocator
+        self.window = s.window
         self.counter = TransitionCounter()
         self.executors = [
             self.tree.residency.executor,
@@ -193,29 +175,8 @@ class Simulation:
         self.waiting: collections.deque[RequestSpec] = collections.deque(self.specs)
         self.ready: collections.deque[Request] = collections.deque()
         self.loading: dict[str, Request] = {}
+        self.prompt_len: dict[str, int] = {}
         self.done: set[str] = set()
-
-    # -- building blocks -----------------------------------------------------------------
-    def _salt(self, spec: RequestSpec) -> int:
-        return namespace_salt(spec.namespace)
-
-    def _alloc(self, n: int) -> torch.Tensor | None:
-        short = n - self.allocator.available_size()
-        if short > 0:
-            self.tree.evict(EvictParams(num_tokens=short))
-        return self.allocator.alloc(n)
-
-    def _alloc_swa(self, n: int) -> torch.Tensor | None:
-        assert isinstance(self.allocator, SWAAllocator)
-        short = n - self.allocator.available_swa_size()
-        if short > 0:
-            self.tree.evict(EvictParams(swa_num_tokens=short))
-        return self.allocator.alloc_swa(n)
-
-    def _relock(self, req: Request, node: TreeNode) -> None:
-        self.tree.inc_lock_ref(node)
-        self.tree.dec_lock_ref(req.lock_node)
-        req.lock_node = node
 
     # -- 1. admission --------------------------------------------------------------------
     def _admit(self) -> int:
@@ -223,7 +184,7 @@ class Simulation:
         pool: what live requests lock then never keeps the next allocation short."""
         admitted = 0
         live = [*self.ready, *self.loading.values()]
-        budget = self.config.pool_tokens // 2 - sum(len(r.tokens) for r in live)
+        budget = self.config.pool_tokens // 2 - sum(len(r.key) for r in live)
         for spec in list(self.waiting):
             if len(live) + admitted >= self.config.max_batch:
                 break
@@ -234,20 +195,12 @@ class Simulation:
             budget -= len(spec.tokens)
             self.waiting.remove(spec)
             admitted += 1
-            m = self.linker.match(spec.rid, spec.prompt, spec.namespace)
-            node = m.device.last_device_node
-            self.tree.inc_lock_ref(node)
-            req = Request(
-                spec=spec,
-                tokens=spec.tokens,
-                lock_node=node,
-                prefix_len=m.device.prefix_len,
-                prefix_slots=m.device.device_indices,
-            )
+            req = self.system.begin(spec.rid, spec.prompt, namespace=spec.namespace)
+            req.key = spec.tokens  # it will hold its output too
+            self.prompt_len[spec.rid] = len(spec.prompt)
             self.report.prompt_tokens += len(spec.prompt)
             self.report.device_hit_tokens += req.prefix_len
-            if m.load is not None and self.linker.load_back(m.load):
-                req.load = m.load
+            if req.prepared:
                 self.loading[spec.rid] = req
             else:
                 self.ready.append(req)
@@ -260,53 +213,35 @@ class Simulation:
         ):
             self.linker.start_loading()
         self.store.progress()
-        ended = self.linker.finish_loads()
+        ended = self.system.finish_loads()
         for load in ended:
             req = self.loading.pop(load.rid)
-            req.load = None
             if load.committed_ok:
                 self._adopt_load(req, load)
+            req.load = None
             self.ready.append(req)
         return len(ended)
 
     def _adopt_load(self, req: Request, load: ExternalLoad) -> None:
-        assert load.slots is not None and load.endpoint is not None and load.ctx is not None
+        """The request continues after its loaded prefix (`System.finish_loads` moved
+        its lock to the loaded path's end)."""
+        assert load.slots is not None and req.lock is load.endpoint
         if self.config.verify_loads:
             self._verify(req, load)
         self.report.loaded_tokens += load.prefix_len - load.device_hit_len
         req.prefix_len = load.prefix_len
         req.prefix_slots = load.slots
-        self.tree.dec_lock_ref(req.lock_node)
-        req.lock_node = load.endpoint  # COMMIT handed us a lock on it
 
     def _verify(self, req: Request, load: ExternalLoad) -> None:
-        c = self.config
         assert load.slots is not None
-        want = synth_kv(
-            req.tokens,
-            0,
-            load.prefix_len,
-            c.num_layers,
-            c.width,
-            self.kv.dtype,
-            self._salt(req.spec),
-        )
-        ok = torch.equal(self.kv.read_pages(load.slots), want)
+        s, tokens = self.system, req.key[: load.prefix_len]
+        ok = torch.equal(self.kv.read_pages(load.slots), s.expected(tokens, 0))
         if ok and self.swa_kv is not None:
             assert isinstance(self.allocator, SWAAllocator)
             swa = self.allocator.translate(load.slots)
             live = (swa != 0).nonzero().flatten()
             if live.numel():
-                # live SWA comes in whole pages, so the live positions are whole pages too
-                want_swa = synth_kv(
-                    req.tokens,
-                    0,
-                    load.prefix_len,
-                    c.num_layers,
-                    c.width,
-                    self.kv.dtype,
-                    self._salt(req.spec) + SWA_SALT,
-                )[live]
+                want_swa = s.expected(tokens, 0, swa=True)[live]
                 ok = torch.equal(self.swa_kv.read_pages(swa[live]), want_swa)
         if ok:
             self.report.loads_verified += 1
@@ -330,52 +265,46 @@ class Simulation:
 
     def _step_request(self, req: Request) -> bool | None:
         """Compute the next chunk; True when finished, False for more, None when short."""
-        c, p = self.config, self.page_size
-        total, prompt_len = len(req.tokens), len(req.spec.prompt)
+        c, p, s = self.config, self.page_size, self.system
+        total, prompt_len = len(req.key), self.prompt_len[req.rid]
         start = req.prefix_len
         end = total if c.chunk_size is None else min(total, start + c.chunk_size)
         if c.chunk_size is not None and end < prompt_len:
             end = end // p * p  # chunks end on page boundaries
         n = end - start
         size = math.ceil(n / p) * p
-        slots = self._alloc(size)
+        slots = s.try_alloc(size)
         if slots is None:
             return None
         # the request keeps SWA KV only for its last window (below it: tombstones)
         swa_bound = max(start, (end - self.window) // p * p) if self.swa_kv else start
         swa_slots = None
         if self.swa_kv is not None:
-            swa_slots = self._alloc_swa(start + size - swa_bound)
+            swa_slots = s.try_alloc_swa(start + size - swa_bound)
             if swa_slots is None:
                 self.allocator.free(slots)
                 return None
             assert isinstance(self.allocator, SWAAllocator)
             self.allocator.set_full_to_swa_mapping(slots[swa_bound - start :], swa_slots)
-        salt = self._salt(req.spec)
-        rows = torch.zeros(size, c.num_layers, c.width, dtype=self.kv.dtype)
-        rows[:n] = synth_kv(req.tokens, start, end, c.num_layers, c.width, self.kv.dtype, salt)
-        self.kv.write_pages(slots, rows)
+        s.write_kv(slots, req.key[start:end], start)
         req.own_slots = slots
         if swa_slots is not None:
-            assert self.swa_kv is not None
-            rows[:n] = synth_kv(
-                req.tokens, start, end, c.num_layers, c.width, self.kv.dtype, salt + SWA_SALT
-            )
-            self.swa_kv.write_pages(swa_slots, rows[swa_bound - start :])
+            s.write_kv(swa_slots, req.key[swa_bound:end], swa_bound, swa=True)
             req.own_swa = swa_slots
         self.report.computed_tokens += max(0, min(end, prompt_len) - start)
         self.report.decoded_tokens += max(0, end - max(start, prompt_len))
         finished = end == total
         aligned = end // p * p
         if aligned > start:
+            assert req.prefix_slots is not None
             result = self.tree.insert(
                 InsertParams(
-                    key=req.tokens[:aligned],
+                    key=req.key[:aligned],
                     value=torch.cat([req.prefix_slots, slots[: aligned - start]]),
                     prev_prefix_len=start,
                     swa_evicted_seqlen=min(swa_bound, aligned),
                     chunked=not finished,
-                    namespace=req.spec.namespace,
+                    namespace=req.namespace,
                 )
             )
             if result.write_through:
@@ -387,14 +316,15 @@ class Simulation:
             if not finished:  # cache_unfinished: continue from the tree's canonical slots
                 req.prefix_slots = self.tree.path_slots(endpoint)
                 req.prefix_len = aligned
-                self._relock(req, endpoint)
+                lock = s.lock(endpoint)
+                s.unlock(req.lock)
+                req.lock = lock
         leftover = slots[aligned - start :]
         if leftover.numel():
             self.allocator.free(leftover)  # the partial last page (and its SWA)
         req.own_slots = req.own_swa = None
         if finished:
-            self.tree.dec_lock_ref(req.lock_node)
-            self.linker.release_request(req.rid)
+            s.release(req)
             self.done.add(req.rid)
             self.report.requests_served += 1
         return finished
@@ -406,28 +336,8 @@ class Simulation:
 
     # -- 5. audit ------------------------------------------------------------------------
     def audit(self) -> None:
-        full, swa = self.linker.reserved_slots()
-        for req in [*self.ready, *self.loading.values()]:
-            f, s = req.outside_slots()
-            full += f
-            swa += s
-        self.tree.check({ComponentType.FULL: full, ComponentType.SWA: swa})
-        held = collections.Counter[int]()
-        anchors = [r.lock_node for r in [*self.ready, *self.loading.values()]]
-        for node in anchors + self.linker.locks_held():
-            for n in node.path_from_root():
-                held[n.id] += 1
-        for n in self.tree.nodes():
-            if n.lock_ref != held[n.id]:
-                msg = f"lock balance: node {n.id} has lock_ref {n.lock_ref}, holders {held[n.id]}"
-                raise AssertionError(msg)
-        if (self.policy is None or not self.policy.rules) and not store_loses_pages(self.backend):
-            for n in self.tree.nodes():
-                if n.external_cache_stored and n.hashes is not None:
-                    missing = [k for k in n.hashes if not self.backend.contains(PoolName.KV, k)]
-                    if missing:
-                        msg = f"node {n.id} is stored but the store lacks {len(missing)} page(s)"
-                        raise AssertionError(msg)
+        """Every invariant of the system (`System.audit`); raises `InvariantViolation`."""
+        self.system.audit()
         self.report.audits_passed += 1
 
     # -- the loop ------------------------------------------------------------------------

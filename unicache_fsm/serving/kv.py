@@ -50,7 +50,7 @@ def kv_bytes(
     return _compute(key, start, swa, num_layers, width)
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=4096)
 def _cached(
     tokens: tuple[int, ...], start: int, swa: bool, num_layers: int, width: int
 ) -> torch.Tensor:
@@ -63,9 +63,9 @@ def _compute(
     n = len(tokens)
     t = torch.tensor(tokens, dtype=torch.int64)
     pos = torch.arange(start, start + n, dtype=torch.int64)
-    base = (t * 7 + pos * 13) % 1000
-    lanes = torch.arange(num_layers * width, dtype=torch.int64).view(1, num_layers, width) % 1000
-    values = base.view(n, 1, 1) + lanes
-    if swa:
-        values = -(values + 1)
-    return values.to(torch.float16)
+    base = ((t * 7 + pos * 13) % 1000).to(torch.float16)  # exact: below 2048
+    lanes = torch.arange(num_layers * width, dtype=torch.int64) % 1000
+    grid = lanes.to(torch.float16).view(1, num_layers, width)
+    if swa:  # -(v + 1), still exact
+        return -(base.view(n, 1, 1) + 1) - grid
+    return base.view(n, 1, 1) + grid
