@@ -14,7 +14,7 @@ from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation, make_w
 from unicache_fsm.store.faults import FaultKind
 from unicache_fsm.tree.residency import ExecutorKind
 
-SMALL = {"requests": 120, "pool_tokens": 4096}
+SMALL = {"requests": 120, "pool_tokens": 4096, "audit_every": 1}  # audit every step
 
 
 def _run(**kw: object) -> Simulation:
@@ -81,19 +81,36 @@ def test_workloads_are_seedable() -> None:
     assert one != make_workload("agentic", requests=30, seed=4)
 
 
+@pytest.mark.parametrize("every", [7, 10**6])
+def test_audits_run_at_the_cadence_set_and_once_at_the_end(every: int) -> None:
+    r = _run(requests=60, audit_every=every).report
+    assert r.steps > 7
+    assert r.audits_passed == r.steps // every + 1
+    assert r.config["audit_every"] == every
+    assert f"every {every} steps" in r.format()
+
+
+def test_the_default_audit_cadence_is_not_every_step() -> None:
+    assert SimConfig().audit_every > 1
+
+
 def test_bad_config_is_typed() -> None:
     with pytest.raises(SimConfigError, match="power of two"):
         Simulation(SimConfig(page_size=12))
     with pytest.raises(SimConfigError, match="too small"):
         Simulation(SimConfig(pool_tokens=128))
+    with pytest.raises(SimConfigError, match="--audit-every must be at least 1 step, got 0"):
+        Simulation(SimConfig(audit_every=0))
 
 
 def test_cli_json_and_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "trace.jsonl"
-    rc = main(["simulate", "--requests", "40", "--json", "--trace", str(trace)])
-    assert rc == 0
+    argv = ["simulate", "--requests", "40", "--json", "--trace", str(trace), "--audit-every", "3"]
+    assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["requests_served"] == 40 and report["audits_passed"] > 0
+    assert report["requests_served"] == 40
+    assert report["config"]["audit_every"] == 3
+    assert report["audits_passed"] == report["steps"] // 3 + 1
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     moves = [rec for rec in lines if rec["trigger"] != "<init>"]
     assert len(moves) == sum(report["transitions"].values())
@@ -109,6 +126,7 @@ def test_cli_json_and_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (["--pool-tokens", "64"], "too small"),
         (["--faults", "explode=1"], "explode"),
         (["--executor", "fast"], "fast"),
+        (["--audit-every", "0"], "--audit-every"),
     ],
 )
 def test_cli_bad_arguments_exit_2_with_one_line(args: list[str], culprit: str) -> None:

@@ -369,6 +369,13 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         help="write transition coverage (default with --trace: TRACE.coverage.json)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--audit-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="check every invariant each N steps, and once at the end (default 20)",
+    )
 
 
 def _progress_bar(done: int, total: int, unit: str = "requests") -> None:
@@ -400,6 +407,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         executor=ExecutorKind(args.executor),
     )
+    if args.audit_every is not None:
+        config = attrs.evolve(config, audit_every=args.audit_every)
     sim = Simulation(config, trace_path=args.trace)
     report = sim.run(progress=_progress_bar)
     coverage_path: Path | None = args.coverage

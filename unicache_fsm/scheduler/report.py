@@ -109,7 +109,10 @@ class SimReport:
             ),
             ("faults injected", faults),
             ("FSM transitions", machines),
-            ("invariant audits", f"{self.audits_passed} passed"),
+            (
+                "invariant audits",
+                f"{self.audits_passed} passed (every {c.get('audit_every')} steps and at the end)",
+            ),
             (
                 "wall time",
                 f"{self.wall_seconds:.2f} s ({self.requests_served / self.wall_seconds:.0f} "

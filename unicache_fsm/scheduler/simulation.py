@@ -51,10 +51,20 @@ from unicache_fsm.store.spec import open_store, store_loses_pages
 from unicache_fsm.tree.params import InsertParams
 from unicache_fsm.tree.residency import ExecutorKind
 
-__all__ = ["SimConfig", "SimConfigError", "Simulation", "SimulationStalledError"]
+__all__ = [
+    "DEFAULT_AUDIT_EVERY",
+    "SimConfig",
+    "SimConfigError",
+    "Simulation",
+    "SimulationStalledError",
+]
 
 #: The largest device pool a simulation builds (tokens): a pool is real torch memory.
 MAX_POOL_TOKENS = 1 << 22
+
+#: Steps between two audits by default (one full audit costs about as much as a step
+#: or two; there is always one more at the end of the run).
+DEFAULT_AUDIT_EVERY = 20
 
 
 class SimConfigError(UnicacheFsmError, ValueError):
@@ -84,7 +94,7 @@ class SimConfig:
     chunk_size: int | None = None
     num_layers: int = 2
     width: int = 64
-    audit_every: int = 1
+    audit_every: int = DEFAULT_AUDIT_EVERY  # steps between audits; one more at the end
     verify_loads: bool = True
 
     def validate_settings(self) -> None:
@@ -95,6 +105,9 @@ class SimConfig:
             raise SimConfigError(msg)
         if self.requests < 1:
             msg = f"--requests must be at least 1, got {self.requests}"
+            raise SimConfigError(msg)
+        if self.audit_every < 1:
+            msg = f"--audit-every must be at least 1 step, got {self.audit_every}"
             raise SimConfigError(msg)
         if self.pool_tokens > MAX_POOL_TOKENS:
             gib = MAX_POOL_TOKENS * self.num_layers * self.width * 2 / 2**30

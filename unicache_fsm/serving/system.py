@@ -416,8 +416,9 @@ class System:
         for load in ended:
             if load.committed_ok:
                 self._committed[load.rid] += 1
-                if check:
-                    inv.loads_landed(self._committed, self.ledger.landed_loads)
+                if check:  # the commits so far are checked: this rid's count is new
+                    counted = {load.rid: self._committed[load.rid]}
+                    inv.loads_landed(counted, self.ledger.landed_loads)
             if check:
                 inv.committed_load_sound(self.tree, load)
             if check and load.ctx is not None:
