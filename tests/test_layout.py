@@ -8,6 +8,8 @@ fails here with the file and line.
   does lives in its own module.
 - No module reaches another module's private names: no ``from unicache_fsm.x import
   _name`` and no ``module._name`` on an imported module of the package.
+- One serving system: ``serving/`` imports neither the scheduler nor the kit, the
+  scheduler does not import the kit, and both run the very same `System`.
 """
 
 from __future__ import annotations
@@ -117,3 +119,54 @@ def test_no_module_reaches_another_modules_private_names() -> None:
         if (hits := private_reaches(p.read_text(encoding="utf-8")))
     }
     assert offenders == {}
+
+
+def package_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) for each import of a module of the package in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("unicache_fsm"):
+            found.append((node.lineno, node.module or ""))
+        elif isinstance(node, ast.Import):
+            ours = [a.name for a in node.names if a.name.startswith("unicache_fsm")]
+            found += [(node.lineno, name) for name in ours]
+    return found
+
+
+def _imports_of(package: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    return {
+        str(p.relative_to(PACKAGE)): hits
+        for p in sorted((PACKAGE / package).rglob("*.py"))
+        if (
+            hits := [
+                f"line {line}: {module}"
+                for line, module in package_imports(p.read_text(encoding="utf-8"))
+                if module.startswith(forbidden)
+            ]
+        )
+    }
+
+
+def test_the_import_reader_sees_both_forms() -> None:
+    source = "import unicache_fsm.scheduler\nfrom unicache_fsm.testing import System\nimport os\n"
+    assert package_imports(source) == [(1, "unicache_fsm.scheduler"), (2, "unicache_fsm.testing")]
+
+
+def test_the_serving_system_sits_below_the_scheduler_and_the_kit() -> None:
+    above = ("unicache_fsm.scheduler", "unicache_fsm.testing", "unicache_fsm.cli")
+    assert _imports_of("serving", above) == {}
+    assert _imports_of("scheduler", ("unicache_fsm.testing",)) == {}
+    assert _imports_of("testing", ("unicache_fsm.scheduler",)) == {}
+
+
+def test_the_scheduler_and_the_kit_run_the_same_system() -> None:
+    from unicache_fsm import serving, testing
+    from unicache_fsm.scheduler import SimConfig, Simulation
+    from unicache_fsm.testing import machines
+
+    assert testing.System is serving.System is machines.System
+    sim = Simulation(SimConfig(requests=1, pool_tokens=1024))
+    try:
+        assert type(sim.system) is serving.System
+    finally:
+        sim.store.close()
