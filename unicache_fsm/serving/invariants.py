@@ -39,7 +39,7 @@ Each function checks one invariant of ``docs/contract.md`` and raises `Invariant
   (SWA) its last window has live SWA on every page.
 - `restorable_intersection(per_rank, num_pages, result)` — the agreed boundary is in
   every rank's set and is the largest such (0 when there is none).
-- `kv_bytes_match(tree, kv, expected)` — every resident node's KV bytes are the bytes
+- `resident_kv_matches(tree, kv, expected)` — every resident node's KV bytes are the bytes
   its tokens should have (a load that landed garbage or in the wrong slots shows here).
 """
 
@@ -68,12 +68,12 @@ __all__ = [
     "adopted_ranges_shape",
     "committed_load_sound",
     "hash_chain",
-    "kv_bytes_match",
     "loads_landed",
     "lock_balance",
     "mapping_consistency",
     "no_concurrent_offloads",
     "nothing_in_flight_evicted",
+    "resident_kv_matches",
     "restorable_intersection",
     "slot_conservation",
     "store_chains_whole",
@@ -282,7 +282,7 @@ def restorable_intersection(per_rank: Sequence[Sequence[int]], num_pages: int, r
         raise InvariantViolation("restorable intersection", detail)
 
 
-def kv_bytes_match(
+def resident_kv_matches(
     tree: RadixTree,
     kv: KVPool,
     expected: Callable[[tuple[int, ...], int], torch.Tensor],

@@ -545,7 +545,7 @@ class System:
         check = getattr(self.backend, "check_invariants", None)
         if callable(check):
             check()  # the backend's own books, when it keeps any
-        inv.kv_bytes_match(
+        inv.resident_kv_matches(
             tree,
             self.kv,
             self.expected,

@@ -11,18 +11,20 @@ from unicache_fsm.serving.invariants import (
     adopted_ranges_shape,
     committed_load_sound,
     hash_chain,
-    kv_bytes_match,
     loads_landed,
     lock_balance,
     mapping_consistency,
     no_concurrent_offloads,
     nothing_in_flight_evicted,
+    resident_kv_matches,
     restorable_intersection,
     slot_conservation,
     store_chains_whole,
     stored_pages_landed,
     stored_pages_present,
 )
+
+kv_bytes_match = resident_kv_matches  # its earlier name
 
 __all__ = [
     "InvariantViolation",
@@ -35,6 +37,7 @@ __all__ = [
     "mapping_consistency",
     "no_concurrent_offloads",
     "nothing_in_flight_evicted",
+    "resident_kv_matches",
     "restorable_intersection",
     "slot_conservation",
     "store_chains_whole",
