@@ -2,9 +2,11 @@
 
 - `profiles` — Hypothesis profiles ``dev`` / ``ci`` / ``fuzz`` (``UNICACHE_FSM_PROFILE``).
 - `strategies` — keys with shared prefixes, page and pool sizes, fault policies.
-- `invariants` — the contract's invariants as functions raising `InvariantViolation`.
+- `invariants` — the contract's invariants as functions raising `InvariantViolation`
+  (`unicache_fsm.serving.invariants`, re-exported).
 - `system` — `System`: tree + pools + store + linker (+ host tier) driven like a
-  scheduler, with `audit()` running every invariant.
+  scheduler, with `audit()` running every invariant; the very `serving.System` that
+  ``unicache-fsm simulate`` runs, re-exported with `kv_bytes` and `Request`.
 - `machines` — `SystemMachine`: the whole system under random operation; subclass it
   with `make_store()` to put your backend in the loop.
 - `store_machine` — `StoreMachine`: a store backend alone against a truth model;
