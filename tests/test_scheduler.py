@@ -11,7 +11,9 @@ import pytest
 
 from unicache_fsm.cli import main
 from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation, make_workload
+from unicache_fsm.serving.invariants import InvariantViolation
 from unicache_fsm.store.faults import FaultKind
+from unicache_fsm.tree import RadixTree
 from unicache_fsm.tree.residency import ExecutorKind
 
 SMALL = {"requests": 120, "pool_tokens": 4096, "audit_every": 1}  # audit every step
@@ -88,6 +90,17 @@ def test_audits_run_at_the_cadence_set_and_once_at_the_end(every: int) -> None:
     assert r.audits_passed == r.steps // every + 1
     assert r.config["audit_every"] == every
     assert f"every {every} steps" in r.format()
+
+
+def test_an_audit_runs_the_kits_invariants_and_names_the_broken_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forgets(self: RadixTree, node: object, receipt: object = None) -> None:
+        return None  # planted bug: a released lock stays counted on the path
+
+    monkeypatch.setattr(RadixTree, "dec_lock_ref", forgets)
+    with pytest.raises(InvariantViolation, match="lock balance"):
+        _run(requests=20)
 
 
 def test_the_default_audit_cadence_is_not_every_step() -> None:
