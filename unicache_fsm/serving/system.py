@@ -99,7 +99,9 @@ class System:
     requests: dict[str, Request] = attrs.field(factory=dict)  # begun, not completed
     audits: int = 0
     check_stored: bool = True  # off while a test lets the store lose pages on purpose
-    check_chains: bool = False  # on while only capacity eviction removes stored pages
+    # on (from the start) while only capacity eviction removes stored pages; the audit
+    # asks the store about stored nodes' pages only then and with `check_stored`
+    check_chains: bool = False
     _stale: set[str] = attrs.field(factory=set)  # KV pages seen gone under "stored" nodes
     _restored_links: set[str] = attrs.field(factory=set)  # link pages offloaded in mid-air
     _committed: collections.Counter[str] = attrs.field(factory=collections.Counter)
@@ -533,15 +535,15 @@ class System:
             inv.store_chains_whole(
                 tree, self._held_now(), stale=self._stale, restored=self._restored_links
             )
-        # pages seen missing under a node still marked stored: a later re-store of a
-        # page after them (a link page) is no hole made by capacity eviction
-        self._stale |= {
-            h
-            for n in tree.nodes()
-            if n.external_cache_stored
-            for h in (n.hashes or ())
-            if not self.store.contains(PoolName.KV, h)
-        }
+            # pages seen missing under a node still marked stored: a later re-store of a
+            # page after them (a link page) is no hole made by capacity eviction
+            self._stale |= {
+                h
+                for n in tree.nodes()
+                if n.external_cache_stored
+                for h in (n.hashes or ())
+                if not self.store.contains(PoolName.KV, h)
+            }
         check = getattr(self.backend, "check_invariants", None)
         if callable(check):
             check()  # the backend's own books, when it keeps any
