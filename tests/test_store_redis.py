@@ -274,7 +274,7 @@ def test_simulation_completes_when_the_server_is_killed_and_restarted() -> None:
     every request is served, every committed load matches recompute, and loads from the
     store resume after the restart."""
     with RedisServer() as server:
-        sim = Simulation(SimConfig(requests=240, pool_tokens=4096, store=server.url))
+        sim = Simulation(SimConfig(requests=240, pool_tokens=4096, store=server.url, audit_every=1))
         committed: dict[str, int] = {}
 
         def chaos(done: int, total: int) -> None:
