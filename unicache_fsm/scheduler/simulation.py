@@ -19,6 +19,11 @@ serves a workload. Each step:
 5. audit: ``tree.check`` with every slot held outside the tree, lock balance, and
    every stored node's pages present in the store (when the store cannot lose pages).
 
+With ``SimConfig.host_tokens`` the tree gets a host tier (`scheduler.host`): a finished
+request's path is backed up to the host, and admission first loads back host-backed
+nodes its prompt continues into. ``Simulation(..., timeline=True)`` records every
+step's counters and pool occupancy (`scheduler.timeline`) for ``simulate --report``.
+
 Every load, offload and node-residency change is a transition fired through the
 engine; the loop never sets a state.
 """
@@ -38,13 +43,17 @@ from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
 from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig
 from unicache_fsm.linker.load import ExternalLoad, LoadState
+from unicache_fsm.pools.host import HostKVPool
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.scheduler.forward import namespace_salt, synth_kv
+from unicache_fsm.scheduler.host import HostPolicy
+from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
 from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
 from unicache_fsm.scheduler.request import Request
+from unicache_fsm.scheduler.timeline import Timeline
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.store.faults import FaultPolicy, FaultyStore
 from unicache_fsm.store.protocol import ExternalStore
@@ -79,7 +88,8 @@ class SimConfig:
     store: str = "memory"
     requests: int = 400
     page_size: int = 16
-    pool_tokens: int = 8192
+    pool_tokens: int = 4096
+    host_tokens: int = 0
     swa_window: int | None = None
     faults: str | None = None
     seed: int = 0
@@ -101,6 +111,12 @@ class SimConfig:
             raise SimConfigError(msg)
         if self.requests < 1:
             msg = f"--requests must be at least 1, got {self.requests}"
+            raise SimConfigError(msg)
+        if self.host_tokens < 0 or self.host_tokens % p or self.host_tokens > MAX_POOL_TOKENS:
+            msg = (
+                f"--host-tokens must be 0 (no host tier) or a multiple of the page size {p} "
+                f"up to {MAX_POOL_TOKENS}, got {self.host_tokens}"
+            )
             raise SimConfigError(msg)
         if self.pool_tokens > MAX_POOL_TOKENS:
             gib = MAX_POOL_TOKENS * self.num_layers * self.width * 2 / 2**30
@@ -133,7 +149,14 @@ class SimConfig:
 class Simulation:
     """One scheduler run over a workload; see the module docstring."""
 
-    def __init__(self, config: SimConfig, *, trace_path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        trace_path: str | Path | None = None,
+        timeline: bool = False,
+        workload_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.config = config
         config.validate_settings()
         self.specs = make_workload(
@@ -142,6 +165,7 @@ class Simulation:
             prompt_len=config.prompt_len,
             output_len=config.output_len,
             seed=config.seed,
+            progress=workload_progress,
         )
         config.validate(self.specs)
         p = self.page_size = config.page_size
@@ -161,6 +185,7 @@ class Simulation:
         self.kv = KVPool(config.pool_tokens, p, config.num_layers, config.width, dtype=dtype)
         pools[PoolName.KV] = self.kv
         self.swa_kv = pools.get(PoolName.SWA)
+        h = config.host_tokens
         self.tree = RadixTree(
             self.allocator,
             TreeConfig(
@@ -169,7 +194,11 @@ class Simulation:
                 executor=config.executor,
             ),
             kv_pool=self.kv,
+            host_pool=HostKVPool(h, p, config.num_layers, config.width, dtype=dtype) if h else None,
+            host_allocator=PagedAllocator(h, p, name="host") if h else None,
         )
+        self.host = HostPolicy(self.tree) if h else None
+        self.timeline = Timeline() if timeline else None
         self.policy = FaultPolicy.parse(config.faults) if config.faults else None
         self.backend = open_store(config.store)
         self.store: ExternalStore = (
@@ -234,7 +263,9 @@ class Simulation:
             budget -= len(spec.tokens)
             self.waiting.remove(spec)
             admitted += 1
+            from_host = self.host.load_back(spec.prompt, spec.namespace) if self.host else 0
             m = self.linker.match(spec.rid, spec.prompt, spec.namespace)
+            from_host = min(from_host, m.device.prefix_len)
             node = m.device.last_device_node
             self.tree.inc_lock_ref(node)
             req = Request(
@@ -245,7 +276,8 @@ class Simulation:
                 prefix_slots=m.device.device_indices,
             )
             self.report.prompt_tokens += len(spec.prompt)
-            self.report.device_hit_tokens += req.prefix_len
+            self.report.device_hit_tokens += req.prefix_len - from_host
+            self.report.host_hit_tokens += from_host
             if m.load is not None and self.linker.load_back(m.load):
                 req.load = m.load
                 self.loading[spec.rid] = req
@@ -384,6 +416,8 @@ class Simulation:
             assert endpoint is not None
             if endpoint.external_cache_stored:
                 self.linker.verify_stored(endpoint)
+            if finished and self.host is not None:
+                self.host.backup(endpoint)
             if not finished:  # cache_unfinished: continue from the tree's canonical slots
                 req.prefix_slots = self.tree.path_slots(endpoint)
                 req.prefix_len = aligned
@@ -446,6 +480,8 @@ class Simulation:
             moved = self._admit() + self._loads() + self._forward() + self._offloads()
             if step % self.config.audit_every == 0:
                 self.audit()
+            if self.timeline is not None:
+                self._record(step)
             stalled = 0 if moved else stalled + 1
             if stalled > 50:
                 msg = (
@@ -467,8 +503,33 @@ class Simulation:
             self.trace.close()
         return self.report
 
+    def _outside(self) -> tuple[dict[ComponentType, list[torch.Tensor]], ...]:
+        """(reserved by loads, held by live requests): slots outside the tree."""
+        full, swa = self.linker.reserved_slots()
+        reserved = {ComponentType.FULL: full, ComponentType.SWA: swa}
+        held: dict[ComponentType, list[torch.Tensor]] = {ComponentType.FULL: [], ComponentType.SWA: []}
+        for req in [*self.ready, *self.loading.values()]:
+            f, s = req.outside_slots()
+            held[ComponentType.FULL] += f
+            held[ComponentType.SWA] += s
+        return reserved, held
+
+    def _record(self, step: int) -> None:
+        assert self.timeline is not None
+        reserved, held = self._outside()
+        self.timeline.record(
+            step,
+            report=self.report,
+            stats=self.linker.stats,
+            occupancy=pool_occupancy(self.tree, reserved, held),
+            faults={k.value: v for k, v in self.policy.injected.items()} if self.policy else {},
+        )
+
     def _finish_report(self) -> None:
         r, stats = self.report, self.linker.stats
+        reserved, held = self._outside()
+        outside = {k: reserved[k] + held[k] for k in reserved}
+        r.leaked_slots = leaked_slots(self.tree, outside)
         r.loads_committed = stats.loads_committed
         r.loads_aborted = dict(stats.loads_aborted)
         r.offloads_published = stats.offloads_published
@@ -477,7 +538,7 @@ class Simulation:
         page_bytes = self.kv.page_nbytes
         r.bytes_loaded = stats.pages_loaded * page_bytes
         r.bytes_offloaded = stats.pages_offloaded * page_bytes
-        r.transitions = self.counter.per_machine()
+        r.transitions = {ex.name: 0 for ex in self.executors} | self.counter.per_machine()
         r.faults_injected = (
             {k.value: v for k, v in self.policy.injected.items()} if self.policy else {}
         )
