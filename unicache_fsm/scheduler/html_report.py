@@ -46,7 +46,7 @@ table.summary td { padding: 2px 12px 2px 0; vertical-align: top; }
 table.summary td:first-child { font-weight: 600; white-space: nowrap; }
 .chart { min-height: 320px; }
 .diagram { overflow-x: auto; border: 1px solid #ddd; margin: 0.5rem 0 1rem; }
-.diagram svg { max-width: 100%; height: auto; }
+.diagram svg { height: auto; }
 #page-errors:empty { display: none; }
 #page-errors { color: #b00; white-space: pre-wrap; }
 """
@@ -127,6 +127,10 @@ def _loads(tl: Timeline) -> go.Figure:
     for code in tl.names("loads.aborted."):
         label = f"aborted: {ABORT_REASONS.get(code, code)}"
         fig.add_bar(x=tl.steps, y=tl.per_step(f"loads.aborted.{code}"), name=label)
+    if not any(tl.counters.get("loads.committed", [])) and not tl.names("loads.aborted."):
+        fig.add_annotation(
+            text="no load from the store in this run", showarrow=False, y=0.5, yref="paper"
+        )
     return fig
 
 

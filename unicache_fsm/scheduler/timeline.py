@@ -4,8 +4,8 @@
 once at the end of every scheduler step. It keeps cumulative counters (so any window
 can be differenced later) and one `Occupancy` per pool:
 
-- tokens: prompt tokens admitted, of them served from the device, loaded from the
-  store, and recomputed — `hit_rates()` turns them into running rates;
+- tokens: prompt tokens admitted, of them served from the device, loaded back from
+  the host tier, loaded from the store, and recomputed — `hit_rates()` turns them into running rates;
 - load outcomes (committed, and aborted per reason) and offload verdicts (submitted,
   published, failed) — `per_step(name)` differences them into per-step counts;
 - fault events: store faults injected per kind and store-call faults the linker
@@ -60,6 +60,7 @@ class Timeline:
         values = {
             "tokens.prompt": report.prompt_tokens,
             "tokens.device": report.device_hit_tokens,
+            "tokens.host": report.host_hit_tokens,
             "tokens.external": report.loaded_tokens,
             "tokens.recomputed": report.computed_tokens,
             "loads.committed": stats.loads_committed,
@@ -86,10 +87,10 @@ class Timeline:
         return _diff(self.counters.get(name, [0] * len(self.steps)))
 
     def hit_rates(self) -> dict[str, list[float]]:
-        """Running device / external / recomputed share of the prompt tokens so far."""
+        """Running device / host / external / recomputed share of the prompt tokens."""
         prompt = self.counters.get("tokens.prompt", [])
         out: dict[str, list[float]] = {}
-        for kind in ("device", "external", "recomputed"):
+        for kind in ("device", "host", "external", "recomputed"):
             got = self.counters.get(f"tokens.{kind}", [])
             out[kind] = [g / p if p else 0.0 for g, p in zip(got, prompt, strict=True)]
         return out
