@@ -31,8 +31,17 @@ def _chromium() -> str:
 def _simulate(tmp_path: Path, *extra: str) -> Path:
     out = tmp_path / "report"
     done = subprocess.run(
-        [sys.executable, "-m", "unicache_fsm", "simulate", "--requests", "80", *extra,
-         "--report", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "unicache_fsm",
+            "simulate",
+            "--requests",
+            "80",
+            *extra,
+            "--report",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -45,8 +54,17 @@ def _simulate(tmp_path: Path, *extra: str) -> Path:
 
 def _dump(page: Path) -> tuple[str, str]:
     done = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-         "--v=0", "--virtual-time-budget=15000", "--dump-dom", page.as_uri()],
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -60,7 +78,7 @@ def test_the_report_renders_every_chart_without_console_errors(tmp_path: Path) -
     page = _simulate(tmp_path, "--host-tokens", "4096", "--faults", "refuse_load=0.3,seed=2")
     text = page.read_text(encoding="utf-8")
     assert "http://" not in text.split("<script", 1)[0]  # nothing fetched: self-contained
-    assert not re.search(r'<script[^>]+src=', text)
+    assert not re.search(r"<script[^>]+src=", text)
     dom, log = _dump(page)
     console = [line for line in log.splitlines() if "CONSOLE" in line]
     assert console == [], console

@@ -461,8 +461,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
         assert sim.timeline is not None
         diagrams = {
-            ex.name: render_image(ex.spec, DiagramFormat.SVG, None, coverage.declared(ex.spec))
-            .decode("utf-8")
+            ex.name: render_image(
+                ex.spec, DiagramFormat.SVG, None, coverage.declared(ex.spec)
+            ).decode("utf-8")
             for ex in sim.executors
         }
         page = write_report(args.report, report=report, timeline=sim.timeline, diagrams=diagrams)

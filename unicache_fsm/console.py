@@ -56,8 +56,10 @@ def progress(description: str, total: int) -> Iterator[Callable[[int, int], None
     if not live:
         t = bar.tasks[0]
         elapsed = t.finished_time if t.finished_time is not None else t.elapsed or 0.0
-        print(f"{description}: {int(t.completed)}/{int(t.total or 0)} in {elapsed:.1f} s",
-              file=sys.stderr)
+        print(
+            f"{description}: {int(t.completed)}/{int(t.total or 0)} in {elapsed:.1f} s",
+            file=sys.stderr,
+        )
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:

@@ -83,7 +83,11 @@ window.addEventListener("load", function () {
 </script>
 """
 
-_LAYOUT = {"height": 340, "margin": {"l": 60, "r": 20, "t": 50, "b": 45}, "template": "plotly_white"}
+_LAYOUT = {
+    "height": 340,
+    "margin": {"l": 60, "r": 20, "t": 50, "b": 45},
+    "template": "plotly_white",
+}
 
 
 def _figure(title: str, y_title: str, *, barmode: str | None = None) -> go.Figure:
@@ -97,9 +101,11 @@ def _figure(title: str, y_title: str, *, barmode: str | None = None) -> go.Figur
 def _hit_rates(tl: Timeline, host: bool) -> go.Figure:
     fig = _figure("Hit rates over time (share of prompt tokens so far)", "share of tokens")
     rates = tl.hit_rates()
-    kinds = ["device", "host", "external", "recomputed"] if host else [
-        "device", "external", "recomputed"
-    ]
+    kinds = (
+        ["device", "host", "external", "recomputed"]
+        if host
+        else ["device", "external", "recomputed"]
+    )
     for kind in kinds:
         fig.add_scatter(x=tl.steps, y=rates[kind], mode="lines", name=kind)
     fig.update_yaxes(tickformat=".0%", rangemode="tozero")
@@ -166,9 +172,7 @@ def _svg_body(svg: str) -> str:
     return re.sub(r"<!--.*?-->", "", svg[start:], flags=re.S)
 
 
-def render_report(
-    *, report: SimReport, timeline: Timeline, diagrams: Mapping[str, str]
-) -> str:
+def render_report(*, report: SimReport, timeline: Timeline, diagrams: Mapping[str, str]) -> str:
     """The page's HTML text (see the module docstring)."""
     charts: list[tuple[str, str, go.Figure]] = [
         ("Hit rates", "chart-hit-rates", _hit_rates(timeline, report.host_hit_tokens > 0)),
@@ -208,7 +212,9 @@ def render_report(
     parts.append("<h2>Machines (arrows coloured by how often this run took them)</h2>")
     for name, svg in diagrams.items():
         parts.append(f"<h3>{html.escape(name)}</h3>")
-        parts.append(f'<div class="diagram" id="diagram-{html.escape(name)}">{_svg_body(svg)}</div>')
+        parts.append(
+            f'<div class="diagram" id="diagram-{html.escape(name)}">{_svg_body(svg)}</div>'
+        )
     parts += [_DONE, "</body></html>"]
     return "\n".join(parts)
 

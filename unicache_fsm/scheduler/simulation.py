@@ -507,7 +507,10 @@ class Simulation:
         """(reserved by loads, held by live requests): slots outside the tree."""
         full, swa = self.linker.reserved_slots()
         reserved = {ComponentType.FULL: full, ComponentType.SWA: swa}
-        held: dict[ComponentType, list[torch.Tensor]] = {ComponentType.FULL: [], ComponentType.SWA: []}
+        held: dict[ComponentType, list[torch.Tensor]] = {
+            ComponentType.FULL: [],
+            ComponentType.SWA: [],
+        }
         for req in [*self.ready, *self.loading.values()]:
             f, s = req.outside_slots()
             held[ComponentType.FULL] += f

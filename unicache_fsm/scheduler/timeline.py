@@ -5,7 +5,8 @@ once at the end of every scheduler step. It keeps cumulative counters (so any wi
 can be differenced later) and one `Occupancy` per pool:
 
 - tokens: prompt tokens admitted, of them served from the device, loaded back from
-  the host tier, loaded from the store, and recomputed — `hit_rates()` turns them into running rates;
+  the host tier, loaded from the store, and recomputed — `hit_rates()` turns them
+  into running rates;
 - load outcomes (committed, and aborted per reason) and offload verdicts (submitted,
   published, failed) — `per_step(name)` differences them into per-step counts;
 - fault events: store faults injected per kind and store-call faults the linker

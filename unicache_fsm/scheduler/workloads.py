@@ -105,9 +105,7 @@ def _few_shot(rng: random.Random, n: int, prompt_len: int, output_len: int) -> W
     out: list[RequestSpec] = []
     for i in range(n):
         question = _tokens(rng, rng.randint(8, 32))
-        out.append(
-            RequestSpec(f"shot{i}", rng.choice(shots) + question, _tokens(rng, output_len))
-        )
+        out.append(RequestSpec(f"shot{i}", rng.choice(shots) + question, _tokens(rng, output_len)))
         yield None
     yield out
 
@@ -138,10 +136,8 @@ def _agentic(rng: random.Random, n: int, prompt_len: int, output_len: int) -> Wo
 def _random(rng: random.Random, n: int, prompt_len: int, output_len: int) -> Workload:
     out: list[RequestSpec] = []
     for i in range(n):
-        if out and rng.random() < 0.1:  # a retry: an earlier prompt, sent again
-            prompt = rng.choice(out).prompt
-        else:
-            prompt = _tokens(rng, prompt_len)
+        retry = out and rng.random() < 0.1  # a retry: an earlier prompt, sent again
+        prompt = rng.choice(out).prompt if retry else _tokens(rng, prompt_len)
         out.append(RequestSpec(f"rand{i}", prompt, _tokens(rng, output_len)))
         yield None
     yield out
@@ -171,11 +167,9 @@ def make_workload(
     make = WORKLOADS.get(name)
     if make is None:
         raise UnknownWorkloadError(name)
-    made = 0
-    for item in make(random.Random(seed), requests, prompt_len, output_len):
+    for made, item in enumerate(make(random.Random(seed), requests, prompt_len, output_len), 1):
         if item is not None:
             return item
-        made += 1
         if progress is not None:
             progress(made, requests)
     msg = f"workload {name!r} ended without its request list"
