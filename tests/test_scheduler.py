@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from unicache_fsm.cli import main
-from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation, make_workload
+from unicache_fsm.scheduler import (
+    SimConfig,
+    SimConfigError,
+    SimReport,
+    Simulation,
+    make_workload,
+)
 from unicache_fsm.store.faults import FaultKind
 from unicache_fsm.tree.residency import ExecutorKind
 
@@ -94,9 +100,9 @@ def test_the_text_report_spells_out_aborts_transitions_and_leaks() -> None:
     assert "(-)" not in text
     assert "the store refused the load (store_refused)" in text
     assert re.search(r"leaked slots\s+0 \(FULL 0\)", text)
-    idle = Simulation(SimConfig(requests=1))
-    idle.report.transitions = {}
-    assert "none fired" in idle.report.format()
+    quiet = SimReport(transitions={"offload": 0, "load_transaction": 0})
+    assert "none fired (offload 0, load_transaction 0)" in quiet.format()
+    assert "none aborted" in quiet.format()
 
 
 def test_swa_and_chunked_prefill() -> None:

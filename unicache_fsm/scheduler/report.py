@@ -75,6 +75,10 @@ class SimReport:
         return self.loaded_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
+    def requests_per_second(self) -> float:
+        return self.requests_served / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
     def host_hit_rate(self) -> float:
         return self.host_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
@@ -88,7 +92,7 @@ class SimReport:
         out["external_hit_rate"] = round(self.external_hit_rate, 4)
         out["host_hit_rate"] = round(self.host_hit_rate, 4)
         out["fsm_share"] = round(self.fsm_share, 4)
-        out["requests_per_second"] = round(self.requests_served / self.wall_seconds, 1)
+        out["requests_per_second"] = round(self.requests_per_second, 1)
         return out
 
     def aborts(self) -> str:
@@ -151,7 +155,7 @@ class SimReport:
             ("leaked slots", f"{leaked}" + (f" ({pools})" if pools else "")),
             (
                 "wall time",
-                f"{self.wall_seconds:.2f} s ({self.requests_served / self.wall_seconds:.0f} "
+                f"{self.wall_seconds:.2f} s ({self.requests_per_second:.0f} "
                 f"requests/s); FSM layer {self.fsm_share:.2%} of it",
             ),
         ]
