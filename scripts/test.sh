@@ -16,6 +16,8 @@ if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; f
 need_apt=()
 command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)  # the Redis store tests start their own
+# the run-report test opens simulate --report's page in headless Chromium
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # the SGLang oracle (scripts/sglang_env.sh) JIT-builds SGLang's page-hash extension
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 [ -e /usr/include/openssl/sha.h ] || need_apt+=(libssl-dev)

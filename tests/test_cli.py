@@ -445,3 +445,34 @@ def test_fuzz_coverage_into_a_missing_folder_fails_before_the_campaign(
     line = run_error(capsys, ["fuzz", "--minutes", "5", "--coverage", "/missing/dir/x.json"])
     assert "/missing/dir" in line
     assert time.perf_counter() - start < 60, "the campaign ran before the check"
+
+
+# -- commands that never touch a tensor do not import torch -------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["diagram"],
+        ["diagram", "offload", "-f", "dot"],
+        ["check-trace", "<trace>"],
+    ],
+)
+def test_tensor_free_commands_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"seq": 1, "machine": "offload", "model": "m", "source": "", '
+        '"trigger": "<init>", "dest": "queued"}\n'
+    )
+    argv = [str(trace) if a == "<trace>" else a for a in argv]
+    code = (
+        "import sys\n"
+        "from unicache_fsm.cli import main\n"
+        f"rc = main({argv!r})\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "sys.exit(rc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "torch was imported" not in done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from unicache_fsm.cli import main
-from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation, make_workload
+from unicache_fsm.scheduler import (
+    SimConfig,
+    SimConfigError,
+    SimReport,
+    Simulation,
+    make_workload,
+)
 from unicache_fsm.serving.invariants import InvariantViolation
 from unicache_fsm.store.faults import FaultKind
 from unicache_fsm.tree import RadixTree
@@ -28,7 +35,7 @@ def _run(**kw: object) -> Simulation:
 def test_multi_turn_loads_from_the_store_and_every_load_matches_recompute() -> None:
     sim = _run()
     r = sim.report
-    assert r.requests_served == 120
+    assert r.requests_served == 120 and r.host_hit_tokens == 0
     assert r.external_hit_rate > 0 and r.loads_committed > 0
     assert r.loads_verified == r.loads_committed and r.loads_mismatched == 0
     assert r.audits_passed == r.steps + 1
@@ -37,17 +44,67 @@ def test_multi_turn_loads_from_the_store_and_every_load_matches_recompute() -> N
     assert r.device_hit_tokens + r.loaded_tokens + r.computed_tokens == r.prompt_tokens
 
 
-def test_random_prompts_never_hit_the_store() -> None:
-    r = _run(workload="random").report
-    assert r.requests_served == 120
-    assert r.external_hit_rate == 0 and r.device_hit_rate == 0
-    assert r.loads_committed == 0 and r.offloads_published == 120
+@pytest.mark.parametrize("workload", ["multi_turn", "few_shot", "agentic", "random"])
+def test_every_workload_at_default_settings_reaches_the_external_tier(workload: str) -> None:
+    r = Simulation(SimConfig(workload=workload)).run()
+    assert r.requests_served == SimConfig().requests
+    assert r.loaded_tokens > 0 and r.loads_committed > 0, r.format()
+    assert r.loads_verified == r.loads_committed and r.loads_mismatched == 0
+    assert r.leaked_slots and set(r.leaked_slots.values()) == {0}
 
 
 @pytest.mark.parametrize("workload", ["few_shot", "agentic"])
 def test_other_workloads_reuse_prefixes(workload: str) -> None:
     r = _run(workload=workload).report
     assert r.requests_served == 120 and r.device_hit_rate > 0.3
+
+
+def test_random_reuses_only_its_retries() -> None:
+    specs = make_workload("random", requests=200, seed=1)
+    prompts = [s.prompt for s in specs]
+    repeats = len(prompts) - len(set(prompts))
+    assert 0 < repeats < len(prompts) // 5
+
+
+def test_the_host_tier_backs_up_and_loads_back(tmp_path: Path) -> None:
+    cov = tmp_path / "cov.json"
+    rc = main(
+        ["simulate", "--requests", "200", "--host-tokens", "8192", "--json", "--coverage", str(cov)]
+    )
+    assert rc == 0
+    taken = {row[1] for row in json.loads(cov.read_text())["machines"]["node_residency"]}
+    assert {"start_backup", "backup_succeeded", "load_back", "evict", "delete"} <= taken
+
+
+def test_host_hits_are_counted_apart_from_device_hits() -> None:
+    r = _run(requests=200, host_tokens=32768).report
+    assert r.host_hit_tokens > 0
+    assert r.device_hit_tokens + r.host_hit_tokens + r.loaded_tokens + r.computed_tokens == (
+        r.prompt_tokens
+    )
+    assert set(r.leaked_slots) == {"FULL", "host"} and set(r.leaked_slots.values()) == {0}
+
+
+def test_bad_host_tokens_is_typed() -> None:
+    with pytest.raises(SimConfigError, match="--host-tokens"):
+        Simulation(SimConfig(host_tokens=10))
+
+
+def test_the_cli_and_simconfig_share_one_pool_default() -> None:
+    from unicache_fsm.cli import DEFAULT_POOL_TOKENS
+
+    assert SimConfig().pool_tokens == DEFAULT_POOL_TOKENS
+
+
+def test_the_text_report_spells_out_aborts_transitions_and_leaks() -> None:
+    r = _run(requests=60, faults="refuse_load=1.0,seed=1", pool_tokens=1536).report
+    text = r.format()
+    assert "(-)" not in text
+    assert "the store refused the load (store_refused)" in text
+    assert re.search(r"leaked slots\s+0 \(FULL 0\)", text)
+    quiet = SimReport(transitions={"offload": 0, "load_transaction": 0})
+    assert "none fired (offload 0, load_transaction 0)" in quiet.format()
+    assert "none aborted" in quiet.format()
 
 
 def test_swa_and_chunked_prefill() -> None:

@@ -37,13 +37,22 @@ its arguments, a function that runs it, and one entry in the table):
   the declared transitions reached; on a violation prints the shortest operation
   sequence as a pytest test and the machines' diagrams along it, and exits 1.
 - ``simulate [...]`` — serve a workload through the reference scheduler loop and print
-  the report (``--json``); ``--trace`` records every transition, ``--coverage``
-  writes transition counts that ``diagram --coverage`` draws.
+  the report as a table (``--json``: as JSON); progress bars with elapsed time and ETA
+  go to stderr while the workload is generated and served. ``--trace`` records every
+  transition, ``--coverage`` writes transition counts that ``diagram --coverage``
+  draws, ``--host-tokens`` adds the host tier, ``--report DIR`` writes
+  ``DIR/index.html`` (charts over time and the coverage-coloured diagrams; needs
+  Graphviz and the ``report`` extra).
+
+Commands that never touch a tensor (``--help``, ``diagram``, ``docs``,
+``check-trace``) never import torch: the heavy modules are imported inside the
+commands that use them.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -57,6 +66,7 @@ from unicache_fsm.fsm.conformance import check_trace, read_trace, spec_lookup
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import (
     DiagramFormat,
+    GraphvizNotFoundError,
     render_dot,
     render_image,
     render_markdown_doc,
@@ -71,6 +81,10 @@ PROG = "unicache-fsm"
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+#: The device pool of ``simulate`` (tokens); `SimConfig`'s default, restated here so
+#: that ``--help`` does not import the scheduler (and torch). A test keeps them equal.
+DEFAULT_POOL_TOKENS = 4096
 
 
 class CliError(UnicacheFsmError, ValueError):
@@ -328,9 +342,17 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pool-tokens",
         type=int,
-        default=4096,
+        default=DEFAULT_POOL_TOKENS,
         metavar="T",
-        help="device KV pool size in tokens (default 4096)",
+        help=f"device KV pool size in tokens (default {DEFAULT_POOL_TOKENS})",
+    )
+    p.add_argument(
+        "--host-tokens",
+        type=int,
+        default=0,
+        metavar="H",
+        help="host tier size in tokens: back up finished requests to the host and load "
+        "them back on a hit (default 0: no host tier)",
     )
     p.add_argument(
         "--swa-window",
@@ -355,6 +377,14 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--executor", choices=["compiled", "reference"], default="compiled")
     p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="threads torch may use (default 1: a simulated step moves kilobytes, and "
+        "more threads only contend; measured 5-7x slower with 2 on 2 shared cores)",
+    )
+    p.add_argument(
         "--trace",
         type=Path,
         default=None,
@@ -376,23 +406,37 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="check every invariant each N steps, and once at the end (default 20)",
     )
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write DIR/index.html: a self-contained page of charts over time and the "
+        "coverage-coloured machine diagrams (needs Graphviz)",
+    )
 
 
-def _progress_bar(done: int, total: int, unit: str = "requests") -> None:
-    """A one-line bar on stderr (only its last state when stderr is not a terminal)."""
-    if done != total and not sys.stderr.isatty():
-        return
-    width = 30
-    filled = width * done // max(total, 1)
-    end = "\n" if done == total else ""
-    bar = "#" * filled + "." * (width - filled)
-    print(f"\r  [{bar}] {done}/{total} {unit}", end=end, file=sys.stderr, flush=True)
+def _check_report_folder(folder: Path) -> None:
+    """Refuse a --report DIR that cannot be written, before the run (not after it)."""
+    if folder.exists() and not folder.is_dir():
+        msg = f"--report {str(folder)!r} is a file; give a directory (created if missing)"
+        raise CliError(msg)
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        msg = "--report needs plotly: pip install 'unicache-fsm[report]'"
+        raise CliError(msg) from None
+    if shutil.which("dot") is None:
+        raise GraphvizNotFoundError("svg")
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from unicache_fsm.scheduler import SimConfig, Simulation
+    import torch
+
+    from unicache_fsm.console import print_table, progress
+    from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation
     from unicache_fsm.tree.residency import ExecutorKind
 
     config = SimConfig(
@@ -401,6 +445,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         requests=args.requests,
         page_size=args.page_size,
         pool_tokens=args.pool_tokens,
+        host_tokens=args.host_tokens,
         swa_window=args.swa_window,
         chunk_size=args.chunk_size,
         faults=args.faults,
@@ -409,17 +454,43 @@ def _run_simulate(args: argparse.Namespace) -> int:
     )
     if args.audit_every is not None:
         config = attrs.evolve(config, audit_every=args.audit_every)
-    sim = Simulation(config, trace_path=args.trace)
-    report = sim.run(progress=_progress_bar)
+    if args.torch_threads < 1:
+        msg = f"--torch-threads must be at least 1, got {args.torch_threads}"
+        raise SimConfigError(msg)
+    torch.set_num_threads(args.torch_threads)
+    if args.report is not None:
+        _check_report_folder(args.report)
+    with progress("generating workload", config.requests) as generated:
+        sim = Simulation(
+            config,
+            trace_path=args.trace,
+            timeline=args.report is not None,
+            workload_progress=generated,
+        )
+    with progress("serving requests", len(sim.specs)) as served:
+        report = sim.run(progress=served)
+    coverage = Coverage.from_counter(sim.counter)
     coverage_path: Path | None = args.coverage
     if coverage_path is None and args.trace is not None:
         coverage_path = Path(args.trace).with_suffix(".coverage.json")
     if coverage_path is not None:
-        Coverage.from_counter(sim.counter).save(coverage_path)
+        coverage.save(coverage_path)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
     else:
-        print(report.format())
+        print_table(None, ["", "simulate"], report.rows())
+    if args.report is not None:
+        from unicache_fsm.scheduler.html_report import write_report
+
+        assert sim.timeline is not None
+        diagrams = {
+            ex.name: render_image(
+                ex.spec, DiagramFormat.SVG, None, coverage.declared(ex.spec)
+            ).decode("utf-8")
+            for ex in sim.executors
+        }
+        page = write_report(args.report, report=report, timeline=sim.timeline, diagrams=diagrams)
+        print(f"report: {page}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -457,6 +528,7 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    from unicache_fsm.console import progress
     from unicache_fsm.testing.machines import SystemMachine
 
     if args.minutes <= 0:
@@ -477,17 +549,17 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     examples = 0
     failure: BaseException | None = None
-    while time.perf_counter() - start < total:
-        try:
-            run_state_machine_as_test(machine, settings=batch)
-        except Exception as exc:  # the kit found a bug: Hypothesis printed the program
-            failure = exc
-            break
-        examples += 25
-        done = min(time.perf_counter() - start, total)
-        _progress_bar(int(done), int(total), unit="s")
+    with progress("fuzzing (seconds)", int(total)) as advance:
+        while time.perf_counter() - start < total:
+            try:
+                run_state_machine_as_test(machine, settings=batch)
+            except Exception as exc:  # the kit found a bug: Hypothesis printed the program
+                failure = exc
+                break
+            examples += 25
+            advance(int(min(time.perf_counter() - start, total)), int(total))
+        advance(int(total), int(total))
     elapsed = time.perf_counter() - start
-    _progress_bar(int(total), int(total), unit="s")
     cov = Coverage.from_counter(machine.coverage)
     arrows = missing = 0
     for name in loader.bundled_machines():

@@ -1,7 +1,9 @@
 """What a simulation reports, and how the FSM layer's share of the time is measured.
 
-- `SimReport` — counters filled by the loop; `as_dict()` for ``--json``, `format()`
-  for the terminal.
+- `SimReport` — counters filled by the loop; `as_dict()` for ``--json``, `rows()`
+  the (label, text) lines the terminal table and the HTML report show, `format()`
+  those rows as plain text.
+- `ABORT_REASONS` — what each load-abort reason code means, in words.
 - `calibrate_dispatch(executor)` — the executor's own cost per transition, measured
   in this process on the same spec with callbacks that do nothing (a random walk over
   legal triggers). The FSM share of a run is transitions fired times this cost, over
@@ -19,7 +21,22 @@ import attrs
 
 from unicache_fsm.fsm.executor import Executor
 
-__all__ = ["SimReport", "calibrate_dispatch"]
+__all__ = ["ABORT_REASONS", "SimReport", "calibrate_dispatch"]
+
+#: A load-abort reason code (`unicache_fsm.linker.load.AbortReason`) in words.
+ABORT_REASONS: dict[str, str] = {
+    "no_slots": "no device slots to load into",
+    "stale_prefix": "the matched device prefix changed before the load",
+    "store_refused": "the store refused the load",
+    "load_failed": "the store's load failed",
+    "released": "the request went away first",
+    "reset": "the linker was reset",
+    "peer_aborted": "another rank could not load",
+}
+
+
+def _reason(code: str) -> str:
+    return ABORT_REASONS.get(code, code)
 
 
 @attrs.define(slots=True)
@@ -29,6 +46,7 @@ class SimReport:
     steps: int = 0
     prompt_tokens: int = 0
     device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
     loaded_tokens: int = 0
     computed_tokens: int = 0
     decoded_tokens: int = 0
@@ -44,6 +62,7 @@ class SimReport:
     transitions: dict[str, int] = attrs.field(factory=dict)
     faults_injected: dict[str, int] = attrs.field(factory=dict)
     audits_passed: int = 0
+    leaked_slots: dict[str, int] = attrs.field(factory=dict)
     wall_seconds: float = 0.0
     fsm_seconds: float = 0.0
 
@@ -56,6 +75,14 @@ class SimReport:
         return self.loaded_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
+    def requests_per_second(self) -> float:
+        return self.requests_served / self.wall_seconds if self.wall_seconds else 0.0
+
+    @property
+    def host_hit_rate(self) -> float:
+        return self.host_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
     def fsm_share(self) -> float:
         return self.fsm_seconds / self.wall_seconds if self.wall_seconds else 0.0
 
@@ -63,15 +90,27 @@ class SimReport:
         out = attrs.asdict(self)
         out["device_hit_rate"] = round(self.device_hit_rate, 4)
         out["external_hit_rate"] = round(self.external_hit_rate, 4)
+        out["host_hit_rate"] = round(self.host_hit_rate, 4)
         out["fsm_share"] = round(self.fsm_share, 4)
-        out["requests_per_second"] = round(self.requests_served / self.wall_seconds, 1)
+        out["requests_per_second"] = round(self.requests_per_second, 1)
         return out
 
-    def format(self) -> str:
+    def aborts(self) -> str:
+        """The aborted loads with their reasons spelled out ("none" when none)."""
+        total = sum(self.loads_aborted.values())
+        if not total:
+            return "none aborted"
+        parts = [f"{v} {_reason(k)} ({k})" for k, v in sorted(self.loads_aborted.items())]
+        return f"{total} aborted: " + "; ".join(parts)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The report as (label, text) rows, in the order they are shown."""
         c = self.config
-        aborted = sum(self.loads_aborted.values())
-        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.loads_aborted.items())) or "-"
         machines = ", ".join(f"{k} {v}" for k, v in self.transitions.items())
+        if not any(self.transitions.values()):
+            machines = f"none fired ({machines})" if machines else "none fired"
+        leaked = sum(self.leaked_slots.values())
+        pools = ", ".join(f"{k} {v}" for k, v in self.leaked_slots.items())
         faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults_injected.items())) or "none"
         mib = 1024 * 1024
         rows = [
@@ -82,20 +121,23 @@ class SimReport:
             (
                 "setup",
                 f"P={c.get('page_size')}, pool {c.get('pool_tokens')} tokens, "
+                f"host tier {c.get('host_tokens') or 'off'}, "
                 f"SWA window {c.get('swa_window') or 'off'}, executor {c.get('executor')}",
             ),
             ("requests served", f"{self.requests_served} in {self.steps} steps"),
             ("device hit rate", f"{self.device_hit_rate:.1%} of prompt tokens"),
+            ("host hit rate", f"{self.host_hit_rate:.1%} of prompt tokens"),
             ("external hit rate", f"{self.external_hit_rate:.1%} of prompt tokens"),
             (
                 "prompt tokens",
                 f"{self.prompt_tokens}: {self.device_hit_tokens} device, "
+                f"{self.host_hit_tokens} from host, "
                 f"{self.loaded_tokens} loaded, {self.computed_tokens} recomputed",
             ),
             (
                 "loads",
                 f"{self.loads_committed} committed ({self.loads_verified} KV-verified, "
-                f"{self.loads_mismatched} mismatched), {aborted} aborted ({reasons})",
+                f"{self.loads_mismatched} mismatched), {self.aborts()}",
             ),
             (
                 "offloads",
@@ -113,12 +155,18 @@ class SimReport:
                 "invariant audits",
                 f"{self.audits_passed} passed (every {c.get('audit_every')} steps and at the end)",
             ),
+            ("leaked slots", f"{leaked}" + (f" ({pools})" if pools else "")),
             (
                 "wall time",
-                f"{self.wall_seconds:.2f} s ({self.requests_served / self.wall_seconds:.0f} "
+                f"{self.wall_seconds:.2f} s ({self.requests_per_second:.0f} "
                 f"requests/s); FSM layer {self.fsm_share:.2%} of it",
             ),
         ]
+        return rows
+
+    def format(self) -> str:
+        """`rows()` as aligned plain text."""
+        rows = self.rows()
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

@@ -23,6 +23,11 @@ a workload. Each step:
 5. every ``audit_every`` steps, and always once at the end: `System.audit`, every
    invariant of `serving.invariants` (the kit's audit).
 
+With ``SimConfig.host_tokens`` the tree gets a host tier (`scheduler.host`): a finished
+request's path is backed up to the host, and admission first loads back host-backed
+nodes its prompt continues into. ``Simulation(..., timeline=True)`` records every
+step's counters and pool occupancy (`scheduler.timeline`) for ``simulate --report``.
+
 Every load, offload and node-residency change is a transition fired through the
 engine; the loop never sets a state.
 """
@@ -42,7 +47,11 @@ from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.swa import SWAAllocator
+from unicache_fsm.pools.transfer import ComponentType
+from unicache_fsm.scheduler.host import HostPolicy
+from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
 from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
+from unicache_fsm.scheduler.timeline import Timeline
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
@@ -83,7 +92,8 @@ class SimConfig:
     store: str = "memory"
     requests: int = 400
     page_size: int = 16
-    pool_tokens: int = 8192
+    pool_tokens: int = 4096
+    host_tokens: int = 0
     swa_window: int | None = None
     faults: str | None = None
     seed: int = 0
@@ -108,6 +118,12 @@ class SimConfig:
             raise SimConfigError(msg)
         if self.audit_every < 1:
             msg = f"--audit-every must be at least 1 step, got {self.audit_every}"
+            raise SimConfigError(msg)
+        if self.host_tokens < 0 or self.host_tokens % p or self.host_tokens > MAX_POOL_TOKENS:
+            msg = (
+                f"--host-tokens must be 0 (no host tier) or a multiple of the page size {p} "
+                f"up to {MAX_POOL_TOKENS}, got {self.host_tokens}"
+            )
             raise SimConfigError(msg)
         if self.pool_tokens > MAX_POOL_TOKENS:
             gib = MAX_POOL_TOKENS * self.num_layers * self.width * 2 / 2**30
@@ -140,7 +156,14 @@ class SimConfig:
 class Simulation:
     """One scheduler run over a workload; see the module docstring."""
 
-    def __init__(self, config: SimConfig, *, trace_path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        trace_path: str | Path | None = None,
+        timeline: bool = False,
+        workload_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.config = config
         config.validate_settings()
         self.specs = make_workload(
@@ -149,6 +172,7 @@ class Simulation:
             prompt_len=config.prompt_len,
             output_len=config.output_len,
             seed=config.seed,
+            progress=workload_progress,
         )
         config.validate(self.specs)
         p = self.page_size = config.page_size
@@ -166,6 +190,7 @@ class Simulation:
             store_factory=lambda: open_store(config.store),
             num_layers=config.num_layers,
             width=config.width,
+            host_pages=config.host_tokens // p,
         )
         # the store holds every stored node's pages unless faults or the store drop some
         s.check_stored = (self.policy is None or not self.policy.rules) and not store_loses_pages(
@@ -174,6 +199,8 @@ class Simulation:
         self.tree, self.linker, self.store = s.tree, s.linker, s.store
         self.kv, self.swa_kv, self.allocator = s.kv, s.swa_kv, s.allocator
         self.window = s.window
+        self.host = HostPolicy(self.tree) if config.host_tokens else None
+        self.timeline = Timeline() if timeline else None
         self.counter = TransitionCounter()
         self.executors = [
             self.tree.residency.executor,
@@ -208,11 +235,14 @@ class Simulation:
             budget -= len(spec.tokens)
             self.waiting.remove(spec)
             admitted += 1
+            from_host = self.host.load_back(spec.prompt, spec.namespace) if self.host else 0
             req = self.system.begin(spec.rid, spec.prompt, namespace=spec.namespace)
+            from_host = min(from_host, req.prefix_len)
             req.key = spec.tokens  # it will hold its output too
             self.prompt_len[spec.rid] = len(spec.prompt)
             self.report.prompt_tokens += len(spec.prompt)
-            self.report.device_hit_tokens += req.prefix_len
+            self.report.device_hit_tokens += req.prefix_len - from_host
+            self.report.host_hit_tokens += from_host
             if req.prepared:
                 self.loading[spec.rid] = req
             else:
@@ -326,6 +356,8 @@ class Simulation:
             assert endpoint is not None
             if endpoint.external_cache_stored:
                 self.linker.verify_stored(endpoint)
+            if finished and self.host is not None:
+                self.host.backup(endpoint)
             if not finished:  # cache_unfinished: continue from the tree's canonical slots
                 req.prefix_slots = self.tree.path_slots(endpoint)
                 req.prefix_len = aligned
@@ -369,6 +401,8 @@ class Simulation:
             moved = self._admit() + self._loads() + self._forward() + self._offloads()
             if step % self.config.audit_every == 0:
                 self.audit()
+            if self.timeline is not None:
+                self._record(step)
             stalled = 0 if moved else stalled + 1
             if stalled > 50:
                 msg = (
@@ -390,8 +424,36 @@ class Simulation:
             self.trace.close()
         return self.report
 
+    def _outside(self) -> tuple[dict[ComponentType, list[torch.Tensor]], ...]:
+        """(reserved by loads, held by live requests): slots outside the tree."""
+        full, swa = self.linker.reserved_slots()
+        reserved = {ComponentType.FULL: full, ComponentType.SWA: swa}
+        held: dict[ComponentType, list[torch.Tensor]] = {
+            ComponentType.FULL: [],
+            ComponentType.SWA: [],
+        }
+        for req in [*self.ready, *self.loading.values()]:
+            f, s = req.outside_slots()
+            held[ComponentType.FULL] += f
+            held[ComponentType.SWA] += s
+        return reserved, held
+
+    def _record(self, step: int) -> None:
+        assert self.timeline is not None
+        reserved, held = self._outside()
+        self.timeline.record(
+            step,
+            report=self.report,
+            stats=self.linker.stats,
+            occupancy=pool_occupancy(self.tree, reserved, held),
+            faults={k.value: v for k, v in self.policy.injected.items()} if self.policy else {},
+        )
+
     def _finish_report(self) -> None:
         r, stats = self.report, self.linker.stats
+        reserved, held = self._outside()
+        outside = {k: reserved[k] + held[k] for k in reserved}
+        r.leaked_slots = leaked_slots(self.tree, outside)
         r.loads_committed = stats.loads_committed
         r.loads_aborted = dict(stats.loads_aborted)
         r.offloads_published = stats.offloads_published
@@ -400,7 +462,7 @@ class Simulation:
         page_bytes = self.kv.page_nbytes
         r.bytes_loaded = stats.pages_loaded * page_bytes
         r.bytes_offloaded = stats.pages_offloaded * page_bytes
-        r.transitions = self.counter.per_machine()
+        r.transitions = {ex.name: 0 for ex in self.executors} | self.counter.per_machine()
         r.faults_injected = (
             {k.value: v for k, v in self.policy.injected.items()} if self.policy else {}
         )
