@@ -66,14 +66,10 @@ import torch
 
 from unicache_fsm.pools.transfer import PoolName, check_page_key
 from unicache_fsm.store.base import Ident
+from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import StoreOffload
-from unicache_fsm.store.pageformat import (
-    HEADER_SIZE,
-    decode_header,
-    page_checksum,
-    page_checksums,
-)
+from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import KnownPage, PageRead, PageWrite, SharedStore, TornPage
 
 __all__ = ["MARKER", "FileStore", "Recovery"]
@@ -268,8 +264,8 @@ class FileStore(SharedStore):
                     payload = bytearray(record.nbytes)
                     if f.readinto(payload) != record.nbytes:
                         return None
-                    page = torch.frombuffer(payload, dtype=torch.uint8).view(1, -1)
-                    if page_checksums(page) != [record.checksum]:
+                    page = torch.frombuffer(payload, dtype=torch.uint8)
+                    if page_checksum(page) != record.checksum:
                         return None
         except FileNotFoundError:
             return None

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
-from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header, page_checksum
+from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
 
 if TYPE_CHECKING:

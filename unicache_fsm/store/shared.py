@@ -52,14 +52,10 @@ import torch
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
+from unicache_fsm.store.checksum import page_checksum, page_checksums
 from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
-from unicache_fsm.store.pageformat import (
-    PageRecord,
-    encode_header,
-    page_checksum,
-    page_checksums,
-)
+from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
