@@ -1,12 +1,12 @@
 """The checksum of a stored page: the one function every store uses to verify page bytes.
 
 - `page_checksum(page) -> int` — XXH3-64 (seed 0) of the bytes of one page, a 1-D uint8
-  CPU tensor, as an unsigned 64-bit int. The hash reads the tensor's memory in place
-  (through its buffer; a non-contiguous tensor is made contiguous first), so checking a
-  page costs one pass over its bytes and no copy. XXH3 is a fixed, published algorithm
-  (the `xxhash` package binds the reference C implementation): the value is the same in
-  every process, on every platform, in every version (a golden value in the tests pins
-  it), and any change of one bit changes it.
+  CPU tensor or a contiguous byte buffer (`memoryview`, `bytes`), as an unsigned 64-bit
+  int. The hash reads the memory in place (a non-contiguous tensor is made contiguous
+  first), so checking a page costs one pass over its bytes and no copy. XXH3 is a
+  fixed, published algorithm (the `xxhash` package binds the reference C
+  implementation): the value is the same in every process, on every platform, in every
+  version (a golden value in the tests pins it), and any change of one bit changes it.
 - `page_checksums(pages) -> list[int]` — `page_checksum` of every row of a ``[n, nbytes]``
   uint8 CPU tensor, in order.
 
@@ -26,9 +26,12 @@ __all__ = ["page_checksum", "page_checksums"]
 _XXH3 = xxhash.xxh3_64_intdigest
 
 
-def page_checksum(page: torch.Tensor) -> int:
-    """XXH3-64 of the bytes of `page` (a 1-D uint8 CPU tensor), read in place."""
-    return _XXH3(page.contiguous().numpy().data)
+def page_checksum(page: torch.Tensor | memoryview | bytes) -> int:
+    """XXH3-64 of the bytes of `page` (a 1-D uint8 CPU tensor or a byte buffer), read in
+    place."""
+    if isinstance(page, torch.Tensor):
+        return _XXH3(page.contiguous().numpy().data)
+    return _XXH3(page)
 
 
 def page_checksums(pages: torch.Tensor) -> list[int]:

@@ -388,20 +388,21 @@ class FileStore(SharedStore):
             raise
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         folder = self._folders[pool]
+        flags = os.O_RDONLY | os.O_CLOEXEC
 
         def read(i: int) -> PageRead | None:
             key, row = keys[i], rows[i]
             header = bytearray(HEADER_SIZE)
             extra = bytearray(1)  # a longer file is torn too
             try:
-                fd = os.open(f"{folder}/{key}", os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(f"{folder}/{key}", flags)
             except FileNotFoundError:
                 return None
             try:  # one call: header, payload straight into its row, and any excess
-                got = os.preadv(fd, [header, row.numpy().data, extra], 0)
+                got = os.preadv(fd, [header, row, extra], 0)
             finally:
                 os.close(fd)
             record = decode_header(header)

@@ -35,8 +35,6 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
-
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
@@ -146,7 +144,7 @@ class RedisStore(SharedStore):
             self._pipelined(batch)
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         nbytes = len(rows[0]) if rows else 0
         per_chunk = max(1, _CHUNK_BYTES // max(1, nbytes))
@@ -163,7 +161,7 @@ class RedisStore(SharedStore):
                 record = decode_header(value)
                 if record is None or len(value) != HEADER_SIZE + nbytes:
                     raise TornPage(key)
-                row.numpy()[:] = memoryview(value)[HEADER_SIZE:]
+                row[:] = memoryview(value)[HEADER_SIZE:]
                 reads.append((record, page_checksum(row)))
         return reads
 
