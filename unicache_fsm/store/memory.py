@@ -15,9 +15,8 @@ primitive of `unicache_fsm.store.protocol` (see there for the contracts) and add
 - Optional capacity (pages, across pools), evicted from chain ends; queues, completions
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
   shared half of every backend, `unicache_fsm.store.base.BaseStore` (see there).
-- Data moves in batches: `read_pages` straight into the slab when the new rows are
-  contiguous (in groups of about 2 MiB, each checksummed while it is still in cache),
-  else one gather per offload transfer; one `write_pages` per load transfer.
+- Data moves in batches: one `read_pages` (into the slab itself when the new rows are
+  contiguous) per offload transfer and one `write_pages` per load transfer.
 - Inspection for tests and invariants: `num_pages`, `stored_bytes(pool, key)` (a live
   uint8 view; writing through it corrupts the page), `recent_jobs()` (finished store-side
   records, newest last), `check_invariants()`, `last_error`.
@@ -42,7 +41,6 @@ from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 __all__ = ["MemoryStore", "PageHeader"]
 
 _Ident = Ident
-_HOT_BYTES = 2 << 20  # offloads copy pages in groups of about this size, each checksummed hot
 
 
 @attrs.frozen
@@ -353,19 +351,12 @@ class MemoryStore(BaseStore["_Entry"]):
         start = int(rows[0])
         contiguous = int(rows[-1]) - start == n - 1
         if contiguous and pool.device.type == "cpu":
-            # in groups that fit in cache: each group is checksummed while still hot
-            p, group = pool.page_size, max(1, _HOT_BYTES // slab.page_nbytes)
-            sums: list[int] = []
-            for g in range(0, n, group):
-                dest = slab.data[start + g : start + min(n, g + group)]
-                shape = (dest.shape[0] * p, pool.num_layers, pool.width)
-                pool.read_pages(
-                    part.slots[g * p : (g + group) * p], out=dest.view(pool.dtype).view(shape)
-                )
-                sums += page_checksums(dest)
-            part.checksums = sums
-            return
-        got = pool.read_pages(part.slots).to("cpu")
-        data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
-        slab.data.index_copy_(0, rows, data)
+            dest = slab.data[start : start + n]
+            shape = (n * pool.page_size, pool.num_layers, pool.width)
+            pool.read_pages(part.slots, out=dest.view(pool.dtype).view(shape))
+            data = dest
+        else:
+            got = pool.read_pages(part.slots).to("cpu")
+            data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
+            slab.data.index_copy_(0, rows, data)
         part.checksums = page_checksums(data)
