@@ -217,6 +217,30 @@ class TestKVPoolBadInput:
         self.check(kv, call(slots.view(2, 4)), TensorShapeError)
 
 
+def test_large_cpu_pages_are_written_page_by_page_exactly() -> None:
+    """Pages of 16 KiB and more are written one copy per page: shuffled pages land
+    byte-exact, others are untouched, strided data works, a repeated page is refused
+    before a byte moves."""
+    kv = KVPool(8 * 4, 4, 4, 1024)  # 4 * 4 * 1024 float16 = 32 KiB pages
+    assert kv.page_nbytes == 32 << 10
+    gen = torch.Generator().manual_seed(9)
+    kv.data.copy_(torch.randn(kv.data.shape, generator=gen).to(kv.dtype))
+    before = kv.data.clone()
+    slots = slots_of([7, 2, 5], 4)
+    rows = torch.randn((12, 4, 1024), generator=gen).to(kv.dtype)
+    kv.write_pages(slots, rows)
+    assert torch.equal(kv.read_pages(slots), rows)
+    untouched = slots_of([1, 3, 4, 6, 8], 4)
+    assert torch.equal(kv.data[untouched], before[untouched])
+    strided = torch.randn((12, 4, 2048), generator=gen).to(kv.dtype)[:, :, ::2]
+    kv.write_pages(slots_of([3], 4), strided[:4])
+    assert torch.equal(kv.read_pages(slots_of([3], 4)), strided[:4])
+    now = kv.data.clone()
+    with pytest.raises(DuplicatePagesError):
+        kv.write_pages(slots_of([1, 1, 2], 4), rows)
+    assert torch.equal(kv.data, now)
+
+
 class TestHostPool:
     @pytest.mark.parametrize("page_size", PAGE_SIZES)
     def test_device_to_host_to_device_round_trip(self, page_size: int) -> None:
