@@ -217,6 +217,30 @@ class TestKVPoolBadInput:
         self.check(kv, call(slots.view(2, 4)), TensorShapeError)
 
 
+def test_large_cpu_pages_are_written_page_by_page_exactly() -> None:
+    """Pages of 16 KiB and more are written one copy per page: shuffled pages land
+    byte-exact, others are untouched, strided data works, a repeated page is refused
+    before a byte moves."""
+    kv = KVPool(8 * 4, 4, 4, 1024)  # 4 * 4 * 1024 float16 = 32 KiB pages
+    assert kv.page_nbytes == 32 << 10
+    gen = torch.Generator().manual_seed(9)
+    kv.data.copy_(torch.randn(kv.data.shape, generator=gen).to(kv.dtype))
+    before = kv.data.clone()
+    slots = slots_of([7, 2, 5], 4)
+    rows = torch.randn((12, 4, 1024), generator=gen).to(kv.dtype)
+    kv.write_pages(slots, rows)
+    assert torch.equal(kv.read_pages(slots), rows)
+    untouched = slots_of([1, 3, 4, 6, 8], 4)
+    assert torch.equal(kv.data[untouched], before[untouched])
+    strided = torch.randn((12, 4, 2048), generator=gen).to(kv.dtype)[:, :, ::2]
+    kv.write_pages(slots_of([3], 4), strided[:4])
+    assert torch.equal(kv.read_pages(slots_of([3], 4)), strided[:4])
+    now = kv.data.clone()
+    with pytest.raises(DuplicatePagesError):
+        kv.write_pages(slots_of([1, 1, 2], 4), rows)
+    assert torch.equal(kv.data, now)
+
+
 class TestHostPool:
     @pytest.mark.parametrize("page_size", PAGE_SIZES)
     def test_device_to_host_to_device_round_trip(self, page_size: int) -> None:
@@ -242,6 +266,31 @@ class TestHostPool:
         kv.write_pages(back, torch.zeros_like(rows))
         host.restore_to(kv, host_slots, back)  # ... and loaded back into fresh slots
         assert same_bytes(kv.read_pages(back), rows)
+
+    @pytest.mark.parametrize("page_size", [1, 16])
+    def test_large_pages_copy_page_by_page_exactly(self, page_size: int) -> None:
+        """Pages of 16 KiB and more move between two CPU pools page by page (one copy
+        each): random order, a source page backed up twice, bytes exact both ways; a
+        repeated destination page is refused before a byte moves."""
+        layers, width = 8, 1024 // page_size  # 16 KiB pages of float16
+        kv = KVPool(8 * page_size, page_size, layers, width)
+        host = HostKVPool.for_device_pool(kv, 8 * page_size)
+        assert kv.page_nbytes == 16 << 10
+        gen = torch.Generator().manual_seed(3)
+        kv.data.copy_(torch.randn(kv.data.shape, generator=gen).to(kv.dtype))
+        src = slots_of([5, 2, 7, 2], page_size)
+        dst = slots_of([1, 8, 3, 6], page_size)
+        host.backup_from(kv, src, dst)
+        assert torch.equal(host.read_pages(dst), kv.read_pages(src))
+        back = slots_of([4, 1, 8, 6], page_size)
+        host.restore_to(kv, dst, back)
+        assert torch.equal(kv.read_pages(back), host.read_pages(dst))
+        before = host.data.clone(), kv.data.clone()
+        with pytest.raises(DuplicatePagesError):
+            host.backup_from(kv, slots_of([1, 2], page_size), slots_of([3, 3], page_size))
+        with pytest.raises(DuplicatePagesError):
+            host.restore_to(kv, slots_of([1, 2], page_size), slots_of([3, 3], page_size))
+        assert torch.equal(host.data, before[0]) and torch.equal(kv.data, before[1])
 
     def test_pinning_needs_cuda(self) -> None:
         if torch.cuda.is_available():

@@ -8,12 +8,14 @@ import os
 import shutil
 import struct
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import torch
+import xxhash
 from hypothesis import settings
 from hypothesis.stateful import invariant, rule
 
@@ -30,13 +32,13 @@ from test_store_memory import (
 )
 from unicache_fsm.pools.transfer import InvalidPageKeyError, PoolName, PoolTransfer
 from unicache_fsm.store import ExternalStore, LoadBatchResult, StoreConfigError
+from unicache_fsm.store.checksum import page_checksum, page_checksums
 from unicache_fsm.store.file import MARKER, FileStore
 from unicache_fsm.store.pageformat import (
     HEADER_SIZE,
-    WEIGHT_SEED,
+    VERSION,
     decode_header,
     encode_header,
-    page_checksums,
 )
 from unicache_fsm.testing.store_machine import StoreMachine
 
@@ -359,31 +361,75 @@ def test_a_page_is_renamed_into_place_only_after_its_bytes_are_fsynced(
 # -- the page format ---------------------------------------------------------------------------
 
 
-def _reference_checksum(data: bytes) -> int:
-    """The format's checksum, written out plainly: splitmix64 weights, a dot mod 2**64."""
-    m, x, total = 1 << 64, WEIGHT_SEED, 0
-    for (word,) in struct.iter_unpack("<Q", data):
-        x = (x + 0x9E3779B97F4A7C15) % m
-        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % m
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % m
-        total += word * ((z ^ (z >> 31)) | 1)
-    return total % m
-
-
-def test_checksum_is_pinned_and_sensitive() -> None:
-    page = torch.arange(64, dtype=torch.uint8).view(1, 64)
-    (golden,) = page_checksums(page)
-    assert golden == 0xD522970E83FBFF80  # the format's checksum must never drift
+def test_checksum_is_xxh3_64_and_pinned() -> None:
+    """The page checksum is XXH3-64 (seed 0) of the page bytes: the published value for
+    empty input, a golden value that must never drift, the same whether the bytes are
+    read in place or copied out, and sensitive to every bit."""
+    assert page_checksum(torch.empty(0, dtype=torch.uint8)) == 0x2D06800538D394C2
+    page = torch.arange(64, dtype=torch.uint8)
+    golden = page_checksum(page)
+    assert golden == 0x6187EB9089B0ED55  # the format's checksum must never drift
     rows = torch.randint(
         0, 256, (3, 4096), dtype=torch.uint8, generator=torch.Generator().manual_seed(5)
     )
-    assert page_checksums(rows) == [_reference_checksum(bytes(r.tolist())) for r in rows]
-    for i in (0, 17, 63):
-        flipped = page.clone()
-        flipped[0, i] ^= 1
-        assert page_checksums(flipped) != [golden]
-    odd = torch.arange(13, dtype=torch.uint8).view(1, 13)
-    assert page_checksums(odd)[0] != page_checksums(odd.flip(1))[0]
+    sums = page_checksums(rows)
+    assert sums == [page_checksum(r) for r in rows]
+    assert sums == [xxhash.xxh3_64_intdigest(bytes(r.tolist())) for r in rows]
+    assert len(set(sums)) == 3
+    # a strided view hashes its own bytes, not the memory underneath it
+    assert page_checksums(rows.t()[:2]) == [
+        xxhash.xxh3_64_intdigest(bytes(c.tolist())) for c in rows.t()[:2]
+    ]
+    assert page_checksums(torch.empty(0, 8, dtype=torch.uint8)) == []
+    for i in range(64):
+        for bit in (0x01, 0x80):
+            flipped = page.clone()
+            flipped[i] ^= bit
+            assert page_checksum(flipped) != golden, f"a flipped bit at byte {i} went unnoticed"
+    odd = torch.arange(13, dtype=torch.uint8)
+    assert page_checksum(odd) != page_checksum(odd.flip(0))
+
+
+def as_version(value: bytes, version: int) -> bytes:
+    """`value` (a stored page) as a writer of format `version` would have labelled it: the
+    version field changed and the header's CRC made valid again, nothing else."""
+    raw = bytearray(value)
+    struct.pack_into("<H", raw, 8, version)
+    struct.pack_into("<I", raw, 12, 0)
+    struct.pack_into("<I", raw, 12, zlib.crc32(raw[:HEADER_SIZE]))
+    return bytes(raw)
+
+
+def test_a_header_of_another_format_version_is_refused() -> None:
+    raw = encode_header("ab" * 32, None, KV, 4096, 7)
+    assert decode_header(as_version(raw, VERSION)) is not None  # the helper alone is harmless
+    assert VERSION == 2
+    for version in (0, 1, 3, 0xFFFF):
+        assert decode_header(as_version(raw, version)) is None, version
+
+
+def test_pages_of_the_old_format_version_are_never_served(tmp_path: Path) -> None:
+    """Pages written as format version 1 (whose checksum was another function): a load
+    refuses them with nothing written and deletes them; opening the directory discards
+    them as torn."""
+    rig = Rig()
+    store = _open(tmp_path / "s", rig)
+    keys, _ = _offload(store, rig, 4)
+    paths = [store.path_of(KV, k) for k in keys]
+    paths[3].write_bytes(as_version(paths[3].read_bytes(), 1))
+    dst = rig.alloc(KV, 1)
+    before = rig.read(KV, dst).clone()
+    assert store.contains(KV, keys[3])
+    assert not load_now(store, "r", [PoolTransfer(KV, dst, keys[3:])])
+    assert torch.equal(rig.read(KV, dst), before)
+    assert not paths[3].exists() and not store.contains(KV, keys[3])
+    store.close()
+    paths[2].write_bytes(as_version(paths[2].read_bytes(), 1))
+    again = _open(tmp_path / "s", rig)
+    assert again.recovered.discarded == (f"kv/{keys[2]}",)
+    assert again.lookup("r", kv_lookup(keys)) == [1, 2]
+    again.check_invariants()
+    again.close()
 
 
 def test_headers_round_trip_and_reject_any_damage() -> None:
@@ -624,11 +670,8 @@ def _never_renamed(monkeypatch: pytest.MonkeyPatch) -> None:
 def _pages_read_into_the_wrong_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     read = FileStore._read
 
-    def shifted(self: FileStore, pool: PoolName, keys: Any, staging: torch.Tensor) -> Any:
-        records = read(self, pool, keys, staging)
-        if len(keys) > 1:
-            staging.copy_(staging.roll(1, 0))
-        return records
+    def shifted(self: FileStore, pool: PoolName, keys: Any, rows: list[memoryview]) -> Any:
+        return read(self, pool, keys, [*rows[1:], *rows[:1]])  # page i lands in row i - 1
 
     monkeypatch.setattr(FileStore, "_read", shifted)
 
@@ -637,8 +680,8 @@ def _pages_read_into_the_wrong_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     ("plant", "match"),
     [
         (_never_renamed, r"is False, but a successful offload stored it"),
-        # the store's own checksum turns the misplaced bytes into a failed load
-        (_pages_read_into_the_wrong_rows, r"failed, but every page of it was stored"),
+        # each page checks out as read, but lands in its neighbour's slots
+        (_pages_read_into_the_wrong_rows, r"reported success, but .* holds the bytes of page"),
     ],
 )
 def test_planted_file_store_bugs_are_caught(

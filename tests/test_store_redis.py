@@ -14,6 +14,7 @@ from hypothesis import settings
 from hypothesis.stateful import invariant
 
 from redis_helpers import REDIS_SKIP, flush, open_store, shared_server
+from test_store_file import as_version
 from test_store_memory import (
     KV,
     LargeRig,
@@ -98,8 +99,16 @@ class RedisStoreMachine(StoreMachine):
         return open_store(capacity_pages=self.capacity_pages, background=self.background)
 
     def corrupt(self, store: ExternalStore, pool: PoolName, key: str) -> None:
+        """Flip a byte of the page's value, if it is still there: the store works in the
+        background, so between the machine's `contains` and this call a load may have
+        read the page corrupt (an earlier flip) and deleted it, or an offload evicted it."""
         assert isinstance(store, RedisStore)
-        flip_value(store, pool, key)
+        name = store.key_of(pool, key)
+        value = store.client.get(name)
+        if value is not None:
+            damaged = bytearray(value)
+            damaged[HEADER_SIZE] ^= 0xFF
+            store.client.set(name, bytes(damaged), xx=True)  # xx: never re-create it
 
     @invariant()
     def no_swallowed_error(self) -> None:
@@ -331,6 +340,30 @@ def test_foreign_values_under_our_keys_are_never_served() -> None:
         assert not store.contains(KV, keys[i])
     assert store.lookup("r", kv_lookup(keys)) == [1]
     store.check_invariants()
+    store.close()
+    flush()
+
+
+def test_values_of_the_old_format_version_are_never_served() -> None:
+    """A value another client wrote as format version 1 (whose checksum was another
+    function), otherwise intact: the load fails with nothing written and the value is
+    deleted; the page before it still loads."""
+    rig = Rig()
+    store = open_store(background=False)
+    store.attach(rig.pools)
+    keys, src = _offload(store, rig, 3)
+    name = store.key_of(KV, keys[2])
+    value = store.client.get(name)
+    assert value is not None
+    store.client.set(name, as_version(value, 1), xx=True)
+    dst = rig.alloc(KV, 1)
+    before = rig.read(KV, dst).clone()
+    assert store.contains(KV, keys[2])
+    assert not load_now(store, "r", [PoolTransfer(KV, dst, keys[2:])])
+    assert torch.equal(rig.read(KV, dst), before)
+    assert not store.contains(KV, keys[2]) and store.client.get(name) is None
+    assert load_now(store, "r", [PoolTransfer(KV, dst, keys[1:2])])
+    assert torch.equal(rig.read(KV, dst), rig.read(KV, src[Rig.P : 2 * Rig.P]))
     store.close()
     flush()
 

@@ -14,10 +14,14 @@
 Host slots come from a CPU `PagedAllocator` of the same size and P. Both copies check
 both sides (slots, page counts, layout) before moving a byte; each moves the batch as
 one gather, one blocking device<->host transfer through a reusable staging buffer
-(pinned when the pool is, grown to the largest batch seen), and one scatter.
+(pinned when the pool is, grown to the largest batch seen), and one scatter; when both
+pools are on the CPU and pages are at least 16 KiB, each page is instead copied straight
+from its source page to its destination page (one copy, not a gather and a scatter).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -28,8 +32,17 @@ from unicache_fsm.pools.errors import (
     TensorTypeError,
 )
 from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.slots import SlotCodec
 
 __all__ = ["HostKVPool"]
+
+_IN_PLACE_BYTES = 16 << 10  # CPU<->CPU copies of pages this large go page by page
+
+
+def _page_rows(pool: KVPool) -> Any:
+    """`pool`'s pages as the rows of a uint8 NumPy array over its memory (no copy)."""
+    by_page = pool.data.view(-1, pool.page_size * pool.num_layers * pool.width)
+    return by_page.view(torch.uint8).numpy()
 
 
 class HostKVPool(KVPool):
@@ -92,6 +105,8 @@ class HostKVPool(KVPool):
     ) -> None:
         """Copy whole device pages `device_slots` into host pages `host_slots` (D -> H)."""
         self._check_pair(device_pool, device_slots, host_slots)
+        if self._copy_in_place(device_pool, device_slots, self, host_slots):
+            return
         staging = self._staging(device_slots.numel())
         if device_pool.device.type == "cpu":
             device_pool.read_pages(device_slots, out=staging)
@@ -105,11 +120,38 @@ class HostKVPool(KVPool):
     ) -> None:
         """Copy whole host pages `host_slots` back into device pages `device_slots` (H -> D)."""
         self._check_pair(device_pool, device_slots, host_slots)
+        if self._copy_in_place(self, host_slots, device_pool, device_slots):
+            return
         staging = self.read_pages(host_slots, out=self._staging(host_slots.numel()))
         if device_pool.device.type != "cpu":
             # Blocking upload: the staging buffer is reused by the next copy.
             staging = staging.to(device_pool.device)
         device_pool.write_pages(device_slots, staging)
+
+    @staticmethod
+    def _copy_in_place(
+        src: KVPool, src_slots: torch.Tensor, dst: KVPool, dst_slots: torch.Tensor
+    ) -> bool:
+        """Copy the pages page by page, each straight from its source page into its
+        destination page (one copy instead of a gather and a scatter), when both pools
+        are on the CPU and pages are large enough that a Python step per page costs
+        little; False (nothing moved) otherwise, or when a destination page repeats
+        (then the batched path raises its typed error before moving a byte)."""
+        if (
+            src.device.type != "cpu"
+            or dst.device.type != "cpu"
+            or src.page_nbytes < _IN_PLACE_BYTES
+            or src.page_nbytes % 8
+        ):
+            return False
+        dst_pages = dst.pages_of(dst_slots, "destination slots")
+        if SlotCodec.has_duplicates(dst_pages):
+            return False
+        src_pages = src.pages_of(src_slots, "source slots").tolist()
+        src_rows, dst_rows = _page_rows(src), _page_rows(dst)
+        for s, d in zip(src_pages, dst_pages.tolist(), strict=True):
+            dst_rows[d] = src_rows[s]
+        return True
 
     def _staging(self, num_slots: int) -> torch.Tensor:
         """A contiguous ``[num_slots, layers, width]`` view of the reusable buffer."""

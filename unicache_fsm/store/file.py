@@ -66,14 +66,10 @@ import torch
 
 from unicache_fsm.pools.transfer import PoolName, check_page_key
 from unicache_fsm.store.base import Ident
+from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import StoreOffload
-from unicache_fsm.store.pageformat import (
-    HEADER_SIZE,
-    decode_header,
-    page_checksum,
-    page_checksums,
-)
+from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import KnownPage, PageRead, PageWrite, SharedStore, TornPage
 
 __all__ = ["MARKER", "FileStore", "Recovery"]
@@ -268,8 +264,8 @@ class FileStore(SharedStore):
                     payload = bytearray(record.nbytes)
                     if f.readinto(payload) != record.nbytes:
                         return None
-                    page = torch.frombuffer(payload, dtype=torch.uint8).view(1, -1)
-                    if page_checksums(page) != [record.checksum]:
+                    page = torch.frombuffer(payload, dtype=torch.uint8)
+                    if page_checksum(page) != record.checksum:
                         return None
         except FileNotFoundError:
             return None
@@ -392,20 +388,21 @@ class FileStore(SharedStore):
             raise
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         folder = self._folders[pool]
+        flags = os.O_RDONLY | os.O_CLOEXEC
 
         def read(i: int) -> PageRead | None:
             key, row = keys[i], rows[i]
             header = bytearray(HEADER_SIZE)
             extra = bytearray(1)  # a longer file is torn too
             try:
-                fd = os.open(f"{folder}/{key}", os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(f"{folder}/{key}", flags)
             except FileNotFoundError:
                 return None
             try:  # one call: header, payload straight into its row, and any excess
-                got = os.preadv(fd, [header, row.numpy().data, extra], 0)
+                got = os.preadv(fd, [header, row, extra], 0)
             finally:
                 os.close(fd)
             record = decode_header(header)

@@ -4,10 +4,9 @@
 primitive of `unicache_fsm.store.protocol` (see there for the contracts) and adds:
 
 - Page bytes per (pool, key) in one growable CPU slab per pool (rows of one page), each
-  with a `PageHeader(key, pool, nbytes, checksum)`. The checksum is a 64-bit linear hash
-  (the page's 64-bit words dotted with fixed odd pseudo-random weights, mod 2**64: any
-  change of one word, and almost any reordering, changes it), computed for a whole
-  transfer in one vectorised op. A load verifies header and checksum of every page
+  with a `PageHeader(key, pool, nbytes, checksum)`. The checksum is the one every store
+  uses, `unicache_fsm.store.checksum.page_checksum` (XXH3-64 of the page's bytes, read
+  in place: one pass, no copy). A load verifies header and checksum of every page
   before writing it; a mismatch fails the batch (corrupt data is never written silently)
   and drops the bad page and the chain stored after it, so LOOKUP stops reporting them
   and the next request recomputes instead of loading them again (`rejected_pages`
@@ -34,6 +33,7 @@ import torch
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
+from unicache_fsm.store.checksum import page_checksums
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
@@ -41,7 +41,6 @@ from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 __all__ = ["MemoryStore", "PageHeader"]
 
 _Ident = Ident
-_CHECKSUM_SEED = 0x5EED_CAC4E
 
 
 @attrs.frozen
@@ -68,16 +67,13 @@ class _Slab:
     guards `free` (which rows hold no page).
     """
 
-    __slots__ = ("data", "free", "page_nbytes", "staging", "weights")
+    __slots__ = ("data", "free", "page_nbytes", "staging")
 
     def __init__(self, page_nbytes: int) -> None:
         self.page_nbytes = page_nbytes
         self.data = torch.empty((0, page_nbytes), dtype=torch.uint8)
         self.free = torch.zeros(0, dtype=torch.bool)
         self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
-        words = page_nbytes // 8 if page_nbytes % 8 == 0 else page_nbytes
-        gen = torch.Generator().manual_seed(_CHECKSUM_SEED)
-        self.weights = torch.randint(-(2**62), 2**62, (words,), generator=gen) | 1
 
     def reserve(self, n: int) -> torch.Tensor:
         """`n` free rows (ascending, contiguous when such a run exists), now taken."""
@@ -125,14 +121,6 @@ class _Slab:
         out = self.staging[:n]
         torch.index_select(self.data, 0, rows, out=out)
         return out, None
-
-    def checksums(self, pages: torch.Tensor) -> torch.Tensor:
-        """One 64-bit checksum per row of `pages` (``[n, page_nbytes]`` uint8, CPU)."""
-        if self.page_nbytes % 8 == 0 and pages.is_contiguous():
-            words = pages.view(torch.int64)
-        else:
-            words = pages.to(torch.int64)
-        return torch.mv(words, self.weights)
 
 
 @attrs.define(slots=True)
@@ -276,17 +264,16 @@ class MemoryStore(BaseStore["_Entry"]):
             return bad
         rows = torch.tensor([e.row for e in entries], dtype=torch.int64)
         data, order = slab.rows_of(rows)
-        expected = torch.tensor([e.header.checksum for e in entries], dtype=torch.int64)
+        expected = [e.header.checksum for e in entries]
         slots = ct.slots
         if order is not None:  # the bytes come in row order: send each page where it goes
-            expected = expected[order]
+            at = order.tolist()  # view row -> the transfer's page
+            expected = [expected[i] for i in at]
             slots = slots.view(-1, pool.page_size).index_select(0, order).view(-1)
-        mismatch = slab.checksums(data) != expected
-        if bool(mismatch.any()):
-            where = mismatch.nonzero().view(-1)
-            if order is not None:
-                where = order[where]  # view rows back to the transfer's page order
-            return sorted(int(i) for i in where.tolist())
+        got = page_checksums(data)
+        mismatch = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
+        if mismatch:
+            return sorted(at[i] for i in mismatch) if order is not None else mismatch
         n = len(entries) * pool.page_size
         pages = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
         pool.write_pages(slots, pages.to(pool.device))
@@ -372,4 +359,4 @@ class MemoryStore(BaseStore["_Entry"]):
             got = pool.read_pages(part.slots).to("cpu")
             data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
             slab.data.index_copy_(0, rows, data)
-        part.checksums = slab.checksums(data).tolist()
+        part.checksums = page_checksums(data)

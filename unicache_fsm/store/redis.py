@@ -35,11 +35,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
-
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
-from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header, page_checksum
+from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
 
 if TYPE_CHECKING:
@@ -145,7 +144,7 @@ class RedisStore(SharedStore):
             self._pipelined(batch)
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         nbytes = len(rows[0]) if rows else 0
         per_chunk = max(1, _CHUNK_BYTES // max(1, nbytes))
@@ -162,7 +161,7 @@ class RedisStore(SharedStore):
                 record = decode_header(value)
                 if record is None or len(value) != HEADER_SIZE + nbytes:
                     raise TornPage(key)
-                row.numpy()[:] = memoryview(value)[HEADER_SIZE:]
+                row[:] = memoryview(value)[HEADER_SIZE:]
                 reads.append((record, page_checksum(row)))
         return reads
 

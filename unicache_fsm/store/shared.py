@@ -10,7 +10,7 @@ synchronous protocol call):
 - `_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
   atomically per page, skipping keys already held (write-once); return only when all are;
 - `_read(pool, keys, rows) -> list[PageRead | None]` — read each page's payload into
-  its row (`rows[i]`, a 1-D uint8 CPU tensor of the page's length) and return its
+  its row (`rows[i]`, a writable byte `memoryview` of the page's length) and return its
   header with the `page_checksum` of the bytes read (None: the page is missing); a page
   whose value is not one whole page raises `TornPage`;
 - `_erase(pool, keys) -> int` — delete pages; the number that existed.
@@ -52,14 +52,10 @@ import torch
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
+from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
-from unicache_fsm.store.pageformat import (
-    PageRecord,
-    encode_header,
-    page_checksum,
-    page_checksums,
-)
+from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
@@ -104,7 +100,7 @@ class SharedStore(BaseStore[KnownPage]):
         raise NotImplementedError
 
     def _read(
-        self, pool: PoolName, keys: Sequence[str], rows: Sequence[torch.Tensor]
+        self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         raise NotImplementedError
 
@@ -244,7 +240,7 @@ class SharedStore(BaseStore[KnownPage]):
             header = encode_header(
                 ct.keys[i], parent[1] if parent else None, ct.pool, pool.page_nbytes, sums[row]
             )
-            pages.append((ct.keys[i], header, data[row].numpy().data))
+            pages.append((ct.keys[i], header, data[row]))
         self._write(ct.pool, pages)
         written.extend(
             ((ct.pool, ct.keys[i]), KnownPage(new.parents[row], pool.page_nbytes))
@@ -303,7 +299,7 @@ class SharedStore(BaseStore[KnownPage]):
         rows = _page_views(ct.pages.tolist(), pool)  # large CPU pages: in place
         if rows is None:
             staging = self._staging_for(n, nbytes)
-            rows = list(staging)
+            rows = [row.data for row in staging.numpy()]
         try:
             reads = self._read(ct.pool, ct.keys, rows)
         except TornPage as torn:
@@ -334,31 +330,32 @@ _VIEW_BYTES = 64 << 10  # pages at least this large are read in place, not gathe
 
 def _source_pages(
     ct: CheckedTransfer, indices: list[int], pool: KVPool
-) -> tuple[list[torch.Tensor], list[int]]:
-    """The bytes of the chosen pages (one 1-D uint8 CPU tensor each) and their checksums.
+) -> tuple[list[memoryview], list[int]]:
+    """The bytes of the chosen pages (one byte `memoryview` each) and their checksums.
 
     Large pages of a CPU pool are views of the pool itself (no copy: the caller keeps
     the source slots unchanged while the offload is pending); small pages, and pages on
-    another device, are gathered in one `read_pages` and checksummed in one op."""
+    another device, are gathered in one `read_pages` first."""
     p, n, nbytes = pool.page_size, len(indices), pool.page_nbytes
     pages = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(indices)]
     views = _page_views(pages.tolist(), pool)
-    if views is not None:
-        return views, [page_checksum(v) for v in views]
-    slots = ct.slots
-    if n != len(ct.keys):
-        index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
-        slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
-    data = pool.read_pages(slots).to("cpu").view(torch.uint8).reshape(n, nbytes)
-    return list(data), page_checksums(data)
+    if views is None:
+        slots = ct.slots
+        if n != len(ct.keys):
+            index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
+            slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
+        data = pool.read_pages(slots).to("cpu").view(torch.uint8).reshape(n, nbytes)
+        views = [row.data for row in data.numpy()]
+    return views, [page_checksum(v) for v in views]
 
 
-def _page_views(pages: list[int], pool: KVPool) -> list[torch.Tensor] | None:
-    """Each page of `pool` as a 1-D uint8 view of the pool itself, when pages are large
+def _page_views(pages: list[int], pool: KVPool) -> list[memoryview] | None:
+    """Each page of `pool` as a byte `memoryview` of the pool itself, when pages are large
     and the pool is on the CPU (reading or writing them in place saves a copy); None
     otherwise (small pages move faster gathered in one op)."""
     nbytes = pool.page_nbytes
     if pool.device.type != "cpu" or nbytes < _VIEW_BYTES or nbytes % 8:
         return None
     by_page = pool.data.view(-1, pool.page_size * pool.num_layers * pool.width)
-    return [by_page[page].view(torch.uint8) for page in pages]
+    rows = by_page.view(torch.uint8).numpy()
+    return [rows[page].data for page in pages]
