@@ -304,19 +304,18 @@ def vs_sglang(args: argparse.Namespace) -> int:
     quick = args.quick
     rounds = args.rounds or (2 if quick else 3)
     req = args.requests or (300 if quick else 1_500)
+    how = "ON on every side (SGLang: tree_core.enable_storage)" if hashing else "OFF on every side"
     print(
         f"bench_tree --vs-sglang: SGLang {vs.SGLANG_VERSION}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} CPU threads; {rust_note}; page hashing "
-        f"{'ON on every side (SGLang: tree_core.enable_storage)' if hashing else 'OFF on every side'}; "
+        f"{how}; "
         f"project at its default config (slot ownership check on); {rounds} interleaved "
         "rounds, fresh caches each; ratio = SGLang's time / the project's (> 1: the "
         "project is faster), median (min-max over rounds); times: median us per request "
         "in the tree calls"
     )
     print()
-    cases = [
-        vs.Case(shape, p, 256, 100, req) for shape in vs.SHAPES for p in (1, 16)
-    ]
+    cases = [vs.Case(shape, p, 256, 100, req) for shape in vs.SHAPES for p in (1, 16)]
     rows = []
     for case, t in vs.compare(sg, cases, rounds, hashing, backends):
         rows.append(
@@ -335,9 +334,9 @@ def vs_sglang(args: argparse.Namespace) -> int:
     lengths = (256, 2_048) if quick else (256, 2_048, 8_192)
     long_req = max(100, req // 4)
     cases = [vs.Case("scheduler", 16, n, 20, long_req) for n in lengths]
-    rows = []
+    rows2: list[tuple[str, ...]] = []
     for case, t in vs.compare(sg, cases, rounds, hashing, backends):
-        rows.append(
+        rows2.append(
             (
                 f"{case.prompt_len + vs.UNIQUE_LEN:,}",
                 vs.us(t, "project"),
@@ -347,11 +346,11 @@ def vs_sglang(args: argparse.Namespace) -> int:
                 vs.ratio_cells(t, "sglang-rs"),
             )
         )
-    header = ("key tokens", "project us", "sglang-py us", "sglang-rs us", "vs Python", "vs Rust")
+    header2 = ("key tokens", "project us", "sglang-py us", "sglang-rs us", "vs Python", "vs Rust")
     _print_table(
         f"key length, scheduler shape, P = 16, 20 shared prompts, {long_req:,} requests",
-        header,
-        rows,
+        header2,
+        rows2,
     )
     return 0
 

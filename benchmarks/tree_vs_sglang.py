@@ -35,6 +35,7 @@ the median ratio and its spread (min - max over rounds).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import random
@@ -91,12 +92,23 @@ def load_sglang() -> dict[str, Any]:
         raise SglangUnavailableError(msg) from exc
     finally:
         logging.disable(previous)
-    return dict(locals())
+    return {
+        "TokenToKVPoolAllocator": TokenToKVPoolAllocator,
+        "PagedTokenToKVPoolAllocator": PagedTokenToKVPoolAllocator,
+        "SgInsert": SgInsert,
+        "MatchPrefixParams": MatchPrefixParams,
+        "CacheInitParams": CacheInitParams,
+        "MHATokenToKVPool": MHATokenToKVPool,
+        "ReqToTokenPool": ReqToTokenPool,
+        "RadixKey": RadixKey,
+        "ComponentType": ComponentType,
+        "UnifiedRadixCache": UnifiedRadixCache,
+        "ServerArgs": ServerArgs,
+        "set_global_server_args_for_scheduler": set_global_server_args_for_scheduler,
+    }
 
 
-def make_keys(
-    requests: int, prompts: int, prompt_len: int, seed: int = 0
-) -> list[tuple[int, ...]]:
+def make_keys(requests: int, prompts: int, prompt_len: int, seed: int = 0) -> list[tuple[int, ...]]:
     """`requests` keys: one of `prompts` shared prompts, then 64 unique tokens."""
     rng = random.Random(seed)
     heads = [tuple(rng.randrange(1, 50_000) for _ in range(prompt_len)) for _ in range(prompts)]
@@ -283,9 +295,9 @@ def compare(
         p = case.page_size
         need = case.prompts * case.prompt_len + case.requests * (case.prompt_len + UNIQUE_LEN)
         pool = -(-need // p) * p + 4 * p
-        makers: list[Callable[[], Any]] = [lambda: ProjectSide(p, pool, hashing)]
+        makers: list[Callable[[], Any]] = [functools.partial(ProjectSide, p, pool, hashing)]
         for b in backends:
-            makers.append(lambda b=b: SglangSide(sg, b, p, pool, hashing))
+            makers.append(functools.partial(SglangSide, sg, b, p, pool, hashing))
         times: dict[str, list[float]] = {}
         # warm-up: a short run of each side (dispatches, lazy imports)
         for make in makers:

@@ -30,7 +30,7 @@ import torch
 from unicache_fsm import hashing
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.errors import TreeConsistencyError
-from unicache_fsm.tree.walk import child_key
+from unicache_fsm.tree.walk import child_key, pack_key
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
@@ -113,6 +113,8 @@ def _check_node(tree: RadixTree, node: TreeNode, findings: list[str]) -> None:
         findings.append(f"{nid}: slots of {foreign} without that component in the tree")
     for c in tree.components:
         c.audit_node(node, findings)
+    if node.packed != pack_key(node.key, tree.key_format):
+        findings.append(f"{nid}: packed key disagrees with its key")
     if node.hashes is not None:
         prior = node.namespace if parent.parent is None else parent.last_hash()
         if parent.parent is not None and parent.hashes is None:

@@ -60,7 +60,7 @@ from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.offload import Offloads
 from unicache_fsm.tree.params import InsertParams, InsertResult, MatchResult, as_key
 from unicache_fsm.tree.residency import ExecutorKind, Residency, ResidencyTrigger
-from unicache_fsm.tree.walk import check_aligned, child_key, common_len
+from unicache_fsm.tree.walk import check_aligned, child_key, pack_key, packed_common_len
 
 __all__ = ["RadixTree", "TreeConfig"]
 
@@ -123,6 +123,13 @@ class RadixTree(HostTier, Offloads):
         self._cut_hooks = self._overriding("cut_match")
         self._insert_end_hooks = self._overriding("after_insert")
         self._overlap_order = tuple(reversed(self.components))
+        # keys are packed once (u32 when hashing: the hash input; int64 otherwise) and
+        # compared packed; the last key packed is kept, so a match then an insert of
+        # the same key object (a scheduler's step) packs it once
+        self.key_format = "I" if self.config.hash_pages else "q"
+        self.key_width = 4 if self.config.hash_pages else 8
+        self._packed_key: tuple[int, ...] | None = None
+        self._packed = b""
 
     # -- helpers -----------------------------------------------------------------------
     def _overriding(self, hook: str) -> tuple[TreeComponent, ...]:
@@ -130,24 +137,31 @@ class RadixTree(HostTier, Offloads):
         base = getattr(TreeComponent, hook)
         return tuple(c for c in self.components if getattr(type(c), hook) is not base)
 
-    def _hashes_for(
-        self, parent: TreeNode, key: tuple[int, ...], ns: str | None
-    ) -> list[str] | None:
+    def _pack(self, key: tuple[int, ...]) -> bytes:
+        """`key` packed (`walk.pack_key`); a typed error, nothing changed, on a bad token."""
+        if key is not self._packed_key:
+            self._packed = pack_key(key, self.key_format)
+            self._packed_key = key
+        return self._packed
+
+    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> list[bytes] | None:
+        """The raw page digests of a new child of `parent` whose packed key is `packed`."""
         if not self.config.hash_pages:
             return None
         if parent.parent is None:
-            prior = ns
+            prior = hashing.prior_digest(ns)
         else:
-            if parent.hashes is None:
+            if not parent.digests:
                 return None
-            prior = parent.last_hash()
-        return hashing.page_hashes(key, self.page_size, prior)
+            prior = parent.digests[-1]
+        return hashing.page_digests(packed, self.page_size, prior)
 
     # -- match -------------------------------------------------------------------------
     def match_prefix(
         self, key: Sequence[int] | torch.Tensor, namespace: str | None = None
     ) -> MatchResult:
         key = as_key(key)
+        packed, width = self._pack(key), self.key_width
         p = self.page_size
         usable = len(key) // p * p
         node, pos = self.root, 0
@@ -156,7 +170,7 @@ class RadixTree(HostTier, Offloads):
             child = node.children.get(child_key(node, key, pos, namespace, p))
             if child is None or not child.device_resident:
                 break
-            m = common_len(child.key, key, pos, usable, p)
+            m = packed_common_len(child, packed, pos, usable, p, width)
             if m < len(child.key):
                 child = self.split(child, m)
             path.append(child)
@@ -167,7 +181,7 @@ class RadixTree(HostTier, Offloads):
             child = probe.children.get(child_key(probe, key, hpos, namespace, p))
             if child is None or not (child.evicted and child.backuped):
                 break
-            m = common_len(child.key, key, hpos, usable, p)
+            m = packed_common_len(child, packed, hpos, usable, p, width)
             if m < len(child.key):
                 break  # a partial host hit would need a split of an evicted node; skip it
             host_len, host_node, probe, hpos = host_len + m, child, child, hpos + m
@@ -182,7 +196,7 @@ class RadixTree(HostTier, Offloads):
         if not path:
             for c in self._match_end_hooks:
                 c.after_match(self.root)
-            return MatchResult(self._empty, self.root, host_len, host_node)
+            return MatchResult(0, self.root, host_len, host_node, self.backbone_type, self.device)
         # the kept end node is used now; each ancestor a hair older (it stays behind
         # its child in LRU order, ahead of everything used before)
         self.clock += 1
@@ -192,10 +206,10 @@ class RadixTree(HostTier, Offloads):
             stamp -= ANCESTOR_STEP
         for c in self._match_end_hooks:
             c.after_match(path[-1])
-        bk = self.backbone_type
-        parts = [n.data[bk] for n in path]
-        indices = parts[0].clone() if len(parts) == 1 else torch.cat(parts)  # never the tree's
-        return MatchResult(indices, path[-1], host_len, host_node)
+        end = path[-1]
+        return MatchResult(
+            end.start + len(end.key), end, host_len, host_node, self.backbone_type, self.device
+        )
 
     # -- insert ------------------------------------------------------------------------
     def _check_insert(self, params: InsertParams) -> None:
@@ -224,8 +238,8 @@ class RadixTree(HostTier, Offloads):
         tail = value[params.prev_prefix_len :]
         if self.config.check_slots:
             self.allocator.check_live(tail, "insert value")
-        if self.config.hash_pages:  # hashing errors must come before any change
-            hashing.check_tokens(key)
+        self._pack(key)  # token errors must come before any change
+        if self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
             c.check_insert(params, tail)
@@ -233,6 +247,7 @@ class RadixTree(HostTier, Offloads):
     def insert(self, params: InsertParams) -> InsertResult:
         self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
+        packed, width = self._pack(key), self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
         ctx = InsertContext(params, value, result)
@@ -245,7 +260,7 @@ class RadixTree(HostTier, Offloads):
                 break
             self.clock += 1
             child.last_access = self.clock
-            m = common_len(child.key, key, pos, n, p)
+            m = packed_common_len(child, packed, pos, n, p, width)
             if m < len(child.key):
                 child = self.split(child, m)
             end = pos + m
@@ -267,7 +282,8 @@ class RadixTree(HostTier, Offloads):
                 start=pos,
                 parent=node,
                 namespace=ns,
-                hashes=self._hashes_for(node, key[pos:], ns),
+                digests=self._digests_for(node, packed[pos * width :], ns),
+                packed=packed[pos * width :],
                 last_access=self.clock + 1,
             )
             self.clock += 1
@@ -299,7 +315,7 @@ class RadixTree(HostTier, Offloads):
                 if (
                     threshold is not None
                     and node.hit_count >= threshold
-                    and node.hashes is not None
+                    and node.digests is not None
                     and not node.external_cache_stored
                     and not node.offloading
                     and node.id not in chosen
@@ -325,7 +341,8 @@ class RadixTree(HostTier, Offloads):
             parent=parent,
             namespace=node.namespace,
             host=None if node.host is None else node.host[:k],
-            hashes=None if node.hashes is None else node.hashes[:pages],
+            digests=None if node.digests is None else node.digests[:pages],
+            packed=node.packed[: k * self.key_width],
             lock_ref=node.lock_ref,
             hit_count=node.hit_count,
             last_access=node.last_access,
@@ -344,8 +361,9 @@ class RadixTree(HostTier, Offloads):
         node.start += k
         if node.host is not None:
             node.host = node.host[k:]
-        if node.hashes is not None:
-            node.hashes = node.hashes[pages:]
+        if node.digests is not None:
+            node.digests = node.digests[pages:]
+        node.packed = node.packed[k * self.key_width :]
         node.parent = top
         self.link(node)
         return top
