@@ -108,7 +108,9 @@ class RadixTree(HostTier, Offloads):
         self.kv_pool = kv_pool
         self.host_pool = host_pool
         self.host_allocator = host_allocator
-        self.residency = Residency(self.config.executor)
+        self.evict_heap = []
+        self.node_count = 0
+        self.residency = Residency(self.config.executor, on_fire=self.note_evictable)
         self.node_ids = itertools.count(1)
         self.clock = 0
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -206,6 +208,7 @@ class RadixTree(HostTier, Offloads):
             stamp -= ANCESTOR_STEP
         for c in self._match_end_hooks:
             c.after_match(path[-1])
+        self.note_evictable(path[-1])  # its ancestors lead to it: none is a leaf
         end = path[-1]
         return MatchResult(
             end.start + len(end.key), end, host_len, host_node, self.backbone_type, self.device
@@ -302,6 +305,8 @@ class RadixTree(HostTier, Offloads):
             self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
         if not params.chunked:
             self._count_hits(walked, result)
+        for w in walked:  # new stamps (splits were noted in `split`)
+            self.note_evictable(w)
         return result
 
     def _count_hits(self, walked: list[TreeNode], result: InsertResult) -> None:
@@ -366,6 +371,7 @@ class RadixTree(HostTier, Offloads):
         node.packed = node.packed[k * self.key_width :]
         node.parent = top
         self.link(node)
+        self.note_evictable(node)  # new stamps; `top` has `node` below it
         return top
 
     def path_slots(self, node: TreeNode, stop: TreeNode | None = None) -> torch.Tensor:
