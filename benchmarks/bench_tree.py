@@ -17,7 +17,7 @@ whole loop (allocation and `torch.cat` included), and tokens/s of `match_prefix`
 of `insert` separately; then the round-1 absolute targets (>= 35k ops/s at P = 16, >= 25k
 at P = 1, on 2 cores) as met / MISSED; then eviction: microseconds per evicted node
 with 1k, 10k and 100k nodes cached (10k at most with ``--quick``), one leaf per
-`evict` call, each figure's ratio to the 1k one (the target: within 1.5x).
+`evict` call (best of three blocks), each figure's ratio to the 1k one (the target: within 1.5x).
 A benchmark, not a test: nothing asserts a time.
 """
 
@@ -132,14 +132,17 @@ def eviction_us_per_node(cached: int, page_size: int = 16, evictions: int = 300)
         tree.match_prefix(key)
     gc.collect()
     clock = time.perf_counter
-    evicted = 0
-    t0 = clock()
-    for _ in range(evictions):
-        got = tree.evict(EvictParams(num_tokens=p))
-        evicted += got.num_tokens // p
-    elapsed = clock() - t0
-    assert evicted >= evictions, "every call must evict one leaf"
-    return elapsed / evicted * 1e6
+    best = float("inf")
+    for _ in range(3):  # best of three blocks: the figure least disturbed by other load
+        evicted = 0
+        t0 = clock()
+        for _ in range(evictions // 3):
+            got = tree.evict(EvictParams(num_tokens=p))
+            evicted += got.num_tokens // p
+        elapsed = clock() - t0
+        assert evicted >= evictions // 3, "every call must evict one leaf"
+        best = min(best, elapsed / evicted * 1e6)
+    return best
 
 
 def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
