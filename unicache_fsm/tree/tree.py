@@ -125,6 +125,12 @@ class RadixTree(HostTier, Offloads):
         self._cut_hooks = self._overriding("cut_match")
         self._insert_end_hooks = self._overriding("after_insert")
         self._overlap_order = tuple(reversed(self.components))
+        # an insert's duplicates are slices of its checked tail: only FULL frees them
+        self._prevalidated_frees = (
+            self.config.check_slots
+            and type(allocator) is PagedAllocator
+            and len(self.components) == 1
+        )
         # keys are packed once (u32 when hashing: the hash input; int64 otherwise) and
         # compared packed; the last key packed is kept, so a match then an insert of
         # the same key object (a scheduler's step) packs it once
@@ -302,7 +308,16 @@ class RadixTree(HostTier, Offloads):
                 c.after_insert(node)
         parts = [t for t in ctx.to_free if t.numel()]
         if parts:  # the caller's slots the tree did not take (with any peers they map to)
-            self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
+            dups = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if self._prevalidated_frees:
+                # FULL alone over a plain allocator: every duplicate lies in the tail
+                # `check_live` validated before the walk (whole, distinct, allocated
+                # pages), so release those pages without validating them twice
+                allocator = self.allocator
+                assert isinstance(allocator, PagedAllocator)
+                allocator.release_pages(dups if p == 1 else dups[::p] // p)
+            else:
+                self.allocator.free(dups)
         if not params.chunked:
             self._count_hits(walked, result)
         for w in walked:  # new stamps (splits were noted in `split`)
