@@ -320,8 +320,8 @@ class RadixTree(HostTier, Offloads):
                 self.allocator.free(dups)
         if not params.chunked:
             self._count_hits(walked, result)
-        for w in walked:  # new stamps (splits were noted in `split`)
-            self.note_evictable(w)
+        if walked:  # new stamps; only the last node walked can be a leaf (each other
+            self.note_evictable(walked[-1])  # one has the next below it; splits noted theirs)
         return result
 
     def _count_hits(self, walked: list[TreeNode], result: InsertResult) -> None:
