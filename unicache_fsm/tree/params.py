@@ -126,10 +126,10 @@ class MatchResult:
 
     prefix_len: int
     last_device_node: TreeNode = attrs.field(eq=False)
+    backbone: ComponentType = attrs.field(eq=False)  # the tree's backbone component
+    device: torch.device = attrs.field(eq=False)  # the tree's device
     host_hit_length: int = 0
     last_host_node: TreeNode | None = attrs.field(default=None, eq=False)
-    backbone: ComponentType = attrs.field(default=ComponentType.FULL, eq=False)
-    device: torch.device = attrs.field(factory=lambda: torch.device("cpu"), eq=False)
 
     @property
     def device_indices(self) -> torch.Tensor:

@@ -170,6 +170,7 @@ class RadixTree(HostTier, Offloads):
     ) -> MatchResult:
         key = as_key(key)
         packed, width = self._pack(key), self.key_width
+        bk = self.backbone_type
         p = self.page_size
         usable = len(key) // p * p
         node, pos = self.root, 0
@@ -204,7 +205,7 @@ class RadixTree(HostTier, Offloads):
         if not path:
             for c in self._match_end_hooks:
                 c.after_match(self.root)
-            return MatchResult(0, self.root, host_len, host_node, self.backbone_type, self.device)
+            return MatchResult(0, self.root, bk, self.device, host_len, host_node)
         # the kept end node is used now; each ancestor a hair older (it stays behind
         # its child in LRU order, ahead of everything used before)
         self.clock += 1
@@ -216,9 +217,7 @@ class RadixTree(HostTier, Offloads):
             c.after_match(path[-1])
         self.note_evictable(path[-1])  # its ancestors lead to it: none is a leaf
         end = path[-1]
-        return MatchResult(
-            end.start + len(end.key), end, host_len, host_node, self.backbone_type, self.device
-        )
+        return MatchResult(end.start + len(end.key), end, bk, self.device, host_len, host_node)
 
     # -- insert ------------------------------------------------------------------------
     def _check_insert(self, params: InsertParams) -> None:
