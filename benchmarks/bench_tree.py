@@ -1,7 +1,8 @@
 """Tree benchmark: insert + match throughput of `RadixTree` on a shared-prefix workload.
 
 Run ``python benchmarks/bench_tree.py`` (``--quick`` for a smoke run, ``--profile`` to
-print where the time goes). The workload: 10,000 requests,
+print where the time goes; ``--vs-sglang`` for the side-by-side comparison with SGLang
+0.5.23's own Python and Rust tree cores, see `tree_vs_sglang`). The workload: 10,000 requests,
 each one of 100 shared 256-token prompts followed by 64 tokens of its own, FULL only.
 Per request, as a scheduler does it without eviction:
 
@@ -14,7 +15,10 @@ P = 16, hashing on and off (`TreeConfig(hash_pages=...)`): insert + match ops/s 
 ops per request, over the time spent inside the two tree calls), the same over the
 whole loop (allocation and `torch.cat` included), and tokens/s of `match_prefix` and
 of `insert` separately; then the round-1 absolute targets (>= 35k ops/s at P = 16, >= 25k
-at P = 1, on 2 cores) as met / MISSED. A benchmark, not a test: nothing asserts a time.
+at P = 1, on 2 cores) as met / MISSED; then eviction: microseconds per evicted node
+with 1k, 10k and 100k nodes cached (10k at most with ``--quick``), one leaf per
+`evict` call (best of three blocks), each figure's ratio to the 1k one (the target: within 1.5x).
+A benchmark, not a test: nothing asserts a time.
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import attrs
 import torch
 
 from unicache_fsm.pools import PagedAllocator
-from unicache_fsm.tree import InsertParams, RadixTree, TreeConfig
+from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig
 
 __all__ = ["main"]
 
@@ -106,6 +111,40 @@ def run(
     return Row(page_size, hash_pages, len(keys), match_s, insert_s, loop_s, tokens)
 
 
+def eviction_us_per_node(cached: int, page_size: int = 16, evictions: int = 300) -> float:
+    """Microseconds per evicted node, one leaf per `evict` call, with `cached` leaves
+    (under 100 shared one-page prompts) in the tree and every other one touched since."""
+    p = page_size
+    rng = random.Random(cached)
+    prompts = [tuple(rng.randrange(1, 50_000) for _ in range(p)) for _ in range(100)]
+    alloc = PagedAllocator((cached + 200) * 2 * p, p)
+    tree = RadixTree(alloc)
+    keys = []
+    for i in range(cached):
+        key = prompts[i % 100] + tuple(range(100_000 + i * p, 100_000 + (i + 1) * p))
+        keys.append(key)
+        m = tree.match_prefix(key)
+        fresh = alloc.alloc(len(key) - m.prefix_len)
+        assert fresh is not None
+        value = torch.cat([m.device_indices, fresh]) if m.prefix_len else fresh
+        tree.insert(InsertParams(key, value, prev_prefix_len=m.prefix_len))
+    for key in keys[::2]:  # an LRU order that is not the insertion order
+        tree.match_prefix(key)
+    gc.collect()
+    clock = time.perf_counter
+    best = float("inf")
+    for _ in range(3):  # best of three blocks: the figure least disturbed by other load
+        evicted = 0
+        t0 = clock()
+        for _ in range(evictions // 3):
+            got = tree.evict(EvictParams(num_tokens=p))
+            evicted += got.num_tokens // p
+        elapsed = clock() - t0
+        assert evicted >= evictions // 3, "every call must evict one leaf"
+        best = min(best, elapsed / evicted * 1e6)
+    return best
+
+
 def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(title)
@@ -136,11 +175,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile", action="store_true", help="also print a cProfile of each page size"
     )
     parser.add_argument(
+        "--vs-sglang",
+        action="store_true",
+        help="compare with SGLang 0.5.23's Python and Rust tree cores (needs SGLang)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="--vs-sglang: interleaved rounds per case"
+    )
+    parser.add_argument(
+        "--hashing",
+        choices=("on", "off"),
+        default="on",
+        help="--vs-sglang: page hashing on both sides or off on both",
+    )
+    parser.add_argument(
         "--no-slot-check",
         action="store_true",
         help="TreeConfig(check_slots=False): skip the per-insert slot ownership check",
     )
     args = parser.parse_args(argv)
+    if args.vs_sglang:
+        return vs_sglang(args)
     num = args.requests or (1_000 if args.quick else 10_000)
     repeat = args.repeat or (1 if args.quick else 3)
     keys = workload(num)
@@ -204,10 +259,102 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("P", "hashing", "ops/s", "target", "ratio", "verdict"),
         target_rows,
     )
+    sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    evict_us = {n: eviction_us_per_node(n) for n in sizes}
+    base = evict_us[sizes[0]]
+    _print_table(
+        "eviction, P = 16: one leaf per evict call (target: each within 1.5x of the 1k figure)",
+        ("cached nodes", "us per evicted node", "vs 1k", "verdict"),
+        [
+            (
+                f"{n:,}",
+                f"{u:.1f}",
+                f"{u / base:.2f}x",
+                "met" if u <= 1.5 * base else "MISSED",
+            )
+            for n, u in evict_us.items()
+        ],
+    )
     if args.profile:
         for page_size in (16, 1):
             print(f"cProfile, P = {page_size}, hashing on, top 25 by internal time")
             print(profile(keys, page_size, True, 25))
+    return 0
+
+
+def vs_sglang(args: argparse.Namespace) -> int:
+    """The side-by-side tables (see `tree_vs_sglang`); 0 with a note when SGLang is absent."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import tree_vs_sglang as vs
+
+    try:
+        sg = vs.load_sglang()
+    except vs.SglangUnavailableError as exc:
+        print(f"bench_tree --vs-sglang: skipped: {exc}")
+        return 0
+    backends = ["python"]
+    try:
+        vs.SglangSide(sg, "rust", 16, 1024, False)
+        backends.append("rust")
+        rust_note = "SGLang's Rust tree core: loaded"
+    except Exception as exc:  # no bundled extension, no toolchain: say so
+        rust_note = f"SGLang's Rust tree core: NOT available ({exc!r:.200})"
+    hashing = args.hashing == "on"
+    problem = vs.hashes_agree(sg, 16) if hashing else None
+    if problem is not None:
+        print(f"bench_tree --vs-sglang: hashing is not equal on both sides: {problem}")
+        return 1
+    quick = args.quick
+    rounds = args.rounds or (2 if quick else 3)
+    req = args.requests or (300 if quick else 1_500)
+    how = "ON on every side (SGLang: tree_core.enable_storage)" if hashing else "OFF on every side"
+    print(
+        f"bench_tree --vs-sglang: SGLang {vs.SGLANG_VERSION}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} CPU threads; {rust_note}; page hashing "
+        f"{how}; "
+        f"project at its default config (slot ownership check on); {rounds} interleaved "
+        "rounds, fresh caches each; ratio = SGLang's time / the project's (> 1: the "
+        "project is faster), median (min-max over rounds); times: median us per request "
+        "in the tree calls"
+    )
+    print()
+    cases = [vs.Case(shape, p, 256, 100, req) for shape in vs.SHAPES for p in (1, 16)]
+    rows = []
+    for case, t in vs.compare(sg, cases, rounds, hashing, backends):
+        rows.append(
+            (
+                case.shape,
+                str(case.page_size),
+                vs.us(t, "project"),
+                vs.us(t, "sglang-py"),
+                vs.us(t, "sglang-rs"),
+                vs.ratio_cells(t, "sglang-py"),
+                vs.ratio_cells(t, "sglang-rs"),
+            )
+        )
+    header = ("shape", "P", "project us", "sglang-py us", "sglang-rs us", "vs Python", "vs Rust")
+    _print_table(f"320-token keys (256 shared + 64 own), {req:,} requests", header, rows)
+    lengths = (256, 2_048) if quick else (256, 2_048, 8_192)
+    long_req = max(100, req // 4)
+    cases = [vs.Case("scheduler", 16, n, 20, long_req) for n in lengths]
+    rows2: list[tuple[str, ...]] = []
+    for case, t in vs.compare(sg, cases, rounds, hashing, backends):
+        rows2.append(
+            (
+                f"{case.prompt_len + vs.UNIQUE_LEN:,}",
+                vs.us(t, "project"),
+                vs.us(t, "sglang-py"),
+                vs.us(t, "sglang-rs"),
+                vs.ratio_cells(t, "sglang-py"),
+                vs.ratio_cells(t, "sglang-rs"),
+            )
+        )
+    header2 = ("key tokens", "project us", "sglang-py us", "sglang-rs us", "vs Python", "vs Rust")
+    _print_table(
+        f"key length, scheduler shape, P = 16, 20 shared prompts, {long_req:,} requests",
+        header2,
+        rows2,
+    )
     return 0
 
 

@@ -22,7 +22,22 @@ def test_bench_tree_quick_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "ops/s (tree calls)" in out and "absolute targets" in out
     verdicts = [line.split()[-1] for line in out.splitlines() if line.endswith(("met", "MISSED"))]
-    assert len(verdicts) == 4  # P = 16 and 1, hashing on and off
+    assert len(verdicts) == 4 + 2  # P = 16 and 1, hashing on and off; eviction at 1k, 10k
+    assert "us per evicted node" in out
+
+
+def test_bench_tree_vs_sglang_says_skipped_without_sglang(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is importable here: the comparison would run")
+    spec = importlib.util.spec_from_file_location("_bench_tree_vs", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--vs-sglang", "--quick"]) == 0
+    assert "skipped: sglang is not installed" in capsys.readouterr().out
 
 
 def test_bench_tree_workload_shape() -> None:

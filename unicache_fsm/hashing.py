@@ -16,6 +16,11 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
   chained: page i hashes on page i-1's digest, page 0 on `prior`. A trailing partial
   page is not hashed. `prior` is the namespace seed for a sequence head, or the key of
   the last page already hashed when a chain resumes.
+- `pack_tokens(tokens)` -> the tokens as u32 little-endian bytes (what a page hash
+  covers); `page_digests(packed, page_size, prior_digest)` -> the raw 32-byte digest of
+  each full page of packed tokens, chained from `prior_digest` (b"" at a chain head),
+  in one call: the tree packs a key once and keeps raw digests, hex only on demand.
+  `prior_digest(prior)` -> the raw digest of a hex key or seed (b"" for None).
 
 Bad input raises a typed error, all under `HashError`: `InvalidTokenError` (a token
 outside ``0 <= t < 2**32`` or not an integer), `InvalidPriorHashError` (a `prior` that
@@ -46,8 +51,11 @@ __all__ = [
     "check_prior",
     "check_tokens",
     "namespace_seed",
+    "pack_tokens",
+    "page_digests",
     "page_hash",
     "page_hashes",
+    "prior_digest",
 ]
 
 NAMESPACE_TAG = b"sglang-cache-namespace-v1"
@@ -133,7 +141,8 @@ def namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) 
     return h.hexdigest()
 
 
-def _prior_digest(prior: str | None) -> bytes:
+def prior_digest(prior: str | None) -> bytes:
+    """The raw 32-byte digest of a hex page key or seed; b"" for None (a chain head)."""
     if prior is None:
         return b""
     if (
@@ -149,7 +158,7 @@ def _prior_digest(prior: str | None) -> bytes:
     return bytes.fromhex(prior)
 
 
-def _pack(tokens: Iterable[int]) -> bytes:
+def pack_tokens(tokens: Iterable[int]) -> bytes:
     """Tokens as unsigned 32-bit little-endian bytes, or a typed error naming the culprit."""
     seq: Sequence[object]
     if isinstance(tokens, (list, tuple)):
@@ -191,12 +200,12 @@ def _check_page_size(page_size: int) -> None:
 
 def check_tokens(tokens: Sequence[int]) -> None:
     """Raise `InvalidTokenError` unless every token is an unsigned 32-bit integer."""
-    _pack(tokens)
+    pack_tokens(tokens)
 
 
 def check_prior(prior: str | None) -> None:
     """Raise `InvalidPriorHashError` unless `prior` is None or a 64-hex-digit hash/seed."""
-    _prior_digest(prior)
+    prior_digest(prior)
 
 
 def page_hash(page_tokens: Sequence[int], prior: str | None = None) -> str:
@@ -204,8 +213,8 @@ def page_hash(page_tokens: Sequence[int], prior: str | None = None) -> str:
 
     `page_tokens` is hashed whole, whatever its length; `page_hashes` cuts pages.
     """
-    h = hashlib.sha256(_prior_digest(prior))
-    h.update(_pack(page_tokens))
+    h = hashlib.sha256(prior_digest(prior))
+    h.update(pack_tokens(page_tokens))
     return h.hexdigest()
 
 
@@ -216,19 +225,25 @@ def page_hashes(tokens: Sequence[int], page_size: int, prior: str | None = None)
     request has none), or the key of the page just before `tokens` to resume a chain.
     """
     _check_page_size(page_size)
-    prev = _prior_digest(prior)
+    prev = prior_digest(prior)
     num_pages = len(tokens) // page_size
     if num_pages == 0:
         return []
+    packed = pack_tokens(tokens[: num_pages * page_size])
+    return [d.hex() for d in page_digests(packed, page_size, prev)]
+
+
+def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[bytes]:
+    """The raw digest of each full page of `packed` (`pack_tokens` output), chained:
+    page i hashes on page i-1's digest, page 0 on `prior` (b"" at a chain head, else
+    the raw digest of the page before). ``d.hex()`` is the page's key."""
     stride = 4 * page_size
-    data = memoryview(_pack(tokens[: num_pages * page_size]))
+    end = len(packed) // stride * stride
     sha256 = hashlib.sha256
-    keys: list[str] = []
-    append = keys.append
-    # One SHA-256 per page is inherent to a chain; the packing above is done once.
-    for start in range(0, num_pages * stride, stride):
-        h = sha256(prev)
-        h.update(data[start : start + stride])
-        prev = h.digest()
-        append(prev.hex())
-    return keys
+    out: list[bytes] = []
+    append = out.append
+    # One SHA-256 per page is inherent to a chain; everything else is done once.
+    for start in range(0, end, stride):
+        prior = sha256(prior + packed[start : start + stride]).digest()
+        append(prior)
+    return out

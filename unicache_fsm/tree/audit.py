@@ -12,6 +12,8 @@ Findings (each reported with the node id, all at once):
 - components: data only for the tree's components; each component audits its own
   data on every node (`TreeComponent.audit_node`: e.g. SWA's region agrees with its
   slots, ``mapping[full] == swa`` for live SWA, 0 for a tombstone);
+- eviction order: every evictable leaf has an entry with its stamp in the eviction
+  heap; the node count is the number of nodes; the packed key matches the key;
 - hashes: one per page, equal to the chain seeded by the parent's last hash (or the
   namespace at the root);
 - slot conservation: tree-owned ⊎ outside ⊎ free = capacity, per pool (each
@@ -30,7 +32,7 @@ import torch
 from unicache_fsm import hashing
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.errors import TreeConsistencyError
-from unicache_fsm.tree.walk import child_key
+from unicache_fsm.tree.walk import child_key, pack_key
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
@@ -63,7 +65,9 @@ def check_conservation(
         findings.append(f"{what}: allocated pages nobody owns (leaked): {sorted(alloc - own)[:10]}")
 
 
-def _check_node(tree: RadixTree, node: TreeNode, findings: list[str]) -> None:
+def _check_node(
+    tree: RadixTree, node: TreeNode, filed: set[tuple[float, int]], findings: list[str]
+) -> None:
     p = tree.page_size
     parent = node.parent
     nid = f"node {node.id}"
@@ -113,6 +117,10 @@ def _check_node(tree: RadixTree, node: TreeNode, findings: list[str]) -> None:
         findings.append(f"{nid}: slots of {foreign} without that component in the tree")
     for c in tree.components:
         c.audit_node(node, findings)
+    if tree.evictable_leaf(node) and (node.last_access, node.id) not in filed:
+        findings.append(f"{nid}: an evictable leaf missing from the eviction heap")
+    if node.packed != pack_key(node.key, tree.key_format):
+        findings.append(f"{nid}: packed key disagrees with its key")
     if node.hashes is not None:
         prior = node.namespace if parent.parent is None else parent.last_hash()
         if parent.parent is not None and parent.hashes is None:
@@ -128,9 +136,12 @@ def audit(
     outside = outside or {}
     findings: list[str] = []
     nodes = list(tree.nodes())
+    if tree.node_count != len(nodes):
+        findings.append(f"node count {tree.node_count} != {len(nodes)} nodes in the tree")
+    filed = {(stamp, nid) for stamp, nid, _ in tree.evict_heap}
     host: list[torch.Tensor] = []
     for node in nodes:
-        _check_node(tree, node, findings)
+        _check_node(tree, node, filed, findings)
         if node.host is not None:
             host.append(node.host)
     for c in tree.components:

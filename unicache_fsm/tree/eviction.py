@@ -6,6 +6,14 @@
 - `evictable_leaf(node)` — a device node that may lose its device copy now: in the
   tree, unlocked, nothing in flight over it (no offload, no host backup being made),
   and no device-resident child.
+- `note_evictable(node)` — `node` may have become an evictable leaf, or its access
+  stamp changed: file it in the eviction heap if it is one. The tree calls it
+  wherever a stamp, a lock, a residency or a child changes (the residency executor
+  calls it after every trigger), so the heap always holds an entry
+  ``(last_access, id, node)`` for every evictable leaf; entries that no longer match
+  (a newer stamp, a node no longer evictable) are dropped when they surface, and the
+  heap is rebuilt once stale entries outnumber the nodes. One eviction costs
+  O(log heap), not a pass over the tree (`check` audits the invariant).
 - `remove_device_copy(node)` — the node's device copy goes: every component frees
   its slots on it (last component first, so a window goes before its backbone), then
   a backed-up node is evicted (kept with its host copy) and any other node deleted
@@ -16,6 +24,8 @@ device; a locked node or one with an offload or backup in flight never does.
 """
 
 from __future__ import annotations
+
+import heapq
 
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.node import TreeNode
@@ -30,6 +40,35 @@ T = ResidencyTrigger
 
 class Eviction(TreeState):
     """The eviction primitives of `RadixTree` (see the module docstring)."""
+
+    def note_evictable(self, node: TreeNode) -> None:
+        if self.evictable_leaf(node):
+            heap = self.evict_heap
+            heapq.heappush(heap, (node.last_access, node.id, node))
+            if len(heap) > 2 * self.node_count + 1024:
+                self.rebuild_evict_heap()
+
+    def rebuild_evict_heap(self) -> None:
+        """Drop the stale entries: one entry per evictable leaf (also counts the nodes)."""
+        heap = []
+        count = 0
+        for n in self.nodes():
+            count += 1
+            if self.evictable_leaf(n):
+                heap.append((n.last_access, n.id, n))
+        heapq.heapify(heap)
+        self.evict_heap[:] = heap
+        self.node_count = count
+
+    def pop_evictable(self) -> TreeNode | None:
+        """The least recently used evictable leaf (by stamp, then id), out of the heap."""
+        heap = self.evict_heap
+        evictable = self.evictable_leaf
+        while heap:
+            stamp, _, node = heapq.heappop(heap)
+            if stamp == node.last_access and evictable(node):
+                return node
+        return None
 
     def evictable_leaf(self, node: TreeNode) -> bool:
         return (
@@ -64,4 +103,5 @@ class Eviction(TreeState):
             assert not node.children, "a node with host-backed children is backed up"
             self.residency.fire(node, T.DELETE)
             self.unlink(node)
+        self.note_evictable(node.parent)  # it may have become a leaf
         return freed

@@ -66,6 +66,8 @@ class Locks(TreeState):
         path = self._check_locked(node)
         for n in path:
             n.lock_ref -= 1
+            if n.lock_ref == 0:
+                self.note_evictable(n)
         for c, token in zip(self.lock_hooks, receipt.tokens, strict=True):
             c.unlock(node, token)
 

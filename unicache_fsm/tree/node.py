@@ -35,8 +35,10 @@ class TreeNode:
     `data` maps each component present on the node to its device slots, aligned with
     the key (the root holds none; an evicted node none; a component whose region says
     it is gone — an SWA tombstone — none). `host` holds the host-pool slots of the
-    backup tier. `hashes` has one page hash per page (None when the tree does not
-    hash). `lock_ref` counts the locks on paths through this node; `last_access` is
+    backup tier. `packed` is the key as the tree compares it (its tokens packed in one
+    fixed-width format per tree, `walk.pack_key`). `digests` has one raw page digest
+    per page (None when the tree does not hash); `hashes` is their hex (the page keys
+    a store files). `lock_ref` counts the locks on paths through this node; `last_access` is
     its stamp on the tree's LRU clock.
     """
 
@@ -48,7 +50,8 @@ class TreeNode:
     children: dict[Any, TreeNode] = attrs.field(factory=dict)
     data: dict[ComponentType, torch.Tensor] = attrs.field(factory=dict)
     host: torch.Tensor | None = None
-    hashes: list[str] | None = None
+    digests: list[bytes] | None = None
+    packed: bytes = b""
     lock_ref: int = 0
     hit_count: int = 0
     last_access: float = 0.0
@@ -87,11 +90,17 @@ class TreeNode:
         """`component`'s device slots on this node (None when it holds none here)."""
         return self.data.get(component)
 
+    @property
+    def hashes(self) -> list[str] | None:
+        """One hex page key per page (None when the tree does not hash); a fresh list."""
+        digests = self.digests
+        return None if digests is None else [d.hex() for d in digests]
+
     def last_hash(self) -> str | None:
         """The hash of this node's last page (the anchor for the next page), or None."""
-        if not self.hashes:
+        if not self.digests:
             return None
-        return self.hashes[-1]
+        return self.digests[-1].hex()
 
     def path_from_root(self) -> list[TreeNode]:
         """This node and its ancestors below the root, root-first."""

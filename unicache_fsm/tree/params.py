@@ -8,8 +8,9 @@
 - `InsertResult` — where the insert ended and which caller slots the tree adopted
   (`adopted_ranges`, kept sorted and disjoint by `record_adopted_range`), plus the
   write-through chain the insert triggered (root first).
-- `MatchResult` — the device prefix (length, slots, last device node) and the host
-  hit beyond it.
+- `MatchResult` — the device prefix (length, last device node: a handle on the
+  matched path, whose slots `device_indices` reads off the tree on demand) and the
+  host hit beyond it.
 - `EvictParams` / `EvictResult` — tokens to free in FULL and in SWA, and what was freed.
 """
 
@@ -22,6 +23,7 @@ import attrs
 import torch
 
 from unicache_fsm.pools.transfer import ComponentType
+from unicache_fsm.tree.errors import TreeError
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
@@ -113,16 +115,44 @@ class InsertResult:
 
 @attrs.frozen
 class MatchResult:
-    """The device prefix of a key, and what more a host backup holds."""
+    """The device prefix of a key, and what more a host backup holds.
 
-    device_indices: torch.Tensor = attrs.field(eq=False)
+    A handle, not a copy: `prefix_len` and `last_device_node` say where the prefix
+    ends, and `device_indices` reads its backbone slots off the path from the root to
+    `last_device_node` when asked (a fresh tensor each time, never the tree's). Read
+    them before the tree evicts that path, or lock it first (`inc_lock_ref`); splits
+    in between do not matter.
+    """
+
+    prefix_len: int
     last_device_node: TreeNode = attrs.field(eq=False)
+    backbone: ComponentType = attrs.field(eq=False)  # the tree's backbone component
+    device: torch.device = attrs.field(eq=False)  # the tree's device
     host_hit_length: int = 0
     last_host_node: TreeNode | None = attrs.field(default=None, eq=False)
 
     @property
-    def prefix_len(self) -> int:
-        return int(self.device_indices.numel())
+    def device_indices(self) -> torch.Tensor:
+        """The prefix's backbone slots, root first (int64, `prefix_len` of them)."""
+        kind = self.backbone
+        node = self.last_device_node
+        parts: list[torch.Tensor] = []
+        while node.parent is not None:
+            slots = node.data.get(kind)
+            if slots is None:
+                msg = (
+                    f"node {node.id} of a matched path lost its device slots since the "
+                    "match: read device_indices before the tree evicts, or lock the path"
+                )
+                raise TreeError(msg)
+            parts.append(slots)
+            node = node.parent
+        if not parts:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        parts.reverse()
+        out = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        assert out.numel() == self.prefix_len, (out.numel(), self.prefix_len)
+        return out
 
 
 @attrs.frozen

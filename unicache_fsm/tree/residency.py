@@ -18,7 +18,8 @@ flags (`external_cache_stored`, `backuped`, `evicted`) cost nothing.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.executor import Executor
@@ -95,7 +96,13 @@ class Residency:
 
     __slots__ = ("executor", "fire")
 
-    def __init__(self, kind: ExecutorKind = ExecutorKind.COMPILED) -> None:
+    def __init__(
+        self,
+        kind: ExecutorKind = ExecutorKind.COMPILED,
+        on_fire: Callable[[TreeNode], None] | None = None,
+    ) -> None:
+        """`on_fire(node)` runs after every trigger fired at a node (the tree keeps its
+        evictable-leaf order with it)."""
         from unicache_fsm.tree.node import TreeNode  # node imports this module's sets
 
         cls: type[Executor] = (
@@ -104,7 +111,16 @@ class Residency:
         self.executor = cls(
             MACHINE, TreeNode, state_attribute="residency", triggers=ResidencyTrigger
         )
-        self.fire = self.executor.fire
+        fire = self.executor.fire
+        if on_fire is None:
+            self.fire = fire
+        else:
+
+            def fire_and_note(node: TreeNode, trigger: str, /, *args: Any, **kw: Any) -> None:
+                fire(node, trigger, *args, **kw)
+                on_fire(node)
+
+            self.fire = fire_and_note
 
     def initialize(self, node: TreeNode, like: TreeNode | None = None) -> None:
         self.executor.initialize(node, like)

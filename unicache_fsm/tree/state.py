@@ -64,6 +64,13 @@ class TreeState:
     held_locks: dict[TreeNode, list[LockReceipt]]  # with lock hooks: the locks per node
     clock: int
     node_ids: itertools.count[int]
+    # the eviction heap (`eviction`): (last_access, id, node) per evictable leaf, plus
+    # stale entries; `node_count` is the number of nodes below the root
+    evict_heap: list[tuple[float, int, TreeNode]]
+    node_count: int
+
+    def note_evictable(self, node: TreeNode) -> None:
+        raise NotImplementedError  # `eviction.Eviction`
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node below the root, parents before children."""
@@ -81,13 +88,17 @@ class TreeState:
         """File `node` under its parent (by its first page, and namespace at the root)."""
         parent = node.parent
         assert parent is not None
-        parent.children[child_key(parent, node.key, 0, node.namespace, self.page_size)] = node
+        k = child_key(parent, node.key, 0, node.namespace, self.page_size)
+        if k not in parent.children:
+            self.node_count += 1
+        parent.children[k] = node
 
     def unlink(self, node: TreeNode) -> None:
         """Take `node` out of its parent's children."""
         parent = node.parent
         assert parent is not None
         del parent.children[child_key(parent, node.key, 0, node.namespace, self.page_size)]
+        self.node_count -= 1
 
     def component(self, kind: ComponentType) -> TreeComponent | None:
         for c in self.components:

@@ -60,7 +60,7 @@ from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.offload import Offloads
 from unicache_fsm.tree.params import InsertParams, InsertResult, MatchResult, as_key
 from unicache_fsm.tree.residency import ExecutorKind, Residency, ResidencyTrigger
-from unicache_fsm.tree.walk import check_aligned, child_key, common_len
+from unicache_fsm.tree.walk import check_aligned, child_key, pack_key, packed_common_len
 
 __all__ = ["RadixTree", "TreeConfig"]
 
@@ -108,7 +108,9 @@ class RadixTree(HostTier, Offloads):
         self.kv_pool = kv_pool
         self.host_pool = host_pool
         self.host_allocator = host_allocator
-        self.residency = Residency(self.config.executor)
+        self.evict_heap = []
+        self.node_count = 0
+        self.residency = Residency(self.config.executor, on_fire=self.note_evictable)
         self.node_ids = itertools.count(1)
         self.clock = 0
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -123,6 +125,19 @@ class RadixTree(HostTier, Offloads):
         self._cut_hooks = self._overriding("cut_match")
         self._insert_end_hooks = self._overriding("after_insert")
         self._overlap_order = tuple(reversed(self.components))
+        # an insert's duplicates are slices of its checked tail: only FULL frees them
+        self._prevalidated_frees = (
+            self.config.check_slots
+            and type(allocator) is PagedAllocator
+            and len(self.components) == 1
+        )
+        # keys are packed once (u32 when hashing: the hash input; int64 otherwise) and
+        # compared packed; the last key packed is kept, so a match then an insert of
+        # the same key object (a scheduler's step) packs it once
+        self.key_format = "I" if self.config.hash_pages else "q"
+        self.key_width = 4 if self.config.hash_pages else 8
+        self._packed_key: tuple[int, ...] | None = None
+        self._packed = b""
 
     # -- helpers -----------------------------------------------------------------------
     def _overriding(self, hook: str) -> tuple[TreeComponent, ...]:
@@ -130,24 +145,32 @@ class RadixTree(HostTier, Offloads):
         base = getattr(TreeComponent, hook)
         return tuple(c for c in self.components if getattr(type(c), hook) is not base)
 
-    def _hashes_for(
-        self, parent: TreeNode, key: tuple[int, ...], ns: str | None
-    ) -> list[str] | None:
+    def _pack(self, key: tuple[int, ...]) -> bytes:
+        """`key` packed (`walk.pack_key`); a typed error, nothing changed, on a bad token."""
+        if key is not self._packed_key:
+            self._packed = pack_key(key, self.key_format)
+            self._packed_key = key
+        return self._packed
+
+    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> list[bytes] | None:
+        """The raw page digests of a new child of `parent` whose packed key is `packed`."""
         if not self.config.hash_pages:
             return None
         if parent.parent is None:
-            prior = ns
+            prior = hashing.prior_digest(ns)
         else:
-            if parent.hashes is None:
+            if not parent.digests:
                 return None
-            prior = parent.last_hash()
-        return hashing.page_hashes(key, self.page_size, prior)
+            prior = parent.digests[-1]
+        return hashing.page_digests(packed, self.page_size, prior)
 
     # -- match -------------------------------------------------------------------------
     def match_prefix(
         self, key: Sequence[int] | torch.Tensor, namespace: str | None = None
     ) -> MatchResult:
         key = as_key(key)
+        packed, width = self._pack(key), self.key_width
+        bk = self.backbone_type
         p = self.page_size
         usable = len(key) // p * p
         node, pos = self.root, 0
@@ -156,7 +179,7 @@ class RadixTree(HostTier, Offloads):
             child = node.children.get(child_key(node, key, pos, namespace, p))
             if child is None or not child.device_resident:
                 break
-            m = common_len(child.key, key, pos, usable, p)
+            m = packed_common_len(child, packed, pos, usable, p, width)
             if m < len(child.key):
                 child = self.split(child, m)
             path.append(child)
@@ -167,7 +190,7 @@ class RadixTree(HostTier, Offloads):
             child = probe.children.get(child_key(probe, key, hpos, namespace, p))
             if child is None or not (child.evicted and child.backuped):
                 break
-            m = common_len(child.key, key, hpos, usable, p)
+            m = packed_common_len(child, packed, hpos, usable, p, width)
             if m < len(child.key):
                 break  # a partial host hit would need a split of an evicted node; skip it
             host_len, host_node, probe, hpos = host_len + m, child, child, hpos + m
@@ -182,7 +205,7 @@ class RadixTree(HostTier, Offloads):
         if not path:
             for c in self._match_end_hooks:
                 c.after_match(self.root)
-            return MatchResult(self._empty, self.root, host_len, host_node)
+            return MatchResult(0, self.root, bk, self.device, host_len, host_node)
         # the kept end node is used now; each ancestor a hair older (it stays behind
         # its child in LRU order, ahead of everything used before)
         self.clock += 1
@@ -192,10 +215,9 @@ class RadixTree(HostTier, Offloads):
             stamp -= ANCESTOR_STEP
         for c in self._match_end_hooks:
             c.after_match(path[-1])
-        bk = self.backbone_type
-        parts = [n.data[bk] for n in path]
-        indices = parts[0].clone() if len(parts) == 1 else torch.cat(parts)  # never the tree's
-        return MatchResult(indices, path[-1], host_len, host_node)
+        self.note_evictable(path[-1])  # its ancestors lead to it: none is a leaf
+        end = path[-1]
+        return MatchResult(end.start + len(end.key), end, bk, self.device, host_len, host_node)
 
     # -- insert ------------------------------------------------------------------------
     def _check_insert(self, params: InsertParams) -> None:
@@ -224,8 +246,8 @@ class RadixTree(HostTier, Offloads):
         tail = value[params.prev_prefix_len :]
         if self.config.check_slots:
             self.allocator.check_live(tail, "insert value")
-        if self.config.hash_pages:  # hashing errors must come before any change
-            hashing.check_tokens(key)
+        self._pack(key)  # token errors must come before any change
+        if self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
             c.check_insert(params, tail)
@@ -233,6 +255,7 @@ class RadixTree(HostTier, Offloads):
     def insert(self, params: InsertParams) -> InsertResult:
         self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
+        packed, width = self._pack(key), self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
         ctx = InsertContext(params, value, result)
@@ -245,7 +268,7 @@ class RadixTree(HostTier, Offloads):
                 break
             self.clock += 1
             child.last_access = self.clock
-            m = common_len(child.key, key, pos, n, p)
+            m = packed_common_len(child, packed, pos, n, p, width)
             if m < len(child.key):
                 child = self.split(child, m)
             end = pos + m
@@ -267,7 +290,8 @@ class RadixTree(HostTier, Offloads):
                 start=pos,
                 parent=node,
                 namespace=ns,
-                hashes=self._hashes_for(node, key[pos:], ns),
+                digests=self._digests_for(node, packed[pos * width :], ns),
+                packed=packed[pos * width :],
                 last_access=self.clock + 1,
             )
             self.clock += 1
@@ -283,9 +307,20 @@ class RadixTree(HostTier, Offloads):
                 c.after_insert(node)
         parts = [t for t in ctx.to_free if t.numel()]
         if parts:  # the caller's slots the tree did not take (with any peers they map to)
-            self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
+            dups = parts[0] if len(parts) == 1 else torch.cat(parts)
+            if self._prevalidated_frees:
+                # FULL alone over a plain allocator: every duplicate lies in the tail
+                # `check_live` validated before the walk (whole, distinct, allocated
+                # pages), so release those pages without validating them twice
+                allocator = self.allocator
+                assert isinstance(allocator, PagedAllocator)
+                allocator.release_pages(dups if p == 1 else dups[::p] // p)
+            else:
+                self.allocator.free(dups)
         if not params.chunked:
             self._count_hits(walked, result)
+        if walked:  # new stamps; only the last node walked can be a leaf (each other
+            self.note_evictable(walked[-1])  # one has the next below it; splits noted theirs)
         return result
 
     def _count_hits(self, walked: list[TreeNode], result: InsertResult) -> None:
@@ -299,7 +334,7 @@ class RadixTree(HostTier, Offloads):
                 if (
                     threshold is not None
                     and node.hit_count >= threshold
-                    and node.hashes is not None
+                    and node.digests is not None
                     and not node.external_cache_stored
                     and not node.offloading
                     and node.id not in chosen
@@ -325,7 +360,8 @@ class RadixTree(HostTier, Offloads):
             parent=parent,
             namespace=node.namespace,
             host=None if node.host is None else node.host[:k],
-            hashes=None if node.hashes is None else node.hashes[:pages],
+            digests=None if node.digests is None else node.digests[:pages],
+            packed=node.packed[: k * self.key_width],
             lock_ref=node.lock_ref,
             hit_count=node.hit_count,
             last_access=node.last_access,
@@ -344,10 +380,12 @@ class RadixTree(HostTier, Offloads):
         node.start += k
         if node.host is not None:
             node.host = node.host[k:]
-        if node.hashes is not None:
-            node.hashes = node.hashes[pages:]
+        if node.digests is not None:
+            node.digests = node.digests[pages:]
+        node.packed = node.packed[k * self.key_width :]
         node.parent = top
         self.link(node)
+        self.note_evictable(node)  # new stamps; `top` has `node` below it
         return top
 
     def path_slots(self, node: TreeNode, stop: TreeNode | None = None) -> torch.Tensor:

@@ -6,6 +6,12 @@
 - `common_len(node_key, key, pos, end, page_size)` — the length of the page-aligned
   common prefix of a node's key and ``key[pos:end]``, given that the first page
   matches (it selected the child).
+- `pack_key(key, fmt)` — the key's tokens as fixed-width bytes (`fmt`: ``"I"``,
+  u32 little-endian as page hashes cover them, or ``"q"``, int64 native), or
+  `InvalidTokenError` naming the first token that does not fit. The tree packs a key
+  once and compares packed bytes: a page compare is a memcmp, no per-token Python work.
+- `packed_common_len(node, packed, pos, end, page_size, width)` — `common_len` over
+  packed keys (`node.packed` against ``packed``; `width` bytes per token).
 - `check_aligned(what, value, page_size)` — `UnalignedKeyError` unless `value` is a
   page multiple.
 
@@ -14,12 +20,16 @@ Pure functions over nodes and tuples: no tree state, no residency.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
+from unicache_fsm import hashing
 from unicache_fsm.tree.errors import UnalignedKeyError
 from unicache_fsm.tree.node import TreeNode
 
-__all__ = ["check_aligned", "child_key", "common_len"]
+__all__ = ["check_aligned", "child_key", "common_len", "pack_key", "packed_common_len"]
+
+_I64 = (-(1 << 63), 1 << 63)
 
 
 def child_key(
@@ -44,6 +54,39 @@ def common_len(
         else:
             hi = mid - 1
     return lo * p
+
+
+def pack_key(key: tuple[int, ...], fmt: str) -> bytes:
+    if fmt == "I":
+        return hashing.pack_tokens(key)  # u32 little-endian, typed error on a bad token
+    try:
+        return array("q", key).tobytes()
+    except (OverflowError, TypeError) as exc:
+        for index, token in enumerate(key):
+            if not hasattr(token, "__index__") or not _I64[0] <= token.__index__() < _I64[1]:
+                msg = f"token {token!r} at index {index} is not a 64-bit integer"
+                raise hashing.InvalidTokenError(msg, index=index, token=token) from exc
+        raise
+
+
+def packed_common_len(
+    node: TreeNode, packed: bytes, pos: int, end: int, page_size: int, width: int
+) -> int:
+    mine = node.packed
+    n = len(mine) // width
+    at = pos * width
+    if end - pos >= n and packed[at : at + len(mine)] == mine:
+        return n
+    stride = page_size * width
+    lo, hi = 1, min(n, end - pos) // page_size  # pages; lo pages are known to match
+    view, own = memoryview(packed), memoryview(mine)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if view[at : at + mid * stride] == own[: mid * stride]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * page_size
 
 
 def check_aligned(what: str, value: int, page_size: int) -> None:

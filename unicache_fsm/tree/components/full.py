@@ -12,9 +12,10 @@ Tree hooks:
   of the caller's tensor); the range is recorded as adopted.
 - `overlap` — the node keeps its slots; unless another component settled the node,
   the caller's duplicates at or past `prev_prefix_len` are freed after the walk.
-- `evict` — LRU over evictable leaves (`RadixTree.evictable_leaf`, by access stamp),
-  least recently used first, until `num_tokens` are freed; a parent that becomes an
-  evictable leaf joins the queue in the same call. What the other components free
+- `evict` — LRU over evictable leaves (`RadixTree.pop_evictable`: the tree's
+  incrementally kept heap, by access stamp), least recently used first, until
+  `num_tokens` are freed; a parent that becomes an evictable leaf joins the queue in
+  the same call. What the other components free
   with a leaf counts for them too (SWA freed here counts toward `swa_num_tokens`).
 - `release` — free the node's FULL slots.
 
@@ -25,7 +26,6 @@ ABORT frees what LOAD reserved; OFFLOAD hands the node's slots and page hashes.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -150,18 +150,12 @@ class FullComponent(TreeComponent):
         if want <= 0:
             return
         tree = self.tree
-        evictable = tree.evictable_leaf
-        heap = [(n.last_access, n.id, n) for n in tree.nodes() if evictable(n)]
-        heapq.heapify(heap)
-        while tally.get(FULL, 0) < want and heap:
-            _, _, node = heapq.heappop(heap)
-            if not evictable(node):
-                continue
-            parent = node.parent
+        while tally.get(FULL, 0) < want:
+            node = tree.pop_evictable()  # its parent, once a leaf, is filed again
+            if node is None:
+                break
             for kind, n in tree.remove_device_copy(node).items():
                 tally[kind] = tally.get(kind, 0) + n
-            if parent is not None and evictable(parent):
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
 
     def release(self, node: TreeNode) -> int:
         slots = self.drop_slots(node)
