@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from unicache_fsm.console import print_table
+
 RING = (500, 1000, 2000)
 PARALLEL = (10, 12, 14)
 QUICK_RING = (100, 200)
@@ -106,18 +108,28 @@ def measure(text: str, timeout: float) -> dict[str, float] | None:
     return result
 
 
-def _row(name: str, lines: int, m: dict[str, float] | None, prev: dict[str, float] | None) -> str:
+COLUMNS = ("spec", "lines", "load+valid", "load MB", "compile", "peak MB", "growth")
+
+
+def _row(
+    name: str, lines: int, m: dict[str, float] | None, prev: dict[str, float] | None
+) -> list[str]:
     if m is None:
-        return f"{name:<14} {lines:>6}   (gave up: over the time limit)"
+        return [name, f"{lines}", "gave up: over the time limit", "", "", "", ""]
     growth = ""
     if prev is not None and prev["load"] > 0:
         growth = (
-            f"   x{m['load'] / prev['load']:.1f} / x{m['compile'] / max(prev['compile'], 1e-9):.1f}"
+            f"x{m['load'] / prev['load']:.1f} / x{m['compile'] / max(prev['compile'], 1e-9):.1f}"
         )
-    return (
-        f"{name:<14} {lines:>6} {m['load']:>10.3f} {m['load_kb'] / 1024:>8.1f} "
-        f"{m['compile']:>10.3f} {m['peak_kb'] / 1024:>8.1f}{growth}"
-    )
+    return [
+        name,
+        f"{lines}",
+        f"{m['load']:.3f}",
+        f"{m['load_kb'] / 1024:.1f}",
+        f"{m['compile']:.3f}",
+        f"{m['peak_kb'] / 1024:.1f}",
+        growth,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,20 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rings = QUICK_RING if args.quick else RING
     regions = QUICK_PARALLEL if args.quick else PARALLEL
-    print(
-        f"{'spec':<14} {'lines':>6} {'load+valid':>10} {'load MB':>8} {'compile':>10} "
-        f"{'peak MB':>8}   growth"
-    )
+    rows: list[list[str]] = []
     started = time.perf_counter()
     for label, sizes, make in (("ring", rings, ring_spec), ("parallel", regions, parallel_spec)):
         prev = None
         for size in sizes:
             text = make(size)
             m = measure(text, args.timeout)
-            print(_row(f"{label} {size}", text.count("\n"), m, prev))
+            rows.append(_row(f"{label} {size}", text.count("\n"), m, prev))
             prev = m
             if m is None:
                 break
+    print_table(None, COLUMNS, rows)
     print(
         f"(times in s, each spec in a fresh process; total {time.perf_counter() - started:.0f} s)"
     )

@@ -34,6 +34,7 @@ from typing import Any
 
 from transitions import Machine
 
+from unicache_fsm.console import print_table
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.flat import flatten
@@ -306,10 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     times = time_lifecycles(n, repeats)
     hand = times["hand-written"]
     print(f"load lifecycle ({len(LIFECYCLE)} transitions, 4 callbacks + 1 guard), n={n}")
-    print(f"{'variant':<22}{'us/lifecycle':>14}{'x hand':>10}{'compiled faster by':>22}")
-    for name, sec in times.items():
-        faster = sec / times["compiled"]
-        print(f"{name:<22}{sec * 1e6:>14.2f}{sec / hand:>10.2f}{faster:>21.1f}x")
+    print_table(
+        None,
+        ("variant", "us/lifecycle", "x hand", "compiled faster by"),
+        [
+            (name, f"{sec * 1e6:.2f}", f"{sec / hand:.2f}", f"{sec / times['compiled']:.1f}x")
+            for name, sec in times.items()
+        ],
+    )
     ratio_hand = times["compiled"] / hand
     ratio_ref = times["reference"] / times["compiled"]
     ratio_model = times["compiled"] / times["compiled/model"]
@@ -322,9 +327,9 @@ def main(argv: list[str] | None = None) -> int:
 
     mem = bytes_per_model(2_000 if args.quick else 10_000)
     print()
-    print(f"{'memory per tracked load':<36}{'bytes':>10}")
-    for name, b in mem.items():
-        print(f"{name:<36}{b:>10.0f}")
+    print_table(
+        None, ("memory per tracked load", "bytes"), [(n, f"{b:.0f}") for n, b in mem.items()]
+    )
     fsm_bytes = mem["model + compiled/reference FSM"] - mem["model without FSM"]
     verdict = "met" if fsm_bytes <= 256 else "MISSED"
     print(f"FSM share per load: {fsm_bytes:.0f} bytes (target <= 256: {verdict})")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from unicache_fsm.console import print_table
 from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator
 
 __all__ = ["main"]
@@ -144,16 +145,6 @@ def _paired_median_seconds(
     return statistics.median(ours), statistics.median(base)
 
 
-def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print(title)
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    print()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
@@ -172,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     alloc_rows = bench_alloc_free(
         device, batches=(1, 64, 4096), page_sizes=(1, 16), budget_s=0.05 if quick else 0.5
     )
-    _print_table(
+    print_table(
         "alloc + free of one batch (vectorised; no Python loop per page)",
         ("P", "batch pages", "us / alloc+free", "pages/s"),
         [(str(p), str(b), f"{us:,.1f}", f"{rate:,.0f}") for p, b, us, rate in alloc_rows],
@@ -187,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     bw_rows = bench_bandwidth(device, repeats=5 if quick else 15, **shape)
     page_kib = shape["page_size"] * shape["num_layers"] * shape["width"] * 2 / 1024
-    _print_table(
+    print_table(
         f"page moves, {shape['batch_pages']} random pages of {page_kib:.0f} KiB "
         f"(P={shape['page_size']}, {shape['num_layers']} layers x {shape['width']} fp16)",
         ("operation", "MiB", "GB/s", "vs plain copy"),

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from unicache_fsm.console import print_table
 from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools import KVPool, PagedAllocator
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
@@ -316,16 +317,6 @@ def bench_redis(batch: _Batch, repeats: int) -> list[tuple[str, float, float, fl
         return rows
 
 
-def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print(title)
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    print()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
@@ -359,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if "memory" in backends:
         rows = bench(repeats=repeats, **shape)
-        _print_table(
+        print_table(
             f"memory store, {pages}, checksummed",
             ("operation", "MiB", "GB/s", "vs gather/scatter", "vs copy_"),
             [
@@ -373,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch = _Batch(**shape)
         where = args.dir or Path(tempfile.gettempdir())
         rows = bench_file(batch, where, io_repeats)
-        _print_table(
+        print_table(
             f"file store in {where}, {pages}; raw: write + fsync / read of each page file",
             header,
             [(n, f"{m:.0f}", f"{g:.2f}", f"{r:.2f}", f"{x:.2f}x") for n, m, g, r, x in rows],
@@ -382,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if available():
             batch = _Batch(**shape)
             rows = bench_redis(batch, io_repeats)
-            _print_table(
+            print_table(
                 f"Redis store on loopback, {pages}; raw: redis-py pipelined SET / GET",
                 header,
                 [(n, f"{m:.0f}", f"{g:.2f}", f"{r:.2f}", f"{x:.2f}x") for n, m, g, r, x in rows],

@@ -37,6 +37,7 @@ from pathlib import Path
 import attrs
 import torch
 
+from unicache_fsm.console import print_table
 from unicache_fsm.pools import PagedAllocator
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig
 
@@ -145,16 +146,6 @@ def eviction_us_per_node(cached: int, page_size: int = 16, evictions: int = 300)
     return best
 
 
-def _print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print(title)
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    print()
-
-
 def profile(keys: Sequence[tuple[int, ...]], page_size: int, hash_pages: bool, top: int) -> str:
     """cProfile of one run; the `top` functions by internal time."""
     profiler = cProfile.Profile()
@@ -213,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run(keys[:200], page_size, hash_pages, check)  # warm-up: dispatches, allocator
             runs = [run(keys, page_size, hash_pages, check) for _ in range(repeat)]
             rows.append(max(runs, key=lambda r: r.ops_per_s))
-    _print_table(
+    print_table(
         f"insert + match, FULL only (best of {repeat}; ops = match + insert, 2 per request)",
         (
             "P",
@@ -254,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 verdict,
             )
         )
-    _print_table(
+    print_table(
         f"absolute targets, tree calls on 2 cores{note}",
         ("P", "hashing", "ops/s", "target", "ratio", "verdict"),
         target_rows,
@@ -262,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
     evict_us = {n: eviction_us_per_node(n) for n in sizes}
     base = evict_us[sizes[0]]
-    _print_table(
+    print_table(
         "eviction, P = 16: one leaf per evict call (target: each within 1.5x of the 1k figure)",
         ("cached nodes", "us per evicted node", "vs 1k", "verdict"),
         [
@@ -333,7 +324,7 @@ def vs_sglang(args: argparse.Namespace) -> int:
             )
         )
     header = ("shape", "P", "project us", "sglang-py us", "sglang-rs us", "vs Python", "vs Rust")
-    _print_table(f"320-token keys (256 shared + 64 own), {req:,} requests", header, rows)
+    print_table(f"320-token keys (256 shared + 64 own), {req:,} requests", header, rows)
     lengths = (256, 2_048) if quick else (256, 2_048, 8_192)
     long_req = max(100, req // 4)
     cases = [vs.Case("scheduler", 16, n, 20, long_req) for n in lengths]
@@ -350,7 +341,7 @@ def vs_sglang(args: argparse.Namespace) -> int:
             )
         )
     header2 = ("key tokens", "project us", "sglang-py us", "sglang-rs us", "vs Python", "vs Rust")
-    _print_table(
+    print_table(
         f"key length, scheduler shape, P = 16, 20 shared prompts, {long_req:,} requests",
         header2,
         rows2,

@@ -6,8 +6,9 @@ Built on `rich`:
   it draws one bar on stderr with the count, elapsed time and the time remaining.
   When stderr is not a terminal nothing is drawn while it runs and one final line is
   printed at the end, so logs stay readable.
-- `table(title, columns, rows)` — a `rich.table.Table`; `print_table(...)` prints one
-  on stdout (plain columns when stdout is not a terminal).
+- `table(title, columns, rows)` — a `rich.table.Table` (a column whose cells all read
+  as numbers is right-aligned); `print_table(...)` prints one on stdout (plain columns
+  when stdout is not a terminal). Every benchmark prints its tables with it.
 """
 
 from __future__ import annotations
@@ -65,20 +66,34 @@ def progress(description: str, total: int) -> Iterator[Callable[[int, int], None
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
     """A table with `columns` headers (numbers right-aligned) and one row per item."""
     t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    first = rows[0] if rows else ()
     for i, name in enumerate(columns):
-        numeric = i < len(first) and isinstance(first[i], int | float)
+        cells = [row[i] for row in rows if i < len(row)]
+        numeric = bool(cells) and all(_numeric(v) for v in cells)
         t.add_column(name, justify="right" if numeric else "left")
     for row in rows:
         t.add_row(*(str(v) for v in row))
     return t
 
 
+def _numeric(value: object) -> bool:
+    """A number, or text that starts like one ("1.2x (0.9-1.4)", "-3", "12,000")."""
+    if isinstance(value, int | float):
+        return True
+    text = str(value).lstrip("+-")
+    return bool(text) and (text[0].isdigit() or (text[0] == "." and text[1:2].isdigit()))
+
+
 def print_table(
     title: str | None, columns: Sequence[str], rows: Sequence[Sequence[object]]
 ) -> None:
-    """Print `table(...)` on stdout."""
-    Console(file=sys.stdout, soft_wrap=False, width=_width()).print(table(title, columns, rows))
+    """Print `title` (one plain line, never wrapped) and then `table(None, ...)` on stdout,
+    each line without trailing blanks."""
+    console = Console(file=sys.stdout, soft_wrap=False, width=_width())
+    with console.capture() as captured:
+        console.print(table(None, columns, rows))
+    if title:
+        print(title)
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def _width() -> int | None:
