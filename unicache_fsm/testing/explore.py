@@ -54,9 +54,11 @@ them and its last state highlighted). Helpers the printed tests use: `inject`,
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import multiprocessing
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -93,6 +95,7 @@ __all__ = [
     "inject",
     "node_at",
     "replay",
+    "snapshot",
     "reverify",
 ]
 
@@ -356,6 +359,19 @@ def replay(scope: Scope, path: Sequence[Op]) -> dict[str, Any]:
     return ns
 
 
+
+_STATE_NAMES = re.compile(r"s|r[0-9]+")
+
+
+def snapshot(ns: dict[str, Any]) -> dict[str, Any]:
+    """An independent copy of the state in `ns` (the system and the requests, deep-copied
+    together; the helpers shared), so that each successor of a state is reached without
+    replaying its path. The copy's machines keep the original's observers."""
+    out = dict(ns)
+    state = {k: v for k, v in ns.items() if _STATE_NAMES.fullmatch(k)}
+    out.update(copy.deepcopy(state))
+    return out
+
 # -- canonical form -----------------------------------------------------------------------
 
 
@@ -518,6 +534,19 @@ def _observing(s: System, observer: Callable[..., None]) -> Iterator[None]:
             ex.remove_observer(observer)
 
 
+@contextlib.contextmanager
+def _observing_globals(observer: Callable[..., None]) -> Iterator[None]:
+    """Observe the store's job machines (module-level executors, shared by all systems)."""
+    executors = [jobs.LOAD_MACHINE, jobs.OFFLOAD_MACHINE]
+    for ex in executors:
+        ex.add_observer(observer)
+    try:
+        yield
+    finally:
+        for ex in executors:
+            ex.remove_observer(observer)
+
+
 # -- one expansion (runs in a worker) -----------------------------------------------------
 
 
@@ -528,28 +557,63 @@ class _Child:
     error: str | None = None
 
 
+class _Gate:
+    """An observer that counts transitions only while `on` (not during a replay)."""
+
+    def __init__(self) -> None:
+        self.counter = TransitionCounter()
+        self.on = False
+
+    def __call__(self, ex: Executor, model: Any, source: str, trigger: str, dest: str) -> None:
+        if self.on:
+            self.counter(ex, model, source, trigger, dest)
+
+
+# a snapshot costs about as much as building a system and replaying this many operations
+_SNAPSHOT_AFTER = 4
+
+
+def _reach(scope: Scope, path: Sequence[Op], gate: _Gate) -> dict[str, Any]:
+    """A fresh system after `path`, its own machines observed by `gate` (off meanwhile)."""
+    ns = _namespace(scope.build())
+    on, gate.on = gate.on, False
+    for ex in _executors(ns["s"])[:3]:
+        ex.add_observer(gate)
+    for op in path:
+        apply(op, ns, audit=False)
+    gate.on = on
+    return ns
+
+
 def _expand(scope: Scope, path: tuple[Op, ...]) -> tuple[list[_Child], int, Counter[Any]]:
-    """Every successor of the state `path` reaches: (children, refused, transition counts)."""
-    counter = TransitionCounter()
-    parent = replay(scope, path)
-    ops = enabled_ops(parent, scope)
+    """Every successor of the state `path` reaches: (children, refused, transition counts).
+
+    Each operation runs on a copy of that state: a `snapshot` of it when the path is
+    long, a replay of the path when it is short (cheaper there); the last operation
+    runs on the state itself."""
+    gate = _Gate()
     children: list[_Child] = []
     refused = 0
-    ns: dict[str, Any] | None = parent
-    for op in ops:
-        if ns is None:
-            ns = replay(scope, path)
-        try:
-            with _observing(ns["s"], counter):
+    parent = _reach(scope, path, gate)
+    with _observing_globals(gate):
+        gate.on = True
+        ops = enabled_ops(parent, scope)
+        for k, op in enumerate(ops):
+            if k == len(ops) - 1:
+                ns = parent
+            elif len(path) >= _SNAPSHOT_AFTER:
+                ns = snapshot(parent)
+            else:
+                ns = _reach(scope, path, gate)
+            try:
                 apply(op, ns)
-        except Refused:
-            refused += 1
-        except Exception as exc:  # a finding: an invariant or a crash of the real code
-            children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
-        else:
-            children.append(_Child(op, fingerprint(ns, scope)))
-        ns = None
-    return children, refused, counter.counts
+            except Refused:
+                refused += 1
+            except Exception as exc:  # a finding: an invariant or a crash of the real code
+                children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
+            else:
+                children.append(_Child(op, fingerprint(ns, scope)))
+    return children, refused, gate.counter.counts
 
 
 def _expand_star(args: tuple[Scope, tuple[Op, ...]]) -> tuple[list[_Child], int, Counter[Any]]:
