@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import itertools
 import multiprocessing
 import os
 import re
@@ -145,6 +146,11 @@ class Scope:
         if self.requests > 9:
             msg = f"Scope.requests must be at most 9 (a small scope), got {self.requests}"
             raise ValueError(msg)
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether every request asks for the same key (so requests are interchangeable)."""
+        return self.key_pages == 1 and self.requests <= 3
 
     def key(self, i: int) -> tuple[int, ...]:
         p = self.page_size
@@ -388,9 +394,20 @@ class _Renamer:
         return tuple(names.setdefault(x, len(names)) for x in t.tolist())
 
 
-def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
-    """The state of the system in `ns`, free of ids, counters, clocks and slot numbers."""
+def canonical(
+    ns: dict[str, Any], scope: Scope, order: Sequence[int] | None = None
+) -> tuple[Any, ...]:
+    """The state of the system in `ns`, free of ids, counters, clocks and slot numbers.
+
+    `order` renames the requests (request ``i`` is written as ``order[i]``); only a
+    renaming of requests that ask for the same key gives an equivalent state.
+    """
     s: System = ns["s"]
+    names = {f"r{i}": f"r{j}" for i, j in enumerate(order or range(scope.requests))}
+
+    def rn(rid: str) -> str:
+        return names.get(rid, rid)
+
     lk = s.linker
     full, swa, host = _Renamer(), _Renamer(), _Renamer()
     index: dict[int, int] = {}
@@ -419,7 +436,7 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
             n.namespace,
             n.residency,
             n.lock_ref,
-            min(n.hit_count, 2),
+            min(n.hit_count, 1),  # the system's write-through threshold is 1
             stamps[n.last_access],
             n.hashes is not None,
             full(n.slots(FULL)),
@@ -436,7 +453,7 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
 
     def load_form(ld: ExternalLoad) -> Any:
         return (
-            ld.rid,
+            rn(ld.rid),
             ld.state,
             ref(ld.anchor),
             len(ld.key),
@@ -455,10 +472,10 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
             full(ld.slots),
         )
 
-    loads = tuple(load_form(ld) for _, ld in sorted(lk.loads.items()))
+    loads = tuple(load_form(lk.loads[r]) for r in sorted(lk.loads, key=rn))
     draining = tuple(load_form(ld) for ld in lk.draining)
-    held = tuple(sorted(ld.rid for ld in lk.held.values()))
-    batches = tuple(tuple(ld.rid for ld in b.loads) for b in lk.batches)
+    held = tuple(sorted(rn(ld.rid) for ld in lk.held.values()))
+    batches = tuple(tuple(rn(ld.rid) for ld in b.loads) for b in lk.batches)
     offloads = tuple(
         None
         if rec is None
@@ -471,24 +488,29 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
         )
         for rec in lk.offloads
     )
-    requests: list[Any] = []
-    for _, req in _requests(ns, scope):
+    requests: list[Any] = [None] * scope.requests
+    for i, req in _requests(ns, scope):
+        at = int(rn(f"r{i}")[1:])
         if req is None:
-            requests.append(None)
+            requests[at] = None
         elif req.rid not in s.requests:
-            requests.append("done")
+            requests[at] = "done"
         else:
-            requests.append(
-                (
-                    ref(req.lock),
-                    req.prepared,
-                    None if req.load is None else load_form(req.load),
-                    req.match is not None and req.match.load is req.load,
-                )
+            requests[at] = (
+                ref(req.lock),
+                req.prepared,
+                None if req.load is None else load_form(req.load),
+                req.match is not None and req.match.load is req.load,
             )
     locks = tuple(sorted(repr(ref(n)) for n in s.locks))
     pools = [PoolName.KV, PoolName.SWA] if scope.swa else [PoolName.KV]
     store = tuple(tuple(sorted(s.memory.stored_keys(pool))) for pool in pools)
+    queued, batched, offloading = s.faulty.pending()
+    pending = (
+        tuple(rn(str(r)) for r in queued),
+        tuple((tuple(rn(str(r)) for r in rids), *rest) for rids, *rest in batched),  # type: ignore[attr-defined]
+        offloading,
+    )
     return (
         tree,
         loads,
@@ -499,14 +521,21 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
         tuple(requests),
         locks,
         store,
-        s.faulty.pending(),
+        pending,
         s.allocator.available_size(),
     )
 
 
 def fingerprint(ns: dict[str, Any], scope: Scope) -> bytes:
-    """16 bytes that stand for the state's canonical form."""
-    return hashlib.blake2b(repr(canonical(ns, scope)).encode(), digest_size=16).digest()
+    """16 bytes that stand for the state's canonical form; when every request asks for
+    the same key (``key_pages=1``), the least over both orders of the requests (a state
+    and its mirror image, the requests' roles swapped, are one state)."""
+    forms = [repr(canonical(ns, scope))]
+    if scope.symmetric:
+        for order in itertools.permutations(range(scope.requests)):
+            if list(order) != sorted(order):
+                forms.append(repr(canonical(ns, scope, order)))
+    return hashlib.blake2b(min(forms).encode(), digest_size=16).digest()
 
 
 # -- coverage during one operation --------------------------------------------------------
@@ -585,12 +614,24 @@ def _reach(scope: Scope, path: Sequence[Op], gate: _Gate) -> dict[str, Any]:
     return ns
 
 
-def _expand(scope: Scope, path: tuple[Op, ...]) -> tuple[list[_Child], int, Counter[Any]]:
+# fingerprints of the states this process has audited, per search (a state met again
+# through another path is the same state: its audit passed the first time)
+_AUDITED: dict[str, set[bytes]] = {}
+_RUNS = itertools.count()
+
+
+def _expand(
+    scope: Scope, path: tuple[Op, ...], run: str = ""
+) -> tuple[list[_Child], int, Counter[Any]]:
     """Every successor of the state `path` reaches: (children, refused, transition counts).
 
     Each operation runs on a copy of that state: a `snapshot` of it when the path is
     long, a replay of the path when it is short (cheaper there); the last operation
     runs on the state itself."""
+    if run not in _AUDITED:
+        _AUDITED.clear()
+        _AUDITED[run] = set()
+    audited = _AUDITED[run]
     gate = _Gate()
     children: list[_Child] = []
     refused = 0
@@ -606,17 +647,23 @@ def _expand(scope: Scope, path: tuple[Op, ...]) -> tuple[list[_Child], int, Coun
             else:
                 ns = _reach(scope, path, gate)
             try:
-                apply(op, ns)
+                apply(op, ns, audit=False)
+                digest = fingerprint(ns, scope)
+                if digest not in audited:
+                    ns["s"].audit()
+                    audited.add(digest)
             except Refused:
                 refused += 1
             except Exception as exc:  # a finding: an invariant or a crash of the real code
                 children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
             else:
-                children.append(_Child(op, fingerprint(ns, scope)))
+                children.append(_Child(op, digest))
     return children, refused, gate.counter.counts
 
 
-def _expand_star(args: tuple[Scope, tuple[Op, ...]]) -> tuple[list[_Child], int, Counter[Any]]:
+def _expand_star(
+    args: tuple[Scope, tuple[Op, ...], str],
+) -> tuple[list[_Child], int, Counter[Any]]:
     return _expand(*args)
 
 
@@ -770,6 +817,7 @@ def explore(
     start = time.perf_counter()
     deadline = None if minutes is None else start + minutes * 60.0
     report = Report(scope, workers=workers)
+    run = f"{os.getpid()}-{next(_RUNS)}"
     counts: Counter[Any] = Counter()
     root = _namespace(scope.build())
     root["s"].audit()
@@ -782,7 +830,7 @@ def explore(
                 break
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            jobs_ = [(scope, path) for path in frontier]
+            jobs_ = [(scope, path, run) for path in frontier]
             if pool is None:
                 results: Any = map(_expand_star, jobs_)
             else:
