@@ -110,6 +110,7 @@ _LOAD_FAULTS = (FaultKind.REFUSE_LOAD,)
 _BATCH_FAULTS = (FaultKind.FAIL_BATCH_BEFORE_START, FaultKind.FAIL_BATCH_MIDWAY)
 _OFFLOAD_FAULTS = (FaultKind.REFUSE_OFFLOAD, FaultKind.FAIL_OFFLOAD)
 _PROGRESS_FAULTS = (FaultKind.DELAY_COMPLETION,)
+_LOSING_FAULTS = (FaultKind.EVICT_AFTER_LOOKUP,)  # the store drops pages itself
 
 
 # -- scope -------------------------------------------------------------------------------
@@ -249,6 +250,8 @@ def _faulted(op: Op, kinds: Sequence[FaultKind], scope: Scope) -> list[Op]:
     for kind in kinds:
         if kind in scope.faults:
             code = f"with inject(s, FaultKind.{kind.name}):\n    " + op.code.replace("\n", "\n    ")
+            if kind in _LOSING_FAULTS and "reverify(s)" not in op.code:
+                code += "\nreverify(s)"  # the LOOKUP that demotes what the store lost
             out.append(Op(f"{op.label}[{kind.value}]", code))
     return out
 
