@@ -239,6 +239,7 @@ class Op:
 
     label: str
     code: str
+    fault: FaultKind | None = None  # a variant: the fault injected on the plain op's call
 
 
 _COMPILED: dict[str, Any] = {}
@@ -252,7 +253,7 @@ def _faulted(op: Op, kinds: Sequence[FaultKind], scope: Scope) -> list[Op]:
             code = f"with inject(s, FaultKind.{kind.name}):\n    " + op.code.replace("\n", "\n    ")
             if kind in _LOSING_FAULTS and "reverify(s)" not in op.code:
                 code += "\nreverify(s)"  # the LOOKUP that demotes what the store lost
-            out.append(Op(f"{op.label}[{kind.value}]", code))
+            out.append(Op(f"{op.label}[{kind.value}]", code, kind))
     return out
 
 
@@ -617,6 +618,27 @@ def _reach(scope: Scope, path: Sequence[Op], gate: _Gate) -> dict[str, Any]:
     return ns
 
 
+def _apply_counting(
+    op: Op, ns: dict[str, Any], scope: Scope, eligible: dict[str, set[FaultKind]]
+) -> None:
+    """Run the plain `op`, counting (never injecting) the store calls each fault of the
+    scope could apply to; ``eligible[op.label]`` gets the faults that had one (a variant
+    whose fault finds no call is the plain op again). If `op` raises, every variant is
+    tried."""
+    policy = FaultPolicy({kind: FaultRule(every=_NEVER) for kind in scope.faults})
+    s: System = ns["s"]
+    s.faulty.policy = policy
+    eligible[op.label] = set(scope.faults)
+    try:
+        apply(op, ns, audit=False)
+    finally:
+        s.faulty.policy = FaultPolicy()
+    eligible[op.label] = {kind for kind in scope.faults if policy.calls(kind)}
+
+
+_NEVER = 2**62  # a period no search reaches: the rule counts calls but never fires
+
+
 # fingerprints of the states this process has audited, per search (a state met again
 # through another path is the same state: its audit passed the first time)
 _AUDITED: dict[str, set[bytes]] = {}
@@ -642,7 +664,12 @@ def _expand(
     with _observing_globals(gate):
         gate.on = True
         ops = enabled_ops(parent, scope)
+        faulted = {op.label.rpartition("[")[0] for op in ops if op.fault is not None}
+        eligible: dict[str, set[FaultKind]] = {}
         for k, op in enumerate(ops):
+            plain = op.label.rpartition("[")[0]
+            if op.fault is not None and op.fault not in eligible.get(plain, ()):
+                continue  # the fault finds no call to apply to: this is the plain op
             if k == len(ops) - 1:
                 ns = parent
             elif len(path) >= _SNAPSHOT_AFTER:
@@ -650,7 +677,10 @@ def _expand(
             else:
                 ns = _reach(scope, path, gate)
             try:
-                apply(op, ns, audit=False)
+                if op.label in faulted:
+                    _apply_counting(op, ns, scope, eligible)
+                else:
+                    apply(op, ns, audit=False)
                 digest = fingerprint(ns, scope)
                 if digest not in audited:
                     ns["s"].audit()
