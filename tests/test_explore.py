@@ -30,6 +30,7 @@ from unicache_fsm.testing.explore import (
     explore,
     fingerprint,
     replay,
+    snapshot,
 )
 from unicache_fsm.testing.machines import SystemMachine
 from unicache_fsm.tree import components
@@ -112,6 +113,40 @@ def test_fingerprints_rename_slots_but_tell_states_apart() -> None:
     # and replaying a path reaches the same fingerprint every time
     _, path = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0", "load_back 0"])
     assert fingerprint(replay(scope, path), scope) == fingerprint(replay(scope, path), scope)
+
+
+def test_mirror_states_share_a_fingerprint_when_requests_share_a_key() -> None:
+    scope = Scope(pages=4, requests=2, swa=True, key_pages=1, faults=())
+    assert scope.symmetric
+    ns_0, _ = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0"])
+    ns_1, _ = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 1"])
+    assert ns_0["s"].linker.loads.keys() == {"r0"} and ns_1["s"].linker.loads.keys() == {"r1"}
+    assert fingerprint(ns_0, scope) == fingerprint(ns_1, scope)
+    both, _ = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0", "begin 1"])
+    assert fingerprint(both, scope) != fingerprint(ns_0, scope)
+    # with two keys the requests are not interchangeable
+    two = Scope(pages=4, requests=2, swa=True, key_pages=2, faults=())
+    assert not two.symmetric
+
+
+def test_a_snapshot_continues_like_a_replay_and_leaves_the_original_alone() -> None:
+    scope = Scope(pages=4, requests=2, swa=True, key_pages=1)
+    labels = ["compute 0", "progress", "poll", "evict", "begin 0", "load_back 0", "start"]
+    ns, path = _walk(scope, labels)
+    before = fingerprint(ns, scope)
+    for op in enabled_ops(ns, scope):
+        copied = snapshot(ns)
+        assert copied["s"] is not ns["s"] and copied["r0"].load is copied["s"].linker.loads["r0"]
+        fresh = replay(scope, path)
+        outcomes = []
+        for state in (copied, fresh):
+            try:
+                apply(op, state)
+                outcomes.append(fingerprint(state, scope))
+            except Exception as exc:  # a refusal must be the same on both
+                outcomes.append(repr(exc))
+        assert outcomes[0] == outcomes[1], op.label
+        assert fingerprint(ns, scope) == before, op.label
 
 
 # -- planted bugs (the mutation check's) -------------------------------------------------
@@ -222,7 +257,12 @@ OPS_PER_RULE = {
     "begin": lambda args: 2 if "prepare=True" in args else 1,  # + load_back
     "revisit": lambda args: 6,  # compute, progress, poll, evict, begin, load_back
     "step": lambda args: 4,  # start, progress, finish, poll
+    # the unpinned match -> load gap: compute the head and the key (each settled: compute,
+    # progress, poll), evict the tail, an unpinned begin, the meddling, then load_back
+    "gap": lambda args: 3 + 3 + 1 + 1 + 1 + _MEDDLE_OPS[args.split("meddle='")[1].split("'")[0]],
 }
+# what the gap's meddling costs: evict + compute (+ a host load), one compute or eviction
+_MEDDLE_OPS = {"reload": 2, "refill": 1, "evict_swa": 1, "evict": 1, "nothing": 0}
 
 
 def _program(exc: BaseException) -> list[str]:
@@ -262,14 +302,28 @@ def _hypothesis_length(p: int, swa: bool, faults: bool) -> tuple[int, int]:
     with pytest.raises(Exception) as info:
         run_state_machine_as_test(machine, settings=hunt)
     found = info.value
-    programs = [_program(e) for e in getattr(found, "exceptions", [found])]
-    steps = min((prog for prog in programs if prog), key=len, default=[])
-    assert steps, f"Hypothesis printed no falsifying program: {found!r}"
+    failures = [e for e in getattr(found, "exceptions", [found]) if _program(e)]
+    assert failures, f"Hypothesis printed no falsifying program: {found!r}"
+    failure = min(failures, key=lambda e: len(_program(e)))
+    steps = _program(failure)
     ops = 0
     for line in steps:
         name, _, args = line.removeprefix("state.").partition("(")
         ops += OPS_PER_RULE.get(name, lambda args: 1)(args)
+    if _in_teardown(failure):
+        # the machine's teardown drives what is in flight (start, progress, finish, ...)
+        # before it fails: counted as its first three operations, a lower bound
+        ops += 3
     return len(steps), ops
+
+
+def _in_teardown(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "teardown":
+            return True
+        tb = tb.tb_next
+    return False
 
 
 @pytest.mark.parametrize(

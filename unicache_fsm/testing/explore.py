@@ -30,16 +30,25 @@ store's contents and its in-flight work (`FaultyStore.pending`). A state is kept
 16-byte BLAKE2b fingerprint of that form, so memory grows with 16 bytes per state plus
 the current and next frontier.
 
-Reaching a state: a frontier entry is its operation path, and each successor is
-reached by *replay*: build a fresh `System` and re-run the path (without the audits,
-which passed the first time). Deep-copying a `System` instead was tried and measured
-first: ``copy.deepcopy`` fails on it (the store holds a thread lock), and even where it
-succeeds the compiled executors' steps keep calling the original linker's bound
-callbacks; a fresh build costs about 4 ms (the compiled executors' generated source is
-cached per process) and an operation about 1-3 ms, so replaying the short paths of a
-small scope is both correct and cheap enough. Every successor of one state is
-independent, so a level's frontier is split across worker processes (``workers``; by
-default one per core): each returns fingerprints, the main process deduplicates.
+Reaching a state: a frontier entry is its operation path. A worker replays the path
+once on a fresh `System` (without the audits, which passed the first time), then runs
+each enabled operation on a `snapshot` of that state (``copy.deepcopy`` of the system
+and the requests together: compiled executors rebind their steps to the copied
+handler, a store copies its books with fresh locks), the last operation on the state
+itself; below `_SNAPSHOT_AFTER` operations a replay is cheaper than a copy and is used
+instead. Every successor of one state is independent, so a level's frontier is split
+across worker processes (``workers``; by default one per core): each returns
+fingerprints, the main process deduplicates.
+
+Reductions, each exact for this system: hit counts are recorded only up to the
+write-through threshold (1), past which they change nothing; when every request asks
+for the same key (``key_pages=1``) the fingerprint is the least over the orders of the
+requests (a state and its mirror image are one state); a fault variant whose fault
+finds no store call to apply to (counted, not injected, while the plain operation runs)
+is the plain operation and is not taken again; and a worker audits a fingerprint once
+(the same state met through another path passed its audit already). A lookup whose
+store evicts after answering (``evict_after_lookup``) is followed by the LOOKUP that
+demotes what the store lost, as ``store_evict`` is.
 
 Coverage: the transitions each new operation fires (not the replays) are counted per
 machine, as `unicache-fsm fuzz --coverage` writes them (`Coverage`).
@@ -71,7 +80,7 @@ import torch
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import render_mermaid
 from unicache_fsm.fsm.errors import UnicacheFsmError
-from unicache_fsm.fsm.executor import Executor
+from unicache_fsm.fsm.executor import Executor, ExecutorBase
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.linker.load import ExternalLoad, LoadState
@@ -96,8 +105,8 @@ __all__ = [
     "inject",
     "node_at",
     "replay",
-    "snapshot",
     "reverify",
+    "snapshot",
 ]
 
 FULL, SWA = ComponentType.FULL, ComponentType.SWA
@@ -369,7 +378,6 @@ def replay(scope: Scope, path: Sequence[Op]) -> dict[str, Any]:
     return ns
 
 
-
 _STATE_NAMES = re.compile(r"s|r[0-9]+")
 
 
@@ -381,6 +389,7 @@ def snapshot(ns: dict[str, Any]) -> dict[str, Any]:
     state = {k: v for k, v in ns.items() if _STATE_NAMES.fullmatch(k)}
     out.update(copy.deepcopy(state))
     return out
+
 
 # -- canonical form -----------------------------------------------------------------------
 
@@ -509,10 +518,11 @@ def canonical(
     locks = tuple(sorted(repr(ref(n)) for n in s.locks))
     pools = [PoolName.KV, PoolName.SWA] if scope.swa else [PoolName.KV]
     store = tuple(tuple(sorted(s.memory.stored_keys(pool))) for pool in pools)
-    queued, batched, offloading = s.faulty.pending()
+    work: Any = s.faulty.pending()  # (queued rids, started batches, offloads)
+    queued, batched, offloading = work
     pending = (
-        tuple(rn(str(r)) for r in queued),
-        tuple((tuple(rn(str(r)) for r in rids), *rest) for rids, *rest in batched),  # type: ignore[attr-defined]
+        tuple(rn(r) for r in queued),
+        tuple((tuple(rn(r) for r in rids), *rest) for rids, *rest in batched),
         offloading,
     )
     return (
@@ -597,7 +607,7 @@ class _Gate:
         self.counter = TransitionCounter()
         self.on = False
 
-    def __call__(self, ex: Executor, model: Any, source: str, trigger: str, dest: str) -> None:
+    def __call__(self, ex: ExecutorBase, model: Any, source: str, trigger: str, dest: str) -> None:
         if self.on:
             self.counter(ex, model, source, trigger, dest)
 
