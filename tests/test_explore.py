@@ -215,6 +215,11 @@ def _plant_optimist(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linker_mod.ExternalLinker, "landed_everywhere", optimist)
 
 
+def _plant_stuck_offload(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a refused or failed offload never rolls its nodes back (issue 12's third bug)
+    monkeypatch.setattr(linker_mod.ExternalLinker, "roll_back_nodes", lambda self, rec, v=0: None)
+
+
 K = FaultKind
 # (bug, explore scope, the Hypothesis machine's page size / SWA / faults, what breaks)
 BUGS = [
@@ -247,6 +252,12 @@ BUGS = [
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.FAIL_BATCH_BEFORE_START,)),
         (4, False, True),
         ("loads landed", "KV bytes", "stored pages present"),
+    ),
+    (
+        _plant_stuck_offload,
+        Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.REFUSE_OFFLOAD,)),
+        (4, False, True),
+        ("lock balance", "offloading"),
     ),
 ]
 
@@ -329,7 +340,14 @@ def _in_teardown(exc: BaseException) -> bool:
 @pytest.mark.parametrize(
     ("plant", "scope", "machine", "names"),
     BUGS,
-    ids=["swa_leak", "greedy_commit", "forgetful_split", "careless_eviction", "optimist"],
+    ids=[
+        "swa_leak",
+        "greedy_commit",
+        "forgetful_split",
+        "careless_eviction",
+        "optimist",
+        "stuck_offload",
+    ],
 )
 def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     monkeypatch: pytest.MonkeyPatch,
