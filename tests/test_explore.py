@@ -1,10 +1,14 @@
 """`unicache-fsm explore`: exhaustive breadth-first exploration of the real system.
 
 Checked here: a small scope is explored to exhaustion (through the CLI, as CI runs it),
-the canonical form renames slots but tells different states apart, a violation comes
-back as the shortest path, printed as a pytest module that reproduces it, and every
-planted bug of the mutation check (tests/test_testing_mutations.py) is found with a
-counterexample no longer than the one Hypothesis shrinks to for the same bug.
+the canonical form renames slots and mirrors requests of one key but tells different
+states apart, a snapshot continues like a replay, a violation comes back as the
+shortest path, printed as a pytest module that reproduces it, and six planted bugs of
+the mutation check (tests/test_testing_mutations.py) are found with a counterexample
+no longer than the one Hypothesis shrinks to for the same bug (both lengths printed).
+The mutation check's other bugs need operations explore's alphabet lacks (an unpinned
+match before a load, a capacity store, a corrupted page, ill-typed completion answers,
+several ranks); see docs/design.md.
 """
 
 from __future__ import annotations
