@@ -13,6 +13,7 @@ several ranks); see docs/design.md.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -24,8 +25,9 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from unicache_fsm.cli import main
 from unicache_fsm.linker import linker as linker_mod
-from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase
+from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase, PoolName
 from unicache_fsm.store.faults import FaultKind
+from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.testing.explore import (
     Op,
     Scope,
@@ -379,3 +381,15 @@ def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     with pytest.raises(Exception, match="|".join(re.escape(n) for n in names)):
         module["test_explore_counterexample"]()
     assert "stateDiagram" in found.diagrams()
+
+
+def test_a_store_with_a_background_worker_is_not_copied() -> None:
+    store = MemoryStore(background=True)
+    try:
+        with pytest.raises(TypeError, match="background worker"):
+            copy.deepcopy(store)
+    finally:
+        store.close()
+    quiet = MemoryStore()
+    twin = copy.deepcopy(quiet)
+    assert twin is not quiet and twin.stored_keys(PoolName.KV) == quiet.stored_keys(PoolName.KV)
