@@ -1,14 +1,19 @@
 """`unicache-fsm explore`: exhaustive breadth-first exploration of the real system.
 
 Checked here: a small scope is explored to exhaustion (through the CLI, as CI runs it),
-the canonical form renames slots but tells different states apart, a violation comes
-back as the shortest path, printed as a pytest module that reproduces it, and every
-planted bug of the mutation check (tests/test_testing_mutations.py) is found with a
-counterexample no longer than the one Hypothesis shrinks to for the same bug.
+the canonical form renames slots and mirrors requests of one key but tells different
+states apart, a snapshot continues like a replay, a violation comes back as the
+shortest path, printed as a pytest module that reproduces it, and six planted bugs of
+the mutation check (tests/test_testing_mutations.py) are found with a counterexample
+no longer than the one Hypothesis shrinks to for the same bug (both lengths printed).
+The mutation check's other bugs need operations explore's alphabet lacks (an unpinned
+match before a load, a capacity store, a corrupted page, ill-typed completion answers,
+several ranks); see docs/design.md.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -20,8 +25,9 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from unicache_fsm.cli import main
 from unicache_fsm.linker import linker as linker_mod
-from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase
+from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase, PoolName
 from unicache_fsm.store.faults import FaultKind
+from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.testing.explore import (
     Op,
     Scope,
@@ -30,6 +36,7 @@ from unicache_fsm.testing.explore import (
     explore,
     fingerprint,
     replay,
+    snapshot,
 )
 from unicache_fsm.testing.machines import SystemMachine
 from unicache_fsm.tree import components
@@ -114,6 +121,40 @@ def test_fingerprints_rename_slots_but_tell_states_apart() -> None:
     assert fingerprint(replay(scope, path), scope) == fingerprint(replay(scope, path), scope)
 
 
+def test_mirror_states_share_a_fingerprint_when_requests_share_a_key() -> None:
+    scope = Scope(pages=4, requests=2, swa=True, key_pages=1, faults=())
+    assert scope.symmetric
+    ns_0, _ = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0"])
+    ns_1, _ = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 1"])
+    assert ns_0["s"].linker.loads.keys() == {"r0"} and ns_1["s"].linker.loads.keys() == {"r1"}
+    assert fingerprint(ns_0, scope) == fingerprint(ns_1, scope)
+    both, _ = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0", "begin 1"])
+    assert fingerprint(both, scope) != fingerprint(ns_0, scope)
+    # with two keys the requests are not interchangeable
+    two = Scope(pages=4, requests=2, swa=True, key_pages=2, faults=())
+    assert not two.symmetric
+
+
+def test_a_snapshot_continues_like_a_replay_and_leaves_the_original_alone() -> None:
+    scope = Scope(pages=4, requests=2, swa=True, key_pages=1)
+    labels = ["compute 0", "progress", "poll", "evict", "begin 0", "load_back 0", "start"]
+    ns, path = _walk(scope, labels)
+    before = fingerprint(ns, scope)
+    for op in enabled_ops(ns, scope):
+        copied = snapshot(ns)
+        assert copied["s"] is not ns["s"] and copied["r0"].load is copied["s"].linker.loads["r0"]
+        fresh = replay(scope, path)
+        outcomes = []
+        for state in (copied, fresh):
+            try:
+                apply(op, state)
+                outcomes.append(fingerprint(state, scope))
+            except Exception as exc:  # a refusal must be the same on both
+                outcomes.append(repr(exc))
+        assert outcomes[0] == outcomes[1], op.label
+        assert fingerprint(ns, scope) == before, op.label
+
+
 # -- planted bugs (the mutation check's) -------------------------------------------------
 
 
@@ -180,6 +221,11 @@ def _plant_optimist(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linker_mod.ExternalLinker, "landed_everywhere", optimist)
 
 
+def _plant_stuck_offload(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a refused or failed offload never rolls its nodes back (issue 12's third bug)
+    monkeypatch.setattr(linker_mod.ExternalLinker, "roll_back_nodes", lambda self, rec, v=0: None)
+
+
 K = FaultKind
 # (bug, explore scope, the Hypothesis machine's page size / SWA / faults, what breaks)
 BUGS = [
@@ -206,17 +252,18 @@ BUGS = [
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=()),
         (4, False, False),
         ("not in the tree", "lock"),
-        marks=pytest.mark.xfail(
-            run=False,  # ~2 minutes of Hypothesis shrinking to confirm a known gap
-            reason="Hypothesis's failure here carries no falsifying program note",
-        ),
     ),
     pytest.param(
         _plant_optimist,
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.FAIL_BATCH_BEFORE_START,)),
         (4, False, True),
-        ("KV bytes", "stored pages present"),
-        marks=pytest.mark.xfail(strict=True, reason="this scope does not reach the bug yet"),
+        ("loads landed", "KV bytes", "stored pages present"),
+    ),
+    (
+        _plant_stuck_offload,
+        Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.REFUSE_OFFLOAD,)),
+        (4, False, True),
+        ("lock balance", "offloading"),
     ),
 ]
 
@@ -227,12 +274,32 @@ OPS_PER_RULE = {
     "begin": lambda args: 2 if "prepare=True" in args else 1,  # + load_back
     "revisit": lambda args: 6,  # compute, progress, poll, evict, begin, load_back
     "step": lambda args: 4,  # start, progress, finish, poll
+    # the unpinned match -> load gap: compute the head and the key (each settled: compute,
+    # progress, poll), evict the tail, an unpinned begin, the meddling, then load_back
+    "gap": lambda args: 3 + 3 + 1 + 1 + 1 + _MEDDLE_OPS[args.split("meddle='")[1].split("'")[0]],
 }
+# what the gap's meddling costs: evict + compute (+ a host load), one compute or eviction
+_MEDDLE_OPS = {"reload": 2, "refill": 1, "evict_swa": 1, "evict": 1, "nothing": 0}
+
+
+def _program(exc: BaseException) -> list[str]:
+    """The rule calls of the falsifying program Hypothesis noted on `exc` (the invariant
+    checks between them are not steps)."""
+    notes = "\n".join(getattr(exc, "__notes__", []))
+    return [
+        line
+        for line in notes.splitlines()
+        if line.startswith("state.")
+        and not line.startswith(("state.setup", "state.teardown", "state.audited"))
+    ]
 
 
 def _hypothesis_length(p: int, swa: bool, faults: bool) -> tuple[int, int]:
     """Run the mutation check's hunt with shrinking on: the shrunk program's rules, and
-    the operations of the explorer's alphabet they perform (the same unit as explore's)."""
+    the operations of the explorer's alphabet they perform (the same unit as explore's).
+
+    Hypothesis shrinks the first failure it meets (``report_multiple_bugs=False``); a
+    planted bug often breaks several invariants, each of them is that bug."""
     attrs = {
         "page_sizes": (p,),
         "swa_choices": (swa,),
@@ -247,27 +314,46 @@ def _hypothesis_length(p: int, swa: bool, faults: bool) -> tuple[int, int]:
         database=None,
         deadline=None,
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        report_multiple_bugs=False,
     )
     with pytest.raises(Exception) as info:
         run_state_machine_as_test(machine, settings=hunt)
-    notes = "\n".join(getattr(info.value, "__notes__", []))
-    steps = [
-        line
-        for line in notes.splitlines()
-        if line.startswith("state.") and not line.startswith(("state.setup", "state.teardown"))
-    ]
-    assert notes, "Hypothesis printed no falsifying program"
+    found = info.value
+    failures = [e for e in getattr(found, "exceptions", [found]) if _program(e)]
+    assert failures, f"Hypothesis printed no falsifying program: {found!r}"
+    failure = min(failures, key=lambda e: len(_program(e)))
+    steps = _program(failure)
     ops = 0
     for line in steps:
         name, _, args = line.removeprefix("state.").partition("(")
         ops += OPS_PER_RULE.get(name, lambda args: 1)(args)
+    if _in_teardown(failure):
+        # the machine's teardown drives what is in flight (start, progress, finish, ...)
+        # before it fails: counted as its first three operations, a lower bound
+        ops += 3
     return len(steps), ops
+
+
+def _in_teardown(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "teardown":
+            return True
+        tb = tb.tb_next
+    return False
 
 
 @pytest.mark.parametrize(
     ("plant", "scope", "machine", "names"),
     BUGS,
-    ids=["swa_leak", "greedy_commit", "forgetful_split", "careless_eviction", "optimist"],
+    ids=[
+        "swa_leak",
+        "greedy_commit",
+        "forgetful_split",
+        "careless_eviction",
+        "optimist",
+        "stuck_offload",
+    ],
 )
 def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     monkeypatch: pytest.MonkeyPatch,
@@ -295,3 +381,15 @@ def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     with pytest.raises(Exception, match="|".join(re.escape(n) for n in names)):
         module["test_explore_counterexample"]()
     assert "stateDiagram" in found.diagrams()
+
+
+def test_a_store_with_a_background_worker_is_not_copied() -> None:
+    store = MemoryStore(background=True)
+    try:
+        with pytest.raises(TypeError, match="background worker"):
+            copy.deepcopy(store)
+    finally:
+        store.close()
+    quiet = MemoryStore()
+    twin = copy.deepcopy(quiet)
+    assert twin is not quiet and twin.stored_keys(PoolName.KV) == quiet.stored_keys(PoolName.KV)

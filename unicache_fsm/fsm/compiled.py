@@ -23,6 +23,7 @@ executors to the same observable behaviour as the reference executors.
 
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import inspect
@@ -213,6 +214,43 @@ class _CompiledDispatch(ExecutorBase):
             probe = _compile(_probe_source(group, bound, aio), "probe", self._consts, filename)
             self._probes.setdefault(config, {})[trigger] = probe
         return step
+
+    # attributes a copy shares (immutable) or starts afresh (they hold the bound callbacks)
+    _SHARED = frozenset({"spec", "flat", "model_cls", "_get_state", "_triggers", "_alias"})
+    _FRESH = frozenset({"_consts", "_probes", "sources", "_plain", "_observed", "_steps"})
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A copy bound to the deep copy of the handler (``copy.deepcopy`` of whatever
+        holds the executor, e.g. a whole system snapshotted by a search).
+
+        The spec and its flat table are shared; observers are shared callables; the
+        dispatch tables start empty and fill on first use again, because every generated
+        step holds the original handler's bound methods as constants.
+        """
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name in self._SHARED:
+                setattr(new, name, value)
+            elif name == "observers":
+                new.observers = list(value)
+            elif name == "_running":
+                new._running = {}
+            elif name not in self._FRESH:
+                setattr(new, name, copy.deepcopy(value, memo))
+        handler = new.handler
+        new._consts = (
+            {f"CB_{n}": getattr(handler, n) for n in self.spec.callback_names()}
+            if new._bound
+            else {}
+        )
+        if self._aio:
+            new._consts["ISAWAITABLE"] = inspect.isawaitable
+        new._probes, new.sources, new._plain, new._observed = {}, {}, {}, None
+        new._steps = new._plain
+        new._observers_changed()
+        return new
 
     def _observers_changed(self) -> None:
         if self.observers and self._observed is None:

@@ -97,6 +97,12 @@ __all__ = [
 class UnicacheFsmError(Exception):
     """Root of every error unicache_fsm raises on purpose."""
 
+    def __deepcopy__(self, memo: dict[int, object]) -> UnicacheFsmError:
+        """An error is a record of what happened: a deep copy of whatever keeps one (a
+        store's `last_error`, say) shares it (many errors take keyword-only fields that
+        the default copy protocol cannot pass back)."""
+        return self
+
 
 class SpecProblem:
     """One finding of spec validation: a kind of problem and the names it concerns."""

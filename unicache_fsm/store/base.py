@@ -43,9 +43,10 @@ and bytes move outside it, by one thread at a time (the worker, or the caller of
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -165,6 +166,24 @@ class BaseStore(Generic[E]):
         self._next_offload = 0
         self._closed = False
         self._worker: threading.Thread | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A copy of the books and pages with fresh locks (a search snapshots a whole
+        system this way); a store with a background worker cannot be copied."""
+        if self._worker is not None:
+            msg = f"{type(self).__name__} with a background worker cannot be copied"
+            raise TypeError(msg)
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name == "_cond":
+                new._cond = threading.Condition(threading.Lock())
+            elif name == "_performing":
+                new._performing = threading.Lock()
+            else:
+                setattr(new, name, copy.deepcopy(value, memo))
+        return new
 
     def _start_worker(self) -> None:
         """Start the background worker (subclasses call it last in ``__init__``)."""

@@ -245,6 +245,11 @@ class FaultPolicy:
         """One of `options`, drawn from the policy's random stream (reproducible)."""
         return options[self._rng.randrange(len(options))]
 
+    def calls(self, kind: FaultKind) -> int:
+        """How many eligible calls `roll` saw for `kind` (counted only while a rule for
+        `kind` is present, whether or not it fired)."""
+        return self._calls[kind]
+
     def roll(self, kind: FaultKind) -> bool:
         """Whether to inject `kind` on this eligible call (counted in `injected` if so)."""
         rule = self.rules.get(kind)

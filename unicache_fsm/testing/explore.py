@@ -30,16 +30,25 @@ store's contents and its in-flight work (`FaultyStore.pending`). A state is kept
 16-byte BLAKE2b fingerprint of that form, so memory grows with 16 bytes per state plus
 the current and next frontier.
 
-Reaching a state: a frontier entry is its operation path, and each successor is
-reached by *replay*: build a fresh `System` and re-run the path (without the audits,
-which passed the first time). Deep-copying a `System` instead was tried and measured
-first: ``copy.deepcopy`` fails on it (the store holds a thread lock), and even where it
-succeeds the compiled executors' steps keep calling the original linker's bound
-callbacks; a fresh build costs about 4 ms (the compiled executors' generated source is
-cached per process) and an operation about 1-3 ms, so replaying the short paths of a
-small scope is both correct and cheap enough. Every successor of one state is
-independent, so a level's frontier is split across worker processes (``workers``; by
-default one per core): each returns fingerprints, the main process deduplicates.
+Reaching a state: a frontier entry is its operation path. A worker replays the path
+once on a fresh `System` (without the audits, which passed the first time), then runs
+each enabled operation on a `snapshot` of that state (``copy.deepcopy`` of the system
+and the requests together: compiled executors rebind their steps to the copied
+handler, a store copies its books with fresh locks), the last operation on the state
+itself; below `_SNAPSHOT_AFTER` operations a replay is cheaper than a copy and is used
+instead. Every successor of one state is independent, so a level's frontier is split
+across worker processes (``workers``; by default one per core): each returns
+fingerprints, the main process deduplicates.
+
+Reductions, each exact for this system: hit counts are recorded only up to the
+write-through threshold (1), past which they change nothing; when every request asks
+for the same key (``key_pages=1``) the fingerprint is the least over the orders of the
+requests (a state and its mirror image are one state); a fault variant whose fault
+finds no store call to apply to (counted, not injected, while the plain operation runs)
+is the plain operation and is not taken again; and a worker audits a fingerprint once
+(the same state met through another path passed its audit already). A lookup whose
+store evicts after answering (``evict_after_lookup``) is followed by the LOOKUP that
+demotes what the store lost, as ``store_evict`` is.
 
 Coverage: the transitions each new operation fires (not the replays) are counted per
 machine, as `unicache-fsm fuzz --coverage` writes them (`Coverage`).
@@ -54,9 +63,12 @@ them and its last state highlighted). Helpers the printed tests use: `inject`,
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
+import itertools
 import multiprocessing
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -68,7 +80,7 @@ import torch
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import render_mermaid
 from unicache_fsm.fsm.errors import UnicacheFsmError
-from unicache_fsm.fsm.executor import Executor
+from unicache_fsm.fsm.executor import Executor, ExecutorBase
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.linker.load import ExternalLoad, LoadState
@@ -95,6 +107,7 @@ __all__ = [
     "node_at",
     "replay",
     "reverify",
+    "snapshot",
 ]
 
 FULL, SWA = ComponentType.FULL, ComponentType.SWA
@@ -107,6 +120,7 @@ _LOAD_FAULTS = (FaultKind.REFUSE_LOAD,)
 _BATCH_FAULTS = (FaultKind.FAIL_BATCH_BEFORE_START, FaultKind.FAIL_BATCH_MIDWAY)
 _OFFLOAD_FAULTS = (FaultKind.REFUSE_OFFLOAD, FaultKind.FAIL_OFFLOAD)
 _PROGRESS_FAULTS = (FaultKind.DELAY_COMPLETION,)
+_LOSING_FAULTS = (FaultKind.EVICT_AFTER_LOOKUP,)  # the store drops pages itself
 
 
 # -- scope -------------------------------------------------------------------------------
@@ -143,6 +157,11 @@ class Scope:
         if self.requests > 9:
             msg = f"Scope.requests must be at most 9 (a small scope), got {self.requests}"
             raise ValueError(msg)
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether every request asks for the same key (so requests are interchangeable)."""
+        return self.key_pages == 1 and self.requests <= 3
 
     def key(self, i: int) -> tuple[int, ...]:
         p = self.page_size
@@ -230,6 +249,7 @@ class Op:
 
     label: str
     code: str
+    fault: FaultKind | None = None  # a variant: the fault injected on the plain op's call
 
 
 _COMPILED: dict[str, Any] = {}
@@ -241,7 +261,9 @@ def _faulted(op: Op, kinds: Sequence[FaultKind], scope: Scope) -> list[Op]:
     for kind in kinds:
         if kind in scope.faults:
             code = f"with inject(s, FaultKind.{kind.name}):\n    " + op.code.replace("\n", "\n    ")
-            out.append(Op(f"{op.label}[{kind.value}]", code))
+            if kind in _LOSING_FAULTS and "reverify(s)" not in op.code:
+                code += "\nreverify(s)"  # the LOOKUP that demotes what the store lost
+            out.append(Op(f"{op.label}[{kind.value}]", code, kind))
     return out
 
 
@@ -357,6 +379,19 @@ def replay(scope: Scope, path: Sequence[Op]) -> dict[str, Any]:
     return ns
 
 
+_STATE_NAMES = re.compile(r"s|r[0-9]+")
+
+
+def snapshot(ns: dict[str, Any]) -> dict[str, Any]:
+    """An independent copy of the state in `ns` (the system and the requests, deep-copied
+    together; the helpers shared), so that each successor of a state is reached without
+    replaying its path. The copy's machines keep the original's observers."""
+    out = dict(ns)
+    state = {k: v for k, v in ns.items() if _STATE_NAMES.fullmatch(k)}
+    out.update(copy.deepcopy(state))
+    return out
+
+
 # -- canonical form -----------------------------------------------------------------------
 
 
@@ -373,9 +408,20 @@ class _Renamer:
         return tuple(names.setdefault(x, len(names)) for x in t.tolist())
 
 
-def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
-    """The state of the system in `ns`, free of ids, counters, clocks and slot numbers."""
+def canonical(
+    ns: dict[str, Any], scope: Scope, order: Sequence[int] | None = None
+) -> tuple[Any, ...]:
+    """The state of the system in `ns`, free of ids, counters, clocks and slot numbers.
+
+    `order` renames the requests (request ``i`` is written as ``order[i]``); only a
+    renaming of requests that ask for the same key gives an equivalent state.
+    """
     s: System = ns["s"]
+    names = {f"r{i}": f"r{j}" for i, j in enumerate(order or range(scope.requests))}
+
+    def rn(rid: str) -> str:
+        return names.get(rid, rid)
+
     lk = s.linker
     full, swa, host = _Renamer(), _Renamer(), _Renamer()
     index: dict[int, int] = {}
@@ -404,7 +450,7 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
             n.namespace,
             n.residency,
             n.lock_ref,
-            min(n.hit_count, 2),
+            min(n.hit_count, 1),  # the system's write-through threshold is 1
             stamps[n.last_access],
             n.hashes is not None,
             full(n.slots(FULL)),
@@ -421,7 +467,7 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
 
     def load_form(ld: ExternalLoad) -> Any:
         return (
-            ld.rid,
+            rn(ld.rid),
             ld.state,
             ref(ld.anchor),
             len(ld.key),
@@ -440,10 +486,10 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
             full(ld.slots),
         )
 
-    loads = tuple(load_form(ld) for _, ld in sorted(lk.loads.items()))
+    loads = tuple(load_form(lk.loads[r]) for r in sorted(lk.loads, key=rn))
     draining = tuple(load_form(ld) for ld in lk.draining)
-    held = tuple(sorted(ld.rid for ld in lk.held.values()))
-    batches = tuple(tuple(ld.rid for ld in b.loads) for b in lk.batches)
+    held = tuple(sorted(rn(ld.rid) for ld in lk.held.values()))
+    batches = tuple(tuple(rn(ld.rid) for ld in b.loads) for b in lk.batches)
     offloads = tuple(
         None
         if rec is None
@@ -456,24 +502,30 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
         )
         for rec in lk.offloads
     )
-    requests: list[Any] = []
-    for _, req in _requests(ns, scope):
+    requests: list[Any] = [None] * scope.requests
+    for i, req in _requests(ns, scope):
+        at = int(rn(f"r{i}")[1:])
         if req is None:
-            requests.append(None)
+            requests[at] = None
         elif req.rid not in s.requests:
-            requests.append("done")
+            requests[at] = "done"
         else:
-            requests.append(
-                (
-                    ref(req.lock),
-                    req.prepared,
-                    None if req.load is None else load_form(req.load),
-                    req.match is not None and req.match.load is req.load,
-                )
+            requests[at] = (
+                ref(req.lock),
+                req.prepared,
+                None if req.load is None else load_form(req.load),
+                req.match is not None and req.match.load is req.load,
             )
     locks = tuple(sorted(repr(ref(n)) for n in s.locks))
     pools = [PoolName.KV, PoolName.SWA] if scope.swa else [PoolName.KV]
     store = tuple(tuple(sorted(s.memory.stored_keys(pool))) for pool in pools)
+    work: Any = s.faulty.pending()  # (queued rids, started batches, offloads)
+    queued, batched, offloading = work
+    pending = (
+        tuple(rn(r) for r in queued),
+        tuple((tuple(rn(r) for r in rids), *rest) for rids, *rest in batched),
+        offloading,
+    )
     return (
         tree,
         loads,
@@ -484,14 +536,21 @@ def canonical(ns: dict[str, Any], scope: Scope) -> tuple[Any, ...]:
         tuple(requests),
         locks,
         store,
-        s.faulty.pending(),
+        pending,
         s.allocator.available_size(),
     )
 
 
 def fingerprint(ns: dict[str, Any], scope: Scope) -> bytes:
-    """16 bytes that stand for the state's canonical form."""
-    return hashlib.blake2b(repr(canonical(ns, scope)).encode(), digest_size=16).digest()
+    """16 bytes that stand for the state's canonical form; when every request asks for
+    the same key (``key_pages=1``), the least over both orders of the requests (a state
+    and its mirror image, the requests' roles swapped, are one state)."""
+    forms = [repr(canonical(ns, scope))]
+    if scope.symmetric:
+        for order in itertools.permutations(range(scope.requests)):
+            if list(order) != sorted(order):
+                forms.append(repr(canonical(ns, scope, order)))
+    return hashlib.blake2b(min(forms).encode(), digest_size=16).digest()
 
 
 # -- coverage during one operation --------------------------------------------------------
@@ -519,6 +578,19 @@ def _observing(s: System, observer: Callable[..., None]) -> Iterator[None]:
             ex.remove_observer(observer)
 
 
+@contextlib.contextmanager
+def _observing_globals(observer: Callable[..., None]) -> Iterator[None]:
+    """Observe the store's job machines (module-level executors, shared by all systems)."""
+    executors = [jobs.LOAD_MACHINE, jobs.OFFLOAD_MACHINE]
+    for ex in executors:
+        ex.add_observer(observer)
+    try:
+        yield
+    finally:
+        for ex in executors:
+            ex.remove_observer(observer)
+
+
 # -- one expansion (runs in a worker) -----------------------------------------------------
 
 
@@ -529,31 +601,113 @@ class _Child:
     error: str | None = None
 
 
-def _expand(scope: Scope, path: tuple[Op, ...]) -> tuple[list[_Child], int, Counter[Any]]:
-    """Every successor of the state `path` reaches: (children, refused, transition counts)."""
-    counter = TransitionCounter()
-    parent = replay(scope, path)
-    ops = enabled_ops(parent, scope)
+class _Gate:
+    """An observer that counts transitions only while `on` (not during a replay)."""
+
+    def __init__(self) -> None:
+        self.counter = TransitionCounter()
+        self.on = False
+
+    def __call__(self, ex: ExecutorBase, model: Any, source: str, trigger: str, dest: str) -> None:
+        if self.on:
+            self.counter(ex, model, source, trigger, dest)
+
+
+# a snapshot costs about as much as building a system and replaying this many operations
+_SNAPSHOT_AFTER = 4
+
+
+def _reach(scope: Scope, path: Sequence[Op], gate: _Gate) -> dict[str, Any]:
+    """A fresh system after `path`, its own machines observed by `gate` (off meanwhile)."""
+    ns = _namespace(scope.build())
+    on, gate.on = gate.on, False
+    for ex in _executors(ns["s"])[:3]:
+        ex.add_observer(gate)
+    for op in path:
+        apply(op, ns, audit=False)
+    gate.on = on
+    return ns
+
+
+def _apply_counting(
+    op: Op, ns: dict[str, Any], scope: Scope, eligible: dict[str, set[FaultKind]]
+) -> None:
+    """Run the plain `op`, counting (never injecting) the store calls each fault of the
+    scope could apply to; ``eligible[op.label]`` gets the faults that had one (a variant
+    whose fault finds no call is the plain op again). If `op` raises, every variant is
+    tried."""
+    policy = FaultPolicy({kind: FaultRule(every=_NEVER) for kind in scope.faults})
+    s: System = ns["s"]
+    s.faulty.policy = policy
+    eligible[op.label] = set(scope.faults)
+    try:
+        apply(op, ns, audit=False)
+    finally:
+        s.faulty.policy = FaultPolicy()
+    eligible[op.label] = {kind for kind in scope.faults if policy.calls(kind)}
+
+
+_NEVER = 2**62  # a period no search reaches: the rule counts calls but never fires
+
+
+# fingerprints of the states this process has audited, per search (a state met again
+# through another path is the same state: its audit passed the first time)
+_AUDITED: dict[str, set[bytes]] = {}
+_RUNS = itertools.count()
+
+
+def _expand(
+    scope: Scope, path: tuple[Op, ...], run: str = ""
+) -> tuple[list[_Child], int, Counter[Any]]:
+    """Every successor of the state `path` reaches: (children, refused, transition counts).
+
+    Each operation runs on a copy of that state: a `snapshot` of it when the path is
+    long, a replay of the path when it is short (cheaper there); the last operation
+    runs on the state itself."""
+    if run not in _AUDITED:
+        _AUDITED.clear()
+        _AUDITED[run] = set()
+    audited = _AUDITED[run]
+    gate = _Gate()
     children: list[_Child] = []
     refused = 0
-    ns: dict[str, Any] | None = parent
-    for op in ops:
-        if ns is None:
-            ns = replay(scope, path)
-        try:
-            with _observing(ns["s"], counter):
-                apply(op, ns)
-        except Refused:
-            refused += 1
-        except Exception as exc:  # a finding: an invariant or a crash of the real code
-            children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
-        else:
-            children.append(_Child(op, fingerprint(ns, scope)))
-        ns = None
-    return children, refused, counter.counts
+    parent = _reach(scope, path, gate)
+    with _observing_globals(gate):
+        gate.on = True
+        ops = enabled_ops(parent, scope)
+        faulted = {op.label.rpartition("[")[0] for op in ops if op.fault is not None}
+        eligible: dict[str, set[FaultKind]] = {}
+        for k, op in enumerate(ops):
+            plain = op.label.rpartition("[")[0]
+            if op.fault is not None and op.fault not in eligible.get(plain, ()):
+                continue  # the fault finds no call to apply to: this is the plain op
+            if k == len(ops) - 1:
+                ns = parent
+            elif len(path) >= _SNAPSHOT_AFTER:
+                ns = snapshot(parent)
+            else:
+                ns = _reach(scope, path, gate)
+            try:
+                if op.label in faulted:
+                    _apply_counting(op, ns, scope, eligible)
+                else:
+                    apply(op, ns, audit=False)
+                digest = fingerprint(ns, scope)
+                if digest not in audited:
+                    ns["s"].audit()
+                    audited.add(digest)
+            except Refused:
+                refused += 1
+            except Exception as exc:  # a finding: an invariant or a crash of the real code
+                children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
+            else:
+                children.append(_Child(op, digest))
+    return children, refused, gate.counter.counts
 
 
-def _expand_star(args: tuple[Scope, tuple[Op, ...]]) -> tuple[list[_Child], int, Counter[Any]]:
+def _expand_star(
+    args: tuple[Scope, tuple[Op, ...], str],
+) -> tuple[list[_Child], int, Counter[Any]]:
     return _expand(*args)
 
 
@@ -707,6 +861,7 @@ def explore(
     start = time.perf_counter()
     deadline = None if minutes is None else start + minutes * 60.0
     report = Report(scope, workers=workers)
+    run = f"{os.getpid()}-{next(_RUNS)}"
     counts: Counter[Any] = Counter()
     root = _namespace(scope.build())
     root["s"].audit()
@@ -719,7 +874,7 @@ def explore(
                 break
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            jobs_ = [(scope, path) for path in frontier]
+            jobs_ = [(scope, path, run) for path in frontier]
             if pool is None:
                 results: Any = map(_expand_star, jobs_)
             else:
