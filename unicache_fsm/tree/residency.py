@@ -94,7 +94,7 @@ BACKING_UP = configs_where("backup.backing_up")
 class Residency:
     """Fires residency triggers at tree nodes through one shared executor."""
 
-    __slots__ = ("executor", "fire")
+    __slots__ = ("executor", "on_fire")
 
     def __init__(
         self,
@@ -102,7 +102,8 @@ class Residency:
         on_fire: Callable[[TreeNode], None] | None = None,
     ) -> None:
         """`on_fire(node)` runs after every trigger fired at a node (the tree keeps its
-        evictable-leaf order with it)."""
+        evictable-leaf order with it). Held as data, not in a closure, so a deep copy
+        of a tree (a search's snapshot) calls the copy's own hook."""
         from unicache_fsm.tree.node import TreeNode  # node imports this module's sets
 
         cls: type[Executor] = (
@@ -111,16 +112,13 @@ class Residency:
         self.executor = cls(
             MACHINE, TreeNode, state_attribute="residency", triggers=ResidencyTrigger
         )
-        fire = self.executor.fire
-        if on_fire is None:
-            self.fire = fire
-        else:
+        self.on_fire = on_fire
 
-            def fire_and_note(node: TreeNode, trigger: str, /, *args: Any, **kw: Any) -> None:
-                fire(node, trigger, *args, **kw)
-                on_fire(node)
-
-            self.fire = fire_and_note
+    def fire(self, node: TreeNode, trigger: str, /, *args: Any, **kw: Any) -> None:
+        """Fire `trigger` at `node`, then `on_fire(node)`."""
+        self.executor.fire(node, trigger, *args, **kw)
+        if self.on_fire is not None:
+            self.on_fire(node)
 
     def initialize(self, node: TreeNode, like: TreeNode | None = None) -> None:
         self.executor.initialize(node, like)
