@@ -368,3 +368,22 @@ class TestCUDA:
         torch.cuda.synchronize()
         # device page back[i] now holds host page host_slots[i], i.e. rows of page i
         assert same_bytes(kv.read_pages(back), rows)
+
+
+@pytest.mark.parametrize("width", [8, 4096])  # 128 B pages (scatter) / 64 KiB pages (per page)
+def test_write_pages_from_an_aliasing_view_never_lands_wrong_bytes(width: int) -> None:
+    """Writing pages 2,3 from a view of the same pool's pages 1,2 lands the bytes pages
+    1,2 held before the call, on the scatter path (small pages) and the page-by-page
+    path (pages >= 16 KiB), which once copied page 1 into page 2, then the overwritten
+    page 2 into page 3."""
+    p = 4
+    pool = KVPool(64, p, 1, width, dtype=torch.float32)
+    rows = pool.data.view(-1, p * width)
+    for page in range(1, 5):
+        rows[page] = page
+    before = rows.clone()
+    src = pool.data.view(-1, p, 1, width)[1:3].reshape(2 * p, 1, width)  # pages 1, 2
+    pool.write_pages(torch.arange(2 * p, 4 * p), src)  # pages 2, 3
+    assert torch.equal(rows[0], before[0]) and torch.equal(rows[4], before[4])
+    got = [rows[page, 0].item() for page in range(1, 5)]
+    assert got == [1.0, 1.0, 2.0, 4.0], got

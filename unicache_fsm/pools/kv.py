@@ -183,6 +183,8 @@ class KVPool:
             raise DuplicatePagesError(msg, pool=self.name, pages=dup)
         # reshape is a view for contiguous data (the common case), a copy otherwise.
         rows = data.reshape(pages.numel(), self._rows.shape[1])
+        if rows.untyped_storage().data_ptr() == self._rows.untyped_storage().data_ptr():
+            rows = rows.clone()  # a view of this pool: write what it held before the call
         if (
             self._device.type == "cpu"
             and rows.device.type == "cpu"

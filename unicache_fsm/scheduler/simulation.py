@@ -235,9 +235,9 @@ class Simulation:
             budget -= len(spec.tokens)
             self.waiting.remove(spec)
             admitted += 1
-            from_host = self.host.load_back(spec.prompt, spec.namespace) if self.host else 0
+            before = self.host.load_back(spec.prompt, spec.namespace) if self.host else None
             req = self.system.begin(spec.rid, spec.prompt, namespace=spec.namespace)
-            from_host = min(from_host, req.prefix_len)
+            from_host = 0 if before is None else max(0, req.prefix_len - before)
             req.key = spec.tokens  # it will hold its output too
             self.prompt_len[spec.rid] = len(spec.prompt)
             self.report.prompt_tokens += len(spec.prompt)

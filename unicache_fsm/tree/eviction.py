@@ -12,7 +12,7 @@
   calls it after every trigger), so the heap always holds an entry
   ``(last_access, id, node)`` for every evictable leaf; entries that no longer match
   (a newer stamp, a node no longer evictable) are dropped when they surface, and the
-  heap is rebuilt once stale entries outnumber the nodes. One eviction costs
+  heap is rebuilt once it holds more than ``2 * nodes + 1024`` entries. One eviction costs
   O(log heap), not a pass over the tree (`check` audits the invariant).
 - `remove_device_copy(node)` — the node's device copy goes: every component frees
   its slots on it (last component first, so a window goes before its backbone), then

@@ -3,15 +3,14 @@
 - `child_key(parent, key, pos, namespace, page_size)` — the dict key under which the
   child holding ``key[pos:]`` is filed in `parent.children`: its first page, and at
   the root also the namespace (tenants never share a subtree).
-- `common_len(node_key, key, pos, end, page_size)` — the length of the page-aligned
-  common prefix of a node's key and ``key[pos:end]``, given that the first page
-  matches (it selected the child).
 - `pack_key(key, fmt)` — the key's tokens as fixed-width bytes (`fmt`: ``"I"``,
   u32 little-endian as page hashes cover them, or ``"q"``, int64 native), or
   `InvalidTokenError` naming the first token that does not fit. The tree packs a key
   once and compares packed bytes: a page compare is a memcmp, no per-token Python work.
-- `packed_common_len(node, packed, pos, end, page_size, width)` — `common_len` over
-  packed keys (`node.packed` against ``packed``; `width` bytes per token).
+- `packed_common_len(node, packed, pos, end, page_size, width)` — the length of the
+  page-aligned common prefix of `node.packed` and the packed key's tokens
+  ``[pos:end]`` (`width` bytes per token), given that the first page matches (it
+  selected the child).
 - `check_aligned(what, value, page_size)` — `UnalignedKeyError` unless `value` is a
   page multiple.
 
@@ -27,7 +26,7 @@ from unicache_fsm import hashing
 from unicache_fsm.tree.errors import UnalignedKeyError
 from unicache_fsm.tree.node import TreeNode
 
-__all__ = ["check_aligned", "child_key", "common_len", "pack_key", "packed_common_len"]
+__all__ = ["check_aligned", "child_key", "pack_key", "packed_common_len"]
 
 _I64 = (-(1 << 63), 1 << 63)
 
@@ -37,23 +36,6 @@ def child_key(
 ) -> Any:
     page = key[pos : pos + page_size]
     return (namespace, page) if parent.parent is None else page
-
-
-def common_len(
-    node_key: tuple[int, ...], key: tuple[int, ...], pos: int, end: int, page_size: int
-) -> int:
-    n = len(node_key)
-    if end - pos >= n and key[pos : pos + n] == node_key:
-        return n
-    p = page_size
-    lo, hi = 1, min(n, end - pos) // p  # pages; lo pages are known to match
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if key[pos : pos + mid * p] == node_key[: mid * p]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * p
 
 
 def pack_key(key: tuple[int, ...], fmt: str) -> bytes:
