@@ -308,7 +308,7 @@ def _hypothesis_length(p: int, swa: bool, faults: bool) -> tuple[int, int]:
     }
     machine = type(f"Shrink_P{p}_{swa}_{faults}", (SystemMachine,), attrs)
     hunt = settings(
-        max_examples=400,
+        max_examples=1500,  # as the mutation check's hunts: some bugs need more than 400
         stateful_step_count=40,
         derandomize=True,
         database=None,
