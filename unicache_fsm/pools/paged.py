@@ -220,7 +220,7 @@ class PagedAllocator:
         flags = self._free_flags
         assert flags is not None, "the Python path needs the CPU bytearray flags"
         page_ids = self._codec.page_list(t, what)
-        if any(flags[k] for k in page_ids) or len(set(page_ids)) != len(page_ids):
+        if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=freeing)
         return page_ids
