@@ -126,6 +126,10 @@ class PagedAllocator:
 
     def allocated_page_ids(self) -> torch.Tensor:
         """Sorted ids of the pages currently handed out (a copy)."""
+        flags = self._free_flags
+        if flags is not None and len(flags) <= SMALL_SLOTS:
+            taken = [k for k in range(1, len(flags)) if not flags[k]]
+            return torch.tensor(taken, dtype=torch.int64)
         return torch.nonzero(~self._is_free[1:]).view(-1) + 1
 
     def __repr__(self) -> str:

@@ -205,7 +205,7 @@ class SlotCodec:
             return False
         if n <= SMALL_SLOTS:
             return len(set(pages.tolist())) != n
-        return torch.unique(pages).numel() != n
+        return int(torch.unique(pages).numel()) != n
 
     @staticmethod
     def duplicate_pages(pages: torch.Tensor) -> list[int]:
