@@ -34,7 +34,7 @@ from unicache_fsm.pools.errors import (
     TensorTypeError,
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
-from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, preview
+from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
 
 __all__ = ["PagedAllocator"]
 
@@ -129,7 +129,7 @@ class PagedAllocator:
         flags = self._free_flags
         if flags is not None and len(flags) <= SMALL_SLOTS:
             taken = [k for k in range(1, len(flags)) if not flags[k]]
-            return torch.tensor(taken, dtype=torch.int64)
+            return int64_tensor(taken, self._device)
         return torch.nonzero(~self._is_free[1:]).view(-1) + 1
 
     def __repr__(self) -> str:
@@ -210,7 +210,7 @@ class PagedAllocator:
             page_ids = self._live_page_list(t, what=what, freeing=freeing)
             if self._layout.page_size == 1:
                 return t
-            return torch.tensor(page_ids, dtype=torch.int64)
+            return int64_tensor(page_ids, self._device)
         pages = codec.to_pages(t, what)
         if pages.numel() == 0:
             return pages
