@@ -17,7 +17,9 @@ Every call does O(pages in the call) tensor work and no Python loop per page or 
 the free pages sit in a stack tensor (`_free_stack[:_num_free]`, allocation pops from the
 top so recently freed pages are reused first), and `_is_free[page]` answers double frees
 in one gather. Every bad input raises a typed error from `pools.errors` before anything
-changes.
+changes. On CPU `_is_free` is a view of a bytearray (`_free_flags`), so a call with at most
+`SMALL_SLOTS` slots checks ownership in Python over that same memory instead of paying a
+few tensor ops' fixed cost: same checks, same errors.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from unicache_fsm.pools.errors import (
     TensorTypeError,
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
-from unicache_fsm.pools.slots import SlotCodec, preview
+from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
 
 __all__ = ["PagedAllocator"]
 
@@ -40,7 +42,15 @@ __all__ = ["PagedAllocator"]
 class PagedAllocator:
     """Hands out and takes back whole pages of token slots (see the module docstring)."""
 
-    __slots__ = ("_codec", "_device", "_free_stack", "_is_free", "_layout", "_num_free")
+    __slots__ = (
+        "_codec",
+        "_device",
+        "_free_flags",
+        "_free_stack",
+        "_is_free",
+        "_layout",
+        "_num_free",
+    )
 
     def __init__(
         self,
@@ -59,7 +69,14 @@ class PagedAllocator:
         self._free_stack = torch.arange(n, 0, -1, dtype=torch.int64, device=self._device)
         self._num_free = n
         # _is_free[k] for page ids 0 .. n; page 0 stays False (it is never free: never ours).
-        self._is_free = torch.ones(n + 1, dtype=torch.bool, device=self._device)
+        # On CPU the flags live in a bytearray the tensor views (one memory, two readers).
+        self._free_flags: bytearray | None = None
+        if self._device.type == "cpu":
+            self._free_flags = bytearray(n + 1)
+            self._is_free = torch.frombuffer(self._free_flags, dtype=torch.bool)
+            self._is_free.fill_(True)
+        else:
+            self._is_free = torch.ones(n + 1, dtype=torch.bool, device=self._device)
         self._is_free[0] = False
 
     # -- read-only facts ---------------------------------------------------------------
@@ -109,6 +126,10 @@ class PagedAllocator:
 
     def allocated_page_ids(self) -> torch.Tensor:
         """Sorted ids of the pages currently handed out (a copy)."""
+        flags = self._free_flags
+        if flags is not None and len(flags) <= SMALL_SLOTS:
+            taken = [k for k in range(1, len(flags)) if not flags[k]]
+            return int64_tensor(taken, self._device)
         return torch.nonzero(~self._is_free[1:]).view(-1) + 1
 
     def __repr__(self) -> str:
@@ -170,7 +191,12 @@ class PagedAllocator:
         For callers about to take ownership of slots (the tree adopting an insert's
         value): one gather, nothing changed.
         """
-        self.live_pages(slots, what=what, freeing=False)
+        codec = self._codec
+        t = codec.check_index_tensor(slots, what)
+        if self._free_flags is not None and t.numel() <= SMALL_SLOTS:
+            self._live_page_list(t, what=what, freeing=False)
+        else:
+            self.live_pages(t, what=what, freeing=False)
 
     def live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
         """Page ids of `slots`, which must be whole, distinct, currently allocated pages.
@@ -179,12 +205,29 @@ class PagedAllocator:
         `SlotsNotAllocatedError` / `DuplicatePagesError`.
         """
         codec = self._codec
-        pages = codec.to_pages(codec.check_index_tensor(slots, what), what)
+        t = codec.check_index_tensor(slots, what)
+        if self._free_flags is not None and t.numel() <= SMALL_SLOTS:
+            page_ids = self._live_page_list(t, what=what, freeing=freeing)
+            if self._layout.page_size == 1:
+                return t
+            return int64_tensor(page_ids, self._device)
+        pages = codec.to_pages(t, what)
         if pages.numel() == 0:
             return pages
         if self._is_free.index_select(0, pages).any().item() or codec.has_duplicates(pages):
             self._raise_not_live(pages, what=what, freeing=freeing)
         return pages
+
+    def _live_page_list(self, t: torch.Tensor, *, what: str, freeing: bool) -> list[int]:
+        """`live_pages` for a small slot tensor on CPU, checked in Python over `tolist()`
+        and the bytearray `_is_free` views (same checks, same errors)."""
+        flags = self._free_flags
+        assert flags is not None, "the Python path needs the CPU bytearray flags"
+        page_ids = self._codec.page_list(t, what)
+        if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
+            pages = torch.tensor(page_ids, dtype=torch.int64)
+            self._raise_not_live(pages, what=what, freeing=freeing)
+        return page_ids
 
     def _raise_not_live(self, pages: torch.Tensor, *, what: str, freeing: bool) -> None:
         name = self.name

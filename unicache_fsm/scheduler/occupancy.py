@@ -82,7 +82,7 @@ def pool_occupancy(tree: RadixTree, reserved: Slots, held: Slots) -> dict[str, O
 
 
 def _leaked(owned: Sequence[torch.Tensor], allocated: torch.Tensor, page_size: int) -> int:
-    mine = set(page_ids(owned, page_size).tolist())
+    mine = set(page_ids(owned, page_size))
     return sum(1 for p in allocated.tolist() if p not in mine) * page_size
 
 

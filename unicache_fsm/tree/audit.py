@@ -24,6 +24,7 @@ Findings (each reported with the node id, all at once):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -41,24 +42,26 @@ if TYPE_CHECKING:
 __all__ = ["audit", "check_conservation", "page_ids"]
 
 
-def page_ids(slots: Sequence[torch.Tensor], page_size: int) -> torch.Tensor:
-    """The page id of every page of `slots` (whole pages), concatenated."""
-    parts = [s for s in slots if s is not None and s.numel()]
-    if not parts:
-        return torch.empty(0, dtype=torch.int64)
-    return torch.cat(parts).cpu()[::page_size] // page_size
+def page_ids(slots: Sequence[torch.Tensor], page_size: int) -> list[int]:
+    """The page id of every page of `slots` (whole pages), concatenated, as Python ints
+    (one `tolist()` per tensor: an audit's pools are read whole, so no tensor op per
+    node pays its fixed cost)."""
+    out: list[int] = []
+    for s in slots:
+        if s is not None and s.numel():
+            out += [v // page_size for v in s.tolist()[::page_size]]
+    return out
 
 
 def check_conservation(
-    what: str, owned: torch.Tensor, allocated: torch.Tensor, findings: list[str]
+    what: str, owned: Sequence[int], allocated: torch.Tensor, findings: list[str]
 ) -> None:
     """Pages owned (tree + outside) against the allocator's allocated pages."""
-    uniq, counts = torch.unique(owned, return_counts=True)
-    twice = uniq[counts > 1].tolist()
-    if twice:
+    own = set(owned)
+    if len(own) != len(owned):
+        twice = sorted(k for k, c in Counter(owned).items() if c > 1)
         findings.append(f"{what}: pages owned twice: {twice[:10]}")
     alloc = set(allocated.cpu().tolist())
-    own = set(uniq.tolist())
     if own - alloc:
         findings.append(f"{what}: owned pages the allocator calls free: {sorted(own - alloc)[:10]}")
     if alloc - own:

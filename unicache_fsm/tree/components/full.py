@@ -173,7 +173,7 @@ class FullComponent(TreeComponent):
             findings,
         )
         if self.owned is not None:
-            held = set(page_ids(owned, self.page_size).tolist())
+            held = set(page_ids(owned, self.page_size))
             if self.owned != held:
                 wrong = sorted(self.owned ^ held)[:10]
                 findings.append(f"FULL: the ownership map disagrees with the nodes on {wrong}")

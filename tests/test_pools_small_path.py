@@ -1,0 +1,84 @@
+"""The Python path for small slot tensors (`SMALL_SLOTS`) and the tensor path agree:
+same page ids for good input, same typed error and culprits for bad input, and the
+allocator unchanged after a rejected call."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from unicache_fsm.pools import paged, slots
+from unicache_fsm.pools.errors import PoolError
+from unicache_fsm.pools.paged import PagedAllocator
+
+
+def _outcome(call: object) -> tuple[str, object]:
+    assert callable(call)
+    try:
+        got = call()
+    except PoolError as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", None if got is None else got.tolist()
+
+
+SMALL = slots.SMALL_SLOTS  # the default, before any test patches it
+KINDS = ("good", "free", "twice", "page0", "beyond", "broken", "shifted", "partial", "negative")
+
+
+def _case(alloc: PagedAllocator, rng: random.Random, kind: str) -> torch.Tensor:
+    """Slots of a few live pages, spoilt the way `kind` says."""
+    p = alloc.page_size
+    live = alloc.allocated_page_ids().tolist()
+    pages = rng.sample(live, rng.randint(1, 6))
+    if kind == "free":
+        pages.insert(rng.randrange(len(pages)), rng.choice(alloc.free_page_ids().tolist()))
+    elif kind == "twice":
+        pages.append(rng.choice(pages))
+    elif kind == "page0":
+        pages.append(0)
+    elif kind == "beyond":
+        pages.append(alloc.num_pages + 1)
+    values = [k * p + o for k in pages for o in range(p)]
+    if kind == "broken":
+        values[rng.randrange(len(values))] += 1
+    elif kind == "shifted":  # consecutive, but not starting on a page boundary
+        values = [v + 1 for v in values] if p > 1 else [-1]
+    elif kind == "partial":
+        values = values[:-1] if p > 1 else [*values, 10**6]
+    elif kind == "negative":
+        values.append(-3)
+    return torch.tensor(values, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_small_and_tensor_paths_agree(page_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(page_size)
+    alloc = PagedAllocator(64 * page_size, page_size)
+    taken = alloc.alloc(40 * page_size)
+    assert taken is not None
+    alloc.free(taken[: 10 * page_size])
+    errors = set()
+    for kind in KINDS * 6:
+        t = _case(alloc, rng, kind)
+        results = []
+        for small in (SMALL, 0):
+            monkeypatch.setattr(slots, "SMALL_SLOTS", small)
+            monkeypatch.setattr(paged, "SMALL_SLOTS", small)
+            before = alloc.allocated_page_ids().tolist()
+            results.append(
+                (
+                    _outcome(lambda t=t: alloc.check_live(t, "slots")),
+                    _outcome(lambda t=t: alloc.live_pages(t, what="slots", freeing=True)),
+                    _outcome(lambda t=t: alloc.codec.to_pages(t, "slots")),
+                    slots.SlotCodec.has_duplicates(t),
+                    alloc.allocated_page_ids().tolist(),
+                )
+            )
+            assert alloc.allocated_page_ids().tolist() == before
+        assert results[0] == results[1], t.tolist()
+        errors.add(results[0][0][0])
+    expected = {"ok", "SlotsNotAllocatedError", "DuplicatePagesError", "ForeignSlotsError"}
+    expected |= {"UnalignedSlotsError"} if page_size > 1 else set()
+    assert expected <= errors, errors
