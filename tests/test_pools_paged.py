@@ -316,3 +316,22 @@ class TestBadFree:
         err = self.check(a, slots.view(-1, 4), TensorShapeError)
         assert isinstance(err, TensorShapeError)
         assert err.got == (4, 4)
+
+
+def test_a_deep_copy_is_an_independent_allocator_in_the_same_state() -> None:
+    """A search snapshots allocators with copy.deepcopy: the copy's checks read its own
+    flags (on CPU a tensor viewing a bytearray), and neither side sees the other's moves."""
+    import copy
+
+    alloc = PagedAllocator(64, 4)
+    held = alloc.alloc(16)
+    assert held is not None
+    twin = copy.deepcopy(alloc)
+    assert twin.available_size() == alloc.available_size()
+    twin.free(held)  # the copy's pages are live in the copy ...
+    assert twin.available_size() == alloc.available_size() + 16
+    with pytest.raises(PoolError):
+        twin.free(held)  # ... and free there now (a double free, on both check paths)
+    alloc.check_live(held)  # the original still holds them
+    more = twin.alloc(64)
+    assert more is not None and alloc.available_size() == 48

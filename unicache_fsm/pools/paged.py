@@ -24,6 +24,9 @@ few tensor ops' fixed cost: same checks, same errors.
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import torch
 
 from unicache_fsm.pools.errors import (
@@ -78,6 +81,22 @@ class PagedAllocator:
         else:
             self._is_free = torch.ones(n + 1, dtype=torch.bool, device=self._device)
         self._is_free[0] = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PagedAllocator:
+        """An independent allocator in the same state (a search's snapshot): the copy's
+        flag tensor views the copy's own bytearray, as the original's does."""
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        slots = {n for k in cls.__mro__ for n in getattr(k, "__slots__", ())} - {"__dict__"}
+        for name in slots - {"_is_free"} if self._free_flags is not None else slots:
+            if hasattr(self, name):
+                setattr(new, name, copy.deepcopy(getattr(self, name), memo))
+        if hasattr(self, "__dict__"):  # a subclass without __slots__
+            new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        if new._free_flags is not None:
+            new._is_free = torch.frombuffer(new._free_flags, dtype=torch.bool)
+        return new
 
     # -- read-only facts ---------------------------------------------------------------
 
