@@ -673,20 +673,25 @@ def _expand(
     refused = 0
     parent = _reach(scope, path, gate)
     with _observing_globals(gate):
-        gate.on = True
         ops = enabled_ops(parent, scope)
+        home = fingerprint(parent, scope)
         faulted = {op.label.rpartition("[")[0] for op in ops if op.fault is not None}
         eligible: dict[str, set[FaultKind]] = {}
+        spare: dict[str, Any] | None = None  # a copy still in the parent's state
+        gate.on = True
         for k, op in enumerate(ops):
             plain = op.label.rpartition("[")[0]
             if op.fault is not None and op.fault not in eligible.get(plain, ()):
                 continue  # the fault finds no call to apply to: this is the plain op
-            if k == len(ops) - 1:
+            if spare is not None:
+                ns = spare
+            elif k == len(ops) - 1:
                 ns = parent
             elif len(path) >= _SNAPSHOT_AFTER:
                 ns = snapshot(parent)
             else:
                 ns = _reach(scope, path, gate)
+            spare = None
             try:
                 if op.label in faulted:
                     _apply_counting(op, ns, scope, eligible)
@@ -702,6 +707,8 @@ def _expand(
                 children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
             else:
                 children.append(_Child(op, digest))
+                if digest == home and ns is not parent:
+                    spare = ns  # a self-loop: the copy is the parent's state still
     return children, refused, gate.counter.counts
 
 
