@@ -36,7 +36,14 @@ each enabled operation on a `snapshot` of that state (``copy.deepcopy`` of the s
 and the requests together: compiled executors rebind their steps to the copied
 handler, a store copies its books with fresh locks), the last operation on the state
 itself; below `_SNAPSHOT_AFTER` operations a replay is cheaper than a copy and is used
-instead. Every successor of one state is independent, so a level's frontier is split
+instead. An operation whose successor has the parent's own fingerprint (a self-loop:
+an eviction with nothing to evict, a `finish` with nothing landed; about half of all
+operations) leaves a copy that is the parent's state still, and the next operation runs
+on it instead of a fresh copy (exact for the same reason deduplication is: states of one
+fingerprint are one state). The copy itself is ``copy.deepcopy``'s semantics with fast
+paths (`_deep`): containers, project classes without copy hooks of their own, and
+tensors (each storage cloned once, every tensor on it, views included, rebuilt at its
+offset and strides). Every successor of one state is independent, so a level's frontier is split
 across worker processes (``workers``; by default one per core): each returns
 fingerprints, the main process deduplicates.
 
