@@ -405,7 +405,7 @@ def snapshot(ns: dict[str, Any]) -> dict[str, Any]:
 _ATOMIC = frozenset({int, float, bool, str, bytes, type(None), type, torch.dtype})
 _PLAIN: dict[type, tuple[str, ...] | None] = {}  # class -> its fields; None: not plain
 _DICT = ("__dict__",)  # the fields of a plain class whose instances keep a __dict__
-_REDUCE = ("__reduce_ex__", "__reduce__")
+_REDUCE = ("__reduce_ex__", "__reduce__", "__new__")  # object's: copy makes a bare instance
 _GETSTATE = ("__getstate__",)
 
 
