@@ -13,6 +13,7 @@ several ranks); see docs/design.md.
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -153,6 +155,29 @@ def test_a_snapshot_continues_like_a_replay_and_leaves_the_original_alone() -> N
                 outcomes.append(repr(exc))
         assert outcomes[0] == outcomes[1], op.label
         assert fingerprint(ns, scope) == before, op.label
+
+
+def test_a_snapshot_keeps_views_on_their_copied_storage_and_shares_no_memory() -> None:
+    base = torch.arange(12, dtype=torch.float16).reshape(3, 4)
+    view = base.view(12)[4:8]
+    other = torch.arange(6)
+    ns = {
+        # a deque goes through copy.deepcopy (Tensor.__deepcopy__), the rest through
+        # snapshot's own paths: views of one storage still share one copied storage
+        "s": {"q": collections.deque([other]), "base": base, "view": view, "again": (base,)},
+        "r0": [view, other[2:]],
+        "helper": base,
+    }
+    out = snapshot(ns)
+    cb, cv = out["s"]["base"], out["s"]["view"]
+    assert out["helper"] is base and out["s"]["again"][0] is cb and out["r0"][0] is cv
+    assert torch.equal(cb, base) and torch.equal(cv, view)
+    assert cv.stride() == view.stride() and cv.storage_offset() == view.storage_offset() == 4
+    cv.fill_(-1)
+    assert cb[1].tolist() == [-1.0] * 4 and base[1].tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert cb.untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    out["s"]["q"][0][3] = 99
+    assert out["r0"][1].tolist() == [2, 99, 4, 5] and other.tolist() == list(range(6))
 
 
 # -- planted bugs (the mutation check's) -------------------------------------------------

@@ -4,6 +4,7 @@ the whole store contract (it is a transparent wrapper)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import pytest
@@ -224,6 +225,29 @@ def test_policies_are_reproducible_from_their_seed() -> None:
     assert _run(c) == _run(FaultPolicy.parse(text))
     other = FaultPolicy.parse(text.replace("seed=7", "seed=8"))
     assert _run(other) != _run(FaultPolicy.parse(text))
+
+
+def test_a_deep_copy_draws_what_the_original_draws_and_is_independent() -> None:
+    rules = {
+        FaultKind.REFUSE_LOAD: FaultRule(probability=0.5),
+        FaultKind.FAIL_OFFLOAD: FaultRule(every=3),
+    }
+    policy = FaultPolicy(rules, seed=11, delay_steps=4)
+    warm = [policy.roll(FaultKind.REFUSE_LOAD) for _ in range(7)]
+    policy.roll(FaultKind.FAIL_OFFLOAD)
+    twin = copy.deepcopy(policy)
+    assert str(twin) == str(policy) and twin.delay_steps == 4
+    assert twin.injected == policy.injected and twin.calls(FaultKind.FAIL_OFFLOAD) == 1
+    ahead = [policy.roll(FaultKind.REFUSE_LOAD) for _ in range(40)]
+    assert [twin.roll(FaultKind.REFUSE_LOAD) for _ in range(40)] == ahead
+    assert sum(warm) + sum(ahead) > 0 and not all(ahead)
+    # the copy's counters and stream are its own
+    policy.roll(FaultKind.FAIL_OFFLOAD)
+    assert policy.calls(FaultKind.FAIL_OFFLOAD) == 2 and twin.calls(FaultKind.FAIL_OFFLOAD) == 1
+    policy.pick([0, 1, 2])  # one draw on the original only: the streams part
+    assert [twin.roll(FaultKind.REFUSE_LOAD) for _ in range(40)] != [
+        policy.roll(FaultKind.REFUSE_LOAD) for _ in range(40)
+    ]
 
 
 def test_probability_rules_fire_at_about_their_rate() -> None:

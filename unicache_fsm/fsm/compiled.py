@@ -240,8 +240,9 @@ class _CompiledDispatch(ExecutorBase):
             elif name not in self._FRESH:
                 setattr(new, name, copy.deepcopy(value, memo))
         handler = new.handler
+        # the same callback names as the original's (its constants), bound to the copy
         new._consts = (
-            {f"CB_{n}": getattr(handler, n) for n in self.spec.callback_names()}
+            {k: getattr(handler, k[3:]) for k in self._consts if k.startswith("CB_")}
             if new._bound
             else {}
         )
