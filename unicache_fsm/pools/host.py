@@ -21,8 +21,6 @@ from its source page to its destination page (one copy, not a gather and a scatt
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from unicache_fsm.pools.errors import (
@@ -31,18 +29,10 @@ from unicache_fsm.pools.errors import (
     TensorShapeError,
     TensorTypeError,
 )
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES, KVPool
 from unicache_fsm.pools.slots import SlotCodec
 
 __all__ = ["HostKVPool"]
-
-_IN_PLACE_BYTES = 16 << 10  # CPU<->CPU copies of pages this large go page by page
-
-
-def _page_rows(pool: KVPool) -> Any:
-    """`pool`'s pages as the rows of a uint8 NumPy array over its memory (no copy)."""
-    by_page = pool.data.view(-1, pool.page_size * pool.num_layers * pool.width)
-    return by_page.view(torch.uint8).numpy()
 
 
 class HostKVPool(KVPool):
@@ -140,7 +130,7 @@ class HostKVPool(KVPool):
         if (
             src.device.type != "cpu"
             or dst.device.type != "cpu"
-            or src.page_nbytes < _IN_PLACE_BYTES
+            or src.page_nbytes < PAGE_BY_PAGE_BYTES
             or src.page_nbytes % 8
         ):
             return False
@@ -148,7 +138,7 @@ class HostKVPool(KVPool):
         if SlotCodec.has_duplicates(dst_pages):
             return False
         src_pages = src.pages_of(src_slots, "source slots").tolist()
-        src_rows, dst_rows = _page_rows(src), _page_rows(dst)
+        src_rows, dst_rows = src.page_bytes(), dst.page_bytes()
         for s, d in zip(src_pages, dst_pages.tolist(), strict=True):
             dst_rows[d] = src_rows[s]
         return True

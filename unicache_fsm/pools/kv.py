@@ -8,12 +8,16 @@
   pages' rows, in the order given. `out` (contiguous, same shape) is filled and
   returned: reuse one on hot paths, since a fresh multi-MiB CPU tensor page-faults.
 - `write_pages(slots, data)`: store ``data`` (same shape, the pool's dtype and device)
-  into the pages' rows. A page named twice is refused (the result would be undefined).
+  into the pages' rows. A page named twice is refused (the result would be undefined);
+  data that is a view of the pool itself is written as it was before the call.
+- `page_bytes()` — a CPU pool's pages as uint8 NumPy rows over its own memory (the
+  host tier and the stores copy large pages in place through it).
 
 `slots` are whole pages of the pool's usable range (pages 1 .. num_pages), as an
 allocator hands them out; reads may repeat a page. Both calls gather or scatter whole
 pages (``P * num_layers * width`` contiguous elements each) with one `index_select` /
-`index_copy_`, except that `write_pages` of CPU pages of at least 16 KiB copies page by
+`index_copy_`, except that `write_pages` of CPU pages of at least `PAGE_BY_PAGE_BYTES`
+(16 KiB) copies page by
 page (one memcpy each: faster than the scatter kernel, and one Python step per 16 KiB
 costs little). Bad slots or data raise typed errors from `pools.errors` before any byte
 moves.
@@ -22,6 +26,8 @@ The default dtype is float16 (what most served KV caches hold); any torch dtype 
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -36,9 +42,11 @@ from unicache_fsm.pools.layout import PageLayout, resolve_device
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.slots import SlotCodec, preview
 
-_PAGE_BY_PAGE_BYTES = 16 << 10  # CPU pages this large are written one memcpy each
+#: CPU pages at least this large are copied one memcpy per page (a Python step per page
+#: then costs little next to the bytes; smaller pages move faster in one torch op).
+PAGE_BY_PAGE_BYTES = 16 << 10
 
-__all__ = ["KVPool"]
+__all__ = ["PAGE_BY_PAGE_BYTES", "KVPool"]
 
 
 class KVPool:
@@ -141,6 +149,11 @@ class KVPool:
         """Bytes of one page (P slots x layers x width)."""
         return self._rows[0].nbytes
 
+    def page_bytes(self) -> Any:
+        """The CPU pool's pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
+        NumPy array over the pool's own memory (no copy; row = page id)."""
+        return self._rows.view(torch.uint8).numpy()
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self._layout.size}, page_size={self.page_size}, "
@@ -188,11 +201,11 @@ class KVPool:
         if (
             self._device.type == "cpu"
             and rows.device.type == "cpu"
-            and self.page_nbytes >= _PAGE_BY_PAGE_BYTES
+            and self.page_nbytes >= PAGE_BY_PAGE_BYTES
         ):
             # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
             src = rows.contiguous().view(torch.uint8).numpy()
-            dst = self._rows.view(torch.uint8).numpy()
+            dst = self.page_bytes()
             for i, page in enumerate(pages.tolist()):
                 dst[page] = src[i]
             return

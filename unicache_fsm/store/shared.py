@@ -356,6 +356,5 @@ def _page_views(pages: list[int], pool: KVPool) -> list[memoryview] | None:
     nbytes = pool.page_nbytes
     if pool.device.type != "cpu" or nbytes < _VIEW_BYTES or nbytes % 8:
         return None
-    by_page = pool.data.view(-1, pool.page_size * pool.num_layers * pool.width)
-    rows = by_page.view(torch.uint8).numpy()
+    rows = pool.page_bytes()
     return [rows[page].data for page in pages]
