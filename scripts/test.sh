@@ -3,7 +3,8 @@
 # install at the exact versions of constraints.txt, then ruff, mypy and pytest.
 # Last, the differential suite against SGLang 0.5.23's own cache (tests/conformance)
 # and the SGLang integration (tests/sglang_linker),
-# with the python of a separate venv that scripts/sglang_env.sh builds or reuses.
+# with the python of a separate venv that scripts/sglang_env.sh builds or reuses
+# (in the background, while ruff, mypy and pytest run).
 # Called by .ci/run and by the README. Prints no warning it did not cause: pip runs
 # with -qq (the machine's own pip configuration may warn about its mirrors) and apt's
 # chatter goes to a log that is shown only when apt fails.
@@ -39,10 +40,28 @@ PY="${PYTHON:-python3}"
 "$PY" -m pip install -qq -c constraints.txt "torch==2.13.0"
 "$PY" -m pip install -qq -c constraints.txt -e ".[dev]"
 
+# The SGLang oracle venv (scripts/sglang_env.sh: mostly downloads and one C++ build)
+# is built or reused in the background while the checks below run; its log is shown
+# once it is needed, in full if it failed.
+oracle_log=$(mktemp)
+PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" \
+    setsid bash scripts/sglang_env.sh >"$oracle_log" 2>&1 &
+oracle_pid=$!
+trap 'kill -- -"$oracle_pid" 2>/dev/null || true' EXIT
+
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 "$PY" -m mypy
-"$PY" -m pytest -q "$@"
+# one pytest worker per core (pytest-xdist); PYTEST_WORKERS=0 runs in this process
+"$PY" -m pytest -q -n "${PYTEST_WORKERS:-auto}" "$@"
+
+if ! wait "$oracle_pid"; then
+    cat "$oracle_log" >&2
+    exit 1
+fi
+trap - EXIT
+cat "$oracle_log"
+rm -f "$oracle_log"
 # SGLang's vendored imports warn about their own deprecations; not ours to show
 PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" bash scripts/conformance.sh -- -q -p no:warnings
 # StoreLinker and ContractMonitor inside SGLang 0.5.23's real cache (tests/sglang_linker)
