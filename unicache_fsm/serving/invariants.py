@@ -56,6 +56,7 @@ from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType, PoolName
+from unicache_fsm.serving.kv import same_kv
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.tree.errors import TreeConsistencyError
 from unicache_fsm.tree.node import TreeNode
@@ -296,7 +297,7 @@ def resident_kv_matches(
             continue
         want = expected(n.key, n.start)
         got = kv.read_pages(full)
-        if not torch.equal(got, want):
+        if not same_kv(got, want):
             bad = int((got != want).flatten(1).any(1).nonzero()[0, 0])
             detail = f"node {n.id} [{n.start}, {n.end}): FULL bytes wrong from token {bad}"
             raise InvariantViolation("KV bytes", detail)
@@ -304,7 +305,7 @@ def resident_kv_matches(
             swa is not None
             and swa_kv is not None
             and expected_swa is not None
-            and not torch.equal(swa_kv.read_pages(swa), expected_swa(n.key, n.start))
+            and not same_kv(swa_kv.read_pages(swa), expected_swa(n.key, n.start))
         ):
             detail = f"node {n.id} [{n.start}, {n.end}): SWA bytes wrong"
             raise InvariantViolation("KV bytes", detail)
