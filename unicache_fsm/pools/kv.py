@@ -52,7 +52,16 @@ __all__ = ["PAGE_BY_PAGE_BYTES", "KVPool"]
 class KVPool:
     """Per-slot KV bytes on one device, read and written whole pages at a time."""
 
-    __slots__ = ("_codec", "_data", "_device", "_layout", "_num_layers", "_rows", "_width")
+    __slots__ = (
+        "_codec",
+        "_data",
+        "_device",
+        "_layout",
+        "_num_layers",
+        "_page_nbytes",
+        "_rows",
+        "_width",
+    )
 
     def __init__(
         self,
@@ -88,6 +97,7 @@ class KVPool:
         # a page moves as one contiguous block in a single gather/scatter (2-D rows are
         # also what torch's CPU index kernels copy fastest).
         self._rows = self._data.view(self._layout.num_pages + 1, -1)
+        self._page_nbytes = self._rows[0].nbytes
 
     @classmethod
     def for_allocator(
@@ -147,7 +157,7 @@ class KVPool:
     @property
     def page_nbytes(self) -> int:
         """Bytes of one page (P slots x layers x width)."""
-        return self._rows[0].nbytes
+        return self._page_nbytes
 
     def page_bytes(self) -> Any:
         """The CPU pool's pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
