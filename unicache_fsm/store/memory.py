@@ -145,7 +145,7 @@ class _OffloadPart:
     pool: KVPool
     name: PoolName
     slab: _Slab
-    slots: torch.Tensor
+    pages: torch.Tensor  # device page ids of `keys`, in order
     keys: list[str]
     parents: list[_Ident | None]
     rows: list[int]
@@ -279,19 +279,18 @@ class MemoryStore(BaseStore["_Entry"]):
             return bad
         data, order = slab.rows_of([e.row for e in entries])
         expected = [e.header.checksum for e in entries]
-        slots = ct.slots
+        pages = ct.pages  # validated when the store accepted the load
         if order is not None:  # the bytes come in row order: send each page where it goes
             at = order  # view row -> the transfer's page
             expected = [expected[i] for i in at]
-            index = int64_tensor(order, slots.device)
-            slots = slots.view(-1, pool.page_size).index_select(0, index).view(-1)
+            pages = pages.index_select(0, int64_tensor(order, pages.device))
         got = page_checksums(data)
         mismatch = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
         if mismatch:
             return sorted(at[i] for i in mismatch) if order is not None else mismatch
         n = len(entries) * pool.page_size
-        pages = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
-        pool.write_pages(slots, pages.to(pool.device))
+        rows = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
+        pool.write_page_ids(pages, rows.to(pool.device))
         return []
 
     def _drop_rejected(self, ident: _Ident, entry: _Entry) -> None:
@@ -345,15 +344,13 @@ class MemoryStore(BaseStore["_Entry"]):
             slab = self._slabs.get(ct.pool)
             if slab is None:
                 slab = self._slabs[ct.pool] = _Slab(pool.page_nbytes)
-            p = pool.page_size
-            if len(new) == len(ct.keys):
-                slots = ct.slots
-            else:
-                index = int64_tensor(new, ct.slots.device)
-                slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
+            # page ids validated when the store accepted the offload
+            pages = ct.pages
+            if len(new) != len(ct.keys):
+                pages = pages.index_select(0, int64_tensor(new, pages.device))
             rows = slab.reserve(len(new))
             keys = [ct.keys[i] for i in new]
-            parts.append(_OffloadPart(pool, ct.pool, slab, slots, keys, parents, rows))
+            parts.append(_OffloadPart(pool, ct.pool, slab, pages, keys, parents, rows))
         return parts
 
     @staticmethod
@@ -368,10 +365,10 @@ class MemoryStore(BaseStore["_Entry"]):
         if contiguous and pool.device.type == "cpu":
             dest = slab.data[start : start + n]
             shape = (n * pool.page_size, pool.num_layers, pool.width)
-            pool.read_pages(part.slots, out=dest.view(pool.dtype).view(shape))
+            pool.read_page_ids(part.pages, out=dest.view(pool.dtype).view(shape))
             data = dest
         else:
-            got = pool.read_pages(part.slots).to("cpu")
+            got = pool.read_page_ids(part.pages).to("cpu")
             data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
             slab.data.index_copy_(0, int64_tensor(rows, slab.data.device), data)
         part.checksums = page_checksums(data)
