@@ -8,7 +8,13 @@ per-step audits and KV verification off (they are tests, not serving work). Prin
 - the FSM layer's share of the wall time: transitions fired times the executor's own
   per-transition cost (calibrated in this process, no-op callbacks), over wall time;
 - the cross-check: the wall-time difference between the runs against the difference
-  predicted from the calibrated costs.
+  predicted from the calibrated costs;
+- ``simulate`` at its defaults (400 requests, audits every 20 steps, every load
+  KV-verified): requests/s by wall time and by this process's CPU time (on shared
+  cores the CPU figure is the steadier one), target 1,000;
+- ``fuzz`` at its defaults (the whole-system `SystemMachine`, every invariant after
+  every step): rule steps/s, target 2,000, beside the floor Hypothesis itself sets: the
+  same number of rules with the same kinds of arguments and bodies that do nothing.
 
 Run: ``python benchmarks/bench_scheduler.py [--quick]``.
 """
@@ -17,10 +23,28 @@ from __future__ import annotations
 
 import argparse
 import gc
+import time
+from typing import Any
+
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from unicache_fsm.console import print_table
 from unicache_fsm.scheduler import SimConfig, SimReport, Simulation
+from unicache_fsm.testing.machines import SystemMachine
 from unicache_fsm.tree.residency import ExecutorKind
+
+#: the settings `unicache-fsm fuzz` runs its batches with
+FUZZ_BATCH = settings(max_examples=25, stateful_step_count=50, deadline=None, database=None)
 
 
 def run_once(requests: int, executor: ExecutorKind) -> SimReport:
@@ -35,12 +59,116 @@ def run_once(requests: int, executor: ExecutorKind) -> SimReport:
     return Simulation(config).run()
 
 
+def simulate_defaults(repeats: int) -> tuple[float, float, int]:
+    """Best wall and CPU seconds of `simulate` at its defaults, and requests served."""
+    best_wall = best_cpu = float("inf")
+    served = 0
+    for _ in range(repeats):
+        gc.collect()
+        sim = Simulation(SimConfig())
+        c0 = time.process_time()
+        r = sim.run()
+        best_cpu = min(best_cpu, time.process_time() - c0)
+        best_wall = min(best_wall, r.wall_seconds)
+        served = r.requests_served
+    return best_wall, best_cpu, served
+
+
+class _Floor(RuleBasedStateMachine):
+    """Hypothesis's own cost per step: as many rules as `SystemMachine`, with the same
+    kinds of arguments (integers, booleans, `data()` draws), bodies that do nothing."""
+
+    steps = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = 0
+
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        for strategy in (
+            st.sampled_from((1, 4)),
+            st.booleans(),
+            st.sampled_from((0.0, 0.1, 0.25)),
+            st.integers(0, 2**16),
+            st.sampled_from((None, 24, 6)),
+        ):
+            data.draw(strategy)
+
+    @rule(doc=st.integers(0, 2), pages=st.integers(1, 8), a=st.booleans(), b=st.booleans())
+    def r1(self, doc: int, pages: int, a: bool, b: bool) -> None:
+        pass
+
+    @precondition(lambda self: self.open < 3)
+    @rule(doc=st.integers(0, 2), pages=st.integers(1, 8), extra=st.integers(0, 3), a=st.booleans())
+    def r2(self, doc: int, pages: int, extra: int, a: bool) -> None:
+        self.open += 1
+
+    @precondition(lambda self: self.open < 3)
+    @rule(doc=st.integers(0, 2), pages=st.integers(2, 8), tail=st.integers(1, 3))
+    def r3(self, doc: int, pages: int, tail: int) -> None:
+        self.open += 1
+
+    @precondition(lambda self: self.open < 3)
+    @rule(doc=st.integers(0, 2), pages=st.integers(1, 8))
+    def r4(self, doc: int, pages: int) -> None:
+        self.open += 1
+
+    @precondition(lambda self: self.open > 0)
+    @rule(data=st.data())
+    def r5(self, data: st.DataObject) -> None:
+        data.draw(st.sampled_from(range(self.open)))
+        self.open -= 1
+
+    @rule(data=st.data())
+    def r6(self, data: st.DataObject) -> None:
+        data.draw(st.sampled_from((1, 2, 3)))
+
+    @rule(data=st.data())
+    def r7(self, data: st.DataObject) -> None:
+        data.draw(st.sampled_from((1, 2, 3, 4, 5)))
+        for _ in range(data.draw(st.integers(1, 3))):
+            data.draw(st.sampled_from(range(8)))
+            data.draw(st.booleans())
+
+    @rule(pages=st.integers(1, 16), swa_pages=st.integers(0, 8))
+    def r8(self, pages: int, swa_pages: int) -> None:
+        pass
+
+    @rule(pages=st.integers(1, 8))
+    def r9(self, pages: int) -> None:
+        pass
+
+    @rule()
+    def r10(self) -> None:
+        pass
+
+    @rule()
+    def r11(self) -> None:
+        pass
+
+    @invariant()
+    def counted(self) -> None:
+        type(self).steps += 1
+
+
+def fuzz_rate(machine: Any, batches: int) -> tuple[float, float, int]:
+    """(steps per CPU second, per wall second, steps) of `batches` fuzz batches."""
+    machine.steps = 0
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(batches):
+        run_state_machine_as_test(machine, settings=FUZZ_BATCH)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    return machine.steps / cpu, machine.steps / wall, machine.steps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="compiled vs reference executor, end to end")
     parser.add_argument("--quick", action="store_true", help="300 requests instead of 2,000")
     parser.add_argument("--repeats", type=int, default=2, help="runs per executor (best kept)")
     args = parser.parse_args(argv)
     requests = 300 if args.quick else 2000
+    torch.set_num_threads(1)  # what `simulate` runs with by default (--torch-threads)
     reports: dict[ExecutorKind, SimReport] = {}
     for _ in range(args.repeats):  # alternate the executors; keep each one's best run
         for kind in ExecutorKind:
@@ -75,6 +203,24 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cross-check: wall-time difference {ref.wall_seconds - comp.wall_seconds:+.3f} s, "
         f"predicted from calibrated dispatch costs {predicted:+.3f} s"
+    )
+    wall, cpu, served = simulate_defaults(1 if args.quick else 3)
+    verdict = "met" if served / wall >= 1000 else "MISSED"
+    print(
+        f"simulate at defaults ({served} requests, audits every 20 steps, loads verified): "
+        f"{served / wall:.0f} req/s by wall time, {served / cpu:.0f} by CPU time "
+        f"(target >= 1,000: {verdict})"
+    )
+    batches = 1 if args.quick else 4
+    fuzz_machine = type("Fuzz", (SystemMachine,), {})
+    per_cpu, per_wall, steps = fuzz_rate(fuzz_machine, batches)
+    floor_cpu, floor_wall, _ = fuzz_rate(_Floor, batches)
+    verdict = "met" if per_wall >= 2000 else "MISSED"
+    print(
+        f"fuzz at defaults ({steps} rule steps, every invariant after each): {per_wall:.0f} "
+        f"steps/s by wall time, {per_cpu:.0f} by CPU time (target >= 2,000: {verdict}); "
+        f"Hypothesis alone, bodies that do nothing: {floor_wall:.0f} by wall, "
+        f"{floor_cpu:.0f} by CPU"
     )
     return 0
 

@@ -387,3 +387,31 @@ def test_write_pages_from_an_aliasing_view_never_lands_wrong_bytes(width: int) -
     assert torch.equal(rows[0], before[0]) and torch.equal(rows[4], before[4])
     got = [rows[page, 0].item() for page in range(1, 5)]
     assert got == [1.0, 1.0, 2.0, 4.0], got
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 4, 16, 1024]),  # 1024: pages of 30 KiB, page by page
+    picks=st.lists(st.integers(1, 8), min_size=0, max_size=8, unique=True),
+    seed=st.integers(0, 1000),
+)
+def test_page_id_moves_equal_slot_moves(page_size: int, picks: list[int], seed: int) -> None:
+    """`read_page_ids` / `write_page_ids` with `pages_of`'s ids move exactly what
+    `read_pages` / `write_pages` move (both the scatter and the page-by-page path)."""
+    by_slots, _ = pool_and_allocator(page_size)
+    by_ids, _ = pool_and_allocator(page_size)
+    slots = slots_of(picks, page_size)
+    pages = by_ids.pages_of(slots, "slots")
+    assert pages.tolist() == picks
+    data = pattern(slots.numel(), seed=seed)
+    by_slots.write_pages(slots, data)
+    by_ids.write_page_ids(pages, data)
+    assert same_bytes(by_slots.data, by_ids.data)
+    assert same_bytes(by_slots.read_pages(slots), by_ids.read_page_ids(pages))
+    out = torch.empty_like(data)
+    assert by_ids.read_page_ids(pages, out=out) is out and same_bytes(out, data)
+    # the data checks stay on the page-id path
+    with pytest.raises(TensorShapeError):
+        by_ids.write_page_ids(pages, pattern(slots.numel() + 1, seed=seed))
+    with pytest.raises(TensorTypeError):
+        by_ids.write_page_ids(pages, data.to(torch.float32))

@@ -707,6 +707,31 @@ def test_scattered_rows_and_slab_growth_keep_bytes_exact() -> None:
     store.close()
 
 
+def test_slab_rows_contiguous_first_then_scattered() -> None:
+    from unicache_fsm.store.memory import _Slab
+
+    slab = _Slab(8)
+    assert slab.reserve(0) == []
+    rows = slab.reserve(10)
+    assert rows == list(range(10)) and slab.data.shape[0] == 16 and slab.num_free == 6
+    slab.release([1, 2, 5, 7, 8])
+    assert slab.num_free == 11
+    assert slab.reserve(3) == [10, 11, 12]  # the first run of 3 free rows
+    assert slab.reserve(2) == [1, 2]  # a run of 2 exists among the holes
+    # no run of 6 among 5, 7, 8, 13, 14, 15: the first free rows, ascending
+    assert slab.reserve(6) == [5, 7, 8, 13, 14, 15]
+    assert slab.num_free == 0 and not any(slab.free)
+    assert slab.reserve(3) == [16, 17, 18]  # grown
+    slab.data[:19] = torch.arange(19, dtype=torch.uint8).view(19, 1)
+    # a contiguous run in any order is a view, with the order it comes in
+    view, order = slab.rows_of([12, 10, 11])
+    assert view.data_ptr() == slab.data[10].data_ptr() and order == [1, 2, 0]
+    view, order = slab.rows_of([10, 11, 12])
+    assert view.data_ptr() == slab.data[10].data_ptr() and order is None
+    got, order = slab.rows_of([7, 2, 15])  # scattered: gathered in the order given
+    assert order is None and got[:, 0].tolist() == [7, 2, 15]
+
+
 def test_background_store_completes_without_progress() -> None:
     rig = Rig()
     store = MemoryStore(background=True)

@@ -161,7 +161,8 @@ def _pages_land_in_the_wrong_slots(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def reversed_slots(ct: CheckedTransfer, entries: list[Any], slab: Any, pool: KVPool) -> bool:
         slots = ct.slots.view(len(ct.keys), -1).flip(0).reshape(-1)  # page i -> slot n-1-i
-        return copy_out(attrs.evolve(ct, slots=slots), entries, slab, pool)
+        pages = ct.pages.flip(0)  # the same move by page id (what the store writes by)
+        return copy_out(attrs.evolve(ct, slots=slots, pages=pages), entries, slab, pool)
 
     monkeypatch.setattr(MemoryStore, "_copy_out", staticmethod(reversed_slots))
 

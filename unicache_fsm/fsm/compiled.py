@@ -1,9 +1,10 @@
 """The compiled executors: the spec's flat table turned into straight-line Python.
 
 For a `(configuration, trigger)` pair the spec allows, one small function is generated
-from source text the first time a model fires that trigger in that configuration
-(at once for every pair when flattening already enumerated the configurations; a
-machine of many independent parallel regions never has its product walked). It calls
+from source text the first time a model fires (or probes) that trigger in that
+configuration (a machine of many independent parallel regions never has its product
+walked; source and code objects are made once per process and shared by every
+executor of the spec, so a new executor only binds its handler's callbacks). It calls
 the guards and callbacks by name in the reference order (per candidate: `prepare`,
 `conditions`, `unless`; then for the winner: `before`, exits, state change, enters,
 `after`) and returns ``None`` on success or the label of the guard that vetoed the
@@ -183,16 +184,14 @@ class _CompiledDispatch(ExecutorBase):
         )
         if self._aio:
             self._consts["ISAWAITABLE"] = inspect.isawaitable
-        # dispatch tables, filled on first use of each (configuration, trigger); a spec
-        # whose configurations were all enumerated while flattening is compiled at once
+        # dispatch tables, filled on first use of each (configuration, trigger): an
+        # executor costs nothing per pair it never fires (a system builds several, and a
+        # fuzzing run builds a system per example)
         self._probes: dict[str, dict[str, Any]] = {}
         self.sources: dict[tuple[str, str], str] = {}
         self._plain: dict[str, dict[Any, _Step]] = {}
         self._observed: dict[str, dict[Any, _Step]] | None = None
         self._steps = self._plain
-        if self.flat.enumerated:
-            for config, trigger in self.flat.table:
-                self._compile_step(self._plain, config, trigger, observed=False)
 
     def _compile_step(
         self, steps: dict[str, dict[Any, _Step]], config: str, trigger: str, *, observed: bool

@@ -10,6 +10,9 @@
 - `write_pages(slots, data)`: store ``data`` (same shape, the pool's dtype and device)
   into the pages' rows. A page named twice is refused (the result would be undefined);
   data that is a view of the pool itself is written as it was before the call.
+- `read_page_ids(pages, out=None)` / `write_page_ids(pages, data)` — the same moves for
+  slots validated before: `pages` as `pages_of(slots, what)` returned them (a store
+  validates a transfer once, when it accepts it, and moves its bytes later).
 - `page_bytes()` — a CPU pool's pages as uint8 NumPy rows over its own memory (the
   host tier and the stores copy large pages in place through it).
 
@@ -52,7 +55,16 @@ __all__ = ["PAGE_BY_PAGE_BYTES", "KVPool"]
 class KVPool:
     """Per-slot KV bytes on one device, read and written whole pages at a time."""
 
-    __slots__ = ("_codec", "_data", "_device", "_layout", "_num_layers", "_rows", "_width")
+    __slots__ = (
+        "_codec",
+        "_data",
+        "_device",
+        "_layout",
+        "_num_layers",
+        "_page_nbytes",
+        "_rows",
+        "_width",
+    )
 
     def __init__(
         self,
@@ -88,6 +100,7 @@ class KVPool:
         # a page moves as one contiguous block in a single gather/scatter (2-D rows are
         # also what torch's CPU index kernels copy fastest).
         self._rows = self._data.view(self._layout.num_pages + 1, -1)
+        self._page_nbytes = self._rows[0].nbytes
 
     @classmethod
     def for_allocator(
@@ -147,7 +160,7 @@ class KVPool:
     @property
     def page_nbytes(self) -> int:
         """Bytes of one page (P slots x layers x width)."""
-        return self._rows[0].nbytes
+        return self._page_nbytes
 
     def page_bytes(self) -> Any:
         """The CPU pool's pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
@@ -165,9 +178,29 @@ class KVPool:
 
     def read_pages(self, slots: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """The rows of whole pages `slots`, ``[len(slots), num_layers, width]``."""
-        pages = self.pages_of(slots, "slots to read")
+        return self.read_page_ids(self.pages_of(slots, "slots to read"), out=out)
+
+    def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
+        """Store `data` (``[len(slots), num_layers, width]``) into whole pages `slots`."""
+        pages = self.pages_of(slots, "slots to write")
+        if SlotCodec.has_duplicates(pages):
+            dup = SlotCodec.duplicate_pages(pages)
+            msg = (
+                f"pool {self.name!r}: slots to write name page(s) {preview(dup)} more than once; "
+                "which copy lands would be undefined, so pass each page once"
+            )
+            raise DuplicatePagesError(msg, pool=self.name, pages=dup)
+        self.write_page_ids(pages, data)
+
+    def read_page_ids(
+        self, pages: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`read_pages` of slots already validated: `pages` are their page ids as
+        `pages_of` returned them (a store validates a transfer's slots once, when it
+        accepts the transfer, and moves its bytes later by page id)."""
+        n = pages.numel() * self.page_size
         if out is not None:
-            self._check_data(out, slots.numel(), "out")
+            self._check_data(out, n, "out")
             if not out.is_contiguous():
                 msg = (
                     f"pool {self.name!r}: out must be contiguous (pages land as whole "
@@ -181,19 +214,12 @@ class KVPool:
             )
             return out
         rows = self._rows.index_select(0, pages)
-        return rows.view(slots.numel(), self._num_layers, self._width)
+        return rows.view(n, self._num_layers, self._width)
 
-    def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
-        """Store `data` (``[len(slots), num_layers, width]``) into whole pages `slots`."""
-        pages = self.pages_of(slots, "slots to write")
-        self._check_data(data, slots.numel(), "data")
-        if SlotCodec.has_duplicates(pages):
-            dup = SlotCodec.duplicate_pages(pages)
-            msg = (
-                f"pool {self.name!r}: slots to write name page(s) {preview(dup)} more than once; "
-                "which copy lands would be undefined, so pass each page once"
-            )
-            raise DuplicatePagesError(msg, pool=self.name, pages=dup)
+    def write_page_ids(self, pages: torch.Tensor, data: torch.Tensor) -> None:
+        """`write_pages` into slots already validated: `pages` are their page ids as
+        `pages_of` returned them, each page once (see `read_page_ids`)."""
+        self._check_data(data, pages.numel() * self.page_size, "data")
         # reshape is a view for contiguous data (the common case), a copy otherwise.
         rows = data.reshape(pages.numel(), self._rows.shape[1])
         if rows.untyped_storage().data_ptr() == self._rows.untyped_storage().data_ptr():

@@ -41,7 +41,7 @@ __all__ = [
     "check_page_key",
 ]
 
-_KEY = re.compile(r"^[0-9a-f]{64}$")
+_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 class ComponentType(str, enum.Enum):
@@ -94,10 +94,23 @@ class InvalidPageKeyError(PoolError, ValueError):
         )
 
 
+#: Keys that passed `check_page_key` lately (plain `str` only): a key is checked at every
+#: layer it crosses, and a set lookup costs a small part of the pattern match. Cleared
+#: when full, so it stays bounded.
+_CHECKED: set[str] = set()
+_CHECKED_MAX = 1 << 16
+
+
 def check_page_key(key: object) -> str:
     """Return `key` if it is a valid page hash, else raise `InvalidPageKeyError`."""
-    if not isinstance(key, str) or not _KEY.match(key):
+    if type(key) is str and key in _CHECKED:
+        return key
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
         raise InvalidPageKeyError(key)
+    if type(key) is str:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED.add(key)
     return key
 
 

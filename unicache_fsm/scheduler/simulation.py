@@ -53,6 +53,7 @@ from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
 from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
 from unicache_fsm.scheduler.timeline import Timeline
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
+from unicache_fsm.serving.kv import same_kv
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
 from unicache_fsm.store.faults import FaultPolicy
@@ -278,14 +279,14 @@ class Simulation:
     def _verify(self, req: Request, load: ExternalLoad) -> None:
         assert load.slots is not None
         s, tokens = self.system, req.key[: load.prefix_len]
-        ok = torch.equal(self.kv.read_pages(load.slots), s.expected(tokens, 0))
+        ok = same_kv(self.kv.read_pages(load.slots), s.expected(tokens, 0))
         if ok and self.swa_kv is not None:
             assert isinstance(self.allocator, SWAAllocator)
             swa = self.allocator.translate(load.slots)
             live = (swa != 0).nonzero().flatten()
             if live.numel():
                 want_swa = s.expected(tokens, 0, swa=True)[live]
-                ok = torch.equal(self.swa_kv.read_pages(swa[live]), want_swa)
+                ok = same_kv(self.swa_kv.read_pages(swa[live]), want_swa)
         if ok:
             self.report.loads_verified += 1
         else:

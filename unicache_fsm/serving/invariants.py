@@ -56,6 +56,7 @@ from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType, PoolName
+from unicache_fsm.serving.kv import same_kv
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.tree.errors import TreeConsistencyError
 from unicache_fsm.tree.node import TreeNode
@@ -290,21 +291,60 @@ def resident_kv_matches(
     swa_kv: KVPool | None = None,
     expected_swa: Callable[[tuple[int, ...], int], torch.Tensor] | None = None,
 ) -> None:
+    """Every device-resident node's FULL (and live SWA) bytes are `expected` of its key.
+
+    All nodes are compared in one read and one comparison per pool; only when that
+    finds a difference (or a node's slots do not match its key's length) are the nodes
+    compared one by one, to name the first culprit.
+    """
+    full_nodes: list[tuple[TreeNode, torch.Tensor]] = []
+    swa_nodes: list[tuple[TreeNode, torch.Tensor]] = []
     for n in tree.nodes():
-        full, swa = n.slots(FULL), n.slots(SWA)
+        full = n.slots(FULL)
         if not n.device_resident or full is None:
             continue
+        full_nodes.append((n, full))
+        swa = n.slots(SWA)
+        if swa is not None:
+            swa_nodes.append((n, swa))
+    check_swa = swa_kv is not None and expected_swa is not None
+    if _all_match(full_nodes, kv, expected) and (
+        not check_swa or _all_match(swa_nodes, swa_kv, expected_swa)
+    ):
+        return
+    swa_of = {n.id: swa for n, swa in swa_nodes}
+    for n, full in full_nodes:  # node by node, to name the first culprit
         want = expected(n.key, n.start)
         got = kv.read_pages(full)
-        if not torch.equal(got, want):
-            bad = int((got != want).flatten(1).any(1).nonzero()[0, 0])
+        if not same_kv(got, want):
+            rows = min(got.shape[0], want.shape[0])
+            diff = (got[:rows] != want[:rows]).flatten(1).any(1).nonzero()
+            bad = int(diff[0, 0]) if diff.numel() else rows
             detail = f"node {n.id} [{n.start}, {n.end}): FULL bytes wrong from token {bad}"
             raise InvariantViolation("KV bytes", detail)
+        swa = swa_of.get(n.id)
         if (
             swa is not None
             and swa_kv is not None
             and expected_swa is not None
-            and not torch.equal(swa_kv.read_pages(swa), expected_swa(n.key, n.start))
+            and not same_kv(swa_kv.read_pages(swa), expected_swa(n.key, n.start))
         ):
             detail = f"node {n.id} [{n.start}, {n.end}): SWA bytes wrong"
             raise InvariantViolation("KV bytes", detail)
+
+
+def _all_match(
+    nodes: list[tuple[TreeNode, torch.Tensor]],
+    pool: KVPool | None,
+    expected: Callable[[tuple[int, ...], int], torch.Tensor] | None,
+) -> bool:
+    """Whether the pool holds `expected` of every node's key in its slots (one read, one
+    comparison); False also when some node's slot count is not its key's length."""
+    assert pool is not None and expected is not None
+    if not nodes:
+        return True
+    if any(int(slots.numel()) != len(n.key) for n, slots in nodes):
+        return False
+    got = pool.read_pages(torch.cat([slots for _, slots in nodes]))
+    want = torch.cat([expected(n.key, n.start) for n, _ in nodes])
+    return same_kv(got, want)

@@ -13,6 +13,11 @@ comparing what a pool holds with what recomputing would give, byte for byte.
   are never mistaken for each other. A row depends only on its token and position,
   so the expected bytes of a tree node follow from its own key and start. Read-only:
   the result may be shared (small results are cached).
+- `reference_kv_bytes(...)` — the same rows computed by the definition in torch ops,
+  never cached (`kv_bytes` gathers them from a 1,000-row value table built from it).
+- `same_kv(a, b)` — whether two KV tensors hold the same bytes (same shape and dtype):
+  the byte-for-byte comparison every check of loaded or resident KV uses (a float16
+  `torch.equal` costs several times as much on CPU).
 - `POISON` — a value no row holds: what a test writes into reserved slots, so a load
   that commits without landing shows.
 - `NUM_LAYERS`, `WIDTH` — the default shape (the fuzzing kit's small pools).
@@ -23,9 +28,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-__all__ = ["NUM_LAYERS", "POISON", "WIDTH", "kv_bytes"]
+__all__ = ["NUM_LAYERS", "POISON", "WIDTH", "kv_bytes", "reference_kv_bytes", "same_kv"]
 
 NUM_LAYERS = 2
 WIDTH = 4
@@ -60,12 +66,55 @@ def _cached(
 def _compute(
     tokens: tuple[int, ...], start: int, swa: bool, num_layers: int, width: int
 ) -> torch.Tensor:
+    """One row per token: row ``v`` of the value table, ``v = (7 t + 13 pos) mod 1000``
+    (NumPy arithmetic and one gather; `reference_kv_bytes` is the definition in torch ops)."""
+    n = len(tokens)
+    pos13 = np.arange(start * 13, (start + n) * 13, 13, dtype=np.int64)
+    base = (np.array(tokens, dtype=np.int64).reshape(n) * 7 + pos13) % 1000
+    rows = _value_table(swa, num_layers, width).take(base, axis=0)
+    return torch.from_numpy(rows).view(n, num_layers, width)
+
+
+@functools.lru_cache(maxsize=16)
+def _value_table(swa: bool, num_layers: int, width: int) -> np.ndarray:
+    """Row v (0 .. 999): the float16 KV row of every token whose base value is v."""
+    table = reference_kv_bytes(
+        range(1000), 0, swa=swa, num_layers=num_layers, width=width, base_is_token=True
+    )
+    return table.reshape(1000, num_layers * width).numpy()
+
+
+def reference_kv_bytes(
+    tokens: Sequence[int],
+    start: int,
+    *,
+    swa: bool = False,
+    num_layers: int = NUM_LAYERS,
+    width: int = WIDTH,
+    base_is_token: bool = False,
+) -> torch.Tensor:
+    """`kv_bytes` by its definition, in torch ops, never cached (what the fast path is
+    tested against; with `base_is_token`, row i has base value ``tokens[i]`` itself,
+    which builds the value table)."""
+    tokens = tuple(tokens)
     n = len(tokens)
     t = torch.tensor(tokens, dtype=torch.int64)
     pos = torch.arange(start, start + n, dtype=torch.int64)
-    base = ((t * 7 + pos * 13) % 1000).to(torch.float16)  # exact: below 2048
+    value = t if base_is_token else (t * 7 + pos * 13) % 1000
+    base = value.to(torch.float16)  # exact: below 2048
     lanes = torch.arange(num_layers * width, dtype=torch.int64) % 1000
     grid = lanes.to(torch.float16).view(1, num_layers, width)
     if swa:  # -(v + 1), still exact
         return -(base.view(n, 1, 1) + 1) - grid
     return base.view(n, 1, 1) + grid
+
+
+def same_kv(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` hold the same bytes: same shape, same dtype, byte for byte."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    x = a.contiguous().view(-1).view(torch.uint8)
+    y = b.contiguous().view(-1).view(torch.uint8)
+    if x.numel() % 8 == 0:  # compare eight bytes at a time
+        x, y = x.view(torch.int64), y.view(torch.int64)
+    return torch.equal(x, y)

@@ -31,6 +31,7 @@ import attrs
 import torch
 
 from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
 from unicache_fsm.store.checksum import page_checksums
@@ -63,63 +64,77 @@ class _Entry:
 class _Slab:
     """One pool's stored pages: rows of `page_nbytes` bytes in one growable uint8 tensor.
 
-    Only the thread performing jobs writes rows or grows the slab; the store's lock
-    guards `free` (which rows hold no page).
+    Which rows are free is a bytearray (1 = free), searched with `bytearray.find`: a
+    reservation costs a C-level scan, not a few tensor ops over the whole slab. Only the
+    thread performing jobs writes rows or grows the slab; the store's lock guards `free`.
     """
 
-    __slots__ = ("data", "free", "page_nbytes", "staging")
+    __slots__ = ("data", "free", "num_free", "page_nbytes", "staging")
 
     def __init__(self, page_nbytes: int) -> None:
         self.page_nbytes = page_nbytes
         self.data = torch.empty((0, page_nbytes), dtype=torch.uint8)
-        self.free = torch.zeros(0, dtype=torch.bool)
+        self.free = bytearray()
+        self.num_free = 0
         self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
 
-    def reserve(self, n: int) -> torch.Tensor:
+    def reserve(self, n: int) -> list[int]:
         """`n` free rows (ascending, contiguous when such a run exists), now taken."""
-        free = self.free
-        if int(free.sum()) < n:
+        if n <= 0:
+            return []
+        if self.num_free < n:
             self._grow(n)
-            free = self.free
-        counts = torch.cat((torch.zeros(1, dtype=torch.int64), free.cumsum(0)))
-        runs = torch.nonzero(counts[n:] - counts[:-n] == n)
-        if runs.numel():
-            start = int(runs[0, 0])
-            rows = torch.arange(start, start + n, dtype=torch.int64)
+        free = self.free
+        start = free.find(b"\x01" * n)
+        if start >= 0:
+            rows = list(range(start, start + n))
         else:
-            rows = torch.nonzero(free).view(-1)[:n]
-        free[rows] = False
+            rows = []
+            at = free.find(1)
+            while len(rows) < n:  # num_free >= n: every find succeeds
+                rows.append(at)
+                at = free.find(1, at + 1)
+        for r in rows:
+            free[r] = 0
+        self.num_free -= n
         return rows
 
     def release(self, rows: Iterable[int]) -> None:
-        self.free[torch.tensor(list(rows), dtype=torch.int64)] = True
+        free = self.free
+        for r in rows:
+            if not free[r]:
+                free[r] = 1
+                self.num_free += 1
 
     def _grow(self, n: int) -> None:
         old = self.data.shape[0]
         new = max(2 * old, old + n, 16)
         data = torch.empty((new, self.page_nbytes), dtype=torch.uint8)
         data[:old].copy_(self.data)
-        free = torch.ones(new, dtype=torch.bool)
-        free[:old] = self.free
-        self.data, self.free = data, free
+        self.data = data
+        self.free += b"\x01" * (new - old)
+        self.num_free += new - old
 
-    def rows_of(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def rows_of(self, rows: list[int]) -> tuple[torch.Tensor, list[int] | None]:
         """The bytes of `rows` (``[n, page_nbytes]``) and the order they come in.
 
         When the rows form one contiguous run in any order, the bytes are a view of the
-        run (no copy) and `order` says which of `rows` each view row is (``rows[order]``);
-        otherwise they are gathered into a staging buffer in the order given (None).
+        run (no copy) and `order` says which of `rows` each view row is (None when
+        that is `rows`' own order); otherwise they are gathered into a staging buffer in
+        the order given (None).
         """
-        n = rows.numel()
-        ascending, order = torch.sort(rows)
-        start = int(ascending[0])
-        if int(ascending[-1]) - start == n - 1 and bool((ascending.diff() == 1).all()):
-            return self.data[start : start + n], order
+        n = len(rows)
+        lo, hi = min(rows), max(rows)
+        if hi - lo == n - 1 and len(set(rows)) == n:
+            order = (
+                None if rows == list(range(lo, lo + n)) else sorted(range(n), key=rows.__getitem__)
+            )
+            return self.data[lo : lo + n], order
         if self.staging.shape[0] < n:
             size = max(n, 2 * self.staging.shape[0])
             self.staging = torch.empty((size, self.page_nbytes), dtype=torch.uint8)
         out = self.staging[:n]
-        torch.index_select(self.data, 0, rows, out=out)
+        torch.index_select(self.data, 0, int64_tensor(rows, self.data.device), out=out)
         return out, None
 
 
@@ -130,10 +145,10 @@ class _OffloadPart:
     pool: KVPool
     name: PoolName
     slab: _Slab
-    slots: torch.Tensor
+    pages: torch.Tensor  # device page ids of `keys`, in order
     keys: list[str]
     parents: list[_Ident | None]
-    rows: torch.Tensor
+    rows: list[int]
     checksums: list[int] = attrs.field(factory=list)
 
 
@@ -209,7 +224,7 @@ class MemoryStore(BaseStore["_Entry"]):
                 assert entry.header.pool is ident[0] and entry.header.key == ident[1]
                 assert entry.row not in rows[ident[0]], f"row {entry.row} shared"
                 rows[ident[0]].add(entry.row)
-                assert not bool(self._slabs[ident[0]].free[entry.row]), f"{ident} on free row"
+                assert not self._slabs[ident[0]].free[entry.row], f"{ident} on free row"
             kept = [(i, e) for i, e in self._rejected if self._pages.get(i) is e]
             assert not kept, f"{len(kept)} page(s) failed verification but are still stored"
             self._rejected.clear()
@@ -262,21 +277,20 @@ class MemoryStore(BaseStore["_Entry"]):
         ]
         if bad:
             return bad
-        rows = torch.tensor([e.row for e in entries], dtype=torch.int64)
-        data, order = slab.rows_of(rows)
+        data, order = slab.rows_of([e.row for e in entries])
         expected = [e.header.checksum for e in entries]
-        slots = ct.slots
+        pages = ct.pages  # validated when the store accepted the load
         if order is not None:  # the bytes come in row order: send each page where it goes
-            at = order.tolist()  # view row -> the transfer's page
+            at = order  # view row -> the transfer's page
             expected = [expected[i] for i in at]
-            slots = slots.view(-1, pool.page_size).index_select(0, order).view(-1)
+            pages = pages.index_select(0, int64_tensor(order, pages.device))
         got = page_checksums(data)
         mismatch = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
         if mismatch:
             return sorted(at[i] for i in mismatch) if order is not None else mismatch
         n = len(entries) * pool.page_size
-        pages = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
-        pool.write_pages(slots, pages.to(pool.device))
+        rows = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
+        pool.write_page_ids(pages, rows.to(pool.device))
         return []
 
     def _drop_rejected(self, ident: _Ident, entry: _Entry) -> None:
@@ -310,12 +324,12 @@ class MemoryStore(BaseStore["_Entry"]):
                 for part in parts:
                     if ok:
                         for key, parent, row, checksum in zip(
-                            part.keys, part.parents, part.rows.tolist(), part.checksums, strict=True
+                            part.keys, part.parents, part.rows, part.checksums, strict=True
                         ):
                             header = PageHeader(key, part.name, part.slab.page_nbytes, checksum)
                             self._insert((part.name, key), _Entry(header, row, parent))
                     elif part.keys:
-                        part.slab.release(part.rows.tolist())
+                        part.slab.release(part.rows)
             self._finish_offload(record, ok)
 
     def _plan_offload(self, record: StoreOffload) -> list[_OffloadPart] | None:
@@ -330,15 +344,13 @@ class MemoryStore(BaseStore["_Entry"]):
             slab = self._slabs.get(ct.pool)
             if slab is None:
                 slab = self._slabs[ct.pool] = _Slab(pool.page_nbytes)
-            p = pool.page_size
-            if len(new) == len(ct.keys):
-                slots = ct.slots
-            else:
-                index = torch.tensor(new, dtype=torch.int64)
-                slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
-            rows = slab.reserve(len(new)) if new else torch.empty(0, dtype=torch.int64)
+            # page ids validated when the store accepted the offload
+            pages = ct.pages
+            if len(new) != len(ct.keys):
+                pages = pages.index_select(0, int64_tensor(new, pages.device))
+            rows = slab.reserve(len(new))
             keys = [ct.keys[i] for i in new]
-            parts.append(_OffloadPart(pool, ct.pool, slab, slots, keys, parents, rows))
+            parts.append(_OffloadPart(pool, ct.pool, slab, pages, keys, parents, rows))
         return parts
 
     @staticmethod
@@ -348,15 +360,15 @@ class MemoryStore(BaseStore["_Entry"]):
         if n == 0:
             return
         pool, slab, rows = part.pool, part.slab, part.rows
-        start = int(rows[0])
-        contiguous = int(rows[-1]) - start == n - 1
+        start = rows[0]
+        contiguous = rows[-1] - start == n - 1
         if contiguous and pool.device.type == "cpu":
             dest = slab.data[start : start + n]
             shape = (n * pool.page_size, pool.num_layers, pool.width)
-            pool.read_pages(part.slots, out=dest.view(pool.dtype).view(shape))
+            pool.read_page_ids(part.pages, out=dest.view(pool.dtype).view(shape))
             data = dest
         else:
-            got = pool.read_pages(part.slots).to("cpu")
+            got = pool.read_page_ids(part.pages).to("cpu")
             data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
-            slab.data.index_copy_(0, rows, data)
+            slab.data.index_copy_(0, int64_tensor(rows, slab.data.device), data)
         part.checksums = page_checksums(data)

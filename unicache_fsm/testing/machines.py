@@ -43,7 +43,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
-import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -60,7 +59,7 @@ from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.linker.offload import PendingOffload
 from unicache_fsm.pools.transfer import PoolName
-from unicache_fsm.serving.kv import kv_bytes
+from unicache_fsm.serving.kv import kv_bytes, same_kv
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
@@ -359,7 +358,7 @@ class SystemMachine(RuleBasedStateMachine):
         self.sys.complete(req)
         del self.open[rid]
         assert req.slots is not None
-        assert torch.equal(self.sys.full_bytes(req.slots), kv_bytes(self.sys.aligned(req.key), 0))
+        assert same_kv(self.sys.full_bytes(req.slots), kv_bytes(self.sys.aligned(req.key), 0))
         self.after_store_call()
 
     @precondition(lambda self: bool(self.open))
