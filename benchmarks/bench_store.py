@@ -38,14 +38,17 @@ not a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import attrs
 import torch
 
 from unicache_fsm.console import print_table
@@ -54,6 +57,7 @@ from unicache_fsm.pools import KVPool, PagedAllocator
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.store import MemoryStore
 from unicache_fsm.store.file import FileStore
+from unicache_fsm.store.pageformat import HEADER_SIZE
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.testing.redis_server import RedisServer, available
 
@@ -62,37 +66,65 @@ __all__ = ["main"]
 KV = PoolName.KV
 
 
-def _paired(
-    fn: Callable[[], object],
-    baseline: Callable[[], object],
-    setup: Callable[[], object],
-    repeats: int,
-    *,
-    baseline_setup: bool = False,
-) -> tuple[float, float]:
-    """Median seconds of `fn` (after an untimed `setup`) and of `baseline` (after one
-    too, with `baseline_setup`), alternately."""
-    setup()
-    fn()  # warm-up: slabs and staging buffers reach their size
-    baseline()
-    ours, base = [], []
-    for _ in range(repeats):
-        setup()
-        t0 = time.perf_counter()
-        fn()
-        ours.append(time.perf_counter() - t0)
-        if baseline_setup:
-            setup()
-        t0 = time.perf_counter()
-        baseline()
-        base.append(time.perf_counter() - t0)
-    return statistics.median(ours), statistics.median(base)
+class Rounds:
+    """Interleaved timing: every round runs each case once (after its untimed setup),
+    in an order rotated by one each round, so drift of a shared machine falls on all
+    cases alike; ratios are taken within a round, then summarised across rounds."""
+
+    def __init__(self, repeats: int) -> None:
+        self.repeats = repeats
+
+    def run(
+        self, cases: Sequence[tuple[Callable[[], object], Callable[[], object]]]
+    ) -> list[list[float]]:
+        """Seconds per round of each ``(run, setup)`` case, after one untimed warm-up
+        round (slabs, staging buffers and connections reach their size)."""
+        times: list[list[float]] = [[] for _ in cases]
+        for r in range(self.repeats + 1):
+            for k in range(len(cases)):
+                i = (k + r) % len(cases)
+                fn, setup = cases[i]
+                setup()
+                t0 = time.perf_counter()
+                fn()
+                if r:
+                    times[i].append(time.perf_counter() - t0)
+        return times
+
+
+@attrs.frozen
+class Ratio:
+    """A per-round ratio ``baseline time / store time`` summarised: median and the middle
+    half of the rounds (first to third quartile)."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, store: Sequence[float], baseline: Sequence[float]) -> Ratio:
+        ratios = sorted(b / s for s, b in zip(store, baseline, strict=True))
+        if len(ratios) < 4:
+            return cls(statistics.median(ratios), ratios[0], ratios[-1])
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return cls(statistics.median(ratios), q1, q3)
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x"
+
+    @property
+    def spread(self) -> str:
+        return f"{self.low:.2f}-{self.high:.2f}"
+
+
+Row = tuple[str, float, float, float, Ratio, Ratio | None]
+"""(operation, MiB, store GB/s, baseline GB/s, ratio, second ratio or None)."""
 
 
 def bench(
-    *, page_size: int, num_layers: int, width: int, batch_pages: int, repeats: int
-) -> list[tuple[str, float, float, float, float]]:
-    """(case, MiB, GB/s, ratio vs gather/scatter, ratio vs contiguous copy_) per case."""
+    *, page_size: int, num_layers: int, width: int, batch_pages: int, rounds: int
+) -> list[Row]:
+    """Memory store: (operation, MiB, GB/s, gather/scatter GB/s, vs gather/scatter, vs copy_)."""
     p = page_size
     alloc = PagedAllocator(3 * batch_pages * p, p)
     pool = KVPool.for_allocator(alloc, num_layers, width)
@@ -146,21 +178,34 @@ def bench(
     def contiguous() -> object:
         return other.copy_(buf)
 
+    def nothing() -> None:
+        pass
+
     nbytes = batch_pages * pool.page_nbytes
-    rows = []
-    t, t_gather = _paired(do_offload, gather, evict_all, repeats)
-    _, t_copy = _paired(do_offload, contiguous, evict_all, repeats)
-    rows.append(("offload (pool -> store)", t, t_gather, t_copy))
+    timer = Rounds(rounds)
+    out: list[Row] = []
+    ours, base, copy = timer.run(
+        [(do_offload, evict_all), (gather, nothing), (contiguous, nothing)]
+    )
+    cases = [("offload (pool -> store)", ours, base, copy)]
     do_offload()
     for name, transfers in (("load (pool <- store)", load), ("load, shuffled keys", load_shuffled)):
-        t, t_scatter = _paired(do_load(transfers), scatter, lambda: None, repeats)
-        _, t_copy = _paired(do_load(transfers), contiguous, lambda: None, repeats)
-        rows.append((name, t, t_scatter, t_copy))
-    landed = pool.read_pages(dst).view(batch_pages, -1)  # after the shuffled load
+        ours, base, copy = timer.run(
+            [(do_load(transfers), nothing), (scatter, nothing), (contiguous, nothing)]
+        )
+        cases.append((name, ours, base, copy))
+    do_load(load_shuffled)()  # the baselines ran last in some rounds
+    landed = pool.read_pages(dst).view(batch_pages, -1)
     assert torch.equal(landed, pool.read_pages(src).view(batch_pages, -1)[shuffle])
     store.check_invariants()
     store.close()
-    return [(name, nbytes / 2**20, nbytes / t / 1e9, tg / t, tc / t) for name, t, tg, tc in rows]
+    gb = nbytes / 1e9
+    for name, ours, base, copy in cases:
+        t, t_base = statistics.median(ours), statistics.median(base)
+        out.append(
+            (name, nbytes / 2**20, gb / t, gb / t_base, Ratio.of(ours, base), Ratio.of(ours, copy))
+        )
+    return out
 
 
 # -- file and Redis stores vs. their raw clients ---------------------------------------------
@@ -183,9 +228,10 @@ class _Batch:
         self.dst = by_page[pick[batch_pages : 2 * batch_pages]].reshape(-1)
         self.keys = page_hashes(list(range(batch_pages * p)), p)
         self.nbytes = batch_pages * self.pool.page_nbytes
-        # what a raw client writes: each page's bytes, already in memory
+        # what a raw client writes: values as long as the store's (header + page), each
+        # already one buffer in memory
         pages = self.pool.read_pages(self.src).view(torch.uint8).view(batch_pages, -1)
-        self.payloads = [bytes(page.numpy()) for page in pages]
+        self.values = [bytes(HEADER_SIZE) + bytes(page.numpy()) for page in pages]
 
     def through(self, store: ExternalStore) -> tuple[Callable[[], None], Callable[[], None]]:
         """(offload, load) of the whole batch through `store`, each to completion."""
@@ -215,92 +261,141 @@ def _ratio_rows(
     store: ExternalStore,
     raw_write: Callable[[], None],
     raw_read: Callable[[], None],
+    clear_store: Callable[[], None],
     clear_raw: Callable[[], None],
-    repeats: int,
-    uncache: Callable[[], None] | None = None,
-) -> list[tuple[str, float, float, float, float]]:
-    """(operation, MiB, store GB/s, raw GB/s, store / raw) for offload and load; with
-    `uncache`, also loads with the bytes dropped from the page cache before each read."""
+    rounds: int,
+    uncache: tuple[Callable[[], None], Callable[[], None]] | None = None,
+) -> list[Row]:
+    """(operation, MiB, store GB/s, raw GB/s, store / raw, None) for offload and load;
+    with `uncache` (store's files, raw files), also loads with the bytes dropped from the
+    page cache before each read."""
     do_offload, do_load = batch.through(store)
+    timer = Rounds(rounds)
 
-    def clear() -> None:
-        store.evict(batch.keys)
-        clear_raw()
+    def nothing() -> None:
+        pass
 
-    t_off, t_raw_write = _paired(do_offload, raw_write, clear, repeats)
-    do_offload()
-    raw_write()
-    t_load, t_raw_read = _paired(do_load, raw_read, lambda: None, repeats)
-    batch.check_landed()
-    gb, mib = batch.nbytes / 1e9, batch.nbytes / 2**20
-    out = [
-        ("offload (pool -> store)", mib, gb / t_off, gb / t_raw_write, t_raw_write / t_off),
-        ("load (pool <- store)", mib, gb / t_load, gb / t_raw_read, t_raw_read / t_load),
-    ]
+    cases = [("offload (pool -> store)", [(do_offload, clear_store), (raw_write, clear_raw)])]
+    loads = [(do_load, nothing), (raw_read, nothing)]
+    cases.append(("load (pool <- store)", loads))
     if uncache is not None:
-        t_cold, t_raw_cold = _paired(do_load, raw_read, uncache, repeats, baseline_setup=True)
-        batch.check_landed()
-        label = "load, not in page cache"
-        out.append((label, mib, gb / t_cold, gb / t_raw_cold, t_raw_cold / t_cold))
+        cold = [(do_load, uncache[0]), (raw_read, uncache[1])]
+        cases.append(("load, not in page cache", cold))
+    out: list[Row] = []
+    gb, mib = batch.nbytes / 1e9, batch.nbytes / 2**20
+    for name, pair in cases:
+        ours, raw = timer.run(pair)
+        if name.startswith("offload"):  # what the loads read
+            clear_store()
+            do_offload()
+            clear_raw()
+            raw_write()
+        else:
+            batch.check_landed()
+        t, t_raw = statistics.median(ours), statistics.median(raw)
+        out.append((name, mib, gb / t, gb / t_raw, Ratio.of(ours, raw), None))
     return out
 
 
-def bench_file(
-    batch: _Batch, directory: Path, repeats: int
-) -> list[tuple[str, float, float, float, float]]:
+def _striped(pool: ThreadPoolExecutor, fn: Callable[[int], object], n: int, workers: int) -> None:
+    """`fn(i)` for i < n on `workers` threads of `pool`, each a stride of the indices (as
+    the file store spreads a transfer's pages)."""
+
+    def run(w: int) -> None:
+        for i in range(w, n, workers):
+            fn(i)
+
+    list(pool.map(run, range(workers)))
+
+
+def bench_file(batch: _Batch, directory: Path, rounds: int) -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="bench-store-", dir=directory))
     try:
         store = FileStore(root / "store")
+        workers = store.io_threads
+        threads = ThreadPoolExecutor(workers, thread_name_prefix="bench-raw-io")
         raw = root / "raw"
         raw.mkdir()
-        names = [raw / key for key in batch.keys]
-        landing = torch.empty((len(names), len(batch.payloads[0])), dtype=torch.uint8)
+        names = [str(raw / key) for key in batch.keys]
+        landing = torch.empty((len(names), len(batch.values[0])), dtype=torch.uint8)
         rows = [landing[i].numpy().data for i in range(len(names))]  # where reads land
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
-        def raw_write() -> None:  # plain write + fsync of each page into its own file
-            for name, payload in zip(names, batch.payloads, strict=True):
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.write(fd, payload)
+        def write_one(i: int) -> None:  # write + fsync of one page's value into its file
+            fd = os.open(names[i], flags, 0o644)
+            try:
+                view = memoryview(batch.values[i])
+                while view:
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
+            finally:
                 os.close(fd)
 
-        def raw_read() -> None:  # plain read of each page file into its own row
-            for name, row in zip(names, rows, strict=True):
-                with open(name, "rb", buffering=0) as f:
-                    f.readinto(row)
+        def raw_write() -> None:  # every file durable, the directory too
+            _striped(threads, write_one, len(names), workers)
+            fd = os.open(raw, os.O_RDONLY | os.O_DIRECTORY)
+            os.fsync(fd)
+            os.close(fd)
 
-        def uncache() -> None:  # drop both sets of files from the page cache
-            for path in [*names, *(store.path_of(KV, key) for key in batch.keys)]:
+        def read_one(i: int) -> None:
+            fd = os.open(names[i], os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                got = os.readv(fd, [rows[i]])
+            finally:
+                os.close(fd)
+            assert got == len(rows[i])
+
+        def raw_read() -> None:  # plain read of each page file into its own row
+            _striped(threads, read_one, len(names), workers)
+
+        def drop_cached(paths: Sequence[str | Path]) -> None:
+            for path in paths:
                 fd = os.open(path, os.O_RDONLY)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 os.close(fd)
 
+        store_files = [store.path_of(KV, key) for key in batch.keys]
+
+        def clear_store() -> None:
+            store.evict(batch.keys)
+
         def clear_raw() -> None:
             for name in names:
-                name.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
 
-        out = _ratio_rows(batch, store, raw_write, raw_read, clear_raw, repeats, uncache)
+        out = _ratio_rows(
+            batch,
+            store,
+            raw_write,
+            raw_read,
+            clear_store,
+            clear_raw,
+            rounds,
+            (lambda: drop_cached(store_files), lambda: drop_cached(names)),
+        )
         store.close()
+        threads.shutdown()
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def bench_redis(batch: _Batch, repeats: int) -> list[tuple[str, float, float, float, float]]:
+def bench_redis(batch: _Batch, rounds: int) -> list[Row]:
     import redis
 
     from unicache_fsm.store.redis import RedisStore
 
-    with RedisServer() as server:
+    with RedisServer() as server:  # fresh, no persistence, no memory limit
         store = RedisStore(server.url)
         client = redis.Redis.from_url(server.url)
         names = [f"raw:{key}" for key in batch.keys]
 
-        def raw_write() -> None:  # redis-py pipelined SET of the same page bytes
+        def raw_write() -> None:  # redis-py pipelined SET NX of values of the same size
             pipe = client.pipeline(transaction=False)
-            for name, payload in zip(names, batch.payloads, strict=True):
-                pipe.set(name, payload)
-            pipe.execute()
+            for name, value in zip(names, batch.values, strict=True):
+                pipe.set(name, value, nx=True)
+            assert all(pipe.execute())
 
         def raw_read() -> None:  # redis-py pipelined GET of those values
             pipe = client.pipeline(transaction=False)
@@ -308,10 +403,18 @@ def bench_redis(batch: _Batch, repeats: int) -> list[tuple[str, float, float, fl
                 pipe.get(name)
             assert all(v is not None for v in pipe.execute())
 
+        def settle() -> None:  # the allocator starts each write from the same state
+            client.execute_command("MEMORY", "PURGE")
+
+        def clear_store() -> None:
+            store.evict(batch.keys)
+            settle()
+
         def clear_raw() -> None:
             client.delete(*names)
+            settle()
 
-        rows = _ratio_rows(batch, store, raw_write, raw_read, clear_raw, repeats)
+        rows = _ratio_rows(batch, store, raw_write, raw_read, clear_store, clear_raw, rounds)
         store.close()
         client.close()
         return rows
@@ -327,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dir", type=Path, default=None, help="where the file store benchmark writes"
     )
+    parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (0: default)")
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(backends) - {"memory", "file", "redis"})
@@ -340,8 +444,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "width": 1024,
         "batch_pages": 32 if args.quick else 128,
     }
-    repeats = 3 if args.quick else 9
-    print(f"bench_store: torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    rounds = args.rounds or (3 if args.quick else 15)
+    print(
+        f"bench_store: torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+        f"{rounds} interleaved rounds per figure; ratio = median over rounds of "
+        "(baseline time / store time) in the same round, spread = its middle half (q1-q3)"
+    )
     print()
     page_kib = shape["page_size"] * shape["num_layers"] * shape["width"] * 2 / 1024
     pages = (
@@ -349,34 +457,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(P={shape['page_size']}, {shape['num_layers']} layers x {shape['width']} fp16)"
     )
     if "memory" in backends:
-        rows = bench(repeats=repeats, **shape)
+        rows = bench(rounds=rounds, **shape)
         print_table(
             f"memory store, {pages}, checksummed",
-            ("operation", "MiB", "GB/s", "vs gather/scatter", "vs copy_"),
+            ("operation", "MiB", "GB/s", "torch GB/s", "vs gather/scatter", "spread", "vs copy_"),
             [
-                (name, f"{mib:.0f}", f"{gbs:.2f}", f"{rg:.2f}x", f"{rc:.2f}x")
-                for name, mib, gbs, rg, rc in rows
+                (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))
+                for n, m, g, b, r, c in rows
             ],
         )
-    header = ("operation", "MiB", "store GB/s", "raw GB/s", "store / raw")
-    io_repeats = 3 if args.quick else 5
+    header = ("operation", "MiB", "store GB/s", "raw GB/s", "store / raw", "spread")
     if "file" in backends:
         batch = _Batch(**shape)
         where = args.dir or Path(tempfile.gettempdir())
-        rows = bench_file(batch, where, io_repeats)
+        rows = bench_file(batch, where, rounds)
         print_table(
-            f"file store in {where}, {pages}; raw: write + fsync / read of each page file",
+            f"file store in {where}, {pages}; raw: write + fsync / read of each page file "
+            f"(and one directory fsync), on as many threads as the store's I/O",
             header,
-            [(n, f"{m:.0f}", f"{g:.2f}", f"{r:.2f}", f"{x:.2f}x") for n, m, g, r, x in rows],
+            [
+                (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread)
+                for n, m, g, b, r, _ in rows
+            ],
         )
     if "redis" in backends:
         if available():
             batch = _Batch(**shape)
-            rows = bench_redis(batch, io_repeats)
+            rows = bench_redis(batch, rounds)
             print_table(
-                f"Redis store on loopback, {pages}; raw: redis-py pipelined SET / GET",
+                f"Redis store on loopback, {pages}; raw: redis-py pipelined SET NX / GET",
                 header,
-                [(n, f"{m:.0f}", f"{g:.2f}", f"{r:.2f}", f"{x:.2f}x") for n, m, g, r, x in rows],
+                [
+                    (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread)
+                    for n, m, g, b, r, _ in rows
+                ],
             )
         else:
             print("Redis store: skipped (redis-server is not installed)\n")
