@@ -298,14 +298,40 @@ def _ratio_rows(
 
 
 def _striped(pool: ThreadPoolExecutor, fn: Callable[[int], object], n: int, workers: int) -> None:
-    """`fn(i)` for i < n on `workers` threads of `pool`, each a stride of the indices (as
-    the file store spreads a transfer's pages)."""
+    """`fn(i)` for i < n on `workers` threads, each a stride of the indices, the first on
+    the calling thread and the others on `pool` (as the file store spreads a transfer's
+    pages)."""
 
     def run(w: int) -> None:
         for i in range(w, n, workers):
             fn(i)
 
-    list(pool.map(run, range(workers)))
+    futures = [pool.submit(run, w) for w in range(1, workers)]
+    run(0)
+    for future in futures:
+        future.result()
+
+
+_PAGE = 4096
+
+
+def _landing_rows(batch: _Batch, length: int) -> list[memoryview]:
+    """A row of `length` bytes per page for raw reads, each placed as the store's reads
+    land relative to the file's bytes: the store reads a page's payload (at file offset
+    `HEADER_SIZE`) into a pool row, raw reads a whole file (offset 0) into its row, and
+    both keep the same distance modulo 4 KiB between the page cache and the destination.
+    The kernel's copy to user memory runs several times slower on some CPUs (AMD Zen's
+    ``rep movsb``) when the destination sits 0-63 bytes after the source modulo 4 KiB, so
+    an accidental placement would skew either side."""
+    first = int(batch.dst[0]) // batch.pool.page_size
+    store_at = batch.pool.page_bytes()[first].ctypes.data
+    distance = (store_at - HEADER_SIZE) % _PAGE
+    stride = -(-(length + distance) // _PAGE) * _PAGE + _PAGE
+    flat = torch.empty(len(batch.keys) * stride + _PAGE, dtype=torch.uint8).numpy()
+    shift = (distance - flat.ctypes.data) % _PAGE
+    return [
+        flat[shift + i * stride : shift + i * stride + length].data for i in range(len(batch.keys))
+    ]
 
 
 def bench_file(batch: _Batch, directory: Path, rounds: int) -> list[Row]:
@@ -313,12 +339,11 @@ def bench_file(batch: _Batch, directory: Path, rounds: int) -> list[Row]:
     try:
         store = FileStore(root / "store")
         workers = store.io_threads
-        threads = ThreadPoolExecutor(workers, thread_name_prefix="bench-raw-io")
+        threads = ThreadPoolExecutor(workers - 1, thread_name_prefix="bench-raw-io")
         raw = root / "raw"
         raw.mkdir()
         names = [str(raw / key) for key in batch.keys]
-        landing = torch.empty((len(names), len(batch.values[0])), dtype=torch.uint8)
-        rows = [landing[i].numpy().data for i in range(len(names))]  # where reads land
+        rows = _landing_rows(batch, len(batch.values[0]))  # where raw reads land
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
         def write_one(i: int) -> None:  # write + fsync of one page's value into its file

@@ -343,16 +343,23 @@ class FileStore(SharedStore):
             return [fn(item) for item in items]
         if self._io is None:
             self._io = concurrent.futures.ThreadPoolExecutor(
-                self.io_threads, thread_name_prefix="unicache-file-io"
+                self.io_threads - 1, thread_name_prefix="unicache-file-io"
             )
 
         def run(part: Sequence[T]) -> list[R]:
             return [fn(item) for item in part]
 
-        # one task per thread, each a stride of the items (few hand-offs between threads)
-        parts = list(self._io.map(run, [items[w::workers] for w in range(workers)]))
+        # one stride of the items per thread, the first on the calling thread (few
+        # hand-offs: every submission wakes a thread that then competes for the GIL)
+        futures = [self._io.submit(run, items[w::workers]) for w in range(1, workers)]
+        try:
+            mine = run(items[0::workers])
+        finally:
+            concurrent.futures.wait(futures)  # none left running, whatever happened
+        parts = [f.result() for f in futures]
         out: list[R] = [None] * len(items)  # type: ignore[list-item]
-        for w, part in enumerate(parts):
+        out[0::workers] = mine
+        for w, part in enumerate(parts, start=1):
             out[w::workers] = part
         return out
 
