@@ -47,11 +47,11 @@ from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
 if TYPE_CHECKING:
     import redis as redis_py
 
-__all__ = ["KEY_PREFIX", "RedisStore"]
+__all__ = ["KEY_PREFIX", "PIPELINE_BYTES", "RedisStore"]
 
 KEY_PREFIX = "unicache"
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_CHUNK_BYTES = 64 << 20  # one pipeline carries at most this much page data
+PIPELINE_BYTES = 64 << 20  # one pipeline carries at most this much page data
 T = TypeVar("T")
 
 
@@ -157,7 +157,7 @@ class RedisStore(SharedStore):
             tail = end
             count += 1
             size += len(header) + payload.nbytes
-            if size >= _CHUNK_BYTES:
+            if size >= PIPELINE_BYTES:
                 self._send_sets([*frames, tail], count)
                 frames, tail, count, size = [], b"", 0, 0
         if count:
@@ -193,7 +193,7 @@ class RedisStore(SharedStore):
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         nbytes = len(rows[0]) if rows else 0
-        per_chunk = max(1, _CHUNK_BYTES // max(1, nbytes))
+        per_chunk = max(1, PIPELINE_BYTES // max(1, nbytes))
         reads: list[PageRead | None] = []
         for start in range(0, len(keys), per_chunk):
             chunk = keys[start : start + per_chunk]
