@@ -19,8 +19,11 @@ and forgetting pages other processes wrote or removed are
   into is fsynced; only then is the offload completed True. So a page is visible to
   LOOKUP only once its bytes are durable, and a page of an offload reported published
   survives a crash of the process (and, as far as fsync promises, of the machine).
-  The pages of one transfer are written (and read) by `io_threads` threads at once:
-  concurrent fsyncs share the file system's journal commits.
+  The pages of one transfer are written (and read) by `io_threads` threads at once,
+  each a stride of the pages, the calling thread one of them: concurrent fsyncs share
+  the file system's journal commits. A read fetches header, payload and one byte more
+  in one ``preadv`` (the payload straight into its slot for large CPU pages) and
+  checksums the payload right after, while it is in cache.
 - Recovery on open: temporary files of dead writers (their pid names no live process on
   this host) are deleted; a page file whose
   header is invalid, names another key or pool, or whose length disagrees with its
