@@ -444,7 +444,7 @@ def bench_redis(batch: _Batch, rounds: int) -> list[Row]:
                 assert all(v is not None for v in pipe.execute())
 
         def settle() -> None:  # the allocator starts each write from the same state
-            client.execute_command("MEMORY", "PURGE")
+            client.execute_command("MEMORY", "PURGE")  # type: ignore[no-untyped-call]
 
         def clear_store() -> None:
             store.evict(batch.keys)
