@@ -13,8 +13,8 @@ or the server evicted are `unicache_fsm.store.shared.SharedStore`'s. What Redis 
   Use one namespace per model and KV layout.
 - Pipelined: one round trip of EXISTS per LOOKUP / `load` / `contains` (per pool), of
   ``SET NX`` per offloaded transfer (write-once: an existing key is left as it is), of
-  GET per loaded transfer, of DEL per `evict` (and one per 64 MiB of pages). An
-  offload's SETs are framed here and sent through the client's connection as separate
+  GET per loaded transfer, of DEL per `evict`; SETs and GETs take one round trip per
+  `PIPELINE_BYTES` (64 MiB) of values. An offload's SETs are framed here and sent through the client's connection as separate
   buffers (header, then the page straight from the pool), so no page is copied into a
   joined value on the way; the server sees ordinary ``SET key value NX`` commands.
 - Loads and offloads run off the caller's thread by default (``background=True``); their
