@@ -1,51 +1,66 @@
 """Store benchmark: batched offload and load bandwidth through every store backend.
 
 Run ``python benchmarks/bench_store.py`` (``--quick`` for a smoke run; ``--backends
-memory,file,redis`` to choose). One batch of
-randomly placed pages of a realistic pool (P = 16, 32 layers x 1024 fp16: 1 MiB pages)
-goes KV pool -> `MemoryStore` (offload: validate, queue, `progress()`, pop) and back
-(load into other slots: validate, queue, start, `progress()`, pop), with every page
-checksummed on the way in and verified on the way out. Each figure is a ratio against
-plain torch copies of the same bytes measured alternately in the same run:
+memory,file,redis`` to choose; ``--rounds N``). One batch of randomly placed pages of a
+realistic pool (P = 16, 32 layers x 1024 fp16: 1 MiB pages) goes KV pool -> store
+(offload: validate, queue, `progress()`, pop) and back (load into other slots:
+validate, queue, start, `progress()`, pop), with every page checksummed on the way in
+and verified on the way out.
 
-- ``vs gather``: ``torch.index_select(pages, 0, ids, out=buf)`` (the pool -> buffer
-  gather an offload needs at the least) or ``pages.index_copy_(0, ids, buf)`` (torch's
-  buffer -> pool scatter; `KVPool.write_pages` copies pages of 16 KiB and more one
-  memcpy each, which runs faster than this kernel, so a load can exceed 1.0x);
+How it is timed: each figure comes from interleaved rounds. A round runs the store's
+operation and its baseline(s) once each (after an untimed setup: evicting what the
+last offload stored, dropping the page cache), in an order rotated every round, so the
+drift of a shared machine falls on both sides alike. The ratio is baseline time / store
+time within one round; the table prints its median over the rounds and its middle half
+(first to third quartile) as the spread, and the median bandwidths beside it.
+
+Memory store, against plain torch copies of the same bytes:
+
+- ``vs gather/scatter``: ``torch.index_select(pages, 0, ids, out=buf)`` (the pool ->
+  buffer gather an offload needs at the least) or ``pages.index_copy_(0, ids, buf)``
+  (torch's buffer -> pool scatter; `KVPool.write_pages` copies pages of 16 KiB and more
+  one memcpy each, which can run faster than this kernel, so a load can exceed 1.0x).
+  Design target >= 0.8;
 - ``vs copy_``: ``dst.copy_(src)`` between two contiguous tensors of the same size.
 
-The design target is >= 0.5 of a plain copy.
-
-The file and Redis stores move the same batch through their medium, and each figure is
-a ratio against the raw client doing the same I/O on the same bytes, measured
-alternately in the same run (design target >= 0.7):
+The file and Redis stores, against the raw client doing the same I/O on the same bytes
+(values as long as the store's: header + page). Design target >= 0.7:
 
 - file store (a fresh directory under ``--dir``, default the system's temporary
   directory, so a real disk): offload = temp file, write, fsync, rename per page and one
-  directory fsync, vs. a plain ``write`` + ``fsync`` of each page's bytes into its own
-  file; load = read, check header and checksum, write into the slots, vs. a plain
-  ``readinto`` of each page file;
-- Redis store (a real ``redis-server`` on a free loopback port, started here; skipped
-  when it is not installed): offload = pipelined ``SET NX`` of header + page, vs.
-  redis-py pipelined ``SET`` of the same page bytes; load = pipelined ``GET``, checks,
-  write into the slots, vs. redis-py pipelined ``GET`` of those values.
+  directory fsync, vs. ``write`` + ``fsync`` of each value into its own file and one
+  directory fsync; load = read, check header and checksum, into the slots, vs. a plain
+  read of each file into a buffer. Both sides spread the pages over the same number of
+  threads (the store's ``io_threads``, the calling thread taking the first stride), and
+  raw reads land at the same distance modulo 4 KiB from the page cache as the store's
+  (see `_landing_rows`: some CPUs copy several times slower at some distances);
+- Redis store (a fresh ``redis-server`` on a free loopback port: no persistence, no
+  memory limit, its allocator purged before every write; skipped when it is not
+  installed): offload = pipelined ``SET NX`` of header + page, vs. redis-py pipelined
+  ``SET NX`` of values of the same size; load = pipelined ``GET``, checks, into the
+  slots, vs. redis-py pipelined ``GET`` of those values. Both sides use pipelines of at
+  most `PIPELINE_BYTES` of values.
 
-On a busy 2-core machine torch's OpenMP threads stall each other and every figure,
-baselines included, swings by 10x; pass ``--threads 1`` for stable ratios. A benchmark,
+On a busy 2-core machine torch's OpenMP threads stall each other and the torch
+baselines collapse (a gather at a few percent of its speed); pass ``--threads 1`` for
+meaningful memory-store ratios (`run.py` passes nothing: torch's default). A benchmark,
 not a test: nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import attrs
 import torch
 
 from unicache_fsm.console import print_table
@@ -54,6 +69,7 @@ from unicache_fsm.pools import KVPool, PagedAllocator
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.store import MemoryStore
 from unicache_fsm.store.file import FileStore
+from unicache_fsm.store.pageformat import HEADER_SIZE
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.testing.redis_server import RedisServer, available
 
@@ -62,37 +78,65 @@ __all__ = ["main"]
 KV = PoolName.KV
 
 
-def _paired(
-    fn: Callable[[], object],
-    baseline: Callable[[], object],
-    setup: Callable[[], object],
-    repeats: int,
-    *,
-    baseline_setup: bool = False,
-) -> tuple[float, float]:
-    """Median seconds of `fn` (after an untimed `setup`) and of `baseline` (after one
-    too, with `baseline_setup`), alternately."""
-    setup()
-    fn()  # warm-up: slabs and staging buffers reach their size
-    baseline()
-    ours, base = [], []
-    for _ in range(repeats):
-        setup()
-        t0 = time.perf_counter()
-        fn()
-        ours.append(time.perf_counter() - t0)
-        if baseline_setup:
-            setup()
-        t0 = time.perf_counter()
-        baseline()
-        base.append(time.perf_counter() - t0)
-    return statistics.median(ours), statistics.median(base)
+class Rounds:
+    """Interleaved timing: every round runs each case once (after its untimed setup),
+    in an order rotated by one each round, so drift of a shared machine falls on all
+    cases alike; ratios are taken within a round, then summarised across rounds."""
+
+    def __init__(self, repeats: int) -> None:
+        self.repeats = repeats
+
+    def run(
+        self, cases: Sequence[tuple[Callable[[], object], Callable[[], object]]]
+    ) -> list[list[float]]:
+        """Seconds per round of each ``(run, setup)`` case, after one untimed warm-up
+        round (slabs, staging buffers and connections reach their size)."""
+        times: list[list[float]] = [[] for _ in cases]
+        for r in range(self.repeats + 1):
+            for k in range(len(cases)):
+                i = (k + r) % len(cases)
+                fn, setup = cases[i]
+                setup()
+                t0 = time.perf_counter()
+                fn()
+                if r:
+                    times[i].append(time.perf_counter() - t0)
+        return times
+
+
+@attrs.frozen
+class Ratio:
+    """A per-round ratio ``baseline time / store time`` summarised: median and the middle
+    half of the rounds (first to third quartile)."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, store: Sequence[float], baseline: Sequence[float]) -> Ratio:
+        ratios = sorted(b / s for s, b in zip(store, baseline, strict=True))
+        if len(ratios) < 4:
+            return cls(statistics.median(ratios), ratios[0], ratios[-1])
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return cls(statistics.median(ratios), q1, q3)
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x"
+
+    @property
+    def spread(self) -> str:
+        return f"{self.low:.2f}-{self.high:.2f}"
+
+
+Row = tuple[str, float, float, float, Ratio, Ratio | None]
+"""(operation, MiB, store GB/s, baseline GB/s, ratio, second ratio or None)."""
 
 
 def bench(
-    *, page_size: int, num_layers: int, width: int, batch_pages: int, repeats: int
-) -> list[tuple[str, float, float, float, float]]:
-    """(case, MiB, GB/s, ratio vs gather/scatter, ratio vs contiguous copy_) per case."""
+    *, page_size: int, num_layers: int, width: int, batch_pages: int, rounds: int
+) -> list[Row]:
+    """Memory store: (operation, MiB, GB/s, gather/scatter GB/s, vs gather/scatter, vs copy_)."""
     p = page_size
     alloc = PagedAllocator(3 * batch_pages * p, p)
     pool = KVPool.for_allocator(alloc, num_layers, width)
@@ -146,21 +190,34 @@ def bench(
     def contiguous() -> object:
         return other.copy_(buf)
 
+    def nothing() -> None:
+        pass
+
     nbytes = batch_pages * pool.page_nbytes
-    rows = []
-    t, t_gather = _paired(do_offload, gather, evict_all, repeats)
-    _, t_copy = _paired(do_offload, contiguous, evict_all, repeats)
-    rows.append(("offload (pool -> store)", t, t_gather, t_copy))
+    timer = Rounds(rounds)
+    out: list[Row] = []
+    ours, base, copy = timer.run(
+        [(do_offload, evict_all), (gather, nothing), (contiguous, nothing)]
+    )
+    cases = [("offload (pool -> store)", ours, base, copy)]
     do_offload()
     for name, transfers in (("load (pool <- store)", load), ("load, shuffled keys", load_shuffled)):
-        t, t_scatter = _paired(do_load(transfers), scatter, lambda: None, repeats)
-        _, t_copy = _paired(do_load(transfers), contiguous, lambda: None, repeats)
-        rows.append((name, t, t_scatter, t_copy))
-    landed = pool.read_pages(dst).view(batch_pages, -1)  # after the shuffled load
+        ours, base, copy = timer.run(
+            [(do_load(transfers), nothing), (scatter, nothing), (contiguous, nothing)]
+        )
+        cases.append((name, ours, base, copy))
+    do_load(load_shuffled)()  # the baselines ran last in some rounds
+    landed = pool.read_pages(dst).view(batch_pages, -1)
     assert torch.equal(landed, pool.read_pages(src).view(batch_pages, -1)[shuffle])
     store.check_invariants()
     store.close()
-    return [(name, nbytes / 2**20, nbytes / t / 1e9, tg / t, tc / t) for name, t, tg, tc in rows]
+    gb = nbytes / 1e9
+    for name, ours, base, copy in cases:
+        t, t_base = statistics.median(ours), statistics.median(base)
+        out.append(
+            (name, nbytes / 2**20, gb / t, gb / t_base, Ratio.of(ours, base), Ratio.of(ours, copy))
+        )
+    return out
 
 
 # -- file and Redis stores vs. their raw clients ---------------------------------------------
@@ -183,9 +240,10 @@ class _Batch:
         self.dst = by_page[pick[batch_pages : 2 * batch_pages]].reshape(-1)
         self.keys = page_hashes(list(range(batch_pages * p)), p)
         self.nbytes = batch_pages * self.pool.page_nbytes
-        # what a raw client writes: each page's bytes, already in memory
+        # what a raw client writes: values as long as the store's (header + page), each
+        # already one buffer in memory
         pages = self.pool.read_pages(self.src).view(torch.uint8).view(batch_pages, -1)
-        self.payloads = [bytes(page.numpy()) for page in pages]
+        self.values = [bytes(HEADER_SIZE) + bytes(page.numpy()) for page in pages]
 
     def through(self, store: ExternalStore) -> tuple[Callable[[], None], Callable[[], None]]:
         """(offload, load) of the whole batch through `store`, each to completion."""
@@ -215,103 +273,188 @@ def _ratio_rows(
     store: ExternalStore,
     raw_write: Callable[[], None],
     raw_read: Callable[[], None],
+    clear_store: Callable[[], None],
     clear_raw: Callable[[], None],
-    repeats: int,
-    uncache: Callable[[], None] | None = None,
-) -> list[tuple[str, float, float, float, float]]:
-    """(operation, MiB, store GB/s, raw GB/s, store / raw) for offload and load; with
-    `uncache`, also loads with the bytes dropped from the page cache before each read."""
+    rounds: int,
+    uncache: tuple[Callable[[], None], Callable[[], None]] | None = None,
+) -> list[Row]:
+    """(operation, MiB, store GB/s, raw GB/s, store / raw, None) for offload and load;
+    with `uncache` (store's files, raw files), also loads with the bytes dropped from the
+    page cache before each read."""
     do_offload, do_load = batch.through(store)
+    timer = Rounds(rounds)
 
-    def clear() -> None:
-        store.evict(batch.keys)
-        clear_raw()
+    def nothing() -> None:
+        pass
 
-    t_off, t_raw_write = _paired(do_offload, raw_write, clear, repeats)
-    do_offload()
-    raw_write()
-    t_load, t_raw_read = _paired(do_load, raw_read, lambda: None, repeats)
-    batch.check_landed()
-    gb, mib = batch.nbytes / 1e9, batch.nbytes / 2**20
-    out = [
-        ("offload (pool -> store)", mib, gb / t_off, gb / t_raw_write, t_raw_write / t_off),
-        ("load (pool <- store)", mib, gb / t_load, gb / t_raw_read, t_raw_read / t_load),
-    ]
+    cases = [("offload (pool -> store)", [(do_offload, clear_store), (raw_write, clear_raw)])]
+    loads = [(do_load, nothing), (raw_read, nothing)]
+    cases.append(("load (pool <- store)", loads))
     if uncache is not None:
-        t_cold, t_raw_cold = _paired(do_load, raw_read, uncache, repeats, baseline_setup=True)
-        batch.check_landed()
-        label = "load, not in page cache"
-        out.append((label, mib, gb / t_cold, gb / t_raw_cold, t_raw_cold / t_cold))
+        cold = [(do_load, uncache[0]), (raw_read, uncache[1])]
+        cases.append(("load, not in page cache", cold))
+    out: list[Row] = []
+    gb, mib = batch.nbytes / 1e9, batch.nbytes / 2**20
+    for name, pair in cases:
+        ours, raw = timer.run(pair)
+        if name.startswith("offload"):  # what the loads read
+            clear_store()
+            do_offload()
+            clear_raw()
+            raw_write()
+        else:
+            batch.check_landed()
+        t, t_raw = statistics.median(ours), statistics.median(raw)
+        out.append((name, mib, gb / t, gb / t_raw, Ratio.of(ours, raw), None))
     return out
 
 
-def bench_file(
-    batch: _Batch, directory: Path, repeats: int
-) -> list[tuple[str, float, float, float, float]]:
+def _striped(pool: ThreadPoolExecutor, fn: Callable[[int], object], n: int, workers: int) -> None:
+    """`fn(i)` for i < n on `workers` threads, each a stride of the indices, the first on
+    the calling thread and the others on `pool` (as the file store spreads a transfer's
+    pages)."""
+
+    def run(w: int) -> None:
+        for i in range(w, n, workers):
+            fn(i)
+
+    futures = [pool.submit(run, w) for w in range(1, workers)]
+    run(0)
+    for future in futures:
+        future.result()
+
+
+_PAGE = 4096
+
+
+def _landing_rows(batch: _Batch, length: int) -> list[memoryview]:
+    """A row of `length` bytes per page for raw reads, each placed as the store's reads
+    land relative to the file's bytes: the store reads a page's payload (at file offset
+    `HEADER_SIZE`) into a pool row, raw reads a whole file (offset 0) into its row, and
+    both keep the same distance modulo 4 KiB between the page cache and the destination.
+    The kernel's copy to user memory runs several times slower on some CPUs (AMD Zen's
+    ``rep movsb``) when the destination sits 0-63 bytes after the source modulo 4 KiB, so
+    an accidental placement would skew either side."""
+    first = int(batch.dst[0]) // batch.pool.page_size
+    store_at = batch.pool.page_bytes()[first].ctypes.data
+    distance = (store_at - HEADER_SIZE) % _PAGE
+    stride = -(-(length + distance) // _PAGE) * _PAGE + _PAGE
+    flat = torch.empty(len(batch.keys) * stride + _PAGE, dtype=torch.uint8).numpy()
+    shift = (distance - flat.ctypes.data) % _PAGE
+    return [
+        flat[shift + i * stride : shift + i * stride + length].data for i in range(len(batch.keys))
+    ]
+
+
+def bench_file(batch: _Batch, directory: Path, rounds: int) -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="bench-store-", dir=directory))
     try:
         store = FileStore(root / "store")
+        workers = store.io_threads
+        threads = ThreadPoolExecutor(workers - 1, thread_name_prefix="bench-raw-io")
         raw = root / "raw"
         raw.mkdir()
-        names = [raw / key for key in batch.keys]
-        landing = torch.empty((len(names), len(batch.payloads[0])), dtype=torch.uint8)
-        rows = [landing[i].numpy().data for i in range(len(names))]  # where reads land
+        names = [str(raw / key) for key in batch.keys]
+        rows = _landing_rows(batch, len(batch.values[0]))  # where raw reads land
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
-        def raw_write() -> None:  # plain write + fsync of each page into its own file
-            for name, payload in zip(names, batch.payloads, strict=True):
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.write(fd, payload)
+        def write_one(i: int) -> None:  # write + fsync of one page's value into its file
+            fd = os.open(names[i], flags, 0o644)
+            try:
+                view = memoryview(batch.values[i])
+                while view:
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
+            finally:
                 os.close(fd)
 
-        def raw_read() -> None:  # plain read of each page file into its own row
-            for name, row in zip(names, rows, strict=True):
-                with open(name, "rb", buffering=0) as f:
-                    f.readinto(row)
+        def raw_write() -> None:  # every file durable, the directory too
+            _striped(threads, write_one, len(names), workers)
+            fd = os.open(raw, os.O_RDONLY | os.O_DIRECTORY)
+            os.fsync(fd)
+            os.close(fd)
 
-        def uncache() -> None:  # drop both sets of files from the page cache
-            for path in [*names, *(store.path_of(KV, key) for key in batch.keys)]:
+        def read_one(i: int) -> None:
+            fd = os.open(names[i], os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                got = os.readv(fd, [rows[i]])
+            finally:
+                os.close(fd)
+            assert got == len(rows[i])
+
+        def raw_read() -> None:  # plain read of each page file into its own row
+            _striped(threads, read_one, len(names), workers)
+
+        def drop_cached(paths: Sequence[str | Path]) -> None:
+            for path in paths:
                 fd = os.open(path, os.O_RDONLY)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 os.close(fd)
 
+        store_files = [store.path_of(KV, key) for key in batch.keys]
+
+        def clear_store() -> None:
+            store.evict(batch.keys)
+
         def clear_raw() -> None:
             for name in names:
-                name.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
 
-        out = _ratio_rows(batch, store, raw_write, raw_read, clear_raw, repeats, uncache)
+        out = _ratio_rows(
+            batch,
+            store,
+            raw_write,
+            raw_read,
+            clear_store,
+            clear_raw,
+            rounds,
+            (lambda: drop_cached(store_files), lambda: drop_cached(names)),
+        )
         store.close()
+        threads.shutdown()
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def bench_redis(batch: _Batch, repeats: int) -> list[tuple[str, float, float, float, float]]:
+def bench_redis(batch: _Batch, rounds: int) -> list[Row]:
     import redis
 
-    from unicache_fsm.store.redis import RedisStore
+    from unicache_fsm.store.redis import PIPELINE_BYTES, RedisStore
 
-    with RedisServer() as server:
+    with RedisServer() as server:  # fresh, no persistence, no memory limit
         store = RedisStore(server.url)
         client = redis.Redis.from_url(server.url)
         names = [f"raw:{key}" for key in batch.keys]
+        per_pipeline = max(1, PIPELINE_BYTES // len(batch.values[0]))  # as the store's
 
-        def raw_write() -> None:  # redis-py pipelined SET of the same page bytes
-            pipe = client.pipeline(transaction=False)
-            for name, payload in zip(names, batch.payloads, strict=True):
-                pipe.set(name, payload)
-            pipe.execute()
+        def raw_write() -> None:  # redis-py pipelined SET NX of values of the same size
+            for start in range(0, len(names), per_pipeline):
+                pipe = client.pipeline(transaction=False)
+                for i in range(start, min(start + per_pipeline, len(names))):
+                    pipe.set(names[i], batch.values[i], nx=True)
+                assert all(pipe.execute())
 
         def raw_read() -> None:  # redis-py pipelined GET of those values
-            pipe = client.pipeline(transaction=False)
-            for name in names:
-                pipe.get(name)
-            assert all(v is not None for v in pipe.execute())
+            for start in range(0, len(names), per_pipeline):
+                pipe = client.pipeline(transaction=False)
+                for name in names[start : start + per_pipeline]:
+                    pipe.get(name)
+                assert all(v is not None for v in pipe.execute())
+
+        def settle() -> None:  # the allocator starts each write from the same state
+            client.execute_command("MEMORY", "PURGE")  # type: ignore[no-untyped-call]
+
+        def clear_store() -> None:
+            store.evict(batch.keys)
+            settle()
 
         def clear_raw() -> None:
             client.delete(*names)
+            settle()
 
-        rows = _ratio_rows(batch, store, raw_write, raw_read, clear_raw, repeats)
+        rows = _ratio_rows(batch, store, raw_write, raw_read, clear_store, clear_raw, rounds)
         store.close()
         client.close()
         return rows
@@ -327,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dir", type=Path, default=None, help="where the file store benchmark writes"
     )
+    parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (0: default)")
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(backends) - {"memory", "file", "redis"})
@@ -340,8 +484,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "width": 1024,
         "batch_pages": 32 if args.quick else 128,
     }
-    repeats = 3 if args.quick else 9
-    print(f"bench_store: torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
+    rounds = args.rounds or (3 if args.quick else 15)
+    print(
+        f"bench_store: torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+        f"{rounds} interleaved rounds per figure; ratio = median over rounds of "
+        "(baseline time / store time) in the same round, spread = its middle half (q1-q3)"
+    )
     print()
     page_kib = shape["page_size"] * shape["num_layers"] * shape["width"] * 2 / 1024
     pages = (
@@ -349,34 +497,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(P={shape['page_size']}, {shape['num_layers']} layers x {shape['width']} fp16)"
     )
     if "memory" in backends:
-        rows = bench(repeats=repeats, **shape)
+        rows = bench(rounds=rounds, **shape)
         print_table(
             f"memory store, {pages}, checksummed",
-            ("operation", "MiB", "GB/s", "vs gather/scatter", "vs copy_"),
+            ("operation", "MiB", "GB/s", "torch GB/s", "vs gather/scatter", "spread", "vs copy_"),
             [
-                (name, f"{mib:.0f}", f"{gbs:.2f}", f"{rg:.2f}x", f"{rc:.2f}x")
-                for name, mib, gbs, rg, rc in rows
+                (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))
+                for n, m, g, b, r, c in rows
             ],
         )
-    header = ("operation", "MiB", "store GB/s", "raw GB/s", "store / raw")
-    io_repeats = 3 if args.quick else 5
+    header = ("operation", "MiB", "store GB/s", "raw GB/s", "store / raw", "spread")
     if "file" in backends:
         batch = _Batch(**shape)
         where = args.dir or Path(tempfile.gettempdir())
-        rows = bench_file(batch, where, io_repeats)
+        rows = bench_file(batch, where, rounds)
         print_table(
-            f"file store in {where}, {pages}; raw: write + fsync / read of each page file",
+            f"file store in {where}, {pages}; raw: write + fsync / read of each page file "
+            f"(and one directory fsync), on as many threads as the store's I/O",
             header,
-            [(n, f"{m:.0f}", f"{g:.2f}", f"{r:.2f}", f"{x:.2f}x") for n, m, g, r, x in rows],
+            [
+                (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread)
+                for n, m, g, b, r, _ in rows
+            ],
         )
     if "redis" in backends:
         if available():
             batch = _Batch(**shape)
-            rows = bench_redis(batch, io_repeats)
+            rows = bench_redis(batch, rounds)
             print_table(
-                f"Redis store on loopback, {pages}; raw: redis-py pipelined SET / GET",
+                f"Redis store on loopback, {pages}; raw: redis-py pipelined SET NX / GET "
+                "(pipelines of at most as many bytes as the store's)",
                 header,
-                [(n, f"{m:.0f}", f"{g:.2f}", f"{r:.2f}", f"{x:.2f}x") for n, m, g, r, x in rows],
+                [
+                    (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread)
+                    for n, m, g, b, r, _ in rows
+                ],
             )
         else:
             print("Redis store: skipped (redis-server is not installed)\n")

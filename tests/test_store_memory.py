@@ -597,6 +597,15 @@ class TestMemoryStore(StoreContract):
             assert store.last_error is None
 
 
+class TestMemoryStoreLargePages(TestMemoryStore):
+    """The contract again with 128 KiB pages: these are offloaded one copy each and
+    checksummed right after it, not gathered in one batch."""
+
+    @pytest.fixture
+    def rig(self) -> Rig:
+        return LargeRig()
+
+
 # -- memory-store specifics -----------------------------------------------------------------
 
 

@@ -220,6 +220,48 @@ def test_server_side_eviction_is_store_side_eviction() -> None:
         store.close()
 
 
+def test_an_offload_the_server_refuses_fails_and_the_connection_stays_in_step() -> None:
+    """A server that refuses writes (maxmemory, ``noeviction``) answers some SETs of an
+    offload with an error: the offload completes False, publishes nothing it did not
+    store, and the store's next calls (on the same connection) get their own answers."""
+    with RedisServer(maxmemory=3 << 20, policy="noeviction") as server:
+        pool = KVPool(256 * 4, 4, 2, 4096)  # 64 KiB pages
+        pages = PagedAllocator(256 * 4, 4)
+        store = RedisStore(server.url, background=False)
+        store.attach({KV: pool})
+        gen = torch.Generator().manual_seed(4)
+        small = page_hashes(list(range(8)), 4)
+        kept = pages.alloc(8)
+        assert kept is not None
+        pool.write_pages(kept, torch.randn((8, 2, 4096), generator=gen).half())
+        assert store.offload([PoolTransfer(KV, kept, small)])
+        store.progress()
+        assert store.pop_completed_offload()
+        keys = page_hashes(list(range(1000, 1000 + 4 * 96)), 4)  # 96 x 64 KiB = 6 MiB
+        src = pages.alloc(4 * 96)
+        assert src is not None
+        pool.write_pages(src, torch.randn((4 * 96, 2, 4096), generator=gen).half())
+        assert store.offload([PoolTransfer(KV, src, keys)])
+        store.progress()
+        assert store.pop_completed_offload() is False
+        assert isinstance(store.last_error, redis.ResponseError)
+        assert "maxmemory" in str(store.last_error)
+        assert store.lookup("a", kv_lookup(small)) == [1, 2]  # one answer per call
+        dst = pages.alloc(8)
+        assert dst is not None
+        assert load_now(store, "a", [PoolTransfer(KV, dst, small)])
+        assert torch.equal(pool.read_pages(dst), pool.read_pages(kept))
+        stored = store.lookup("b", kv_lookup(keys))  # what did land is whole
+        if stored:
+            n = stored[-1]
+            back = pages.alloc(4 * n)
+            assert back is not None
+            assert load_now(store, "b", [PoolTransfer(KV, back, keys[:n])])
+            assert torch.equal(pool.read_pages(back), pool.read_pages(src[: 4 * n]))
+        store.check_invariants()
+        store.close()
+
+
 def test_server_eviction_demotes_stored_nodes_in_the_system() -> None:
     """The linker's verify_stored demotes a node whose pages the server evicted."""
     with RedisServer(maxmemory=2 << 20) as server:

@@ -19,8 +19,11 @@ and forgetting pages other processes wrote or removed are
   into is fsynced; only then is the offload completed True. So a page is visible to
   LOOKUP only once its bytes are durable, and a page of an offload reported published
   survives a crash of the process (and, as far as fsync promises, of the machine).
-  The pages of one transfer are written (and read) by `io_threads` threads at once:
-  concurrent fsyncs share the file system's journal commits.
+  The pages of one transfer are written (and read) by `io_threads` threads at once,
+  each a stride of the pages, the calling thread one of them: concurrent fsyncs share
+  the file system's journal commits. A read fetches header, payload and one byte more
+  in one ``preadv`` (the payload straight into its slot for large CPU pages) and
+  checksums the payload right after, while it is in cache.
 - Recovery on open: temporary files of dead writers (their pid names no live process on
   this host) are deleted; a page file whose
   header is invalid, names another key or pool, or whose length disagrees with its
@@ -343,16 +346,23 @@ class FileStore(SharedStore):
             return [fn(item) for item in items]
         if self._io is None:
             self._io = concurrent.futures.ThreadPoolExecutor(
-                self.io_threads, thread_name_prefix="unicache-file-io"
+                self.io_threads - 1, thread_name_prefix="unicache-file-io"
             )
 
         def run(part: Sequence[T]) -> list[R]:
             return [fn(item) for item in part]
 
-        # one task per thread, each a stride of the items (few hand-offs between threads)
-        parts = list(self._io.map(run, [items[w::workers] for w in range(workers)]))
+        # one stride of the items per thread, the first on the calling thread (few
+        # hand-offs: every submission wakes a thread that then competes for the GIL)
+        futures = [self._io.submit(run, items[w::workers]) for w in range(1, workers)]
+        try:
+            mine = run(items[0::workers])
+        finally:
+            concurrent.futures.wait(futures)  # none left running, whatever happened
+        parts = [f.result() for f in futures]
         out: list[R] = [None] * len(items)  # type: ignore[list-item]
-        for w, part in enumerate(parts):
+        out[0::workers] = mine
+        for w, part in enumerate(parts, start=1):
             out[w::workers] = part
         return out
 

@@ -16,7 +16,9 @@ primitive of `unicache_fsm.store.protocol` (see there for the contracts) and add
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
   shared half of every backend, `unicache_fsm.store.base.BaseStore` (see there).
 - Data moves in batches: one `read_pages` (into the slab itself when the new rows are
-  contiguous) per offload transfer and one `write_pages` per load transfer.
+  contiguous) per offload transfer and one `write_pages` per load transfer; pages of a
+  CPU pool of at least `PAGE_BY_PAGE_BYTES` are offloaded one memcpy each, each
+  checksummed right after its copy while it is still in cache.
 - Inspection for tests and invariants: `num_pages`, `stored_bytes(pool, key)` (a live
   uint8 view; writing through it corrupts the page), `recent_jobs()` (finished store-side
   records, newest last), `check_invariants()`, `last_error`.
@@ -30,11 +32,11 @@ from collections.abc import Iterable, Sequence
 import attrs
 import torch
 
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES, KVPool
 from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
-from unicache_fsm.store.checksum import page_checksums
+from unicache_fsm.store.checksum import page_checksum, page_checksums
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
@@ -360,6 +362,16 @@ class MemoryStore(BaseStore["_Entry"]):
         if n == 0:
             return
         pool, slab, rows = part.pool, part.slab, part.rows
+        if pool.device.type == "cpu" and slab.page_nbytes >= PAGE_BY_PAGE_BYTES:
+            # large CPU pages: one memcpy each, checksummed at once while the row is
+            # still in cache (a second pass over the batch would read it from memory)
+            src, dst = pool.page_bytes(), slab.data.numpy()
+            sums = []
+            for row, page in zip(rows, part.pages.tolist(), strict=True):
+                dst[row] = src[page]
+                sums.append(page_checksum(dst[row].data))
+            part.checksums = sums
+            return
         start = rows[0]
         contiguous = rows[-1] - start == n - 1
         if contiguous and pool.device.type == "cpu":

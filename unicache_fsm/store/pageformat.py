@@ -80,22 +80,27 @@ def encode_header(
     return bytes(raw)
 
 
+_POOLS = {pool.value.encode("ascii").ljust(16, b"\0"): pool for pool in PoolName}
+_NO_CRC = bytes(4)
+_NO_PARENT = bytes(32)
+
+
 def decode_header(raw: bytes | bytearray | memoryview) -> PageRecord | None:
     """The header in `raw` (its first `HEADER_SIZE` bytes), or None if it is not one."""
     if len(raw) < HEADER_SIZE:
         return None
-    head = bytearray(raw[:HEADER_SIZE])
+    head = memoryview(raw)[:HEADER_SIZE]
     magic, version, flags, crc, nbytes, checksum, key, parent, pool = _HEADER.unpack(head)
     if magic != MAGIC or version != VERSION or flags & ~_HAS_PARENT:
         return None
-    struct.pack_into("<I", head, _CRC_AT, 0)
-    if zlib.crc32(head) != crc:
+    # the CRC of the header with its own field zeroed, without copying the header
+    expected = zlib.crc32(head[_CRC_AT + 4 :], zlib.crc32(_NO_CRC, zlib.crc32(head[:_CRC_AT])))
+    if expected != crc:
         return None
-    try:
-        pool_name = PoolName(pool.rstrip(b"\0").decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
+    pool_name = _POOLS.get(pool)
+    if pool_name is None:
         return None
     has_parent = bool(flags & _HAS_PARENT)
-    if not has_parent and any(parent):
+    if not has_parent and parent != _NO_PARENT:
         return None
     return PageRecord(key.hex(), parent.hex() if has_parent else None, pool_name, nbytes, checksum)

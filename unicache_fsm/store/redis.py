@@ -13,7 +13,11 @@ or the server evicted are `unicache_fsm.store.shared.SharedStore`'s. What Redis 
   Use one namespace per model and KV layout.
 - Pipelined: one round trip of EXISTS per LOOKUP / `load` / `contains` (per pool), of
   ``SET NX`` per offloaded transfer (write-once: an existing key is left as it is), of
-  GET per loaded transfer, of DEL per `evict`.
+  GET per loaded transfer, of DEL per `evict`; SETs and GETs take one round trip per
+  `PIPELINE_BYTES` (64 MiB) of values. An offload's SETs are framed here and sent
+  through the client's connection as separate buffers (header, then the page straight
+  from the pool), so no page is copied into a joined value on the way; the server sees
+  ordinary ``SET key value NX`` commands.
 - Loads and offloads run off the caller's thread by default (``background=True``); their
   completions come through the protocol as for every store.
 - Server-side eviction (``maxmemory`` with an LRU policy) is store-side eviction: LOOKUP
@@ -44,12 +48,25 @@ from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
 if TYPE_CHECKING:
     import redis as redis_py
 
-__all__ = ["KEY_PREFIX", "RedisStore"]
+__all__ = ["KEY_PREFIX", "PIPELINE_BYTES", "RedisStore"]
 
 KEY_PREFIX = "unicache"
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_CHUNK_BYTES = 64 << 20  # one pipeline carries at most this much page data
+PIPELINE_BYTES = 64 << 20  # one pipeline carries at most this much page data
 T = TypeVar("T")
+
+
+def _set_nx_frames(
+    name: str, header: bytes, payload: memoryview
+) -> tuple[bytes, memoryview, bytes]:
+    """``SET name <header + payload> NX`` in the Redis protocol (RESP) as three buffers:
+    the command up to and including the header, the payload itself (sent from where it
+    lies, say the KV pool: no joined copy of the page), and the rest. The server sees one
+    ordinary SET of one value."""
+    key = name.encode("ascii")
+    length = len(header) + payload.nbytes
+    head = b"*4\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s" % (len(key), key, length, header)
+    return head, payload, b"\r\n$2\r\nNX\r\n"
 
 
 class RedisStore(SharedStore):
@@ -92,6 +109,7 @@ class RedisStore(SharedStore):
             msg = f"not a Redis URL (redis://HOST:PORT[/DB], rediss://, unix://): {url!r}"
             raise StoreConfigError(msg, argument="url", value=url) from exc
         self._errors: tuple[type[BaseException], ...] = (redis_py.RedisError, OSError)
+        self._reply_error: type[Exception] = redis_py.ResponseError
         self.url = url
         self.namespace = namespace
         self._prefix = f"{KEY_PREFIX}:{namespace}:"
@@ -131,23 +149,52 @@ class RedisStore(SharedStore):
         return [bool(a) for a in answers]
 
     def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
-        batch: list[tuple[Any, ...]] = []
-        size = 0
+        frames: list[bytes | memoryview] = []
+        tail = b""  # the previous command's end, sent with the next one's start
+        count = size = 0
         for key, header, payload in pages:
-            value = b"".join((header, payload))
-            batch.append(("SET", self.key_of(pool, key), value, "NX"))
-            size += len(value)
-            if size >= _CHUNK_BYTES:
-                self._pipelined(batch)
-                batch, size = [], 0
-        if batch:
-            self._pipelined(batch)
+            head, body, end = _set_nx_frames(self.key_of(pool, key), header, payload)
+            frames += [tail + head, body]
+            tail = end
+            count += 1
+            size += len(header) + payload.nbytes
+            if size >= PIPELINE_BYTES:
+                self._send_sets([*frames, tail], count)
+                frames, tail, count, size = [], b"", 0, 0
+        if count:
+            self._send_sets([*frames, tail], count)
+
+    def _send_sets(self, frames: list[bytes | memoryview], count: int) -> None:
+        """Send `count` framed commands in one round trip and read every reply (the first
+        error reply is raised once all are read, so the connection stays in step)."""
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+
+        def round_trip() -> Exception | None:
+            conn.send_packed_command(frames)  # type: ignore[no-untyped-call]
+            first: Exception | None = None
+            for _ in range(count):
+                try:
+                    conn.read_response()
+                except self._reply_error as exc:  # an error reply; the others still come
+                    first = first or exc
+            return first
+
+        def failed(_: BaseException) -> None:
+            conn.disconnect()  # type: ignore[no-untyped-call]  # the retry reconnects
+
+        try:
+            error = conn.retry.call_with_retry(round_trip, failed)
+        finally:
+            pool.release(conn)
+        if error is not None:
+            raise error
 
     def _read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         nbytes = len(rows[0]) if rows else 0
-        per_chunk = max(1, _CHUNK_BYTES // max(1, nbytes))
+        per_chunk = max(1, PIPELINE_BYTES // max(1, nbytes))
         reads: list[PageRead | None] = []
         for start in range(0, len(keys), per_chunk):
             chunk = keys[start : start + per_chunk]
