@@ -158,6 +158,13 @@ class TestChainLaws:
         assert page_hashes(torch.arange(8), 4) == expected
         assert page_hashes(torch.arange(8, dtype=torch.int32), 4) == expected
 
+    @pytest.mark.parametrize("n", [1, 63, 64, 65, 300])
+    def test_short_and_long_sequences_pack_alike(self, n: int) -> None:
+        # short sequences pack through array, long ones through struct: same bytes
+        tokens = [(i * 2_654_435_761) % 2**32 for i in range(n)]
+        assert page_hashes(tokens, 1) == reference_chain(tokens, 1, None)
+        assert page_hashes(tuple(tokens), 1) == page_hashes(torch.tensor(tokens), 1)
+
     def test_tensor_tokens_outside_u32(self) -> None:
         with pytest.raises(InvalidTokenError) as info:
             page_hashes(torch.tensor([1, -5, 2, 3]), 4)
@@ -183,6 +190,15 @@ class TestBadInput:
         assert str(token) in str(info.value)
         assert isinstance(info.value, ValueError)
         assert isinstance(info.value, HashError)
+
+    @pytest.mark.parametrize("bad", [-1, 2**32, 2.0, "7", None])
+    @pytest.mark.parametrize("n", [8, 200])
+    def test_bad_token_is_named_in_short_and_long_sequences(self, bad: object, n: int) -> None:
+        tokens: list[object] = list(range(n))
+        tokens[n - 3] = bad
+        with pytest.raises(InvalidTokenError) as info:
+            page_hashes(tokens, 1)  # type: ignore[arg-type]
+        assert (info.value.index, info.value.token) == (n - 3, bad)
 
     def test_non_integer_token(self) -> None:
         with pytest.raises(InvalidTokenError) as info:

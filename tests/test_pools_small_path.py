@@ -70,6 +70,8 @@ def test_small_and_tensor_paths_agree(page_size: int, monkeypatch: pytest.Monkey
             results.append(
                 (
                     _outcome(lambda t=t: alloc.check_live(t, "slots")),
+                    _outcome(lambda t=t: torch.tensor(alloc.live_page_ids(t, "slots"))),
+                    _outcome(lambda t=t: alloc.live_pages(t, what="slots", freeing=False)),
                     _outcome(lambda t=t: alloc.live_pages(t, what="slots", freeing=True)),
                     _outcome(lambda t=t: alloc.codec.to_pages(t, "slots")),
                     slots.SlotCodec.has_duplicates(t),
@@ -78,6 +80,7 @@ def test_small_and_tensor_paths_agree(page_size: int, monkeypatch: pytest.Monkey
             )
             assert alloc.allocated_page_ids().tolist() == before
         assert results[0] == results[1], t.tolist()
+        assert results[0][1] == results[0][2]  # live_page_ids: live_pages' ids, as a list
         errors.add(results[0][0][0])
     expected = {"ok", "SlotsNotAllocatedError", "DuplicatePagesError", "ForeignSlotsError"}
     expected |= {"UnalignedSlotsError"} if page_size > 1 else set()

@@ -8,6 +8,7 @@ else than the plain definition it replaces.
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ from unicache_fsm.hashing import (
 )
 from unicache_fsm.pools import PagedAllocator
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig, TreeError
+from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.tree.walk import packed_common_len
 
 
 def serve(tree: RadixTree, key: tuple[int, ...]) -> None:
@@ -164,3 +167,32 @@ def test_eviction_heap_evicts_in_lru_order_after_locks_and_touches() -> None:
         got.extend(before - after)
         tree.check()
     assert got == want and got
+
+
+@pytest.mark.parametrize("hash_pages", [True, False])
+@pytest.mark.parametrize("page_size", [1, 2, 16])
+def test_packed_common_len_is_the_page_by_page_common_prefix(
+    page_size: int, hash_pages: bool
+) -> None:
+    # the in-place byte compares (whole node, then a binary search over pages) give the
+    # common whole-page prefix that a page-by-page tuple comparison gives
+    p, rng = page_size, random.Random(page_size)
+    fmt, width = ("I", 4) if hash_pages else ("q", 8)
+    for _ in range(300):
+        mine = [rng.randrange(3) for _ in range(rng.randint(1, 12) * p)]
+        pos = rng.randrange(3) * p
+        key = [rng.randrange(3) for _ in range(pos)] + mine[:p]  # the first page matches
+        for i in range(rng.randint(0, 13) * p):
+            same = i + p < len(mine) and rng.random() < 0.9
+            key.append(mine[i + p] if same else rng.randrange(3))
+        node = TreeNode(id=1, key=tuple(mine), start=0, parent=None)
+        node.packed = array(fmt, mine).tobytes()
+        end = len(key)
+        expected = p
+        while (
+            expected + p <= min(len(mine), end - pos)
+            and key[pos + expected : pos + expected + p] == mine[expected : expected + p]
+        ):
+            expected += p
+        packed = array(fmt, key).tobytes()
+        assert packed_common_len(node, packed, pos, end, p, width) == expected

@@ -210,12 +210,17 @@ class PagedAllocator:
         For callers about to take ownership of slots (the tree adopting an insert's
         value): one gather, nothing changed.
         """
+        self.live_page_ids(slots, what)
+
+    def live_page_ids(self, slots: object, what: str = "slots") -> list[int]:
+        """`check_live`, returning the page id of each page of `slots` (in order), for a
+        caller that keeps books by page id (the tree's owned-page set)."""
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
         if self._free_flags is not None and t.numel() <= SMALL_SLOTS:
-            self._live_page_list(t, what=what, freeing=False)
-        else:
-            self.live_pages(t, what=what, freeing=False)
+            return self._live_page_list(t, what=what, freeing=False)
+        pages: list[int] = self.live_pages(t, what=what, freeing=False).tolist()
+        return pages
 
     def live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
         """Page ids of `slots`, which must be whole, distinct, currently allocated pages.

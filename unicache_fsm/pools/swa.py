@@ -190,6 +190,10 @@ class SWAAllocator:
         """Raise a typed error unless `full_slots` are whole, distinct, allocated FULL pages."""
         self._full.check_live(full_slots, what)
 
+    def live_page_ids(self, full_slots: object, what: str = "full_slots") -> list[int]:
+        """`check_live`, returning the FULL page id of each page of `full_slots`."""
+        return self._full.live_page_ids(full_slots, what)
+
     # -- frees -------------------------------------------------------------------------
 
     def free(self, full_slots: torch.Tensor) -> None:

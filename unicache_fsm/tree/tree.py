@@ -244,13 +244,14 @@ class RadixTree(HostTier, Offloads):
             check_aligned(what, v, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
         tail = value[params.prev_prefix_len :]
-        if self.config.check_slots:
-            self.allocator.check_live(tail, "insert value")
+        tail_pages = None
+        if self.config.check_slots:  # checked once; the components reuse the page ids
+            tail_pages = self.allocator.live_page_ids(tail, "insert value")
         self._pack(key)  # token errors must come before any change
         if self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
-            c.check_insert(params, tail)
+            c.check_insert(params, tail, tail_pages)
 
     def insert(self, params: InsertParams) -> InsertResult:
         self._check_insert(params)

@@ -10,8 +10,10 @@ Tree hooks, in the order a tree uses them:
 
 - `enabled(allocator, config)` (classmethod) — whether a tree built with these gets
   the component; `TreeError` for half a configuration.
-- `check_insert(params, tail)` — refuse an insert (typed error) before the tree
-  changes; `tail` is the caller's slots from `prev_prefix_len` on.
+- `check_insert(params, tail, tail_pages)` — refuse an insert (typed error) before
+  the tree changes; `tail` is the caller's slots from `prev_prefix_len` on, and
+  `tail_pages` their page ids once the tree checked them as whole, allocated pages
+  (`TreeConfig.check_slots`; None without the check).
 - `take_slots(node, slots)` / `drop_slots(node)` — set / remove this component's
   slots on a node, keeping the component's own books (FULL: which pages the tree
   owns). Every write of a node's `data` entry goes through them.
@@ -183,7 +185,9 @@ class TreeComponent(abc.ABC):
         return False
 
     # -- tree hooks ----------------------------------------------------------------------
-    def check_insert(self, params: InsertParams, tail: torch.Tensor) -> None:
+    def check_insert(
+        self, params: InsertParams, tail: torch.Tensor, tail_pages: list[int] | None = None
+    ) -> None:
         return None
 
     def take_slots(

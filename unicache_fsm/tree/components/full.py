@@ -85,14 +85,15 @@ class FullComponent(TreeComponent):
         values: list[int] = slots.tolist()
         return values if p == 1 else [s // p for s in values[::p]]
 
-    def check_insert(self, params: InsertParams, tail: torch.Tensor) -> None:
+    def check_insert(
+        self, params: InsertParams, tail: torch.Tensor, tail_pages: list[int] | None = None
+    ) -> None:
         owned = self.owned
         if owned is None:
             self._checked = None
             return
-        p, prev = self.page_size, params.prev_prefix_len
-        slots = tail.tolist()  # cheaper than slicing the tensor first
-        pages = slots if p == 1 else [s // p for s in slots[::p]]
+        prev = params.prev_prefix_len
+        pages = self._page_ids(tail) if tail_pages is None else tail_pages
         self._checked = (params, prev, pages)
         if owned.isdisjoint(pages):
             return
