@@ -329,22 +329,38 @@ class System:
         self.unlock(req.lock)
         req.lock = None
         if offload and result.write_through:
-            req.offload = self.linker.offload_nodes(result.write_through)
-            self._note_link(req.offload, result.write_through)
+            chain = result.write_through
+            # the linker offloads node by node; only the first node's record can carry a
+            # link page this chain does not store itself, so that record is checked
+            gone = self._missing_link(chain[0])
+            first = self.linker.offload_nodes(chain[:1])
+            self._note_link(first, gone)
+            rest = self.linker.offload_nodes(chain[1:])
+            req.offload = first if rest is None else rest
             if settle:
                 self.store.progress()
                 self.linker.poll_offloads()
 
-    def _note_link(self, record: PendingOffload | None, chain: Sequence[TreeNode]) -> None:
-        """A chain offloaded on top of a parent whose last page the store no longer holds
-        (a stale "stored" flag) stores that link page again in mid-air: not a hole made
-        by capacity eviction, so `store_chains_whole` exempts the seam above it."""
-        if record is None or not chain[0].hashes:
+    def _missing_link(self, head: TreeNode) -> str | None:
+        """The last page of `head`'s parent when the store lacks it now (a stale
+        "stored" flag, or the parent's own offload not run yet): the page an offload of
+        `head` would store (again) as its link page."""
+        parent = head.parent
+        if parent is None or parent.parent is None or not parent.hashes:
+            return None
+        link = parent.hashes[-1]
+        return None if self.store.contains(PoolName.KV, link) else link
+
+    def _note_link(self, record: PendingOffload | None, missing: str | None) -> None:
+        """A chain offloaded on top of a parent whose last page the store no longer held
+        when the chain was sent (`_missing_link`) stores that link page again in
+        mid-air: not a hole made by capacity eviction, so `store_chains_whole` exempts
+        the seam above it. `record` is the offload of the chain's first node."""
+        if record is None or missing is None:
             return
         for t in record.transfers:
-            linked = t.name is PoolName.KV and t.keys and t.keys[0] != chain[0].hashes[0]
-            if linked and not self.store.contains(PoolName.KV, t.keys[0]):
-                self._restored_links.add(t.keys[0])
+            if t.name is PoolName.KV and t.keys and t.keys[0] == missing:
+                self._restored_links.add(missing)
 
     def begin(
         self,

@@ -1,0 +1,69 @@
+"""`System`'s "store chains whole" audit around a link page stored again.
+
+A write-through chain of several nodes goes to the store node by node, each KV transfer
+starting with its parent's last page. When capacity eviction already took the whole
+stored path above the chain (the tree still marks it stored: nothing LOOKUPs), the
+chain's first offload stores that link page again, over a missing prefix: a shorter
+chain in the store, not a hole made by capacity eviction. The audit must accept that
+seam and keep checking every other one (the seams inside the chain included).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.serving.invariants import InvariantViolation
+from unicache_fsm.serving.system import System
+from unicache_fsm.tree.node import TreeNode
+
+
+def _node(s: System, key: tuple[int, ...]) -> TreeNode:
+    (node,) = [n for n in s.tree.nodes() if n.hashes and tuple(n.key) == key]
+    return node
+
+
+def _held(s: System, node: TreeNode) -> list[bool]:
+    assert node.hashes is not None
+    return [s.store.contains(PoolName.KV, h) for h in node.hashes]
+
+
+def _relinked() -> System:
+    """P = 1, a 4-page store: [1000] and [1001] stored; [1002] on the device only;
+    another prefix fills the store (capacity eviction takes 1001, then 1000); then a
+    request extends [1002] by [1003], whose write-through chain is [1002], [1003]."""
+    s = System.build(1, capacity_pages=4)
+    s.check_stored = False  # the store drops pages on its own; nothing LOOKUPs
+    s.check_chains = True
+    s.compute("a", (1000,))
+    s.compute("b", (1000, 1001))
+    s.compute("c", (1000, 1001, 1002), offload=False)
+    s.audit()
+    s.compute("d", (3000, 3001, 3002, 3003))
+    assert _held(s, _node(s, (1000,))) == [False]
+    assert _held(s, _node(s, (1001,))) == [False]
+    s.compute("e", (1000, 1001, 1002, 1003))  # no audit in between: nothing seen stale
+    return s
+
+
+def test_a_link_page_stored_again_over_a_missing_prefix_is_no_hole() -> None:
+    s = _relinked()
+    w, x, y, z = (_node(s, (k,)) for k in (1000, 1001, 1002, 1003))
+    assert all(n.external_cache_stored for n in (w, x, y, z))
+    # the first node's offload stored 1001 again (its link page); 1000 stays gone
+    assert [_held(s, n) for n in (w, x, y, z)] == [[False], [True], [True], [True]]
+    s.audit()
+    s.drive()
+    s.audit()
+
+
+def test_a_hole_inside_the_relinked_chain_is_still_caught() -> None:
+    s = _relinked()
+    s.audit()
+    x, y = _node(s, (1001,)), _node(s, (1002,))
+    assert x.hashes is not None
+    s.store.evict([x.hashes[-1]])  # a hole between [1001] and [1002], on purpose
+    with pytest.raises(InvariantViolation, match="store chains whole") as err:
+        s.audit()
+    assert f"node {x.id}'s last page is gone" in str(err.value)
+    assert f"child {y.id}'s first page" in str(err.value)
