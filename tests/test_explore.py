@@ -17,6 +17,7 @@ import collections
 import copy
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,12 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from unicache_fsm.cli import main
 from unicache_fsm.linker import linker as linker_mod
+from unicache_fsm.linker.load import LoadState
 from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase, PoolName
+from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.faults import FaultKind
 from unicache_fsm.store.memory import MemoryStore
+from unicache_fsm.store.protocol import LoadBatchResult
 from unicache_fsm.testing.explore import (
     Op,
     Scope,
@@ -251,44 +255,146 @@ def _plant_stuck_offload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linker_mod.ExternalLinker, "roll_back_nodes", lambda self, rec, v=0: None)
 
 
+def _plant_stale_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # load_back trusts the prefix matched earlier (issue 12's first bug)
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_prefix_current", lambda self, load: True)
+
+
+def _plant_failed_load_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a refused load stays queued, and a completion settles every load of its batch
+    def keeps_it(self: Any, load: Any) -> None:
+        self.calls.load(load.rid, load.transfers)
+
+    def settles_all(self: Any) -> None:
+        for _ in range(self.calls.num_completed_loads() or 0):
+            result = self.calls.pop_completed_load()
+            head = self.batches.popleft() if self.batches else None
+            for load in head.loads if head is not None else ():
+                if load.state == LoadState.LOADING and load.settled is None:
+                    load.settled = result is not None and result.success
+
+    monkeypatch.setattr(linker_mod.ExternalLinker, "queue_store_load", keeps_it)
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_take_completions", settles_all)
+
+
+def _plant_truthy_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an ill-typed verdict is taken by its truthiness: the string "false" counts as landed
+    def lax(self: CheckedStore) -> LoadBatchResult | None:
+        try:
+            result = self.store.pop_completed_load()
+        except Exception as exc:
+            self.on_fault("pop_completed_load", exc)
+            return None
+        if not isinstance(result, LoadBatchResult):
+            return None
+        return LoadBatchResult(result.batch, result.rids, bool(result.success))
+
+    monkeypatch.setattr(CheckedStore, "pop_completed_load", lax)
+
+
+def _plant_chain_without_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a chain goes to the store without the link page of its stored parent
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_link_page", lambda self, chain: None)
+
+
+def _plant_corrupt_page_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a page that failed its checksum stays stored
+    monkeypatch.setattr(MemoryStore, "_drop_rejected", lambda self, ident, entry: None)
+
+
 K = FaultKind
-# (bug, explore scope, the Hypothesis machine's page size / SWA / faults, what breaks)
+
+
+def _hunt(
+    p: int,
+    swa: bool,
+    rate: float = 0.0,
+    kinds: tuple[FaultKind, ...] = tuple(FaultKind),
+    capacities: tuple[int | None, ...] = (None,),
+) -> dict[str, Any]:
+    """The class attributes of the mutation check's `SystemMachine` for one bug."""
+    return {
+        "page_sizes": (p,),
+        "swa_choices": (swa,),
+        "fault_rates": (rate,),
+        "fault_kinds": kinds,
+        "store_capacities": capacities,
+    }
+
+
+# (bug, explore scope, the mutation check's Hypothesis machine for it, what breaks)
 BUGS = [
     (
         _plant_swa_leak,
         Scope(pages=2, requests=1, swa=True, key_pages=1, faults=(K.FAIL_BATCH_MIDWAY,)),
-        (4, True, True),
+        _hunt(4, True, 0.25),
         ("slot conservation", "leaked"),
     ),
     (
         _plant_greedy_commit,
         Scope(pages=4, requests=1, swa=False, key_pages=2, faults=()),
-        (1, False, False),
+        _hunt(1, False),
         ("COMMIT soundness",),
     ),
     (
         _plant_forgetful_split,
         Scope(pages=4, requests=2, swa=False, key_pages=2, faults=()),
-        (4, False, False),
+        _hunt(4, False),
         ("offload",),
     ),
-    pytest.param(
+    (
         _plant_careless_eviction,
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=()),
-        (4, False, False),
+        _hunt(4, False),
         ("not in the tree", "lock"),
     ),
-    pytest.param(
+    (
         _plant_optimist,
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.FAIL_BATCH_BEFORE_START,)),
-        (4, False, True),
+        _hunt(4, False, 0.25),
         ("loads landed", "KV bytes", "stored pages present"),
     ),
     (
         _plant_stuck_offload,
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.REFUSE_OFFLOAD,)),
-        (4, False, True),
+        _hunt(4, False, 0.25),
         ("lock balance", "offloading"),
+    ),
+    (  # needs an unpinned match: the prefix changes before the LOAD
+        _plant_stale_prefix,
+        Scope(pages=4, requests=1, swa=True, window_pages=2, key_pages=2, faults=(), unpinned=True),
+        _hunt(4, True),
+        ("COMMIT soundness", "KV bytes"),
+    ),
+    (  # needs two requests: the refused load rides in the other's batch
+        _plant_failed_load_queued,
+        Scope(pages=2, requests=2, swa=False, key_pages=1, faults=(K.REFUSE_LOAD,)),
+        _hunt(4, False, 0.25, (K.REFUSE_LOAD, K.RAISE_ERROR, K.GARBAGE_ANSWER)),
+        ("loads landed", "KV bytes", "stored pages landed"),
+    ),
+    (  # needs an ill-typed verdict on a failed batch's completion
+        _plant_truthy_verdict,
+        Scope(
+            pages=2,
+            requests=1,
+            swa=False,
+            key_pages=1,
+            faults=(K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER),
+        ),
+        _hunt(4, False, 0.5, (K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER)),
+        ("loads landed", "KV bytes", "COMMIT soundness"),
+    ),
+    (  # needs a store with a capacity
+        _plant_chain_without_link,
+        Scope(pages=4, requests=2, swa=False, key_pages=2, faults=(), store_pages=2),
+        _hunt(4, False, capacities=(6, 24)),
+        ("store chains whole",),
+    ),
+    (  # needs a page corrupted in the store
+        _plant_corrupt_page_kept,
+        Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(), corrupt=True),
+        _hunt(1, False),
+        ("failed verification but are still stored",),
     ),
 ]
 
@@ -319,30 +425,29 @@ def _program(exc: BaseException) -> list[str]:
     ]
 
 
-def _hypothesis_length(p: int, swa: bool, faults: bool) -> tuple[int, int]:
+# the Hypothesis side of the comparison: the mutation check's hunt with shrinking on. The
+# hunt stops at its first failure (only that one is shrunk); nothing is read from or
+# written to an example database, so every run starts from the same derandomized search
+SHRINK_HUNT = settings(
+    max_examples=1500,  # as the mutation check's hunts: some bugs need more than 400
+    stateful_step_count=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    report_multiple_bugs=False,
+)
+
+
+def _hypothesis_length(machine_attrs: dict[str, Any]) -> tuple[int, int]:
     """Run the mutation check's hunt with shrinking on: the shrunk program's rules, and
     the operations of the explorer's alphabet they perform (the same unit as explore's).
 
     Hypothesis shrinks the first failure it meets (``report_multiple_bugs=False``); a
     planted bug often breaks several invariants, each of them is that bug."""
-    attrs = {
-        "page_sizes": (p,),
-        "swa_choices": (swa,),
-        "fault_rates": (0.25,) if faults else (0.0,),
-        "store_capacities": (None,),
-    }
-    machine = type(f"Shrink_P{p}_{swa}_{faults}", (SystemMachine,), attrs)
-    hunt = settings(
-        max_examples=1500,  # as the mutation check's hunts: some bugs need more than 400
-        stateful_step_count=40,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.explicit, Phase.generate, Phase.shrink],
-        report_multiple_bugs=False,
-    )
+    machine = type("Shrink", (SystemMachine,), machine_attrs)
     with pytest.raises(Exception) as info:
-        run_state_machine_as_test(machine, settings=hunt)
+        run_state_machine_as_test(machine, settings=SHRINK_HUNT)
     found = info.value
     failures = [e for e in getattr(found, "exceptions", [found]) if _program(e)]
     assert failures, f"Hypothesis printed no falsifying program: {found!r}"
@@ -378,25 +483,33 @@ def _in_teardown(exc: BaseException) -> bool:
         "careless_eviction",
         "optimist",
         "stuck_offload",
+        "stale_prefix",
+        "failed_load_queued",
+        "truthy_verdict",
+        "chain_without_link",
+        "corrupt_page_kept",
     ],
 )
 def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     monkeypatch: pytest.MonkeyPatch,
     plant: Any,
     scope: Scope,
-    machine: tuple[int, bool, bool],
+    machine: dict[str, Any],
     names: tuple[str, ...],
     tmp_path: Path,
 ) -> None:
     plant(monkeypatch)
+    began = time.perf_counter()
     report = explore(scope, workers=1, minutes=3)
     found = report.violation
     assert found is not None, report.summary()
     assert any(n in found.error for n in names), found.error
-    rules, shrunk = _hypothesis_length(*machine)
+    middle = time.perf_counter()
+    rules, shrunk = _hypothesis_length(machine)
     print(
-        f"\n{plant.__name__}: explore {len(found)} operations; Hypothesis shrank to "
-        f"{rules} rules = {shrunk} operations"
+        f"\n{plant.__name__}: explore {len(found)} operations ({report.states} states, "
+        f"{middle - began:.1f} s); Hypothesis shrank to {rules} rules = {shrunk} "
+        f"operations ({time.perf_counter() - middle:.1f} s)"
     )
     assert len(found) <= shrunk
     # the printed test is a runnable pytest module that hits the same violation
