@@ -16,11 +16,13 @@ from __future__ import annotations
 import collections
 import copy
 import json
+import multiprocessing
 import re
 import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from hypothesis import Phase, settings
@@ -36,11 +38,13 @@ from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import LoadBatchResult
 from unicache_fsm.testing.explore import (
     Op,
+    Refused,
     Scope,
     apply,
     enabled_ops,
     explore,
     fingerprint,
+    inject,
     replay,
     snapshot,
 )
@@ -98,6 +102,40 @@ def test_cli_rejects_bad_scopes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explore", "--pages", "0"]) == 2
     assert "--pages" in capsys.readouterr().err
     assert main(["explore", "--depth", "0"]) == 2
+    assert main(["explore", "--store-pages", "-1"]) == 2
+    assert "--store-pages" in capsys.readouterr().err
+
+
+def test_scope_options_add_operations_and_wild_faults_pick_call_and_answer() -> None:
+    plain = Scope(pages=2, requests=1, swa=False, key_pages=1, faults=())
+    ns, _ = _walk(plain, ["compute 0", "progress", "poll"])
+    labels = {op.label for op in enabled_ops(ns, plain)}
+    assert not any("unpinned" in x or x.startswith("corrupt") for x in labels)
+    more = attrs.evolve(plain, unpinned=True, corrupt=True, store_pages=3)
+    assert "store_pages" not in plain.source() and "store_pages=3" in more.source()
+    ns, _ = _walk(more, ["compute 0", "progress", "poll"])
+    labels = {op.label for op in enabled_ops(ns, more)}
+    assert {"begin 0 unpinned", "corrupt [100]"} <= labels
+    s = ns["s"]
+    assert s.check_chains and not s.check_stored and s.memory.capacity_pages == 3
+    # the corruption is part of the state
+    before = fingerprint(ns, more)
+    apply(_op(ns, more, "corrupt [100]"), ns)
+    assert fingerprint(ns, more) != before
+    # a wild fault hits the chosen call with the chosen answer, and refuses an answer
+    # the call does not have; its variants come from counting the plain op's calls
+    wild = attrs.evolve(plain, faults=(K.GARBAGE_ANSWER,))
+    ns, path = _walk(wild, ["compute 0"])
+    poll = _op(ns, wild, "poll")
+    with inject(ns["s"], K.GARBAGE_ANSWER, call=1, answer=1):  # the count answers -1
+        ns["s"].linker.poll_offloads()
+    assert ns["s"].linker.stats.store_faults == {"num_completed_offloads": 1}
+    code = poll.code.replace("\n", "\n    ")
+    far = Op(
+        "poll[far]", f"with inject(s, FaultKind.GARBAGE_ANSWER, call=1, answer=5):\n    {code}"
+    )
+    with pytest.raises(Refused, match="options"):
+        apply(far, replay(wild, path))
 
 
 def test_fingerprints_rename_slots_but_tell_states_apart() -> None:
@@ -430,7 +468,9 @@ def _program(exc: BaseException) -> list[str]:
 # written to an example database, so every run starts from the same derandomized search
 SHRINK_HUNT = settings(
     max_examples=1500,  # as the mutation check's hunts: some bugs need more than 400
-    stateful_step_count=40,
+    # shorter programs than the mutation check's 40 steps: each of these bugs is found
+    # within 15, and shrinking a shorter program costs a fraction of the time
+    stateful_step_count=15,
     derandomize=True,
     database=None,
     deadline=None,
@@ -500,16 +540,20 @@ def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
 ) -> None:
     plant(monkeypatch)
     began = time.perf_counter()
-    report = explore(scope, workers=1, minutes=3)
+    # Hypothesis hunts and shrinks in a forked process (the bug planted there too) while
+    # explore searches here: the two halves share the machine's cores
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        hunt = pool.apply_async(_hypothesis_length, (machine,))
+        report = explore(scope, workers=1, minutes=3)
+        explored = time.perf_counter() - began
+        rules, shrunk = hunt.get()
     found = report.violation
     assert found is not None, report.summary()
     assert any(n in found.error for n in names), found.error
-    middle = time.perf_counter()
-    rules, shrunk = _hypothesis_length(machine)
     print(
         f"\n{plant.__name__}: explore {len(found)} operations ({report.states} states, "
-        f"{middle - began:.1f} s); Hypothesis shrank to {rules} rules = {shrunk} "
-        f"operations ({time.perf_counter() - middle:.1f} s)"
+        f"{explored:.1f} s); Hypothesis shrank to {rules} rules = {shrunk} operations "
+        f"(both done after {time.perf_counter() - began:.1f} s)"
     )
     assert len(found) <= shrunk
     # the printed test is a runnable pytest module that hits the same violation
