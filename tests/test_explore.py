@@ -293,11 +293,6 @@ def _plant_stuck_offload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linker_mod.ExternalLinker, "roll_back_nodes", lambda self, rec, v=0: None)
 
 
-def _plant_stale_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
-    # load_back trusts the prefix matched earlier (issue 12's first bug)
-    monkeypatch.setattr(linker_mod.ExternalLinker, "_prefix_current", lambda self, load: True)
-
-
 def _plant_failed_load_queued(monkeypatch: pytest.MonkeyPatch) -> None:
     # a refused load stays queued, and a completion settles every load of its batch
     def keeps_it(self: Any, load: Any) -> None:
@@ -328,11 +323,6 @@ def _plant_truthy_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
         return LoadBatchResult(result.batch, result.rids, bool(result.success))
 
     monkeypatch.setattr(CheckedStore, "pop_completed_load", lax)
-
-
-def _plant_chain_without_link(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a chain goes to the store without the link page of its stored parent
-    monkeypatch.setattr(linker_mod.ExternalLinker, "_link_page", lambda self, chain: None)
 
 
 def _plant_corrupt_page_kept(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -398,12 +388,6 @@ BUGS = [
         _hunt(4, False, 0.25),
         ("lock balance", "offloading"),
     ),
-    (  # needs an unpinned match: the prefix changes before the LOAD
-        _plant_stale_prefix,
-        Scope(pages=4, requests=1, swa=True, window_pages=2, key_pages=2, faults=(), unpinned=True),
-        _hunt(4, True),
-        ("COMMIT soundness", "KV bytes"),
-    ),
     (  # needs two requests: the refused load rides in the other's batch
         _plant_failed_load_queued,
         Scope(pages=2, requests=2, swa=False, key_pages=1, faults=(K.REFUSE_LOAD,)),
@@ -421,12 +405,6 @@ BUGS = [
         ),
         _hunt(4, False, 0.5, (K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER)),
         ("loads landed", "KV bytes", "COMMIT soundness"),
-    ),
-    (  # needs a store with a capacity
-        _plant_chain_without_link,
-        Scope(pages=4, requests=2, swa=False, key_pages=2, faults=(), store_pages=2),
-        _hunt(4, False, capacities=(6, 24)),
-        ("store chains whole",),
     ),
     (  # needs a page corrupted in the store
         _plant_corrupt_page_kept,
@@ -523,10 +501,8 @@ def _in_teardown(exc: BaseException) -> bool:
         "careless_eviction",
         "optimist",
         "stuck_offload",
-        "stale_prefix",
         "failed_load_queued",
         "truthy_verdict",
-        "chain_without_link",
         "corrupt_page_kept",
     ],
 )
