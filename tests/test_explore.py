@@ -3,12 +3,16 @@
 Checked here: a small scope is explored to exhaustion (through the CLI, as CI runs it),
 the canonical form renames slots and mirrors requests of one key but tells different
 states apart, a snapshot continues like a replay, a violation comes back as the
-shortest path, printed as a pytest module that reproduces it, and six planted bugs of
-the mutation check (tests/test_testing_mutations.py) are found with a counterexample
-no longer than the one Hypothesis shrinks to for the same bug (both lengths printed).
-The mutation check's other bugs need operations explore's alphabet lacks (an unpinned
-match before a load, a capacity store, a corrupted page, ill-typed completion answers,
-several ranks); see docs/design.md.
+shortest path, printed as a pytest module that reproduces it, the scope options and the
+wild faults (one chosen call, one chosen answer) add operations only when switched on,
+and nine planted bugs of the mutation check (tests/test_testing_mutations.py) are found
+with a counterexample no longer than the one Hypothesis shrinks to for the same bug (both
+lengths printed), each through the operations it needs: two requests for the failed
+load left queued, an ill-typed verdict (`garbage_answer`) for the truthy verdict, a
+corrupted page (`corrupt`) for the corrupt page kept. The chain offloaded without its
+link (found only by a scope too large for CI), the load-back on a stale prefix (not
+found by the scopes tried) and the rank intersection (several ranks, which explore does
+not run) are left to the mutation check; see docs/design.md.
 """
 
 from __future__ import annotations
