@@ -307,7 +307,7 @@ def inject(s: System, kind: FaultKind, *, call: int = 0, answer: int = 0) -> Ite
 _OPTIONS: list[int] = [0]
 
 
-class NoSuchAnswer(BaseException):
+class _NoSuchAnswer(BaseException):
     """The faulted call has fewer options than `inject`'s `answer`: the variant does not
     exist. A `BaseException`, so that the linker's containment of store faults (which
     takes every `Exception`) lets it through to `apply`, which refuses the operation."""
@@ -334,7 +334,7 @@ class _OneCall(FaultPolicy):
         self.options = min(self.options or len(options), len(options))
         if self.answer >= len(options):
             msg = f"{self.kind.value}: this call has {len(options)} options, not {self.answer + 1}"
-            raise NoSuchAnswer(msg)
+            raise _NoSuchAnswer(msg)
         return options[self.answer]
 
 
@@ -538,7 +538,7 @@ def apply(op: Op, ns: dict[str, Any], *, audit: bool = True) -> None:
         if str(exc).startswith(_REFUSALS):
             raise Refused(str(exc)) from exc
         raise
-    except NoSuchAnswer as exc:  # a wild fault's answer the call does not have
+    except _NoSuchAnswer as exc:  # a wild fault's answer the call does not have
         raise Refused(str(exc)) from exc
     if audit:
         ns["s"].audit()
