@@ -31,7 +31,8 @@ its arguments, a function that runs it, and one entry in the table):
   minutes; a summary of steps, steps/s and transition coverage; exit 1 on a failure
   (after Hypothesis printed the falsifying program).
 - ``explore [--pages N] [--requests R] [--page-size P] [--swa-window W] [--faults F]
-  [--depth D] [--minutes M] [--workers J] [--coverage F] [--test-out F]`` — breadth-first
+  [--unpinned] [--corrupt] [--store-pages S] [--depth D] [--minutes M] [--workers J]
+  [--coverage F] [--test-out F]`` — breadth-first
   search of every state of a tiny system (`unicache_fsm.testing.explore`); prints the
   distinct states, transitions, states/s, depth, whether the space was exhausted and
   the declared transitions reached; on a violation prints the shortest operation
@@ -604,6 +605,21 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
         metavar="KINDS",
         help="store faults the search may inject: all, none, or kinds joined by commas",
     )
+    p.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="a request may also match without pinning its prefix until its LOAD",
+    )
+    p.add_argument(
+        "--corrupt", action="store_true", help="the search may corrupt a page the store holds"
+    )
+    p.add_argument(
+        "--store-pages",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the store holds at most S pages, evicting for room (0: unbounded)",
+    )
     p.add_argument("--depth", type=int, default=None, metavar="D", help="stop after D operations")
     p.add_argument("--minutes", type=float, default=None, metavar="M", help="stop after M minutes")
     p.add_argument(
@@ -670,6 +686,9 @@ def _explore_scope(args: argparse.Namespace) -> Any:
             key_pages=args.key_pages,
             host_pages=args.host_pages,
             faults=faults,
+            unpinned=args.unpinned,
+            corrupt=args.corrupt,
+            store_pages=args.store_pages,
         )
     except ValueError as exc:
         flag = str(exc).split()[0].removeprefix("Scope.").replace("_", "-")

@@ -506,6 +506,12 @@ class System:
         return req
 
     # -- the audit -----------------------------------------------------------------------
+    def chain_exemptions(self) -> tuple[frozenset[str], frozenset[str]]:
+        """What the `check_chains` audit exempts, learnt so far: KV pages seen missing
+        under a node still marked stored, and link pages stored again in mid-air (the
+        audit's history, as plain values: state-space exploration compares them)."""
+        return frozenset(self._stale), frozenset(self._restored_links)
+
     def lock_holders(self) -> list[TreeNode]:
         """The anchor of every outstanding lock: the linker's, ours, and those COMMIT
         handed to a request that has not taken them over yet."""

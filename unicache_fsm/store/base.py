@@ -439,6 +439,15 @@ class BaseStore(Generic[E]):
         with self._cond:
             return [k for (p, k) in self._pages if p is pool]
 
+    def chain_books(self) -> tuple[tuple[Any, ...], tuple[Ident, ...], tuple[Ident, ...]]:
+        """The books that steer capacity eviction and dropping a chain, as plain values
+        (state-space exploration compares them): every page with its chain parent
+        (sorted), the chain ends in the order capacity eviction takes them, and the
+        pages whose parent is remembered (sorted). Reads only."""
+        with self._cond:
+            pages = tuple(sorted((i, e.parent) for i, e in self._pages.items()))
+            return pages, tuple(self._leaves), tuple(sorted(self._parents))
+
     def recent_jobs(self) -> list[StoreLoad | StoreOffload]:
         """Finished (final-state) store-side records, oldest first (bounded history)."""
         with self._cond:

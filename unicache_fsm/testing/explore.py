@@ -18,15 +18,31 @@ LOOKUP that demotes what the store lost); `reset`; and with a host tier `backup`
 `host_load`. Each store fault of the `Scope` is one more variant of every operation
 that makes the call it applies to, injected on exactly that call (`inject`); so "the
 store refuses this load" and "this batch fails midway" are choices the search takes,
-not dice. An operation that the tiny pools cannot serve (the harness cannot allocate)
-is not enabled there.
+not dice. The wild faults, `RAISE_ERROR` and `GARBAGE_ANSWER`, may hit any call the
+linker makes: their variants of an operation are one per eligible call it makes (the
+first, the second, ...) and per option the store picks from there (`GARBAGE_ANSWER`:
+each wrong answer that call has, a ``"false"`` verdict, None, a foreign batch, ...;
+`RAISE_ERROR`: two, since the linker contains every exception type alike and only a
+cancel that did or did not reach the store differs). An operation that the tiny pools
+cannot serve (the harness cannot allocate) is not enabled there.
+
+Scope options add operations (each off by default, so a scope without them keeps its
+states): ``unpinned``, per request a `begin` that leaves its matched prefix unpinned
+until its LOAD (what other operations do to the prefix in that gap, the LOAD must
+notice); ``corrupt``, per stored node a `corrupt` of its last KV page in the store;
+``store_pages``, a store of that many pages that evicts for room from chain ends (the
+audit then checks that the store's chains stay whole, until an operation removes a
+page from a chain's middle on purpose).
 
 States are canonicalised (`canonical`): the tree's shape and keys, each node's
 residency, locks, hash/backup/offload marks, the relative order of its last access,
 and its FULL / SWA / host slots renamed in order of first appearance (slots are opaque
 handles, so free-list order is not part of a state); every load's state, anchor,
 reserved slots and batch; the offload records; the harness's requests and locks; the
-store's contents and its in-flight work (`FaultyStore.pending`). A state is kept as a
+store's contents and its in-flight work (`FaultyStore.pending`); with a capacity store or
+corruption, the store's chain books (`BaseStore.chain_books`: parents, eviction order,
+remembered parents) and which pages are corrupt, and with a capacity store what the
+chain audit has learnt to exempt (`System.chain_exemptions`). A state is kept as a
 16-byte BLAKE2b fingerprint of that form, so memory grows with 16 bytes per state plus
 the current and next frontier.
 
@@ -52,7 +68,9 @@ write-through threshold (1), past which they change nothing; when every request 
 for the same key (``key_pages=1``) the fingerprint is the least over the orders of the
 requests (a state and its mirror image are one state); a fault variant whose fault
 finds no store call to apply to (counted, not injected, while the plain operation runs)
-is the plain operation and is not taken again; and a worker audits a fingerprint once
+is the plain operation and is not taken again (a wild fault's variants are made from
+those counts, and its further answers from the options its first answer saw: none is
+refused); and a worker audits a fingerprint once
 (the same state met through another path passed its audit already). A lookup whose
 store evicts after answering (``evict_after_lookup``) is followed by the LOOKUP that
 demotes what the store lost, as ``store_evict`` is.
@@ -64,7 +82,12 @@ Entry points: `explore(scope, ...) -> Report`; `Report.summary()`;
 `Counterexample.as_test()` (a pytest module) and `Counterexample.diagrams()` (each
 machine the path touched, in Mermaid, its arrows labelled with how often the path took
 them and its last state highlighted). Helpers the printed tests use: `inject`,
-`node_at`, `reverify`.
+`node_at`, `reverify`, `corrupt`.
+
+Several ranks are not explored: the linker's collective calls (`intersect_restorable`,
+`agree`) need every rank inside the call at once (threads meeting at a barrier), which a
+state-by-state search of one process does not do; `testing.ranks` checks the agreement
+itself.
 """
 
 from __future__ import annotations
@@ -96,6 +119,7 @@ from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
+from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.tree import EvictParams
 from unicache_fsm.tree.node import TreeNode
@@ -108,6 +132,7 @@ __all__ = [
     "Scope",
     "apply",
     "canonical",
+    "corrupt",
     "enabled_ops",
     "explore",
     "fingerprint",
@@ -129,6 +154,12 @@ _BATCH_FAULTS = (FaultKind.FAIL_BATCH_BEFORE_START, FaultKind.FAIL_BATCH_MIDWAY)
 _OFFLOAD_FAULTS = (FaultKind.REFUSE_OFFLOAD, FaultKind.FAIL_OFFLOAD)
 _PROGRESS_FAULTS = (FaultKind.DELAY_COMPLETION,)
 _LOSING_FAULTS = (FaultKind.EVICT_AFTER_LOOKUP,)  # the store drops pages itself
+# the faults that may hit any call the linker makes, each on one call of the search's
+# choosing, answering the option it chooses (`inject`): how many options are explored
+# (RAISE_ERROR: the linker contains every exception type alike, so two options cover the
+# one choice that matters, a cancel that reached the store or not; GARBAGE_ANSWER: the
+# longest list of wrong answers a call has)
+_WILD_FAULTS = {FaultKind.RAISE_ERROR: 2, FaultKind.GARBAGE_ANSWER: 6}
 
 
 # -- scope -------------------------------------------------------------------------------
@@ -152,6 +183,9 @@ class Scope:
     key_pages: int = 2
     host_pages: int = 0
     faults: tuple[FaultKind, ...] = tuple(FaultKind)
+    unpinned: bool = False
+    corrupt: bool = False
+    store_pages: int = 0
 
     def __attrs_post_init__(self) -> None:
         for name in ("pages", "requests", "page_size", "key_pages", "swa_pages", "window_pages"):
@@ -159,9 +193,15 @@ class Scope:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 msg = f"Scope.{name} must be an int >= 1, got {value!r}"
                 raise ValueError(msg)
-        if self.host_pages < 0:
-            msg = f"Scope.host_pages must be an int >= 0, got {self.host_pages!r}"
-            raise ValueError(msg)
+        for name in ("host_pages", "store_pages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                msg = f"Scope.{name} must be an int >= 0, got {value!r}"
+                raise ValueError(msg)
+        for name in ("unpinned", "corrupt"):
+            if not isinstance(getattr(self, name), bool):
+                msg = f"Scope.{name} must be a bool, got {getattr(self, name)!r}"
+                raise ValueError(msg)
         if self.requests > 9:
             msg = f"Scope.requests must be at most 9 (a small scope), got {self.requests}"
             raise ValueError(msg)
@@ -179,8 +219,15 @@ class Scope:
         return tuple(tokens)
 
     def build(self) -> System:
-        """A fresh system of this scope, with an (inactive) fault wrapper."""
-        return System.build(
+        """A fresh system of this scope, with an (inactive) fault wrapper.
+
+        With a store of `store_pages` pages (which drops pages for room on its own, and
+        nothing LOOKUPs before an audit), or with wild faults (a LOOKUP that should demote
+        what the store lost may fail), the audit checks the pages the store acknowledged,
+        not those it still holds (`System.check_stored`); with a capacity store, also
+        that its chains stay whole (`System.check_chains`, until an operation removes a
+        page from a chain's middle on purpose)."""
+        s = System.build(
             self.page_size,
             swa=self.swa,
             full_pages=self.pages,
@@ -188,7 +235,19 @@ class Scope:
             window_pages=self.window_pages,
             faults=FaultPolicy(),
             host_pages=self.host_pages,
+            capacity_pages=self.store_pages or None,
         )
+        if self.store_pages or self.wild:
+            s.check_stored = False
+        if self.store_pages:
+            s.check_chains = True
+        return s
+
+    @property
+    def wild(self) -> bool:
+        """Whether the store may raise or answer garbage on any call (then no LOOKUP can
+        be trusted to tell what it still holds)."""
+        return any(kind in self.faults for kind in _WILD_FAULTS)
 
     def source(self) -> str:
         """This scope as a Python expression."""
@@ -198,16 +257,30 @@ class Scope:
             f"Scope(pages={self.pages}, requests={self.requests}, "
             f"page_size={self.page_size}, swa={self.swa}, swa_pages={self.swa_pages}, "
             f"window_pages={self.window_pages}, key_pages={self.key_pages}, "
-            f"host_pages={self.host_pages}, faults={faults})"
+            f"host_pages={self.host_pages}, faults={faults}{self._options()})"
         )
+
+    def _options(self) -> str:
+        """The options that add operations, as keyword arguments (those switched on)."""
+        parts = [f", {name}=True" for name in ("unpinned", "corrupt") if getattr(self, name)]
+        if self.store_pages:
+            parts.append(f", store_pages={self.store_pages}")
+        return "".join(parts)
 
     def describe(self) -> str:
         faults = ",".join(k.value for k in self.faults) or "none"
         kind = f"FULL+SWA (window {self.window_pages} pages)" if self.swa else "FULL only"
+        extra = "".join(
+            [
+                ", unpinned matches" if self.unpinned else "",
+                ", corrupt pages" if self.corrupt else "",
+                f", store of {self.store_pages} pages" if self.store_pages else "",
+            ]
+        )
         return (
             f"{self.pages} pages (P={self.page_size}), {self.requests} requests of "
             f"{self.key_pages} pages, {kind}, "
-            f"host {self.host_pages} pages, faults {faults}"
+            f"host {self.host_pages} pages, faults {faults}{extra}"
         )
 
 
@@ -215,13 +288,61 @@ class Scope:
 
 
 @contextlib.contextmanager
-def inject(s: System, kind: FaultKind) -> Iterator[None]:
-    """Inject `kind` on every eligible store call inside the block (one call, in practice)."""
-    s.faulty.policy = FaultPolicy({kind: FaultRule(every=1)}, delay_steps=1)
+def inject(s: System, kind: FaultKind, *, call: int = 0, answer: int = 0) -> Iterator[None]:
+    """Inject `kind` on every eligible store call inside the block (one call, in practice);
+    with `call` (>= 1) on the `call`-th eligible call only, where the store's every pick
+    among wrong answers (or exception types) takes option number `answer`."""
+    one = _OneCall(kind, call, answer) if call else None
+    s.faulty.policy = one or FaultPolicy({kind: FaultRule(every=1)}, delay_steps=1)
     try:
         yield
     finally:
         s.faulty.policy = FaultPolicy()
+        if one is not None:
+            _OPTIONS[:] = [one.options]
+
+
+# how many options the last `inject(call=...)` block's faulted call had to pick from (the
+# fewest over its picks; 0: it picked nothing), so that the search takes each of them
+_OPTIONS: list[int] = [0]
+
+
+class _NoSuchAnswer(BaseException):
+    """The faulted call has fewer options than `inject`'s `answer`: the variant does not
+    exist. A `BaseException`, so that the linker's containment of store faults (which
+    takes every `Exception`) lets it through to `apply`, which refuses the operation."""
+
+
+class _OneCall(FaultPolicy):
+    """Fires `kind` on its `call`-th eligible call only; every pick takes option `answer`."""
+
+    __slots__ = ("answer", "call", "kind", "options")
+
+    def __init__(self, kind: FaultKind, call: int, answer: int) -> None:
+        super().__init__({kind: FaultRule(every=_NEVER)}, delay_steps=1)
+        self.kind, self.call, self.answer = kind, call, answer
+        self.options = 0
+
+    def roll(self, kind: FaultKind) -> bool:
+        super().roll(kind)  # counts the eligible call (never fires)
+        hit = kind is self.kind and self.calls(kind) == self.call
+        if hit:
+            self.injected[kind] += 1
+        return hit
+
+    def pick(self, options: Sequence[object]) -> object:
+        self.options = min(self.options or len(options), len(options))
+        if self.answer >= len(options):
+            msg = f"{self.kind.value}: this call has {len(options)} options, not {self.answer + 1}"
+            raise _NoSuchAnswer(msg)
+        return options[self.answer]
+
+
+def corrupt(s: System, key: str) -> None:
+    """Flip the first bytes of the KV page `key` the memory store holds (a bad disk)."""
+    view = s.memory.stored_bytes(PoolName.KV, key)
+    assert view is not None, f"the store holds no KV page {key!r}"
+    view[:8] ^= 0xFF
 
 
 def reverify(s: System) -> None:
@@ -258,6 +379,8 @@ class Op:
     label: str
     code: str
     fault: FaultKind | None = None  # a variant: the fault injected on the plain op's call
+    call: int = 0  # a wild fault's variant: the eligible call it hits (1, 2, ...)
+    answer: int = 0  # ... and the option each of the store's picks takes there
 
 
 _COMPILED: dict[str, Any] = {}
@@ -269,10 +392,43 @@ def _faulted(op: Op, kinds: Sequence[FaultKind], scope: Scope) -> list[Op]:
     for kind in kinds:
         if kind in scope.faults:
             code = f"with inject(s, FaultKind.{kind.name}):\n    " + op.code.replace("\n", "\n    ")
-            if kind in _LOSING_FAULTS and "reverify(s)" not in op.code:
-                code += "\nreverify(s)"  # the LOOKUP that demotes what the store lost
+            if kind in _LOSING_FAULTS:
+                code += _punched(scope)
+                if "reverify(s)" not in op.code:
+                    code += "\nreverify(s)"  # the LOOKUP that demotes what the store lost
             out.append(Op(f"{op.label}[{kind.value}]", code, kind))
     return out
+
+
+def _punched(scope: Scope) -> str:
+    """With a capacity store: the statement that stops the audit checking that chains
+    stay whole (a page was removed from a chain's middle on purpose), else nothing."""
+    return "\ns.check_chains = False" if scope.store_pages else ""
+
+
+def _wild(op: Op, calls: dict[FaultKind, int]) -> list[Op]:
+    """The variants of the plain `op` for the wild faults of the scope: one per eligible
+    call it made (`calls`, counted while it ran), each answering its first option (the
+    others follow from `_answers` once the call showed how many it has)."""
+    return [
+        _wild_variant(op, kind, call, 0)
+        for kind in _WILD_FAULTS
+        for call in range(1, calls.get(kind, 0) + 1)
+    ]
+
+
+def _answers(variant: Op, plain: Op, options: int) -> list[Op]:
+    """The other answers of a wild `variant` (its first answer ran and saw `options`),
+    up to the number `_WILD_FAULTS` explores for its kind."""
+    assert variant.fault is not None
+    top = min(options, _WILD_FAULTS[variant.fault])
+    return [_wild_variant(plain, variant.fault, variant.call, j) for j in range(1, top)]
+
+
+def _wild_variant(op: Op, kind: FaultKind, call: int, answer: int) -> Op:
+    args = f"FaultKind.{kind.name}, call={call}, answer={answer}"
+    code = f"with inject(s, {args}):\n    " + op.code.replace("\n", "\n    ")
+    return Op(f"{op.label}[{kind.value}@{call}#{answer}]", code, kind, call, answer)
 
 
 def _requests(ns: dict[str, Any], scope: Scope) -> list[tuple[int, Request | None]]:
@@ -291,6 +447,9 @@ def enabled_ops(ns: dict[str, Any], scope: Scope) -> list[Op]:
         if req is None:
             begin = Op(f"begin {i}", f"r{i} = s.begin('r{i}', {(*key, EXTRA_TOKEN)}, load=False)")
             ops += _faulted(begin, _LOOKUP_FAULTS, scope)
+            if scope.unpinned:  # nothing pins the matched prefix until the LOAD
+                code = f"r{i} = s.begin('r{i}', {(*key, EXTRA_TOKEN)}, load=False, lock=False)"
+                ops += _faulted(Op(f"begin {i} unpinned", code), _LOOKUP_FAULTS, scope)
             continue
         if req.rid not in s.requests:
             continue  # completed
@@ -303,7 +462,7 @@ def enabled_ops(ns: dict[str, Any], scope: Scope) -> list[Op]:
             ops.append(
                 Op(
                     f"store_lose {i}",
-                    f"s.store.evict([r{i}.load.tail_hashes[-1]])\nreverify(s)",
+                    f"s.store.evict([r{i}.load.tail_hashes[-1]]){_punched(scope)}\nreverify(s)",
                 )
             )
         if load is None or not load.in_flight:
@@ -322,12 +481,15 @@ def enabled_ops(ns: dict[str, Any], scope: Scope) -> list[Op]:
         ops.append(Op("evict_swa", f"s.tree.evict(EvictParams(swa_num_tokens={p}))"))
     for node in sorted(s.stored_nodes(), key=_path_key):
         path = _path_key(node)
+        last = f"node_at(s, {path}).hashes[-1]"
         ops.append(
             Op(
                 f"store_evict {list(path)}",
-                f"s.store.evict([node_at(s, {path}).hashes[-1]])\nreverify(s)",
+                f"s.store.evict([{last}]){_punched(scope)}\nreverify(s)",
             )
         )
+        if scope.corrupt and node.hashes and s.memory.contains(PoolName.KV, node.hashes[-1]):
+            ops.append(Op(f"corrupt {list(path)}", f"corrupt(s, {last})"))
     if lk.busy() or lk.loads:
         ops.append(Op("reset", "s.linker.reset()"))
     if scope.host_pages:
@@ -350,6 +512,7 @@ def _namespace(s: System) -> dict[str, Any]:
         "inject": inject,
         "node_at": node_at,
         "reverify": reverify,
+        "corrupt": corrupt,
     }
 
 
@@ -375,6 +538,8 @@ def apply(op: Op, ns: dict[str, Any], *, audit: bool = True) -> None:
         if str(exc).startswith(_REFUSALS):
             raise Refused(str(exc)) from exc
         raise
+    except _NoSuchAnswer as exc:  # a wild fault's answer the call does not have
+        raise Refused(str(exc)) from exc
     if audit:
         ns["s"].audit()
 
@@ -637,7 +802,7 @@ def canonical(
         tuple((tuple(rn(r) for r in rids), *rest) for rids, *rest in batched),
         offloading,
     )
-    return (
+    form: tuple[Any, ...] = (
         tree,
         loads,
         draining,
@@ -650,6 +815,26 @@ def canonical(
         pending,
         s.allocator.available_size(),
     )
+    if scope.corrupt or scope.store_pages:  # what steers capacity eviction and drops
+        form += (s.memory.chain_books(),)
+    if scope.corrupt:
+        bad = tuple(
+            (pool, key)
+            for pool in pools
+            for key in sorted(s.memory.stored_keys(pool))
+            if _corrupted(s, pool, key)
+        )
+        form += (bad,)
+    if scope.store_pages:  # the audit's own history (what `check_chains` exempts)
+        form += (s.check_chains, *(tuple(sorted(x)) for x in s.chain_exemptions()))
+    return form
+
+
+def _corrupted(s: System, pool: PoolName, key: str) -> bool:
+    header = s.memory.header(pool, key)
+    view = s.memory.stored_bytes(pool, key)
+    assert header is not None and view is not None
+    return page_checksum(view) != header.checksum
 
 
 def fingerprint(ns: dict[str, Any], scope: Scope) -> bytes:
@@ -741,21 +926,27 @@ def _reach(scope: Scope, path: Sequence[Op], gate: _Gate) -> dict[str, Any]:
 
 
 def _apply_counting(
-    op: Op, ns: dict[str, Any], scope: Scope, eligible: dict[str, set[FaultKind]]
+    op: Op, ns: dict[str, Any], scope: Scope, eligible: dict[str, dict[FaultKind, int]]
 ) -> None:
     """Run the plain `op`, counting (never injecting) the store calls each fault of the
-    scope could apply to; ``eligible[op.label]`` gets the faults that had one (a variant
-    whose fault finds no call is the plain op again). If `op` raises, every variant is
-    tried."""
+    scope could apply to; ``eligible[op.label]`` gets, per fault that had one, how many
+    (a variant whose fault finds no call is the plain op again). If `op` raises, every
+    classic variant is tried, and a wild fault's on the calls made until it raised (a
+    fault on one call leaves the calls before it as they were)."""
     policy = FaultPolicy({kind: FaultRule(every=_NEVER) for kind in scope.faults})
     s: System = ns["s"]
     s.faulty.policy = policy
-    eligible[op.label] = set(scope.faults)
     try:
         apply(op, ns, audit=False)
+    except BaseException:
+        eligible[op.label] = {kind: max(1, policy.calls(kind)) for kind in scope.faults}
+        for kind in _WILD_FAULTS:
+            if kind in scope.faults and not policy.calls(kind):
+                del eligible[op.label][kind]
+        raise
     finally:
         s.faulty.policy = FaultPolicy()
-    eligible[op.label] = {kind for kind in scope.faults if policy.calls(kind)}
+    eligible[op.label] = {kind: policy.calls(kind) for kind in scope.faults if policy.calls(kind)}
 
 
 _NEVER = 2**62  # a period no search reaches: the rule counts calls but never fires
@@ -783,20 +974,26 @@ def _expand(
     children: list[_Child] = []
     refused = 0
     parent = _reach(scope, path, gate)
+    wild = scope.wild
     with _observing_globals(gate):
         ops = enabled_ops(parent, scope)
         home = fingerprint(parent, scope)
         faulted = {op.label.rpartition("[")[0] for op in ops if op.fault is not None}
-        eligible: dict[str, set[FaultKind]] = {}
+        eligible: dict[str, dict[FaultKind, int]] = {}
+        plains: dict[str, Op] = {}
         spare: dict[str, Any] | None = None  # a copy still in the parent's state
         gate.on = True
-        for k, op in enumerate(ops):
+        k = 0
+        while k < len(ops):
+            op = ops[k]
+            k += 1
             plain = op.label.rpartition("[")[0]
-            if op.fault is not None and op.fault not in eligible.get(plain, ()):
+            counted = op.fault is None and (wild or op.label in faulted)
+            if op.fault is not None and not op.call and op.fault not in eligible.get(plain, ()):
                 continue  # the fault finds no call to apply to: this is the plain op
             if spare is not None:
                 ns = spare
-            elif k == len(ops) - 1:
+            elif k == len(ops) and not (counted and wild) and not (op.call and not op.answer):
                 ns = parent
             elif len(path) >= _SNAPSHOT_AFTER:
                 ns = snapshot(parent)
@@ -804,8 +1001,18 @@ def _expand(
                 ns = _reach(scope, path, gate)
             spare = None
             try:
-                if op.label in faulted:
-                    _apply_counting(op, ns, scope, eligible)
+                if counted:
+                    try:
+                        _apply_counting(op, ns, scope, eligible)
+                    finally:  # its wild variants run next
+                        plains[op.label] = op
+                        ops[k:k] = _wild(op, eligible.get(op.label, {}))
+                elif op.call and not op.answer:
+                    _OPTIONS[:] = [0]
+                    try:
+                        apply(op, ns, audit=False)
+                    finally:  # its other answers run next
+                        ops[k:k] = _answers(op, plains[plain], _OPTIONS[0])
                 else:
                     apply(op, ns, audit=False)
                 digest = fingerprint(ns, scope)
@@ -861,12 +1068,12 @@ class Counterexample:
             lines.append(f"    # {op.label}")
             lines += ["    " + line for line in op.code.splitlines()]
             lines.append("    s.audit()")
-        used = ("EvictParams", "FaultKind", "inject", "node_at", "reverify")
+        used = ("EvictParams", "FaultKind", "corrupt", "inject", "node_at", "reverify")
         body = "\n".join(lines[8:])
         header = lines[:8]
         if "EvictParams" not in body:
             header.remove("from unicache_fsm.tree import EvictParams")
-        helpers = [h for h in used[2:] if h in body]
+        helpers = [h for h in used[2:] if f"{h}(" in body]
         header[3] = f"from unicache_fsm.testing.explore import {', '.join(['Scope', *helpers])}"
         if "FaultKind" not in body:
             header.remove("from unicache_fsm.store.faults import FaultKind")
