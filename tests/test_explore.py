@@ -5,14 +5,14 @@ the canonical form renames slots and mirrors requests of one key but tells diffe
 states apart, a snapshot continues like a replay, a violation comes back as the
 shortest path, printed as a pytest module that reproduces it, the scope options and the
 wild faults (one chosen call, one chosen answer) add operations only when switched on,
-and nine planted bugs of the mutation check (tests/test_testing_mutations.py) are found
+and ten planted bugs of the mutation check (tests/test_testing_mutations.py) are found
 with a counterexample no longer than the one Hypothesis shrinks to for the same bug (both
 lengths printed), each through the operations it needs: two requests for the failed
 load left queued, an ill-typed verdict (`garbage_answer`) for the truthy verdict, a
-corrupted page (`corrupt`) for the corrupt page kept. The chain offloaded without its
-link (found only by a scope too large for CI), the load-back on a stale prefix (not
-found by the scopes tried) and the rank intersection (several ranks, which explore does
-not run) are left to the mutation check; see docs/design.md.
+corrupted page (`corrupt`) for the corrupt page kept, a capacity store (`store_pages`)
+and two-page keys for the chain offloaded without its link. The load-back on a stale
+prefix (not found by the scopes tried) and the rank intersection (several ranks, which
+explore does not run) are left to the mutation check; see docs/design.md.
 """
 
 from __future__ import annotations
@@ -329,6 +329,11 @@ def _plant_truthy_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CheckedStore, "pop_completed_load", lax)
 
 
+def _plant_chain_without_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a chain goes to the store without the link page to its stored parent
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_link_page", lambda self, chain: None)
+
+
 def _plant_corrupt_page_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     # a page that failed its checksum stays stored
     monkeypatch.setattr(MemoryStore, "_drop_rejected", lambda self, ident, entry: None)
@@ -415,6 +420,12 @@ BUGS = [
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(), corrupt=True),
         _hunt(1, False),
         ("failed verification but are still stored",),
+    ),
+    (  # needs a capacity store and two requests: one key's chain stored below the other's
+        _plant_chain_without_link,
+        Scope(pages=4, requests=2, swa=False, key_pages=2, faults=(), store_pages=3),
+        _hunt(4, False, capacities=(6, 24)),
+        ("store chains whole",),
     ),
 ]
 
@@ -508,6 +519,7 @@ def _in_teardown(exc: BaseException) -> bool:
         "failed_load_queued",
         "truthy_verdict",
         "corrupt_page_kept",
+        "chain_without_link",
     ],
 )
 def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
