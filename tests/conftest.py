@@ -20,6 +20,7 @@ import pkgutil
 
 import pytest
 import torch
+from hypothesis.internal.conjecture import providers as _providers
 
 import unicache_fsm
 from unicache_fsm.testing.profiles import load_profile
@@ -30,6 +31,12 @@ for _module in pkgutil.walk_packages(unicache_fsm.__path__, "unicache_fsm."):
     if _module.name != "unicache_fsm.__main__":
         with contextlib.suppress(ImportError):  # an optional dependency absent here
             importlib.import_module(_module.name)
+
+
+@pytest.hookimpl(trylast=True)  # after Hypothesis's own plugin ends its initialization
+def pytest_sessionstart(session: pytest.Session) -> None:
+    frozen = _providers._get_local_constants()
+    _providers._get_local_constants = lambda: frozen
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
