@@ -43,7 +43,7 @@ from unicache_fsm.pools.errors import (
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
 from unicache_fsm.pools.paged import PagedAllocator
-from unicache_fsm.pools.slots import SlotCodec, preview
+from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
 
 #: CPU pages at least this large are copied one memcpy per page (a Python step per page
 #: then costs little next to the bytes; smaller pages move faster in one torch op).
@@ -182,7 +182,18 @@ class KVPool:
 
     def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
         """Store `data` (``[len(slots), num_layers, width]``) into whole pages `slots`."""
-        pages = self.pages_of(slots, "slots to write")
+        what = "slots to write"
+        codec = self._codec
+        t = codec.check_index_tensor(slots, what)
+        if self.page_size > 1 and t.numel() <= SMALL_SLOTS:
+            # small: decode to page ids once, check them in Python (`to_pages`' own path)
+            ids = codec.page_list(t, what)
+            if len(set(ids)) == len(ids):
+                self.write_page_ids(int64_tensor(ids, self._device), data)
+                return
+            pages = int64_tensor(ids, self._device)
+        else:
+            pages = codec.to_pages(t, what)
         if SlotCodec.has_duplicates(pages):
             dup = SlotCodec.duplicate_pages(pages)
             msg = (

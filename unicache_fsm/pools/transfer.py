@@ -117,7 +117,7 @@ def check_page_key(key: object) -> str:
 def _keys(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not hasattr(value, "__iter__"):
         raise InvalidPageKeyError(value)
-    return tuple(check_page_key(k) for k in value)
+    return tuple(map(check_page_key, value))
 
 
 @attrs.frozen
