@@ -43,7 +43,7 @@ from unicache_fsm.pools.errors import (
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
 from unicache_fsm.pools.paged import PagedAllocator
-from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
+from unicache_fsm.pools.slots import SlotCodec, int64_tensor, preview
 
 #: CPU pages at least this large are copied one memcpy per page (a Python step per page
 #: then costs little next to the bytes; smaller pages move faster in one torch op).
@@ -185,7 +185,7 @@ class KVPool:
         what = "slots to write"
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self.page_size > 1 and t.numel() <= SMALL_SLOTS:
+        if self.page_size > 1 and codec.checks_in_python(t.numel()):
             # small: decode to page ids once, check them in Python (`to_pages`' own path)
             ids = codec.page_list(t, what)
             if len(set(ids)) == len(ids):

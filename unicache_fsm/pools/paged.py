@@ -18,8 +18,9 @@ the free pages sit in a stack tensor (`_free_stack[:_num_free]`, allocation pops
 top so recently freed pages are reused first), and `_is_free[page]` answers double frees
 in one gather. Every bad input raises a typed error from `pools.errors` before anything
 changes. On CPU `_is_free` is a view of a bytearray (`_free_flags`), so a call with at most
-`SMALL_SLOTS` slots checks ownership in Python over that same memory instead of paying a
-few tensor ops' fixed cost: same checks, same errors.
+`SMALL_SLOTS` slots (at P > 1, `SMALL_SLOTS` pages: `SlotCodec.checks_in_python`) checks
+ownership in Python over that same memory instead of paying a few tensor ops' fixed
+cost: same checks, same errors.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ class PagedAllocator:
         caller that keeps books by page id (the tree's owned-page set)."""
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self._free_flags is not None and t.numel() <= SMALL_SLOTS:
+        if self._free_flags is not None and codec.checks_in_python(t.numel()):
             return self._live_page_list(t, what=what, freeing=False)
         pages: list[int] = self.live_pages(t, what=what, freeing=False).tolist()
         return pages
@@ -257,7 +258,7 @@ class PagedAllocator:
         """
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self._free_flags is not None and t.numel() <= SMALL_SLOTS:
+        if self._free_flags is not None and codec.checks_in_python(t.numel()):
             page_ids = self._live_page_list(t, what=what, freeing=freeing)
             if self._layout.page_size == 1:
                 return t

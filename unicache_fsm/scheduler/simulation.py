@@ -50,7 +50,7 @@ from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.scheduler.host import HostPolicy
 from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
-from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
+from unicache_fsm.scheduler.report import SimReport, dispatch_cost
 from unicache_fsm.scheduler.timeline import Timeline
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.serving.kv import same_kv
@@ -467,7 +467,7 @@ class Simulation:
         r.faults_injected = (
             {k.value: v for k, v in self.policy.injected.items()} if self.policy else {}
         )
-        per_transition = {ex.name: calibrate_dispatch(ex) for ex in self.executors}
+        per_transition = {ex.name: dispatch_cost(ex) for ex in self.executors}
         r.fsm_seconds = sum(r.transitions.get(n, 0) * s for n, s in per_transition.items())
 
 
