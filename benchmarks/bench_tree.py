@@ -308,7 +308,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"of {evictions} evictions per size, refilled between rounds (target: each within "
         "1.5x of the 1k figure, judged by CPU time: wall time on shared cores mostly "
         "measures the other processes)",
-        ("cached nodes", "CPU us/node", "vs 1k", "wall us/node", "wall min-max", "vs 1k", "verdict"),
+        (
+            "cached nodes",
+            "CPU us/node",
+            "vs 1k",
+            "wall us/node",
+            "wall min-max",
+            "vs 1k",
+            "verdict",
+        ),
         [
             (
                 f"{n:,}",

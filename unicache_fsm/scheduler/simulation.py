@@ -277,15 +277,19 @@ class Simulation:
         req.prefix_slots = load.slots
 
     def _verify(self, req: Request, load: ExternalLoad) -> None:
+        """The loaded span's KV (past the device hit) is what recompute gives: byte for
+        byte, FULL and live SWA. (The device prefix before it was not loaded; it is
+        resident KV, which every audit checks.)"""
         assert load.slots is not None
-        s, tokens = self.system, req.key[: load.prefix_len]
-        ok = same_kv(self.kv.read_pages(load.slots), s.expected(tokens, 0))
+        s, hit = self.system, load.device_hit_len
+        tokens, slots = req.key[hit : load.prefix_len], load.slots[hit:]
+        ok = same_kv(self.kv.read_pages(slots), s.expected(tokens, hit))
         if ok and self.swa_kv is not None:
             assert isinstance(self.allocator, SWAAllocator)
-            swa = self.allocator.translate(load.slots)
+            swa = self.allocator.translate(slots)
             live = (swa != 0).nonzero().flatten()
             if live.numel():
-                want_swa = s.expected(tokens, 0, swa=True)[live]
+                want_swa = s.expected(tokens, hit, swa=True)[live]
                 ok = same_kv(self.swa_kv.read_pages(swa[live]), want_swa)
         if ok:
             self.report.loads_verified += 1
