@@ -35,6 +35,7 @@ engine; the loop never sets a state.
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -213,7 +214,17 @@ class Simulation:
         if self.trace is not None:
             attach(self.trace, *self.executors)
         self.report = SimReport(config=attrs.asdict(config, value_serializer=_plain))
-        self.waiting: collections.deque[RequestSpec] = collections.deque(self.specs)
+        self.waiting: dict[str, RequestSpec] = {s.rid: s for s in self.specs}  # in order
+        # the waiting requests whose predecessor is done (or that have none), by their
+        # place in the workload, and the others under the request they wait for: an
+        # admission looks at the first of them only, never rescans the whole queue
+        self._admissible: list[tuple[int, RequestSpec]] = []
+        self._blocked: dict[str, list[tuple[int, RequestSpec]]] = {}
+        for place, spec in enumerate(self.specs):
+            if spec.after is None:
+                self._admissible.append((place, spec))
+            else:
+                self._blocked.setdefault(spec.after, []).append((place, spec))
         self.ready: collections.deque[Request] = collections.deque()
         self.loading: dict[str, Request] = {}
         self.prompt_len: dict[str, int] = {}
@@ -226,15 +237,16 @@ class Simulation:
         admitted = 0
         live = [*self.ready, *self.loading.values()]
         budget = self.config.pool_tokens // 2 - sum(len(r.key) for r in live)
-        for spec in list(self.waiting):
+        queue = self._admissible  # a heap by workload order
+        while queue:  # in workload order, skipping those still waiting for a predecessor
             if len(live) + admitted >= self.config.max_batch:
                 break
-            if spec.after is not None and spec.after not in self.done:
-                continue
+            spec = queue[0][1]
             if len(spec.tokens) > budget:
                 break  # first come, first served: wait for room
+            heapq.heappop(queue)
             budget -= len(spec.tokens)
-            self.waiting.remove(spec)
+            del self.waiting[spec.rid]
             admitted += 1
             before = self.host.load_back(spec.prompt, spec.namespace) if self.host else None
             req = self.system.begin(spec.rid, spec.prompt, namespace=spec.namespace)
@@ -376,6 +388,8 @@ class Simulation:
         if finished:
             s.release(req)
             self.done.add(req.rid)
+            for item in self._blocked.pop(req.rid, ()):  # its successors may come in now
+                heapq.heappush(self._admissible, item)
             self.report.requests_served += 1
         return finished
 
