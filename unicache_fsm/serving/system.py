@@ -378,9 +378,9 @@ class System:
         self.requests[rid] = req
         req.match = self.linker.match(rid, key, namespace)
         req.prefix_len = req.match.device.prefix_len
-        load = req.match.load  # a hit read the prefix's slots already (a fresh tensor)
+        hit = req.match.load  # a hit read the prefix's slots already (a fresh tensor)
         req.prefix_slots = (
-            load.device_prefix if load is not None else req.match.device.device_indices
+            hit.device_prefix if hit is not None else req.match.device.device_indices
         )
         if lock:
             req.lock = self.lock(req.match.device.last_device_node)
