@@ -379,9 +379,7 @@ class System:
         req.match = self.linker.match(rid, key, namespace)
         req.prefix_len = req.match.device.prefix_len
         hit = req.match.load  # a hit read the prefix's slots already (a fresh tensor)
-        req.prefix_slots = (
-            hit.device_prefix if hit is not None else req.match.device.device_indices
-        )
+        req.prefix_slots = hit.device_prefix if hit is not None else req.match.device.device_indices
         if lock:
             req.lock = self.lock(req.match.device.last_device_node)
         req.load = req.match.load
