@@ -22,9 +22,10 @@ from unicache_fsm.pools.transfer import (
 from unicache_fsm.scheduler import SimConfig, Simulation
 from unicache_fsm.scheduler.report import dispatch_cost
 from unicache_fsm.serving.kv import POISON
+from unicache_fsm.serving.system import System
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig
 from unicache_fsm.tree.components import select_adopted_pages
-from unicache_fsm.tree.residency import ExecutorKind
+from unicache_fsm.tree.residency import BACKING_UP, ExecutorKind
 
 KV = PoolName.KV
 
@@ -273,3 +274,30 @@ def test_load_verification_catches_a_garbled_loaded_page() -> None:
     bad = _CorruptingSimulation(config).run()
     assert bad.loads_committed == clean.loads_committed
     assert bad.loads_mismatched == bad.loads_committed and bad.loads_verified == 0
+
+
+# -- the eviction heap's leaf test, one set lookup -------------------------------------------
+def test_evictable_leaf_agrees_with_the_node_flags() -> None:
+    s = System.build(4, full_pages=96, host_pages=32)
+    rng = random.Random(3)
+    stems = [tuple(rng.randrange(1, 50) for _ in range(8)) for _ in range(3)]
+    seen: set[str] = set()
+    for i in range(12):
+        key = rng.choice(stems) + tuple(rng.randrange(1, 50) for _ in range(rng.randint(1, 3) * 4))
+        s.compute(f"r{i}", key, settle=i % 3 == 0)  # some offloads stay in flight
+        if i % 4 == 1:
+            s.lock(s.tree.match_prefix(key).last_device_node)
+        if i == 6:
+            s.tree.evict(EvictParams(num_tokens=16))
+        for n in [s.tree.root, *s.tree.nodes()]:
+            seen.add(n.residency)
+            simple = (
+                n.parent is not None
+                and n.device_resident
+                and n.lock_ref == 0
+                and not n.offloading
+                and n.residency not in BACKING_UP
+                and not any(c.device_resident for c in n.children.values())
+            )
+            assert s.tree.evictable_leaf(n) == simple, n
+    assert len(seen) > 2  # offloading, stored, ... not only one residency
