@@ -301,3 +301,22 @@ def test_evictable_leaf_agrees_with_the_node_flags() -> None:
             )
             assert s.tree.evictable_leaf(n) == simple, n
     assert len(seen) > 2  # offloading, stored, ... not only one residency
+
+
+# -- KV writes into a CPU pool: NumPy row assignment / page by page vs index_copy_ ----------
+@pytest.mark.parametrize(("page_size", "width"), [(1, 4), (16, 64), (16, 512)])
+def test_kv_write_page_ids_matches_index_copy(page_size: int, width: int) -> None:
+    """4 KiB pages take the NumPy row assignment, 32 KiB ones the per-page copy."""
+    rng = random.Random(width)
+    pool = KVPool(64 * page_size, page_size, 2, width)
+    reference = pool.data.clone().view(65, -1)
+    for _ in range(20):
+        pages = torch.tensor(rng.sample(range(1, 65), rng.randint(1, 12)), dtype=torch.int64)
+        data = torch.randn(len(pages) * page_size, 2, width).to(pool.dtype)
+        pool.write_page_ids(pages, data)
+        reference.index_copy_(0, pages, data.reshape(len(pages), -1))
+        assert torch.equal(pool.data.view(65, -1), reference)
+    view = pool.data[page_size : 3 * page_size]  # data that is a view of the pool itself
+    expected = view.clone()
+    pool.write_page_ids(torch.tensor([2, 1]), view)
+    assert torch.equal(pool.data[page_size : 3 * page_size], expected.roll(page_size, 0))
