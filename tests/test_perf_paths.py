@@ -320,3 +320,23 @@ def test_kv_write_page_ids_matches_index_copy(page_size: int, width: int) -> Non
     expected = view.clone()
     pool.write_page_ids(torch.tensor([2, 1]), view)
     assert torch.equal(pool.data[page_size : 3 * page_size], expected.roll(page_size, 0))
+
+
+# -- page digests: the memo against SHA-256 itself ------------------------------------------
+def test_page_digests_memo_gives_the_chained_sha256(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    rng = random.Random(5)
+    for limit in (hashing.DIGEST_MEMO_SIZE, 3):  # the default bound, and one cleared often
+        monkeypatch.setattr(hashing, "DIGEST_MEMO_SIZE", limit)
+        for _ in range(100):
+            p = rng.choice((1, 4, 16))
+            tokens = [rng.randrange(0, 5) for _ in range(rng.randint(0, 6) * p + rng.randint(0, 2))]
+            packed = hashing.pack_tokens(tokens)
+            prior = rng.choice((b"", hashlib.sha256(b"seed").digest()))
+            want, prev = [], prior
+            for start in range(0, len(packed) // (4 * p) * 4 * p, 4 * p):
+                prev = hashlib.sha256(prev + packed[start : start + 4 * p]).digest()
+                want.append(prev)
+            assert hashing.page_digests(packed, p, prior) == want  # computed or recalled
+            assert hashing.page_digests(packed, p, prior) == want  # recalled
