@@ -21,7 +21,7 @@ from unicache_fsm.pools.transfer import (
 )
 from unicache_fsm.scheduler import SimConfig, Simulation
 from unicache_fsm.scheduler.report import dispatch_cost
-from unicache_fsm.serving.kv import POISON
+from unicache_fsm.serving.kv import POISON, same_kv
 from unicache_fsm.serving.system import System
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig
 from unicache_fsm.tree.components import select_adopted_pages
@@ -340,3 +340,20 @@ def test_page_digests_memo_gives_the_chained_sha256(monkeypatch: pytest.MonkeyPa
                 want.append(prev)
             assert hashing.page_digests(packed, p, prior) == want  # computed or recalled
             assert hashing.page_digests(packed, p, prior) == want  # recalled
+
+
+# -- same_kv: NumPy's comparison against torch.equal of the bytes ---------------------------
+def test_same_kv_agrees_with_torch_equal_of_the_bytes() -> None:
+    rng = random.Random(9)
+    for _ in range(200):
+        shape = (rng.randint(0, 9), 2, rng.choice((1, 3, 4, 64)))
+        a = torch.randn(*shape).to(torch.float16)
+        b = a.clone()
+        if a.numel() and rng.random() < 0.5:
+            b.view(-1)[rng.randrange(a.numel())] += 1
+        if rng.random() < 0.2:
+            b = b.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+        want = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        assert same_kv(a, b) == want
+    assert not same_kv(torch.zeros(4, 2, 2), torch.zeros(4, 2, 2, dtype=torch.float16))
+    assert not same_kv(torch.zeros(4, 2, 2), torch.zeros(2, 4, 2))
