@@ -11,9 +11,9 @@ a workload. Each step:
    device prefix and LOOKUP; lock the device prefix; ``load_back`` for external hits);
 2. ``start_loading`` the batch's store loads, let the store progress, and
    `System.finish_loads` (each ended load checked; a committed request takes over the
-   lock on its loaded path): a committed load extends the request's prefix (its KV
-   bytes are checked against what recompute produces); an aborted one falls back to
-   recompute;
+   lock on its loaded path): a committed load extends the request's prefix (the KV
+   bytes it loaded are checked against what recompute produces); an aborted one falls
+   back to recompute;
 3. forward the ready requests: allocate slots (`System.try_alloc`: evict the
    shortfall, then allocate), write the KV computed from the tokens
    (`serving.kv.kv_bytes`), and insert what is computed — ``cache_unfinished``
