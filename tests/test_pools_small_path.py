@@ -63,9 +63,10 @@ def test_small_and_tensor_paths_agree(page_size: int, monkeypatch: pytest.Monkey
     for kind in KINDS * 6:
         t = _case(alloc, rng, kind)
         results = []
-        for small in (SMALL, 0):
+        for small, numpy_pages in ((SMALL, 10**9), (SMALL, 1), (0, 10**9)):
             monkeypatch.setattr(slots, "SMALL_SLOTS", small)
             monkeypatch.setattr(paged, "SMALL_SLOTS", small)
+            monkeypatch.setattr(slots, "NUMPY_PAGES", numpy_pages)
             before = alloc.allocated_page_ids().tolist()
             results.append(
                 (
@@ -79,7 +80,7 @@ def test_small_and_tensor_paths_agree(page_size: int, monkeypatch: pytest.Monkey
                 )
             )
             assert alloc.allocated_page_ids().tolist() == before
-        assert results[0] == results[1], t.tolist()
+        assert results[0] == results[1] == results[2], t.tolist()  # list, NumPy, tensor
         assert results[0][1] == results[0][2]  # live_page_ids: live_pages' ids, as a list
         errors.add(results[0][0][0])
     expected = {"ok", "SlotsNotAllocatedError", "DuplicatePagesError", "ForeignSlotsError"}

@@ -23,7 +23,7 @@ def test_bench_tree_quick_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ops/s (tree calls)" in out and "absolute targets" in out
     verdicts = [line.split()[-1] for line in out.splitlines() if line.endswith(("met", "MISSED"))]
     assert len(verdicts) == 4 + 2  # P = 16 and 1, hashing on and off; eviction at 1k, 10k
-    assert "us per evicted node" in out
+    assert "CPU us/node" in out and "interleaved rounds" in out
 
 
 def test_bench_tree_vs_sglang_says_skipped_without_sglang(
@@ -50,3 +50,21 @@ def test_bench_tree_workload_shape() -> None:
     assert len({k[:256] for k in keys}) <= 100
     tails = [k[256:] for k in keys]
     assert len({t for tail in tails for t in tail}) == 500 * 64  # tails never repeat
+
+
+def test_eviction_rounds_evict_then_refill_the_tree_to_its_size() -> None:
+    spec = importlib.util.spec_from_file_location("_bench_tree_e", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    bench = module.EvictionBench(300)
+    tree, alloc = bench.tree, bench.alloc
+    leaves = sorted(n.id for n in tree.nodes() if not n.children)
+    nodes, free = tree.node_count, alloc.available_size()
+    assert len(leaves) == 300 and nodes == 400  # 100 prompts, 300 leaves under them
+    wall, cpu = bench.round(150)
+    assert wall > 0 and cpu >= 0
+    after = sorted(n.id for n in tree.nodes() if not n.children)
+    assert len(after) == 300 and tree.node_count == nodes and alloc.available_size() == free
+    assert len(set(leaves) - set(after)) == 150  # the 150 evicted leaves were replaced
+    tree.check()

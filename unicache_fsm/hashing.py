@@ -20,6 +20,8 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
   covers); `page_digests(packed, page_size, prior_digest)` -> the raw 32-byte digest of
   each full page of packed tokens, chained from `prior_digest` (b"" at a chain head),
   in one call: the tree packs a key once and keeps raw digests, hex only on demand.
+  A page's digest is remembered (up to `DIGEST_MEMO_SIZE` of them): a LOOKUP of a tail
+  and the insert of the same pages then hash each page once.
   `prior_digest(prior)` -> the raw digest of a hex key or seed (b"" for None).
 
 Bad input raises a typed error, all under `HashError`: `InvalidTokenError` (a token
@@ -44,6 +46,7 @@ from collections.abc import Callable, Iterable, Sequence
 from unicache_fsm.fsm.errors import UnicacheFsmError
 
 __all__ = [
+    "DIGEST_MEMO_SIZE",
     "NAMESPACE_TAG",
     "HashError",
     "InvalidPriorHashError",
@@ -278,10 +281,26 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
     stride = 4 * page_size
     end = len(packed) // stride * stride
     sha256 = _sha256
+    memo = _DIGESTS
     out: list[bytes] = []
     append = out.append
-    # One SHA-256 per page is inherent to a chain; everything else is done once.
+    # One SHA-256 per page is inherent to a chain, but a page is usually hashed twice
+    # (a LOOKUP of a request's tail, then the insert of the same pages): the digest of a
+    # (prior, page) input seen lately is looked up instead (a dict hit costs a small
+    # part of a SHA-256). A pure function of its input, so the memo cannot go stale.
     for start in range(0, end, stride):
-        prior = sha256(prior + packed[start : start + stride]).digest()
+        data = prior + packed[start : start + stride]
+        digest = memo.get(data)
+        if digest is None:
+            if len(memo) >= DIGEST_MEMO_SIZE:
+                memo.clear()
+            digest = memo[data] = sha256(data).digest()
+        prior = digest
         append(prior)
     return out
+
+
+#: `page_digests`' memo: SHA-256 input (the prior digest + one packed page) -> digest,
+#: cleared when it holds `DIGEST_MEMO_SIZE` entries (a few MiB at most).
+_DIGESTS: dict[bytes, bytes] = {}
+DIGEST_MEMO_SIZE = 1 << 14

@@ -616,7 +616,7 @@ class ExternalLinker:
             parent is None
             or parent.parent is None
             or not parent.device_resident
-            or not parent.hashes
+            or not parent.digests  # (its hashes, without spelling them all in hex)
             or parent.slots(self.components[0].component_type) is None  # the backbone
         ):
             return None
@@ -635,12 +635,18 @@ class ExternalLinker:
                 continue
             slots = [t.device_indices for t in present if t.device_indices is not None]
             keys = tuple(k for t in present for k in t.keys)
+            linked = False
             if c.pool is PoolName.KV:
                 chain_pages = len(keys)
                 link_slots = None if link is None else link.slots(c.component_type)
-                if link is not None and link_slots is not None and link.hashes:
+                link_key = None if link is None else link.last_hash()
+                if link_slots is not None and link_key is not None:
                     slots.insert(0, link_slots[-self.page_size :])
-                    keys = (link.hashes[-1], *keys)
+                    keys = (link_key, *keys)
+                    linked = True
+            if len(present) == 1 and not linked:
+                merged.append(present[0])  # one node's own transfer: nothing to merge
+                continue
             merged.append(PoolTransfer(c.pool, torch.cat(slots), keys, present[0].hit_policy))
         return merged, chain_pages
 

@@ -64,6 +64,8 @@ class RankGroup(Protocol):
 
 
 def _ints(values: Sequence[int], rank: int) -> list[int]:
+    if set(map(type, values)) <= _INT:  # the usual case, checked in one C-level pass
+        return list(values)
     out: list[int] = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int):
@@ -71,6 +73,10 @@ def _ints(values: Sequence[int], rank: int) -> list[int]:
             raise RankGroupError(msg, rank=rank)
         out.append(v)
     return out
+
+
+#: the one value type a reduction takes (`bool` is an int subclass, and refused)
+_INT = frozenset({int})
 
 
 def intersect_restorable(group: RankGroup, restorable: Sequence[int], num_pages: int) -> int:
@@ -81,6 +87,12 @@ def intersect_restorable(group: RankGroup, restorable: Sequence[int], num_pages:
         raise RankGroupError(msg, rank=rank)
     mask = [0] * num_pages
     bad: list[object] = []
+    if set(map(type, restorable)) <= _INT and (
+        not restorable or (min(restorable) >= 1 and max(restorable) <= num_pages)
+    ):  # every boundary an int inside 1..num_pages, checked in C-level passes
+        for b in restorable:
+            mask[b - 1] = 1
+        restorable = ()
     for b in restorable:
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= num_pages:
             bad.append(b)  # not restorable here, hence nowhere

@@ -18,8 +18,9 @@ the free pages sit in a stack tensor (`_free_stack[:_num_free]`, allocation pops
 top so recently freed pages are reused first), and `_is_free[page]` answers double frees
 in one gather. Every bad input raises a typed error from `pools.errors` before anything
 changes. On CPU `_is_free` is a view of a bytearray (`_free_flags`), so a call with at most
-`SMALL_SLOTS` slots checks ownership in Python over that same memory instead of paying a
-few tensor ops' fixed cost: same checks, same errors.
+`SMALL_SLOTS` slots (at P > 1, `SMALL_SLOTS` pages: `SlotCodec.checks_in_python`) checks
+ownership in Python over that same memory instead of paying a few tensor ops' fixed
+cost: same checks, same errors.
 """
 
 from __future__ import annotations
@@ -204,6 +205,33 @@ class PagedAllocator:
         self._num_free = top + n
         self._is_free.index_fill_(0, pages, True)
 
+    def free_page_list(self, page_ids: list[int], what: str = "pages to free") -> None:
+        """`free` by page id, for an owner that keeps its pages' ids (the tree): each id
+        must be an int page of this pool (1 .. num_pages), allocated and named once, else
+        `ForeignSlotsError` / `DoubleFreeError` and nothing changes. On CPU the checks run
+        in Python over the ids and the free flags (no slot tensor to decode); elsewhere
+        they are `free`'s own, over the pages' slots."""
+        if not page_ids:
+            return
+        if not all(type(k) is int for k in page_ids):
+            bad = next(k for k in page_ids if type(k) is not int)
+            msg = f"pool {self.name!r}: {what} must be int page ids, got {bad!r}"
+            raise TensorTypeError(msg, what=what, got=type(bad), expected=int)
+        flags = self._free_flags
+        if (
+            flags is None
+            or len(page_ids) > SMALL_SLOTS
+            or min(page_ids) < 1
+            or max(page_ids) > self._layout.num_pages
+        ):  # the general path names every culprit (and handles any device)
+            pages = torch.tensor(page_ids, dtype=torch.int64, device=self._device)
+            self.free(self._codec.to_slots(pages))
+            return
+        if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
+            pages = torch.tensor(page_ids, dtype=torch.int64)
+            self._raise_not_live(pages, what=what, freeing=True)
+        self.release_pages(int64_tensor(page_ids, self._device))
+
     def check_live(self, slots: object, what: str = "slots") -> None:
         """Raise a typed error unless `slots` are whole, distinct, allocated pages.
 
@@ -217,7 +245,7 @@ class PagedAllocator:
         caller that keeps books by page id (the tree's owned-page set)."""
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self._free_flags is not None and t.numel() <= SMALL_SLOTS:
+        if self._free_flags is not None and codec.checks_in_python(t.numel()):
             return self._live_page_list(t, what=what, freeing=False)
         pages: list[int] = self.live_pages(t, what=what, freeing=False).tolist()
         return pages
@@ -230,7 +258,7 @@ class PagedAllocator:
         """
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self._free_flags is not None and t.numel() <= SMALL_SLOTS:
+        if self._free_flags is not None and codec.checks_in_python(t.numel()):
             page_ids = self._live_page_list(t, what=what, freeing=freeing)
             if self._layout.page_size == 1:
                 return t

@@ -16,13 +16,17 @@ number of pages; the diagnosis that names culprits runs only once a check failed
 `SMALL_SLOTS` slots the same checks run in Python over one `tolist()` copy instead
 (`page_list`; `to_pages` does so at P > 1): at that size a tensor op's fixed cost
 dominates, and a few small tensor ops cost more than a Python pass over the values.
-Both paths accept and reject exactly the same inputs and raise the same errors.
+From `NUMPY_PAGES` pages on, a CPU tensor at P > 1 is checked by a few NumPy operations
+over its memory instead of a Python pass per slot, and the list path then serves up to
+`SMALL_SLOTS` pages (`checks_in_python`). Every path accepts and rejects exactly the
+same inputs and raises the same errors.
 """
 
 from __future__ import annotations
 
 from array import array
 
+import numpy as np
 import torch
 
 from unicache_fsm.pools.errors import (
@@ -34,7 +38,7 @@ from unicache_fsm.pools.errors import (
 )
 from unicache_fsm.pools.layout import PageLayout
 
-__all__ = ["SMALL_SLOTS", "SlotCodec", "int64_tensor", "preview"]
+__all__ = ["NUMPY_PAGES", "SMALL_SLOTS", "SlotCodec", "int64_tensor", "preview"]
 
 _PREVIEW = 8
 
@@ -42,6 +46,10 @@ _PREVIEW = 8
 #: (measured on 2 shared cores: the Python ownership check costs less than the tensor
 #: one up to about 200 pages at P = 1 and 500 slots at P = 16).
 SMALL_SLOTS = 256
+
+#: From this many pages on, `page_list` checks a CPU slot tensor at P > 1 with a few
+#: NumPy operations over its memory (a fixed cost) instead of a Python pass per slot.
+NUMPY_PAGES = 8
 
 
 def preview(values: list[int]) -> str:
@@ -57,6 +65,19 @@ def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     if device.type == "cpu" and values:
         return torch.frombuffer(array("q", values), dtype=torch.int64)
     return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+_OFFSETS: dict[int, np.ndarray] = {}
+
+
+def _offsets_np(p: int) -> np.ndarray:
+    """0 .. p-1 as a read-only int64 row (one per page size, built once)."""
+    row = _OFFSETS.get(p)
+    if row is None:
+        row = np.arange(p, dtype=np.int64)
+        row.flags.writeable = False
+        _OFFSETS[p] = row
+    return row
 
 
 class SlotCodec:
@@ -107,6 +128,15 @@ class SlotCodec:
             raise TensorShapeError(msg, what=what, got=tuple(t.shape), expected=(-1,))
         return t
 
+    def checks_in_python(self, n: int) -> bool:
+        """Whether a call over `n` slots takes the list path (`page_list`): up to
+        `SMALL_SLOTS` slots, or at P > 1 on CPU up to `SMALL_SLOTS` pages (those are
+        decoded by NumPy at a fixed cost, and the checks then run per page)."""
+        if n <= SMALL_SLOTS:
+            return True
+        p = self._layout.page_size
+        return p > 1 and self._device.type == "cpu" and n <= SMALL_SLOTS * p
+
     def _check_length(self, n: int, what: str) -> None:
         p = self._layout.page_size
         if n % p:
@@ -122,6 +152,8 @@ class SlotCodec:
         layout = self._layout
         p = layout.page_size
         self._check_length(slots.numel(), what)
+        if p > 1 and slots.device.type == "cpu" and slots.numel() >= NUMPY_PAGES * p:
+            return self._numpy_page_list(slots, what)
         values: list[int] = slots.tolist()
         if not values:
             return values
@@ -138,6 +170,24 @@ class SlotCodec:
             self._raise_bad_slots(slots, what)
         return pages
 
+    def _numpy_page_list(self, slots: torch.Tensor, what: str) -> list[int]:
+        """`page_list` of a CPU slot tensor at P > 1, checked with NumPy over its memory:
+        the same checks (whole pages, inside 1 .. num_pages), the same errors."""
+        layout = self._layout
+        p = layout.page_size
+        grid = slots.numpy().reshape(-1, p)
+        firsts = grid[:, 0]
+        pages = firsts // p
+        if (
+            (firsts - pages * p).any()
+            or not (grid == firsts[:, None] + _offsets_np(p)).all()
+            or pages.min() < 1
+            or pages.max() > layout.num_pages
+        ):
+            self._raise_bad_slots(slots, what)
+        page_ids: list[int] = pages.tolist()
+        return page_ids
+
     def to_pages(self, slots: torch.Tensor, what: str) -> torch.Tensor:
         """The page id of each whole page in `slots` (validated 1-D int64 on our device)."""
         layout = self._layout
@@ -146,7 +196,7 @@ class SlotCodec:
         self._check_length(n, what)
         if n == 0:
             return slots
-        if p > 1 and n <= SMALL_SLOTS:  # at P = 1 the tensor path is two reductions
+        if p > 1 and self.checks_in_python(n):  # at P = 1 the tensor path is two reductions
             return int64_tensor(self.page_list(slots, what), self._device)
         if p == 1:
             pages = slots

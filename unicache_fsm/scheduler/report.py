@@ -8,6 +8,9 @@
   in this process on the same spec with callbacks that do nothing (a random walk over
   legal triggers). The FSM share of a run is transitions fired times this cost, over
   the wall time: callbacks do the cache's work and are not the FSM's cost.
+- `dispatch_cost(executor)` — `calibrate_dispatch`, measured once per process for each
+  kind of executor and machine (a run reuses what an earlier run in the process
+  measured: the cost belongs to the code, not to the run).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import attrs
 
 from unicache_fsm.fsm.executor import Executor
 
-__all__ = ["ABORT_REASONS", "SimReport", "calibrate_dispatch"]
+__all__ = ["ABORT_REASONS", "SimReport", "calibrate_dispatch", "dispatch_cost"]
 
 #: A load-abort reason code (`unicache_fsm.linker.load.AbortReason`) in words.
 ABORT_REASONS: dict[str, str] = {
@@ -210,3 +213,17 @@ def calibrate_dispatch(executor: Executor, transitions: int = 3000) -> float:
         else:
             fire(model, trigger)
     return (time.perf_counter() - t0) / transitions
+
+
+#: `dispatch_cost`'s measurements: (executor class, spec) -> seconds per transition
+_DISPATCH_COSTS: dict[tuple[type, object], float] = {}
+
+
+def dispatch_cost(executor: Executor) -> float:
+    """`calibrate_dispatch(executor)`, measured on the first call for its executor class
+    and spec in this process, then reused."""
+    key = (type(executor), executor.spec)  # (a spec is a frozen value: hashed by content)
+    cost = _DISPATCH_COSTS.get(key)
+    if cost is None:
+        cost = _DISPATCH_COSTS[key] = calibrate_dispatch(executor)
+    return cost

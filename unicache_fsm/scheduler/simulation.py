@@ -11,9 +11,9 @@ a workload. Each step:
    device prefix and LOOKUP; lock the device prefix; ``load_back`` for external hits);
 2. ``start_loading`` the batch's store loads, let the store progress, and
    `System.finish_loads` (each ended load checked; a committed request takes over the
-   lock on its loaded path): a committed load extends the request's prefix (its KV
-   bytes are checked against what recompute produces); an aborted one falls back to
-   recompute;
+   lock on its loaded path): a committed load extends the request's prefix (the KV
+   bytes it loaded are checked against what recompute produces); an aborted one falls
+   back to recompute;
 3. forward the ready requests: allocate slots (`System.try_alloc`: evict the
    shortfall, then allocate), write the KV computed from the tokens
    (`serving.kv.kv_bytes`), and insert what is computed — ``cache_unfinished``
@@ -35,6 +35,7 @@ engine; the loop never sets a state.
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.scheduler.host import HostPolicy
 from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
-from unicache_fsm.scheduler.report import SimReport, calibrate_dispatch
+from unicache_fsm.scheduler.report import SimReport, dispatch_cost
 from unicache_fsm.scheduler.timeline import Timeline
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.serving.kv import same_kv
@@ -213,7 +214,17 @@ class Simulation:
         if self.trace is not None:
             attach(self.trace, *self.executors)
         self.report = SimReport(config=attrs.asdict(config, value_serializer=_plain))
-        self.waiting: collections.deque[RequestSpec] = collections.deque(self.specs)
+        self.waiting: dict[str, RequestSpec] = {s.rid: s for s in self.specs}  # in order
+        # the waiting requests whose predecessor is done (or that have none), by their
+        # place in the workload, and the others under the request they wait for: an
+        # admission looks at the first of them only, never rescans the whole queue
+        self._admissible: list[tuple[int, RequestSpec]] = []
+        self._blocked: dict[str, list[tuple[int, RequestSpec]]] = {}
+        for place, spec in enumerate(self.specs):
+            if spec.after is None:
+                self._admissible.append((place, spec))
+            else:
+                self._blocked.setdefault(spec.after, []).append((place, spec))
         self.ready: collections.deque[Request] = collections.deque()
         self.loading: dict[str, Request] = {}
         self.prompt_len: dict[str, int] = {}
@@ -226,15 +237,16 @@ class Simulation:
         admitted = 0
         live = [*self.ready, *self.loading.values()]
         budget = self.config.pool_tokens // 2 - sum(len(r.key) for r in live)
-        for spec in list(self.waiting):
+        queue = self._admissible  # a heap by workload order
+        while queue:  # in workload order, skipping those still waiting for a predecessor
             if len(live) + admitted >= self.config.max_batch:
                 break
-            if spec.after is not None and spec.after not in self.done:
-                continue
+            spec = queue[0][1]
             if len(spec.tokens) > budget:
                 break  # first come, first served: wait for room
+            heapq.heappop(queue)
             budget -= len(spec.tokens)
-            self.waiting.remove(spec)
+            del self.waiting[spec.rid]
             admitted += 1
             before = self.host.load_back(spec.prompt, spec.namespace) if self.host else None
             req = self.system.begin(spec.rid, spec.prompt, namespace=spec.namespace)
@@ -277,15 +289,19 @@ class Simulation:
         req.prefix_slots = load.slots
 
     def _verify(self, req: Request, load: ExternalLoad) -> None:
+        """The loaded span's KV (past the device hit) is what recompute gives: byte for
+        byte, FULL and live SWA. (The device prefix before it was not loaded; it is
+        resident KV, which every audit checks.)"""
         assert load.slots is not None
-        s, tokens = self.system, req.key[: load.prefix_len]
-        ok = same_kv(self.kv.read_pages(load.slots), s.expected(tokens, 0))
+        s, hit = self.system, load.device_hit_len
+        tokens, slots = req.key[hit : load.prefix_len], load.slots[hit:]
+        ok = same_kv(self.kv.read_pages(slots), s.expected(tokens, hit))
         if ok and self.swa_kv is not None:
             assert isinstance(self.allocator, SWAAllocator)
-            swa = self.allocator.translate(load.slots)
+            swa = self.allocator.translate(slots)
             live = (swa != 0).nonzero().flatten()
             if live.numel():
-                want_swa = s.expected(tokens, 0, swa=True)[live]
+                want_swa = s.expected(tokens, hit, swa=True)[live]
                 ok = same_kv(self.swa_kv.read_pages(swa[live]), want_swa)
         if ok:
             self.report.loads_verified += 1
@@ -372,6 +388,8 @@ class Simulation:
         if finished:
             s.release(req)
             self.done.add(req.rid)
+            for item in self._blocked.pop(req.rid, ()):  # its successors may come in now
+                heapq.heappush(self._admissible, item)
             self.report.requests_served += 1
         return finished
 
@@ -467,7 +485,7 @@ class Simulation:
         r.faults_injected = (
             {k.value: v for k, v in self.policy.injected.items()} if self.policy else {}
         )
-        per_transition = {ex.name: calibrate_dispatch(ex) for ex in self.executors}
+        per_transition = {ex.name: dispatch_cost(ex) for ex in self.executors}
         r.fsm_seconds = sum(r.transitions.get(n, 0) * s for n, s in per_transition.items())
 
 

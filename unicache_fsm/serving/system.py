@@ -105,6 +105,8 @@ class System:
     _stale: set[str] = attrs.field(factory=set)  # KV pages seen gone under "stored" nodes
     _restored_links: set[str] = attrs.field(factory=set)  # link pages offloaded in mid-air
     _committed: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    # rows of POISON per pool name, grown as needed: reserved slots get a slice of it
+    _poison_rows: dict[str, torch.Tensor] = attrs.field(factory=dict)
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -376,7 +378,8 @@ class System:
         self.requests[rid] = req
         req.match = self.linker.match(rid, key, namespace)
         req.prefix_len = req.match.device.prefix_len
-        req.prefix_slots = req.match.device.device_indices
+        hit = req.match.load  # a hit read the prefix's slots already (a fresh tensor)
+        req.prefix_slots = hit.device_prefix if hit is not None else req.match.device.device_indices
         if lock:
             req.lock = self.lock(req.match.device.last_device_node)
         req.load = req.match.load
@@ -394,8 +397,12 @@ class System:
             pool = self.swa_kv if t.name is PoolName.SWA else self.kv
             assert pool is not None
             n = int(t.device_indices.numel())
-            garbage = torch.full((n, *pool.data.shape[1:]), POISON, dtype=pool.dtype)
-            pool.write_pages(t.device_indices, garbage)
+            rows = self._poison_rows.get(pool.name)
+            if rows is None or rows.shape[0] < n or rows.dtype != pool.dtype:
+                size = max(n, 0 if rows is None else 2 * rows.shape[0])
+                rows = torch.full((size, *pool.data.shape[1:]), POISON, dtype=pool.dtype)
+                self._poison_rows[pool.name] = rows
+            pool.write_pages(t.device_indices, rows[:n])
 
     def in_flight(self) -> bool:
         lk = self.linker

@@ -139,7 +139,10 @@ class BaseStore(Generic[E]):
         self.capacity_pages = capacity_pages
         self.background = bool(background)
         self.last_error: BaseException | None = None
-        self._cond = threading.Condition(threading.Lock())
+        # `with self._lock` is `with self._cond` (the condition's own lock) without the
+        # condition's Python-level __enter__/__exit__ on every call
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._performing = threading.Lock()  # one thread moves bytes at a time
         self._pools = AttachedPools({})
         self._pages: dict[Ident, E] = {}
@@ -177,8 +180,11 @@ class BaseStore(Generic[E]):
         new = cls.__new__(cls)
         memo[id(self)] = new
         for name, value in self.__dict__.items():
+            if name == "_lock":
+                continue  # made with `_cond`, below
             if name == "_cond":
-                new._cond = threading.Condition(threading.Lock())
+                new._lock = threading.Lock()
+                new._cond = threading.Condition(new._lock)
             elif name == "_performing":
                 new._performing = threading.Lock()
             else:
@@ -225,7 +231,7 @@ class BaseStore(Generic[E]):
 
     def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
         attached = AttachedPools(pools)
-        with self._cond:
+        with self._lock:
             self._check_open("attach")
             if self._queued or self._jobs or self._busy or self._in_flight:
                 msg = (
@@ -238,7 +244,7 @@ class BaseStore(Generic[E]):
 
     def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
         kv, others = split_lookup_transfers(transfers)
-        with self._cond:
+        with self._lock:
             self._check_open("lookup")
             for t in (kv, *others):
                 self._pools.pool(t.name, "lookup")
@@ -251,7 +257,7 @@ class BaseStore(Generic[E]):
     # -- protocol: loads -----------------------------------------------------------------
 
     def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
-        with self._cond:
+        with self._lock:
             self._check_open("load")
             checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.LOAD)
             if rid in self._queued or rid in self._in_flight:
@@ -267,7 +273,7 @@ class BaseStore(Generic[E]):
             return True
 
     def start_loading(self) -> int:
-        with self._cond:
+        with self._lock:
             self._check_open("start_loading")
             if not self._queued:
                 return -1
@@ -283,19 +289,19 @@ class BaseStore(Generic[E]):
             return batch.batch
 
     def num_completed_loads(self) -> int:
-        with self._cond:
+        with self._lock:
             self._check_open("num_completed_loads")
             return len(self._load_results)
 
     def pop_completed_load(self) -> LoadBatchResult:
-        with self._cond:
+        with self._lock:
             self._check_open("pop_completed_load")
             result = self._pop_completed(self._load_results, "load")
             self._in_flight.difference_update(result.rids)
             return result
 
     def cancel_queued_load(self, rid: str) -> bool:
-        with self._cond:
+        with self._lock:
             self._check_open("cancel_queued_load")
             record = self._queued.pop(rid, None)
             if record is None:
@@ -308,7 +314,7 @@ class BaseStore(Generic[E]):
     # -- protocol: offloads --------------------------------------------------------------
 
     def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
-        with self._cond:
+        with self._lock:
             self._check_open("offload")
             checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.OFFLOAD)
             if self.capacity_pages is not None:
@@ -334,12 +340,12 @@ class BaseStore(Generic[E]):
             return True
 
     def num_completed_offloads(self) -> int:
-        with self._cond:
+        with self._lock:
             self._check_open("num_completed_offloads")
             return len(self._offload_results)
 
     def pop_completed_offload(self) -> bool:
-        with self._cond:
+        with self._lock:
             self._check_open("pop_completed_offload")
             return self._pop_completed(self._offload_results, "offload")
 
@@ -356,7 +362,7 @@ class BaseStore(Generic[E]):
 
     def progress(self) -> int:
         if self.background:
-            with self._cond:
+            with self._lock:
                 self._check_open("progress")
                 outstanding = len(self._jobs) + int(self._busy)
                 while self._jobs or self._busy:
@@ -365,7 +371,7 @@ class BaseStore(Generic[E]):
         done = 0
         with self._performing:
             while True:
-                with self._cond:
+                with self._lock:
                     self._check_open("progress")
                     if not self._jobs:
                         return done
@@ -374,7 +380,7 @@ class BaseStore(Generic[E]):
                 try:
                     self._run(job)
                 finally:
-                    with self._cond:
+                    with self._lock:
                         self._busy = False
                         self._cond.notify_all()
                 done += 1
@@ -389,7 +395,7 @@ class BaseStore(Generic[E]):
             msg = f"evict: pool must be a PoolName or None (all pools), got {pool!r}"
             raise StoreTransferError(msg, pool=pool)
         pools = list(PoolName) if pool is None else [pool]
-        with self._cond:
+        with self._lock:
             self._check_open("evict")
             return self._delete([(name, key) for name in pools for key in dict.fromkeys(keys)])
 
@@ -399,17 +405,17 @@ class BaseStore(Generic[E]):
         if not isinstance(which, PoolName):
             msg = f"contains: pool must be a PoolName, got {pool!r}"
             raise StoreTransferError(msg, pool=pool)
-        with self._cond:
+        with self._lock:
             self._check_open("contains")
             return self._present(pool, [key])[0]
 
     def reset(self) -> None:
-        with self._cond:
+        with self._lock:
             self._check_open("reset")
             self._quiesce()
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return
             self._quiesce()
@@ -417,7 +423,7 @@ class BaseStore(Generic[E]):
             self._cond.notify_all()
         if self._worker is not None:
             self._worker.join()
-        with self._cond:
+        with self._lock:
             self._release()
             self._pages.clear()
             self._children.clear()
@@ -431,12 +437,12 @@ class BaseStore(Generic[E]):
     @property
     def num_pages(self) -> int:
         """Pages in the books (for a shared backend: the pages this store knows of)."""
-        with self._cond:
+        with self._lock:
             return len(self._pages)
 
     def stored_keys(self, pool: PoolName) -> list[str]:
         """The keys in the books for `pool`, in no particular order."""
-        with self._cond:
+        with self._lock:
             return [k for (p, k) in self._pages if p is pool]
 
     def chain_books(self) -> tuple[tuple[Any, ...], tuple[Ident, ...], tuple[Ident, ...]]:
@@ -444,18 +450,18 @@ class BaseStore(Generic[E]):
         (state-space exploration compares them): every page with its chain parent
         (sorted), the chain ends in the order capacity eviction takes them, and the
         pages whose parent is remembered (sorted). Reads only."""
-        with self._cond:
+        with self._lock:
             pages = tuple(sorted((i, e.parent) for i, e in self._pages.items()))
             return pages, tuple(self._leaves), tuple(sorted(self._parents))
 
     def recent_jobs(self) -> list[StoreLoad | StoreOffload]:
         """Finished (final-state) store-side records, oldest first (bounded history)."""
-        with self._cond:
+        with self._lock:
             return list(self._history)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the store's books disagree with each other."""
-        with self._cond:
+        with self._lock:
             if self.capacity_pages is not None:
                 assert len(self._pages) <= self.capacity_pages, "over capacity"
             children: collections.Counter[Ident] = collections.Counter()
@@ -509,7 +515,7 @@ class BaseStore(Generic[E]):
             if left > 0:
                 pins[ident] = left
             else:
-                del pins[ident]
+                pins.pop(ident, None)  # (a Counter's own __delitem__ is a Python call)
 
     def _remember_parent(self, ident: Ident, parent: Ident) -> None:
         memo = self._parents
@@ -547,7 +553,7 @@ class BaseStore(Generic[E]):
         if left > 0:
             self._children[parent] = left
             return
-        del self._children[parent]
+        self._children.pop(parent, None)
         if parent in self._pages:
             # the parent is next in line: chains shrink from their end
             self._leaves[parent] = None
@@ -670,7 +676,7 @@ class BaseStore(Generic[E]):
     def _work(self) -> None:
         """The background worker: perform jobs in submission order until closed."""
         while True:
-            with self._cond:
+            with self._lock:
                 while not self._jobs and not self._closed:
                     self._cond.wait()
                 if not self._jobs:
@@ -680,7 +686,7 @@ class BaseStore(Generic[E]):
             try:
                 self._run(job)
             finally:
-                with self._cond:
+                with self._lock:
                     self._busy = False
                     self._cond.notify_all()
 

@@ -47,6 +47,14 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _all_ints(values: list[object] | tuple[object, ...]) -> bool:
+    """`_is_int` of every value: plain ints in one C-level pass, else one by one."""
+    return set(map(type, values)) <= _INT or all(_is_int(v) for v in values)
+
+
+_INT = frozenset({int})
+
+
 class CheckedStore:
     """`store` with every answer checked and every fault reported; see the module docstring."""
 
@@ -69,7 +77,7 @@ class CheckedStore:
         except Exception as exc:
             self.on_fault("lookup", exc)
             return None
-        if not isinstance(found, (list, tuple)) or not all(_is_int(b) for b in found):
+        if not isinstance(found, (list, tuple)) or not _all_ints(found):
             self._protocol("lookup", found, "a list of int page counts")
             return None
         inside = [b for b in found if 1 <= b <= num_pages]

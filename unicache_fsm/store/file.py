@@ -167,7 +167,7 @@ class FileStore(SharedStore):
         try:
             self.recovered = self._recover(verify=verify_on_open)
             if capacity_pages is not None:
-                with self._namespace_lock(), self._cond:
+                with self._namespace_lock(), self._lock:
                     self._shrink(set())
         except BaseException:
             os.close(self._lock_fd)
@@ -246,7 +246,7 @@ class FileStore(SharedStore):
                     discarded.append(f"{pool.value}/{name}")
                     continue
                 found.append((entry.stat().st_mtime, (pool, name), known))
-        with self._cond:
+        with self._lock:
             for _, ident, known in sorted(found, key=lambda f: f[0]):
                 self._insert(ident, known)
         return Recovery(len(found), tuple(discarded), temporaries)
@@ -329,7 +329,7 @@ class FileStore(SharedStore):
     def _run_offload(self, record: StoreOffload) -> None:
         with self._namespace_lock():
             if self.capacity_pages is not None:
-                with self._cond:
+                with self._lock:
                     self._reconcile()  # room is made for the namespace, not the books
             super()._run_offload(record)
 

@@ -32,7 +32,7 @@ from unicache_fsm.pools.transfer import (
     PoolName,
     PoolTransfer,
     PoolTransferResult,
-    check_page_key,
+    check_page_keys,
 )
 from unicache_fsm.store.errors import StoreTransferError
 
@@ -64,8 +64,7 @@ def split_lookup_transfers(
             msg = f"lookup names pool {t.name} twice; pass one transfer per pool"
             raise StoreTransferError(msg, pool=t.name)
         seen.add(t.name)
-        for key in t.keys:
-            check_page_key(key)
+        check_page_keys(t.keys)
         if t.name is PoolName.KV:
             kv = t
         else:

@@ -202,7 +202,7 @@ class MemoryStore(BaseStore["_Entry"]):
     # -- inspection ----------------------------------------------------------------------
 
     def header(self, pool: PoolName, key: str) -> PageHeader | None:
-        with self._cond:
+        with self._lock:
             entry = self._pages.get((pool, key))
             return None if entry is None else entry.header
 
@@ -211,7 +211,7 @@ class MemoryStore(BaseStore["_Entry"]):
 
         The view stays live until the store grows its slab for that pool (an offload).
         """
-        with self._cond:
+        with self._lock:
             entry = self._pages.get((pool, key))
             if entry is None:
                 return None
@@ -220,7 +220,7 @@ class MemoryStore(BaseStore["_Entry"]):
     def check_invariants(self) -> None:
         """Raise AssertionError if the store's books disagree with each other."""
         super().check_invariants()
-        with self._cond:
+        with self._lock:
             rows: dict[PoolName, set[int]] = collections.defaultdict(set)
             for ident, entry in self._pages.items():
                 assert entry.header.pool is ident[0] and entry.header.key == ident[1]
@@ -234,7 +234,7 @@ class MemoryStore(BaseStore["_Entry"]):
     # -- internals: performing jobs ------------------------------------------------------
 
     def _run_load_batch(self, batch: LoadBatch) -> None:
-        with self._cond:
+        with self._lock:
             plan = []
             for record in batch.loads:
                 for ct in record.transfers:
@@ -258,7 +258,7 @@ class MemoryStore(BaseStore["_Entry"]):
         except Exception as exc:  # the batch must complete whatever went wrong
             self.last_error = exc
             ok = False
-        with self._cond:
+        with self._lock:
             for ident, entry in rejected:
                 self._rejected.append((ident, entry))  # checked by check_invariants
                 self._drop_rejected(ident, entry)
@@ -310,7 +310,7 @@ class MemoryStore(BaseStore["_Entry"]):
                 self._remove(gone)
 
     def _run_offload(self, record: StoreOffload) -> None:
-        with self._cond:
+        with self._lock:
             OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
             parts = self._plan_offload(record)
         ok = parts is not None
@@ -321,7 +321,7 @@ class MemoryStore(BaseStore["_Entry"]):
             except Exception as exc:  # the offload must complete whatever went wrong
                 self.last_error = exc
                 ok = False
-        with self._cond:
+        with self._lock:
             if parts is not None:
                 for part in parts:
                     if ok:

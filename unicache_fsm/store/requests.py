@@ -31,7 +31,7 @@ from unicache_fsm.pools.transfer import (
     LinkerTransferPhase,
     PoolName,
     PoolTransfer,
-    check_page_key,
+    check_page_keys,
 )
 from unicache_fsm.store.errors import StoreConfigError, StoreTransferError, UnknownPoolError
 
@@ -120,7 +120,7 @@ class AttachedPools:
                 raise StoreTransferError(msg, pool=t.name)
             seen.add(t.name)
             pool = self.pool(t.name, op)
-            keys = tuple(check_page_key(k) for k in t.keys)
+            keys = check_page_keys(t.keys)
             if t.device_indices is None:
                 msg = (
                     f"{op}: the {t.name} transfer has no device_indices; a {op} moves bytes "

@@ -199,7 +199,7 @@ class SharedStore(BaseStore[KnownPage]):
     # -- offloads ------------------------------------------------------------------------
 
     def _run_offload(self, record: StoreOffload) -> None:
-        with self._cond:
+        with self._lock:
             OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
             try:
                 for ct in record.transfers:  # write-once skips what the medium holds now,
@@ -220,7 +220,7 @@ class SharedStore(BaseStore[KnownPage]):
             except Exception as exc:  # the offload must complete whatever went wrong
                 self.last_error = exc
                 ok = False
-        with self._cond:
+        with self._lock:
             for ident, known in written:
                 self._learn(ident, known)  # a LOOKUP may have found it meanwhile
             if self._over():
@@ -261,7 +261,7 @@ class SharedStore(BaseStore[KnownPage]):
         return flat[: n * nbytes].view(n, nbytes)
 
     def _run_load_batch(self, batch: LoadBatch) -> None:
-        with self._cond:
+        with self._lock:
             plan = [
                 (ct, self._pools.pool(ct.pool, "load"))
                 for record in batch.loads
@@ -278,7 +278,7 @@ class SharedStore(BaseStore[KnownPage]):
         except Exception as exc:  # the batch must complete whatever went wrong
             self.last_error = exc
             ok = False
-        with self._cond:
+        with self._lock:
             for ident in missing:
                 self._forget(ident)
             if corrupt:

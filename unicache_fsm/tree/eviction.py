@@ -30,12 +30,16 @@ import heapq
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import EvictParams, EvictResult
-from unicache_fsm.tree.residency import BACKING_UP, ResidencyTrigger
+from unicache_fsm.tree.residency import BACKING_UP, OFFLOADING, RESIDENT, ResidencyTrigger
 from unicache_fsm.tree.state import TreeState
 
 __all__ = ["Eviction"]
 
 T = ResidencyTrigger
+
+#: the residencies in which a node may lose its device copy, locks and children aside:
+#: on the device, no offload in flight, no host backup being made (one set lookup)
+_MAY_LOSE_DEVICE_COPY = RESIDENT - OFFLOADING - BACKING_UP
 
 
 class Eviction(TreeState):
@@ -72,12 +76,10 @@ class Eviction(TreeState):
 
     def evictable_leaf(self, node: TreeNode) -> bool:
         return (
-            node.parent is not None
-            and node.device_resident
+            node.residency in _MAY_LOSE_DEVICE_COPY
             and node.lock_ref == 0
-            and not node.offloading
-            and node.residency not in BACKING_UP
-            and not any(c.device_resident for c in node.children.values())
+            and node.parent is not None
+            and not any(c.residency in RESIDENT for c in node.children.values())
         )
 
     def evict(self, params: EvictParams) -> EvictResult:

@@ -132,28 +132,43 @@ def select_adopted_pages(
 
     Returns the cut transfer (None when no page is adopted) and `extra` (a tensor
     aligned with the transfer's slots, e.g. the canonical FULL slots) cut the same way.
+    The pages kept are worked out in Python from the (few) ranges; the slots are cut
+    with one slice when the kept pages form one run (the usual case: the whole
+    transfer, returned as it is), else with one gather.
     """
     assert transfer.device_indices is not None
     n_pages = transfer.num_pages
     coverage_start = prefix_len - n_pages * page_size
-    keep = torch.zeros(n_pages, dtype=torch.bool)
+    keep = [False] * n_pages
     for start, end in ranges:
         lo, hi = max(start, coverage_start), min(end, prefix_len)
         if lo >= hi:
             continue
         assert (lo - coverage_start) % page_size == 0 and (hi - coverage_start) % page_size == 0
-        keep[(lo - coverage_start) // page_size : (hi - coverage_start) // page_size] = True
-    if not bool(keep.any()):
+        first, stop = (lo - coverage_start) // page_size, (hi - coverage_start) // page_size
+        keep[first:stop] = [True] * (stop - first)
+    pages = [i for i, kept in enumerate(keep) if kept]
+    if not pages:
         return None, None
-    pages = keep.nonzero().flatten().tolist()
-    slot_mask = keep.repeat_interleave(page_size).to(transfer.device_indices.device)
+    if len(pages) == n_pages:
+        return transfer, extra
+    slots = transfer.device_indices
+    first, last = pages[0], pages[-1]
+    if last - first + 1 == len(pages):  # one run of pages: a slice
+        cut_slots = slots[first * page_size : (last + 1) * page_size]
+        cut_extra = None if extra is None else extra[first * page_size : (last + 1) * page_size]
+    else:
+        index = [i * page_size + o for i in pages for o in range(page_size)]
+        cut_slots = slots[torch.tensor(index, dtype=torch.int64, device=slots.device)]
+        cut_extra = (
+            None
+            if extra is None
+            else extra[torch.tensor(index, dtype=torch.int64, device=extra.device)]
+        )
     cut = PoolTransfer(
-        transfer.name,
-        transfer.device_indices[slot_mask],
-        tuple(transfer.keys[i] for i in pages),
-        transfer.hit_policy,
+        transfer.name, cut_slots, tuple(transfer.keys[i] for i in pages), transfer.hit_policy
     )
-    return cut, None if extra is None else extra[slot_mask.to(extra.device)]
+    return cut, cut_extra
 
 
 class TreeComponent(abc.ABC):

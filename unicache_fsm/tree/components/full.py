@@ -118,10 +118,16 @@ class FullComponent(TreeComponent):
             self.owned.update(self._page_ids(slots) if page_ids is None else page_ids)
 
     def drop_slots(self, node: TreeNode) -> torch.Tensor:
+        return self._drop(node)[0]
+
+    def _drop(self, node: TreeNode) -> tuple[torch.Tensor, list[int] | None]:
+        """`drop_slots`, also returning the dropped pages' ids (None without the books)."""
         slots = node.data.pop(FULL)
-        if self.owned is not None:
-            self.owned.difference_update(self._page_ids(slots))
-        return slots
+        if self.owned is None:
+            return slots, None
+        ids = self._page_ids(slots)
+        self.owned.difference_update(ids)
+        return slots, ids
 
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         start = node.start
@@ -159,8 +165,14 @@ class FullComponent(TreeComponent):
                 tally[kind] = tally.get(kind, 0) + n
 
     def release(self, node: TreeNode) -> int:
-        slots = self.drop_slots(node)
-        self.tree.allocator.free(slots)
+        slots, ids = self._drop(node)
+        allocator = self.tree.allocator
+        if ids is not None and type(allocator) is PagedAllocator:
+            # the ids the ownership books needed anyway: freed by id, checked there
+            # (allocated, named once), without decoding the slot tensor a second time
+            allocator.free_page_list(ids, "a node's FULL pages")
+        else:
+            allocator.free(slots)  # (an SWA allocator frees the mapped SWA pages too)
         return int(slots.numel())
 
     def audit_pool(
