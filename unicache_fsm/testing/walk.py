@@ -95,6 +95,11 @@ class Ints:
     def simplest(self) -> int:
         return self.lo
 
+    def simpler(self, value: int) -> tuple[int, ...]:
+        """Smaller values to try in a shrink, simplest first."""
+        tries = {self.lo, self.lo + (value - self.lo) // 2, value - 1}
+        return tuple(sorted(v for v in tries if self.lo <= v < value))
+
 
 @attrs.frozen
 class Bools:
@@ -108,6 +113,9 @@ class Bools:
 
     def simplest(self) -> bool:
         return False
+
+    def simpler(self, value: bool) -> tuple[bool, ...]:
+        return (False,) if value else ()
 
 
 def _as_tuple(options: Iterable[Any]) -> tuple[Any, ...]:
@@ -128,6 +136,10 @@ class OneOf:
 
     def simplest(self) -> Any:
         return self.options[0]
+
+    def simpler(self, value: Any) -> tuple[Any, ...]:
+        at = self.options.index(value) if value in self.options else 0
+        return tuple(dict.fromkeys(self.options[: min(at, 1)] + self.options[max(0, at - 1) : at]))
 
 
 class _Data:
@@ -458,7 +470,8 @@ def shrink(
 ) -> Program:
     """A shorter, simpler `program` that fails as `error` did (same exception type,
     raised on the same line): chunks of moves deleted, halving the chunk size down to
-    single moves, then each argument set to its domain's simplest value, repeated
+    single moves, then arguments made simpler (a value everywhere at once, then each
+    argument alone: its domain's simplest value, half-way there, one less), repeated
     while that helps, within `max_replays` replays and `seconds`. Returns `program`
     (as it ran) when nothing smaller fails the same way."""
     table = _table(machine)
@@ -504,26 +517,24 @@ def shrink(
         for i, step in enumerate(current.steps):
             domains = table.by_name[step.move].domains
             for k, (name, value) in enumerate(step.args):
-                simple = domains[name].simplest()  # type: ignore[union-attr]
-                if value == simple:
-                    continue
-                args = (*step.args[:k], (name, simple), *step.args[k + 1 :])
-                simpler = [*current.steps]
-                simpler[i] = attrs.evolve(step, args=args)
-                got = attempt(simpler)
-                if got is not None and len(got.steps) == len(current.steps):
-                    current, step, changed = got, simpler[i], True
+                domain = domains[name]
+                assert not isinstance(domain, _Data)
+                for less in domain.simpler(value):
+                    args = (*step.args[:k], (name, less), *step.args[k + 1 :])
+                    simpler = [*current.steps]
+                    simpler[i] = attrs.evolve(step, args=args)
+                    got = attempt(simpler)
+                    if got is not None and len(got.steps) == len(current.steps):
+                        current, step, changed = got, simpler[i], True
+                        break
     return current
 
 
 def _simplest(table: _Table, steps: Sequence[Step], arg: str, value: Any) -> Any:
     """The simplest value of `arg` over every move taking it with `value`, when they all
     agree on it and it differs from `value`; else None."""
-    found = {
-        table.by_name[s.move].domains[arg].simplest()  # type: ignore[union-attr]
-        for s in steps
-        if (arg, value) in s.args
-    }
+    domains = [table.by_name[s.move].domains[arg] for s in steps if (arg, value) in s.args]
+    found = {d.simplest() for d in domains if not isinstance(d, _Data)}
     if len(found) != 1:
         return None
     (simplest,) = found
