@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from planted_bugs import BUGS, Bug
+from unicache_fsm.cli import main
 from unicache_fsm.testing import walk
 from unicache_fsm.testing.walk import DATA, Ints, Program, Step
 
@@ -147,3 +148,23 @@ def test_a_machine_without_moves_is_refused() -> None:
 
     with pytest.raises(TypeError, match="declares no move"):
         walk.fuzz(Empty, seed=0, runs=1)
+
+
+def test_the_fuzz_command_prints_a_replaying_script_on_a_failure(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    greedy = next(b for b in BUGS if b.name == "greedy_commit")
+    greedy.plant(monkeypatch)
+    argv = ["fuzz", "--minutes", "1", "--page-size", "1", "--swa", "off", "--seed", "0"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "COMMIT soundness" in out and "seed 0" in out
+    script = out[out.index("\nfrom unicache_fsm") : out.index("state.teardown()") + 16]
+    assert "COMMIT soundness" in str(_replayed(script))
+
+
+def test_the_fuzz_command_refuses_a_seed_for_hypothesis(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["fuzz", "--minutes", "0.01", "--driver", "hypothesis", "--seed", "1"]) == 2
+    assert "--seed drives the walk" in capsys.readouterr().err

@@ -652,7 +652,7 @@ class WalkFailure(UnicacheFsmError, AssertionError):
         )
         super().__init__(
             f"{type(error).__name__}: {head}\n"
-            f"(run {run} of seed {seed}; {how}; this script replays it:)\n{source}"
+            f"run {run} of seed {seed}, {how}; this script replays it:\n\n{source}"
         )
 
 
