@@ -21,8 +21,11 @@ left them: "stored pages landed" is checked against what the store acknowledged;
 "store chains whole" while only capacity removed pages); the teardown drains
 everything and checks that nothing is left locked or in flight.
 
-Use it as is (``TestSystem = SystemMachine.TestCase``), pin a configuration with the
-class attributes, or put your own store backend in the whole system::
+Its rules are declared with `testing.walk` (`move`, `setup_move`, `check`): Hypothesis
+runs them as usual, and ``walk.fuzz(SystemMachine, seed=...)`` (what ``unicache-fsm
+fuzz`` runs) walks them with choices from a seeded `random.Random`. Use it as is
+(``TestSystem = SystemMachine.TestCase``), pin a configuration with the class
+attributes, or put your own store backend in the whole system::
 
     class MyStoreInSystem(SystemMachine):
         def make_store(self) -> ExternalStore:
