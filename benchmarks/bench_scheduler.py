@@ -189,18 +189,21 @@ def timed(rate: Rate, machine: Any, run: Callable[[], object]) -> None:
 
 
 def fuzz_rates(batches: int) -> tuple[Rate, Rate, Rate]:
-    """The walk, Hypothesis's engine and its floor, `batches` batches each, interleaved
-    batch by batch (a walk batch: as many runs as a Hypothesis batch has programs)."""
+    """The walk, Hypothesis's engine and its floor, `batches` batches each after one
+    uncounted batch each, interleaved batch by batch (a walk batch: as many runs as a
+    Hypothesis batch has programs; walk batch ``b`` walks seed ``b``)."""
     walker = type("FuzzWalk", (SystemMachine,), {})
     hypo = type("FuzzHypothesis", (SystemMachine,), {})
     rates = Rate(), Rate(), Rate()
-    for b in range(batches):
+    warm = Rate(), Rate(), Rate()  # one batch each first, not counted (one-off costs)
+    for b in range(-1, batches):
         walk_batch = functools.partial(
             walk.fuzz, walker, seed=b, runs=FUZZ_EXAMPLES, steps=FUZZ_STEPS
         )
-        timed(rates[0], walker, walk_batch)
-        timed(rates[1], hypo, lambda: run_state_machine_as_test(hypo, settings=FUZZ_BATCH))
-        timed(rates[2], _Floor, lambda: run_state_machine_as_test(_Floor, settings=FUZZ_BATCH))
+        into = warm if b < 0 else rates
+        timed(into[0], walker, walk_batch)
+        timed(into[1], hypo, lambda: run_state_machine_as_test(hypo, settings=FUZZ_BATCH))
+        timed(into[2], _Floor, lambda: run_state_machine_as_test(_Floor, settings=FUZZ_BATCH))
     return rates
 
 

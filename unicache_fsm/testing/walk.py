@@ -37,6 +37,7 @@ import inspect
 import random
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
@@ -73,7 +74,8 @@ __all__ = [
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-_LITERALS = (type(None), bool, int, float, str)
+_NUMBERS = (type(None), bool, int, float)
+_LITERALS = (*_NUMBERS, str)
 
 
 # -- argument domains ----------------------------------------------------------------------
@@ -168,11 +170,15 @@ class Choices(Protocol):
 
 
 def _literal(options: Sequence[Any]) -> bool:
-    return all(type(o) in _LITERALS for o in options)
+    """Whether a choice among `options` is recorded as the value itself: numbers,
+    booleans and None (a configuration reads better so, and pins it in a replay);
+    anything else (names such as request ids, which shift when a shrink deletes the move
+    that made them; objects) by its index."""
+    return all(type(o) in _NUMBERS for o in options)
 
 
 class _Recorder:
-    """Choices drawn from `rng`, recorded: a literal option as itself, any other as its
+    """Choices drawn from `rng`, recorded: a number (or None) as itself, any other as its
     index (a tree node is named by its place in the list the body offers)."""
 
     def __init__(self, rng: random.Random) -> None:
@@ -192,8 +198,9 @@ class _Recorder:
 
 class Replayed:
     """Choices replayed from a recording (what a reproduction passes as ``data``): a
-    literal option comes back as recorded, any other by its index; past the recording,
-    or out of range (in a shrunk program), the first option, the lowest integer."""
+    number (or None) comes back as recorded, any other option by its index; past the
+    recording, or out of range (in a shrunk program), the first option, the lowest
+    integer."""
 
     def __init__(self, *made: Any) -> None:
         self.made = made
@@ -301,7 +308,7 @@ class _Table:
     by_name: dict[str, _MoveSpec]
 
 
-_TABLES: dict[type, _Table] = {}
+_TABLES: weakref.WeakKeyDictionary[type, _Table] = weakref.WeakKeyDictionary()
 
 
 def _table(machine: type) -> _Table:
