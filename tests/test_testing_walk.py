@@ -168,3 +168,15 @@ def test_the_fuzz_command_refuses_a_seed_for_hypothesis(
 ) -> None:
     assert main(["fuzz", "--minutes", "0.01", "--driver", "hypothesis", "--seed", "1"]) == 2
     assert "--seed drives the walk" in capsys.readouterr().err
+
+
+def test_bad_domains_are_refused_naming_the_culprit() -> None:
+    with pytest.raises(TypeError, match="argument 'n' has domain 3"):
+
+        @walk.move(n=3)  # type: ignore[arg-type]
+        def bad(self: Any, n: int) -> None: ...
+
+    with pytest.raises(ValueError, match=r"Ints\(5, 1\)"):
+        Ints(5, 1)
+    with pytest.raises(ValueError, match="no options"):
+        walk.OneOf(())

@@ -88,6 +88,11 @@ class Ints:
     lo: int
     hi: int
 
+    def __attrs_post_init__(self) -> None:
+        if not self.lo <= self.hi:
+            msg = f"Ints({self.lo}, {self.hi}): the lowest value is above the highest"
+            raise ValueError(msg)
+
     def strategy(self) -> st.SearchStrategy[int]:
         return st.integers(self.lo, self.hi)
 
@@ -129,6 +134,11 @@ class OneOf:
     """One of `options` (literals: they are printed in a reproduction)."""
 
     options: tuple[Any, ...] = attrs.field(converter=_as_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.options:
+            msg = "OneOf(): no options to choose from"
+            raise ValueError(msg)
 
     def strategy(self) -> st.SearchStrategy[Any]:
         return st.sampled_from(self.options)
@@ -266,6 +276,14 @@ class _MoveSpec:
 
 def _mark(kind: str, when: Callable[[Any], bool] | None, domains: dict[str, Domain]) -> Any:
     def accept(fn: F) -> F:
+        for name, d in domains.items():
+            given: object = d  # typed as a domain; checked, since callers may pass anything
+            if not isinstance(given, (Ints, Bools, OneOf, _Data)):
+                msg = (
+                    f"{fn.__name__}: argument {name!r} has domain {d!r}; "
+                    "use Ints, Bools, OneOf or DATA"
+                )
+                raise TypeError(msg)
         strategies: dict[str, st.SearchStrategy[Any]] = {
             name: d.strategy() for name, d in domains.items()
         }
