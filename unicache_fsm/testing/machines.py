@@ -36,8 +36,9 @@ attributes, or put your own store backend in the whole system::
 Class attributes: `page_sizes`, `swa_choices`, `fault_rates`, `store_capacities` (each
 run draws one of each), `fault_kinds` (the kinds injected at the drawn rate; every one
 by default, `RAISE_ERROR` and `GARBAGE_ANSWER` at half of it), `host_pages` (0 turns
-the host tier off). Every transition any run takes is
-counted in the class's `coverage` (a `TransitionCounter`), for coverage reports.
+the host tier off); `walk_config` names those a walk's reproduction pins. Every
+transition any run takes is counted in the class's `coverage` (a `TransitionCounter`),
+for coverage reports.
 """
 
 from __future__ import annotations
