@@ -238,16 +238,19 @@ class Replayed:
 
 
 def choose(data: Any, options: Sequence[T], label: str | None = None) -> T:
-    """One of `options` (a non-empty sequence), from Hypothesis's data or the walk's."""
-    if isinstance(data, (_Recorder, Replayed)):
-        return data.pick(options)
+    """One of `options` (a non-empty sequence), from Hypothesis's data or the walk's
+    (any `Choices`)."""
+    pick = getattr(data, "pick", None)
+    if pick is not None:
+        return pick(options)  # type: ignore[no-any-return]
     return data.draw(st.sampled_from(options), label=label)  # type: ignore[no-any-return]
 
 
 def choose_int(data: Any, lo: int, hi: int, label: str | None = None) -> int:
-    """An integer in ``[lo, hi]``, from Hypothesis's data or the walk's."""
-    if isinstance(data, (_Recorder, Replayed)):
-        return data.pick_int(lo, hi)
+    """An integer in ``[lo, hi]``, from Hypothesis's data or the walk's (any `Choices`)."""
+    pick_int = getattr(data, "pick_int", None)
+    if pick_int is not None:
+        return pick_int(lo, hi)  # type: ignore[no-any-return]
     return data.draw(st.integers(lo, hi), label=label)  # type: ignore[no-any-return]
 
 
