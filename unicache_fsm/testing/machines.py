@@ -72,6 +72,7 @@ from unicache_fsm.testing.walk import (
     choose,
     choose_bool,
     choose_int,
+    choose_some,
     move,
     setup_move,
 )
@@ -414,7 +415,7 @@ class SystemMachine(RuleBasedStateMachine):
             return
         node = choose(data, sorted(nodes, key=lambda n: n.id))
         assert node.hashes is not None
-        lost = [choose(data, node.hashes) for _ in range(choose_int(data, 1, 2))]
+        lost = choose_some(data, node.hashes, 1, 2)
         pool = choose(data, [PoolName.KV, PoolName.SWA] if self.sys.swa else [PoolName.KV])
         self.sys.store.evict(lost, pool)
         self.punched()

@@ -16,8 +16,9 @@ Declaring a machine's rules once, for both drivers:
   with each argument's domain: `Ints(lo, hi)`, `Bools()`, `OneOf(options)`, or `DATA`
   (choices made inside the body: Hypothesis's ``st.data()``; in the walk a `Choices`);
 - `setup_move(**domains)` — ``initialize`` likewise; `check()` — ``invariant``;
-- inside a body, `choose(data, options)`, `choose_int(data, lo, hi)` and
-  `choose_bool(data)` draw from whichever driver runs it.
+- inside a body, `choose(data, options)`, `choose_int(data, lo, hi)`,
+  `choose_bool(data)` and `choose_some(data, options, lo, hi)` draw from whichever
+  driver runs it (under Hypothesis, with the strategies their names say).
 
 The walk picks uniformly among the enabled moves whose `when` holds, after disabling
 a random share of the moves for the whole run (swarm testing, as Hypothesis's stateful
@@ -62,6 +63,7 @@ __all__ = [
     "choose",
     "choose_bool",
     "choose_int",
+    "choose_some",
     "fuzz",
     "move",
     "reproduction",
@@ -255,8 +257,23 @@ def choose_int(data: Any, lo: int, hi: int, label: str | None = None) -> int:
 
 
 def choose_bool(data: Any, label: str | None = None) -> bool:
-    """True or False, from Hypothesis's data or the walk's."""
-    return choose(data, (False, True), label)
+    """True or False, from Hypothesis's data (``st.booleans()``) or the walk's."""
+    pick = getattr(data, "pick", None)
+    if pick is not None:
+        return pick((False, True))  # type: ignore[no-any-return]
+    return data.draw(st.booleans(), label=label)  # type: ignore[no-any-return]
+
+
+def choose_some(
+    data: Any, options: Sequence[T], min_size: int, max_size: int, label: str | None = None
+) -> list[T]:
+    """`min_size` to `max_size` picks from `options` (repeats allowed), from Hypothesis's
+    data (``st.lists(st.sampled_from(options), ...)``) or the walk's."""
+    pick = getattr(data, "pick", None)
+    if pick is not None:
+        return [pick(options) for _ in range(choose_int(data, min_size, max_size))]
+    strategy = st.lists(st.sampled_from(options), min_size=min_size, max_size=max_size)
+    return data.draw(strategy, label=label)  # type: ignore[no-any-return]
 
 
 # -- declaring moves -----------------------------------------------------------------------
