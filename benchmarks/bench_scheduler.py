@@ -13,8 +13,11 @@ per-step audits and KV verification off (they are tests, not serving work). Prin
   KV-verified): requests/s by wall time and by this process's CPU time (on shared
   cores the CPU figure is the steadier one), target 1,000;
 - ``fuzz`` at its defaults (the whole-system `SystemMachine`, every invariant after
-  every step): rule steps/s, target 2,000, beside the floor Hypothesis itself sets: the
-  same number of rules with the same kinds of arguments and bodies that do nothing.
+  every step), by both drivers, interleaved batch by batch: the random walk that
+  ``fuzz`` runs by default (`testing.walk`, runs of 50 steps), target 2,000 rule
+  steps/s, and Hypothesis's stateful engine (``fuzz --driver hypothesis``: batches of
+  25 programs of 50 steps), beside the floor Hypothesis itself sets: the same number of
+  rules with the same kinds of arguments and bodies that do nothing.
 
 Run: ``python benchmarks/bench_scheduler.py [--quick]``.
 """
@@ -22,10 +25,13 @@ Run: ``python benchmarks/bench_scheduler.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
+import attrs
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -38,13 +44,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from unicache_fsm.cli import FUZZ_EXAMPLES, FUZZ_STEPS
 from unicache_fsm.console import print_table
 from unicache_fsm.scheduler import SimConfig, SimReport, Simulation
+from unicache_fsm.testing import walk
 from unicache_fsm.testing.machines import SystemMachine
 from unicache_fsm.tree.residency import ExecutorKind
 
-#: the settings `unicache-fsm fuzz` runs its batches with
-FUZZ_BATCH = settings(max_examples=25, stateful_step_count=50, deadline=None, database=None)
+#: the settings `unicache-fsm fuzz --driver hypothesis` runs its batches with
+FUZZ_BATCH = settings(
+    max_examples=FUZZ_EXAMPLES, stateful_step_count=FUZZ_STEPS, deadline=None, database=None
+)
 
 
 def run_once(requests: int, executor: ExecutorKind) -> SimReport:
@@ -152,14 +162,49 @@ class _Floor(RuleBasedStateMachine):
         type(self).steps += 1
 
 
-def fuzz_rate(machine: Any, batches: int) -> tuple[float, float, int]:
-    """(steps per CPU second, per wall second, steps) of `batches` fuzz batches."""
+@attrs.define
+class Rate:
+    """Rule steps run, and the wall and CPU seconds they took."""
+
+    steps: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    def line(self) -> str:
+        return (
+            f"{self.steps / self.wall:.0f} steps/s by wall time, "
+            f"{self.steps / self.cpu:.0f} by CPU time"
+        )
+
+
+def timed(rate: Rate, machine: Any, run: Callable[[], object]) -> None:
+    """Run one batch, adding the rule steps it ran and the time it took to `rate`."""
     machine.steps = 0
+    gc.collect()
     c0, t0 = time.process_time(), time.perf_counter()
-    for _ in range(batches):
-        run_state_machine_as_test(machine, settings=FUZZ_BATCH)
-    cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-    return machine.steps / cpu, machine.steps / wall, machine.steps
+    run()
+    rate.cpu += time.process_time() - c0
+    rate.wall += time.perf_counter() - t0
+    rate.steps += machine.steps
+
+
+def fuzz_rates(batches: int) -> tuple[Rate, Rate, Rate]:
+    """The walk, Hypothesis's engine and its floor, `batches` batches each after one
+    uncounted batch each, interleaved batch by batch (a walk batch: as many runs as a
+    Hypothesis batch has programs; walk batch ``b`` walks seed ``b``)."""
+    walker = type("FuzzWalk", (SystemMachine,), {})
+    hypo = type("FuzzHypothesis", (SystemMachine,), {})
+    rates = Rate(), Rate(), Rate()
+    warm = Rate(), Rate(), Rate()  # one batch each first, not counted (one-off costs)
+    for b in range(-1, batches):
+        walk_batch = functools.partial(
+            walk.fuzz, walker, seed=b, runs=FUZZ_EXAMPLES, steps=FUZZ_STEPS
+        )
+        into = warm if b < 0 else rates
+        timed(into[0], walker, walk_batch)
+        timed(into[1], hypo, lambda: run_state_machine_as_test(hypo, settings=FUZZ_BATCH))
+        timed(into[2], _Floor, lambda: run_state_machine_as_test(_Floor, settings=FUZZ_BATCH))
+    return rates
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,17 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{served / wall:.0f} req/s by wall time, {served / cpu:.0f} by CPU time "
         f"(target >= 1,000: {verdict})"
     )
-    batches = 1 if args.quick else 4
-    fuzz_machine = type("Fuzz", (SystemMachine,), {})
-    per_cpu, per_wall, steps = fuzz_rate(fuzz_machine, batches)
-    floor_cpu, floor_wall, _ = fuzz_rate(_Floor, batches)
-    verdict = "met" if per_wall >= 2000 else "MISSED"
+    walked, engine, floor = fuzz_rates(1 if args.quick else 4)
+    verdict = "met" if walked.steps / walked.wall >= 2000 else "MISSED"
     print(
-        f"fuzz at defaults ({steps} rule steps, every invariant after each): {per_wall:.0f} "
-        f"steps/s by wall time, {per_cpu:.0f} by CPU time (target >= 2,000: {verdict}); "
-        f"Hypothesis alone, bodies that do nothing: {floor_wall:.0f} by wall, "
-        f"{floor_cpu:.0f} by CPU"
+        f"fuzz at defaults, the walk ({walked.steps} rule steps, every invariant after "
+        f"each): {walked.line()} (target >= 2,000: {verdict})"
     )
+    print(f"fuzz --driver hypothesis ({engine.steps} rule steps): {engine.line()}")
+    print(f"Hypothesis alone, bodies that do nothing ({floor.steps} steps): {floor.line()}")
     return 0
 
 

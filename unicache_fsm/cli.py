@@ -27,9 +27,13 @@ its arguments, a function that runs it, and one entry in the table):
   bundled specs and those given; exit 1 with the first illegal step and its context,
   2 when the trace cannot be read (not JSON lines, a malformed record, a machine
   with no spec).
-- ``fuzz --minutes M [--coverage F]`` — run the whole-system Hypothesis machine for M
-  minutes; a summary of steps, steps/s and transition coverage; exit 1 on a failure
-  (after Hypothesis printed the falsifying program).
+- ``fuzz --minutes M [--driver walk|hypothesis] [--seed S] [--coverage F]`` — fuzz the
+  whole system (`SystemMachine`, every invariant after every step) for M minutes: by
+  default a seeded random walk through its rules (`testing.walk`, runs of 50 steps),
+  or Hypothesis's stateful engine (batches of 25 programs of 50 steps); a summary of
+  runs, steps, steps/s and transition coverage; exit 1 on a failure, after printing
+  the shrunk program as a Python script that replays it (the walk) or Hypothesis's
+  falsifying program.
 - ``explore [--pages N] [--requests R] [--page-size P] [--swa-window W] [--faults F]
   [--unpinned] [--corrupt] [--store-pages S] [--depth D] [--minutes M] [--workers J]
   [--coverage F] [--test-out F]`` — breadth-first
@@ -521,19 +525,33 @@ def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="write the transitions taken (for diagram --coverage)",
     )
+    p.add_argument(
+        "--driver",
+        choices=["walk", "hypothesis"],
+        default="walk",
+        help="a seeded random walk through the rules (default), or Hypothesis's engine",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="the walk's seed (default: a random one, printed)",
+    )
 
 
 def _run_fuzz(args: argparse.Namespace) -> int:
+    import random
     import time
-
-    from hypothesis import settings
-    from hypothesis.stateful import run_state_machine_as_test
 
     from unicache_fsm.console import progress
     from unicache_fsm.testing.machines import SystemMachine
 
     if args.minutes <= 0:
         msg = f"--minutes must be positive, got {args.minutes}"
+        raise CliError(msg)
+    if args.seed is not None and args.driver != "walk":
+        msg = "--seed drives the walk; Hypothesis chooses its own programs (--driver walk)"
         raise CliError(msg)
     if args.coverage is not None:  # before the campaign, not after it
         folder = Path(args.coverage).parent
@@ -545,20 +563,20 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     machine: type[SystemMachine] = type(
         "Fuzz", (SystemMachine,), {"page_sizes": pages, "swa_choices": swa}
     )
-    batch = settings(max_examples=25, stateful_step_count=50, deadline=None, database=None)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     total = args.minutes * 60.0
     start = time.perf_counter()
-    examples = 0
-    failure: BaseException | None = None
     with progress("fuzzing (seconds)", int(total)) as advance:
-        while time.perf_counter() - start < total:
-            try:
-                run_state_machine_as_test(machine, settings=batch)
-            except Exception as exc:  # the kit found a bug: Hypothesis printed the program
-                failure = exc
-                break
-            examples += 25
+
+        def tick(_done: int) -> None:
             advance(int(min(time.perf_counter() - start, total)), int(total))
+
+        if args.driver == "walk":
+            runs, failure = _fuzz_walk(machine, seed, total, tick)
+            what = f"runs           {runs} of up to {FUZZ_STEPS} steps (seed {seed}"
+        else:
+            runs, failure = _fuzz_hypothesis(machine, start, total, tick)
+            what = f"examples       {runs} (Hypothesis's engine"
         advance(int(total), int(total))
     elapsed = time.perf_counter() - start
     cov = Coverage.from_counter(machine.coverage)
@@ -570,15 +588,62 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     if args.coverage is not None:
         cov.save(args.coverage)
     print(
-        f"examples       {examples} ({machine.steps} rule steps, "
-        f"{machine.steps / elapsed:.0f} steps/s, {elapsed:.0f} s)"
+        f"{what}; {machine.steps} rule steps, {machine.steps / elapsed:.0f} steps/s, "
+        f"{elapsed:.0f} s)"
     )
     print(f"coverage       {arrows - missing}/{arrows} declared transitions taken")
     if failure is not None:
-        print(f"FAILED         {type(failure).__name__}: {str(failure).splitlines()[0]}")
+        print(f"FAILED         {failure}")
         return EXIT_CHECK_FAILED
     print("result         no invariant broken")
     return EXIT_OK
+
+
+#: steps per run (walk) or per program (Hypothesis) of `fuzz`; Hypothesis's batches
+FUZZ_STEPS = 50
+FUZZ_EXAMPLES = 25
+
+
+def _fuzz_walk(
+    machine: type, seed: int, seconds: float, tick: Callable[[int], None]
+) -> tuple[int, str | None]:
+    """Runs done, and on a failure its text (the error, then the replaying script)."""
+    from unicache_fsm.testing import walk
+
+    done = [0]
+
+    def counted(runs: int) -> None:
+        done[0] = runs
+        tick(runs)
+
+    try:
+        walk.fuzz(machine, seed=seed, seconds=seconds, steps=FUZZ_STEPS, on_run=counted)
+    except walk.WalkFailure as failure:
+        return done[0], str(failure)
+    return done[0], None
+
+
+def _fuzz_hypothesis(
+    machine: type, start: float, seconds: float, tick: Callable[[int], None]
+) -> tuple[int, str | None]:
+    """Examples run, and on a failure its first line (Hypothesis printed the program)."""
+    import time
+
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    batch = settings(
+        max_examples=FUZZ_EXAMPLES, stateful_step_count=FUZZ_STEPS, deadline=None, database=None
+    )
+    examples = 0
+    while time.perf_counter() - start < seconds:
+        try:
+            run_state_machine_as_test(machine, settings=batch)
+        except Exception as exc:  # the kit found a bug: Hypothesis printed the program
+            return examples, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        examples += FUZZ_EXAMPLES
+        tick(examples)
+    return examples, None
 
 
 # -- explore ----------------------------------------------------------------------------

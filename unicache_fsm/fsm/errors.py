@@ -75,6 +75,7 @@ UnicacheFsmError (unicache_fsm.fsm.errors)
   UnknownBatchError (unicache_fsm.integrations.errors)
   UnknownStateError (unicache_fsm.fsm.errors)
   UnknownWorkloadError (unicache_fsm.scheduler.workloads)
+  WalkFailure (unicache_fsm.testing.walk)
 ```
 """
 

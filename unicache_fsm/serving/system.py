@@ -561,17 +561,17 @@ class System:
         if self.check_stored:
             inv.stored_pages_present(tree, self.store)
         if self.check_chains:
-            inv.store_chains_whole(
-                tree, self._held_now(), stale=self._stale, restored=self._restored_links
-            )
-            # pages seen missing under a node still marked stored: a later re-store of a
-            # page after them (a link page) is no hole made by capacity eviction
+            held = self._held_now()
+            inv.store_chains_whole(tree, held, stale=self._stale, restored=self._restored_links)
+            # pages seen missing (in the same view of the store) under a node still marked
+            # stored: a later re-store of a page after them (a link page) is no hole made
+            # by capacity eviction
             self._stale |= {
                 h
                 for n in tree.nodes()
                 if n.external_cache_stored
                 for h in (n.hashes or ())
-                if not self.store.contains(PoolName.KV, h)
+                if not held(PoolName.KV, h)
             }
         check = getattr(self.backend, "check_invariants", None)
         if callable(check):

@@ -9,6 +9,9 @@
   ``unicache-fsm simulate`` runs, re-exported with `kv_bytes` and `Request`.
 - `machines` — `SystemMachine`: the whole system under random operation; subclass it
   with `make_store()` to put your backend in the loop.
+- `walk` — a seeded random-walk driver for those machines (what ``unicache-fsm fuzz``
+  runs): the same rules without Hypothesis's cost per step, a shrunk program printed
+  as a replaying Python script on a failure (`walk.fuzz`, `walk.WalkFailure`).
 - `store_machine` — `StoreMachine`: a store backend alone against a truth model;
   subclass it with `make_store()`.
 - `ranks` — the rank-agreement property (sparse restorable sets, MIN verdicts).

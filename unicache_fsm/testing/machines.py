@@ -21,8 +21,11 @@ left them: "stored pages landed" is checked against what the store acknowledged;
 "store chains whole" while only capacity removed pages); the teardown drains
 everything and checks that nothing is left locked or in flight.
 
-Use it as is (``TestSystem = SystemMachine.TestCase``), pin a configuration with the
-class attributes, or put your own store backend in the whole system::
+Its rules are declared with `testing.walk` (`move`, `setup_move`, `check`): Hypothesis
+runs them as usual, and ``walk.fuzz(SystemMachine, seed=...)`` (what ``unicache-fsm
+fuzz`` runs) walks them with choices from a seeded `random.Random`. Use it as is
+(``TestSystem = SystemMachine.TestCase``), pin a configuration with the class
+attributes, or put your own store backend in the whole system::
 
     class MyStoreInSystem(SystemMachine):
         def make_store(self) -> ExternalStore:
@@ -33,8 +36,9 @@ class attributes, or put your own store backend in the whole system::
 Class attributes: `page_sizes`, `swa_choices`, `fault_rates`, `store_capacities` (each
 run draws one of each), `fault_kinds` (the kinds injected at the drawn rate; every one
 by default, `RAISE_ERROR` and `GARBAGE_ANSWER` at half of it), `host_pages` (0 turns
-the host tier off). Every transition any run takes is
-counted in the class's `coverage` (a `TransitionCounter`), for coverage reports.
+the host tier off); `walk_config` names those a walk's reproduction pins. Every
+transition any run takes is counted in the class's `coverage` (a `TransitionCounter`),
+for coverage reports.
 """
 
 from __future__ import annotations
@@ -43,14 +47,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
-from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine
 
 from unicache_fsm.fsm.errors import GuardRejectedError, IllegalTransitionError
 from unicache_fsm.fsm.executor import Executor
@@ -66,6 +63,19 @@ from unicache_fsm.store import jobs
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.testing.walk import (
+    DATA,
+    Bools,
+    Ints,
+    OneOf,
+    check,
+    choose,
+    choose_bool,
+    choose_int,
+    choose_some,
+    move,
+    setup_move,
+)
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import EvictParams
 
@@ -75,6 +85,30 @@ DOCS = 3
 MAX_PAGES = 8
 MAX_OPEN = 3
 HUGE_TOKENS = 10**9
+
+
+def _live(m: SystemMachine) -> bool:
+    return m.s is not None
+
+
+def _room(m: SystemMachine) -> bool:
+    return m.s is not None and len(m.open) < MAX_OPEN
+
+
+def _any_open(m: SystemMachine) -> bool:
+    return bool(m.open)
+
+
+def _any_load(m: SystemMachine) -> bool:
+    return m.s is not None and bool(m.s.linker.loads)
+
+
+def _memory_store(m: SystemMachine) -> bool:
+    return m.s is not None and isinstance(m.s.backend, MemoryStore)
+
+
+def _host(m: SystemMachine) -> bool:
+    return m.s is not None and type(m).host_pages > 0
 
 
 class _NoopHandler:
@@ -104,6 +138,15 @@ class SystemMachine(RuleBasedStateMachine):
     host_pages: ClassVar[int] = 12
     store_capacities: ClassVar[tuple[int | None, ...]] = (None, 24, 6)
     fault_kinds: ClassVar[tuple[FaultKind, ...]] = tuple(FaultKind)  # injected at the rate
+    # the configuration a walk's reproduction pins (`testing.walk.reproduction`)
+    walk_config: ClassVar[tuple[str, ...]] = (
+        "page_sizes",
+        "swa_choices",
+        "fault_rates",
+        "host_pages",
+        "store_capacities",
+        "fault_kinds",
+    )
     coverage: ClassVar[TransitionCounter] = TransitionCounter()
     steps: ClassVar[int] = 0  # rule steps run by this class (each one audited)
 
@@ -130,14 +173,14 @@ class SystemMachine(RuleBasedStateMachine):
         return None
 
     # -- setup -----------------------------------------------------------------------
-    @initialize(data=st.data())
-    def setup(self, data: st.DataObject) -> None:
+    @setup_move(data=DATA)
+    def setup(self, data: Any) -> None:
         cls = type(self)
-        p = data.draw(st.sampled_from(cls.page_sizes), label="page_size")
-        swa = data.draw(st.sampled_from(cls.swa_choices), label="swa")
-        rate = data.draw(st.sampled_from(cls.fault_rates), label="fault_rate")
-        seed = data.draw(st.integers(0, 2**16), label="seed")
-        capacity = data.draw(st.sampled_from(cls.store_capacities), label="capacity_pages")
+        p = choose(data, cls.page_sizes, "page_size")
+        swa = choose(data, cls.swa_choices, "swa")
+        rate = choose(data, cls.fault_rates, "fault_rate")
+        seed = choose_int(data, 0, 2**16, "seed")
+        capacity = choose(data, cls.store_capacities, "capacity_pages")
         wild = (FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER)  # every call: rarer
         rules = (
             {k: FaultRule(probability=rate / 2 if k in wild else rate) for k in cls.fault_kinds}
@@ -205,12 +248,12 @@ class SystemMachine(RuleBasedStateMachine):
         return sorted((n for n in self.sys.tree.nodes() if pick(n)), key=lambda n: n.id)
 
     # -- requests --------------------------------------------------------------------
-    @precondition(lambda self: self.s is not None)
-    @rule(
-        doc=st.integers(0, DOCS - 1),
-        pages=st.integers(1, MAX_PAGES),
-        settle=st.booleans(),
-        from_scratch=st.booleans(),
+    @move(
+        when=_live,
+        doc=Ints(0, DOCS - 1),
+        pages=Ints(1, MAX_PAGES),
+        settle=Bools(),
+        from_scratch=Bools(),
     )
     def compute(self, doc: int, pages: int, settle: bool, from_scratch: bool) -> None:
         """A request computes a prefix (from its device prefix, or from scratch: its
@@ -219,13 +262,13 @@ class SystemMachine(RuleBasedStateMachine):
         self.sys.compute(self.rid("c"), key, settle=settle, from_scratch=from_scratch)
         self.after_store_call()
 
-    @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
-    @rule(
-        doc=st.integers(0, DOCS - 1),
-        pages=st.integers(1, MAX_PAGES),
-        extra=st.integers(0, 3),
-        prepare=st.booleans(),
-        pin=st.booleans(),
+    @move(
+        when=_room,
+        doc=Ints(0, DOCS - 1),
+        pages=Ints(1, MAX_PAGES),
+        extra=Ints(0, 3),
+        prepare=Bools(),
+        pin=Bools(),
     )
     def begin(self, doc: int, pages: int, extra: int, prepare: bool, pin: bool) -> None:
         """LOOKUP (and, with `prepare`, LOAD + PREPARE a hit) for a new request; without
@@ -235,12 +278,12 @@ class SystemMachine(RuleBasedStateMachine):
         self.open[rid] = self.sys.begin(rid, key, load=prepare, lock=pin)
         self.after_store_call()
 
-    @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
-    @rule(
-        doc=st.integers(0, DOCS - 1),
-        pages=st.integers(2, MAX_PAGES),
-        tail=st.integers(1, 3),
-        meddle=st.sampled_from(["reload", "refill", "evict_swa", "evict", "nothing"]),
+    @move(
+        when=_room,
+        doc=Ints(0, DOCS - 1),
+        pages=Ints(2, MAX_PAGES),
+        tail=Ints(1, 3),
+        meddle=OneOf(("reload", "refill", "evict_swa", "evict", "nothing")),
     )
     def gap(self, doc: int, pages: int, tail: int, meddle: str) -> None:
         """The match -> load_back gap, unpinned: a prefix on the device with its tail in
@@ -277,9 +320,8 @@ class SystemMachine(RuleBasedStateMachine):
                 s.poison_reserved(req.load)
         self.after_store_call()
 
-    @precondition(lambda self: bool(self.open))
-    @rule(data=st.data())
-    def prepare(self, data: st.DataObject) -> None:
+    @move(when=_any_open, data=DATA)
+    def prepare(self, data: Any) -> None:
         """LOAD + PREPARE a request's idle load, after whatever ran since its match."""
         idle = sorted(
             rid
@@ -287,24 +329,22 @@ class SystemMachine(RuleBasedStateMachine):
             if req.load is not None and req.load.state == LoadState.IDLE
         )
         if idle:
-            req = self.open[data.draw(st.sampled_from(idle))]
+            req = self.open[choose(data, idle)]
             assert req.load is not None
             req.prepared = self.sys.linker.load_back(req.load)
             if req.prepared:
                 self.sys.poison_reserved(req.load)
 
-    @precondition(lambda self: self.s is not None)
-    @rule(data=st.data())
-    def verify(self, data: st.DataObject) -> None:
+    @move(when=_live, data=DATA)
+    def verify(self, data: Any) -> None:
         """LOOKUP a stored path (faults on): demote what the store lost."""
         stored = sorted(self.sys.stored_nodes(), key=lambda n: n.id)
         if stored:
-            self.sys.linker.verify_stored(data.draw(st.sampled_from(stored)))
+            self.sys.linker.verify_stored(choose(data, stored))
             self.after_store_call()
 
-    @precondition(lambda self: self.s is not None and isinstance(self.s.backend, MemoryStore))
-    @rule(data=st.data())
-    def corrupt_store_page(self, data: st.DataObject) -> None:
+    @move(when=_memory_store, data=DATA)
+    def corrupt_store_page(self, data: Any) -> None:
         """Flip bytes of a page the memory store holds (a bad disk, a bad copy)."""
         s = self.sys
         held = sorted(
@@ -315,13 +355,12 @@ class SystemMachine(RuleBasedStateMachine):
             if s.memory.contains(pool, h)
         )
         if held:
-            pool, key = data.draw(st.sampled_from(held))
+            pool, key = choose(data, held)
             view = s.memory.stored_bytes(pool, key)
             assert view is not None
             view[:8] ^= 0xFF
 
-    @precondition(lambda self: self.s is not None and len(self.open) < MAX_OPEN)
-    @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES))
+    @move(when=_room, doc=Ints(0, DOCS - 1), pages=Ints(1, MAX_PAGES))
     def revisit(self, doc: int, pages: int) -> None:
         """A prefix is computed and offloaded, memory pressure evicts it, and a new
         request for it finds it in the store: the path every external load takes."""
@@ -332,14 +371,12 @@ class SystemMachine(RuleBasedStateMachine):
         self.open[rid] = s.begin(rid, self.key(doc, pages, 1))
         self.after_store_call()
 
-    @precondition(lambda self: self.s is not None)
-    @rule()
+    @move(when=_live)
     def start_only(self) -> None:
         """Start the queued loads and stop there (a reset may now meet a started batch)."""
         self.sys.linker.start_loading()
 
-    @precondition(lambda self: self.s is not None)
-    @rule()
+    @move(when=_live)
     def step(self) -> None:
         s = self.sys
         s.linker.start_loading()
@@ -348,10 +385,9 @@ class SystemMachine(RuleBasedStateMachine):
         s.linker.poll_offloads()
         self.after_store_call()
 
-    @precondition(lambda self: bool(self.open))
-    @rule(data=st.data())
-    def complete(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.open)))
+    @move(when=_any_open, data=DATA)
+    def complete(self, data: Any) -> None:
+        rid = choose(data, sorted(self.open))
         req = self.open[rid]
         if req.load is not None and req.load.in_flight and req.load.awaited:
             return  # a later step ends it
@@ -361,88 +397,75 @@ class SystemMachine(RuleBasedStateMachine):
         assert same_kv(self.sys.full_bytes(req.slots), kv_bytes(self.sys.aligned(req.key), 0))
         self.after_store_call()
 
-    @precondition(lambda self: bool(self.open))
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(sorted(self.open)))
+    @move(when=_any_open, data=DATA)
+    def release(self, data: Any) -> None:
+        rid = choose(data, sorted(self.open))
         self.sys.linker.release_request(rid)
 
     # -- memory pressure and the store losing pages ------------------------------------
-    @precondition(lambda self: self.s is not None)
-    @rule(pages=st.integers(1, 2 * MAX_PAGES), swa_pages=st.integers(0, MAX_PAGES))
+    @move(when=_live, pages=Ints(1, 2 * MAX_PAGES), swa_pages=Ints(0, MAX_PAGES))
     def evict_tree(self, pages: int, swa_pages: int) -> None:
         p = self.sys.page_size
         self.sys.tree.evict(EvictParams(num_tokens=pages * p, swa_num_tokens=swa_pages * p))
 
-    @precondition(lambda self: self.s is not None)
-    @rule(data=st.data())
-    def evict_store(self, data: st.DataObject) -> None:
+    @move(when=_live, data=DATA)
+    def evict_store(self, data: Any) -> None:
         nodes = [n for n in self.sys.tree.nodes() if n.hashes]
         if not nodes:
             return
-        node = data.draw(st.sampled_from(sorted(nodes, key=lambda n: n.id)))
+        node = choose(data, sorted(nodes, key=lambda n: n.id))
         assert node.hashes is not None
-        lost = data.draw(st.lists(st.sampled_from(node.hashes), min_size=1, max_size=2))
-        pool = data.draw(
-            st.sampled_from([PoolName.KV, PoolName.SWA] if self.sys.swa else [PoolName.KV])
-        )
+        lost = choose_some(data, node.hashes, 1, 2)
+        pool = choose(data, [PoolName.KV, PoolName.SWA] if self.sys.swa else [PoolName.KV])
         self.sys.store.evict(lost, pool)
         self.punched()
 
-    @precondition(lambda self: self.s is not None and bool(self.s.linker.loads))
-    @rule(data=st.data())
-    def lose_loading_page(self, data: st.DataObject) -> None:
+    @move(when=_any_load, data=DATA)
+    def lose_loading_page(self, data: Any) -> None:
         """The store loses a page a queued or started load is about to read."""
         loads = [ld for ld in self.sys.linker.loads.values() if ld.in_flight]
         if loads:
-            load = data.draw(st.sampled_from(loads))
-            self.sys.store.evict([data.draw(st.sampled_from(load.tail_hashes))])
+            load = choose(data, loads)
+            self.sys.store.evict([choose(data, load.tail_hashes)])
             self.punched()
 
-    @precondition(lambda self: self.s is not None)
-    @rule(doc=st.integers(0, DOCS - 1), pages=st.integers(1, MAX_PAGES - 1))
+    @move(when=_live, doc=Ints(0, DOCS - 1), pages=Ints(1, MAX_PAGES - 1))
     def split_by_match(self, doc: int, pages: int) -> None:
         p = self.sys.page_size
         self.sys.tree.match_prefix(self.key(doc, pages, 0) + tuple(range(7, 7 + p)))
 
-    @precondition(lambda self: self.s is not None)
-    @rule()
+    @move(when=_live)
     def reset(self) -> None:
         self.sys.linker.reset()
 
     # -- the host tier ---------------------------------------------------------------
-    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
-    @rule(data=st.data())
-    def backup(self, data: st.DataObject) -> None:
+    @move(when=_host, data=DATA)
+    def backup(self, data: Any) -> None:
         candidates = [n for n in self.nodes("resident") if not n.backuped]
         if candidates:
-            self.sys.tree.backup(data.draw(st.sampled_from(candidates)))
+            self.sys.tree.backup(choose(data, candidates))
 
-    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
-    @rule(data=st.data())
-    def load_back(self, data: st.DataObject) -> None:
+    @move(when=_host, data=DATA)
+    def load_back(self, data: Any) -> None:
         evicted = self.nodes("evicted")
         if evicted:
-            self.sys.tree.load_back(data.draw(st.sampled_from(evicted)))
+            self.sys.tree.load_back(choose(data, evicted))
 
-    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
-    @rule(data=st.data())
-    def drop_backup(self, data: st.DataObject) -> None:
+    @move(when=_host, data=DATA)
+    def drop_backup(self, data: Any) -> None:
         leaves = [
             n for n in self.nodes("backed") if not any(c.backuped for c in n.children.values())
         ]
         if leaves:
-            self.sys.tree.drop_backup(data.draw(st.sampled_from(leaves)))
+            self.sys.tree.drop_backup(choose(data, leaves))
 
-    @precondition(lambda self: self.s is not None and type(self).host_pages > 0)
-    @rule(pages=st.integers(1, MAX_PAGES))
+    @move(when=_host, pages=Ints(1, MAX_PAGES))
     def evict_host(self, pages: int) -> None:
         self.sys.tree.evict_host(pages * self.sys.page_size)
 
     # -- any trigger, any machine ----------------------------------------------------
-    @precondition(lambda self: self.s is not None)
-    @rule(data=st.data())
-    def fire_anything(self, data: st.DataObject) -> None:
+    @move(when=_live, data=DATA)
+    def fire_anything(self, data: Any) -> None:
         """Fire arbitrary triggers (1 to 3 in a row, each with an arbitrary argument) at
         a shadow of an arbitrary live model (or a fresh store-side job record): each time
         the engine allows it (maybe vetoed by a guard) or raises exactly
@@ -459,8 +482,8 @@ class SystemMachine(RuleBasedStateMachine):
             (jobs.OFFLOAD_MACHINE, [jobs.StoreOffload(-1, ())]),
         ]
         by_machine = [(ex, models) for ex, models in by_machine if models]
-        real, models = data.draw(st.sampled_from(by_machine))  # machine first: loads are few
-        model = data.draw(st.sampled_from(models))
+        real, models = choose(data, by_machine)  # machine first: loads are few
+        model = choose(data, models)
         ex = self._shadow_executor(real)
         if isinstance(model, (jobs.StoreLoad, jobs.StoreOffload)):
             shadow = model
@@ -468,9 +491,9 @@ class SystemMachine(RuleBasedStateMachine):
         else:
             shadow = self._shadow(model)
             ex.initialize(shadow, like=model)
-        for _ in range(data.draw(st.integers(1, 3), label="triggers")):
-            trigger = data.draw(st.sampled_from(ex.spec.triggers()))
-            arg = data.draw(st.booleans(), label="argument")
+        for _ in range(choose_int(data, 1, 3, "triggers")):
+            trigger = choose(data, ex.spec.triggers())
+            arg = choose_bool(data, "argument")
             before = ex.state_of(shadow)
             allowed = trigger in ex.allowed_triggers(shadow)
             try:
@@ -503,7 +526,7 @@ class SystemMachine(RuleBasedStateMachine):
         return attrs.evolve(model)
 
     # -- invariants and teardown -----------------------------------------------------
-    @invariant()
+    @check()
     def audited(self) -> None:
         if self.s is not None:
             type(self).steps += 1

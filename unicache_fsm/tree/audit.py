@@ -68,8 +68,29 @@ def check_conservation(
         findings.append(f"{what}: allocated pages nobody owns (leaked): {sorted(alloc - own)[:10]}")
 
 
+#: page digests of (prior digest, u32-packed key, page size): a pure function of its
+#: arguments, remembered so an audit after every step re-hashes only new keys
+_CHAINS: dict[tuple[bytes, bytes, int], list[bytes]] = {}
+_CHAINS_MAX = 1 << 16
+
+
+def _chain(prior: bytes, packed: bytes, page_size: int) -> list[bytes]:
+    """`hashing.page_digests(packed, page_size, prior)`, memoized (bounded)."""
+    key = (prior, packed, page_size)
+    got = _CHAINS.get(key)
+    if got is None:
+        if len(_CHAINS) >= _CHAINS_MAX:
+            _CHAINS.clear()
+        got = _CHAINS[key] = hashing.page_digests(packed, page_size, prior)
+    return got
+
+
 def _check_node(
-    tree: RadixTree, node: TreeNode, filed: set[tuple[float, int]], findings: list[str]
+    tree: RadixTree,
+    node: TreeNode,
+    filed: set[tuple[float, int]],
+    findings: list[str],
+    kinds: frozenset[ComponentType],
 ) -> None:
     p = tree.page_size
     parent = node.parent
@@ -114,7 +135,6 @@ def _check_node(
     child_locks = sum(c.lock_ref for c in node.children.values())
     if node.lock_ref < child_locks:
         findings.append(f"{nid}: lock_ref {node.lock_ref} < its children's {child_locks}")
-    kinds = {c.component_type for c in tree.components}
     foreign = sorted(k.name for k in node.data if k not in kinds)
     if foreign:
         findings.append(f"{nid}: slots of {foreign} without that component in the tree")
@@ -122,13 +142,20 @@ def _check_node(
         c.audit_node(node, findings)
     if tree.evictable_leaf(node) and (node.last_access, node.id) not in filed:
         findings.append(f"{nid}: an evictable leaf missing from the eviction heap")
-    if node.packed != pack_key(node.key, tree.key_format):
+    fmt = tree.key_format
+    packed = pack_key(node.key, fmt)
+    if node.packed != packed:
         findings.append(f"{nid}: packed key disagrees with its key")
-    if node.hashes is not None:
-        prior = node.namespace if parent.parent is None else parent.last_hash()
-        if parent.parent is not None and parent.hashes is None:
+    if node.digests is not None:
+        if parent.parent is not None and parent.digests is None:
             findings.append(f"{nid}: hashed under an unhashed parent")
-        elif node.hashes != hashing.page_hashes(node.key, p, prior):
+            return
+        if parent.parent is None:
+            prior = hashing.prior_digest(node.namespace)
+        else:
+            prior = parent.digests[-1] if parent.digests else b""
+        u32 = packed if fmt == "I" else hashing.pack_tokens(node.key)
+        if node.digests != _chain(prior, u32, p):
             findings.append(f"{nid}: page hashes do not chain from its parent")
 
 
@@ -143,8 +170,9 @@ def audit(
         findings.append(f"node count {tree.node_count} != {len(nodes)} nodes in the tree")
     filed = {(stamp, nid) for stamp, nid, _ in tree.evict_heap}
     host: list[torch.Tensor] = []
+    kinds = frozenset(c.component_type for c in tree.components)
     for node in nodes:
-        _check_node(tree, node, filed, findings)
+        _check_node(tree, node, filed, findings, kinds)
         if node.host is not None:
             host.append(node.host)
     for c in tree.components:

@@ -293,17 +293,42 @@ class SwaComponent(TreeComponent):
             findings.append(f"{nid}: SWA LRU membership disagrees with its region")
         if self.lock_count.get(node, 0) > node.lock_ref:
             findings.append(f"{nid}: SWA lock count above its lock_ref {node.lock_ref}")
-        if swa is not None:
-            if full is None or swa.numel() != len(node.key):
-                findings.append(f"{nid}: SWA data without matching FULL data")
-            elif not torch.equal(self.allocator.translate(full), swa):
-                findings.append(f"{nid}: mapping[full] != swa")
-        elif full is not None and bool((self.allocator.translate(full) != 0).any()):
-            findings.append(f"{nid}: SWA tombstone whose FULL slots still map to SWA")
+        if swa is not None and (full is None or swa.numel() != len(node.key)):
+            findings.append(f"{nid}: SWA data without matching FULL data")
+        # the mapping of its FULL slots is audited with every node's at once (audit_pool)
+
+    def _audit_mapping(self, nodes: Sequence[TreeNode], findings: list[str]) -> None:
+        """``mapping[full] == swa`` on every node with live SWA (and matching FULL data),
+        0 on every tombstone's FULL slots: one translation for all nodes, node by node
+        only when that finds a difference (to name the culprits)."""
+        live: list[tuple[TreeNode, torch.Tensor, torch.Tensor]] = []
+        dead: list[tuple[TreeNode, torch.Tensor]] = []
+        for n in nodes:
+            swa, full = n.data.get(SWA), n.data.get(FULL)
+            if full is None:
+                continue
+            if swa is None:
+                dead.append((n, full))
+            elif swa.numel() == len(n.key) == full.numel():
+                live.append((n, full, swa))
+            elif swa.numel() == len(n.key):  # FULL slots of another length cannot map
+                findings.append(f"node {n.id}: mapping[full] != swa")
+        translate = self.allocator.translate
+        if live and not torch.equal(
+            translate(torch.cat([f for _, f, _ in live])), torch.cat([s for _, _, s in live])
+        ):
+            for n, full, swa in live:
+                if not torch.equal(translate(full), swa):
+                    findings.append(f"node {n.id}: mapping[full] != swa")
+        if dead and bool(translate(torch.cat([f for _, f in dead])).any()):
+            for n, full in dead:
+                if bool(translate(full).any()):
+                    findings.append(f"node {n.id}: SWA tombstone whose FULL slots still map to SWA")
 
     def audit_pool(
         self, nodes: Sequence[TreeNode], outside: Sequence[torch.Tensor], findings: list[str]
     ) -> None:
+        self._audit_mapping(nodes, findings)
         owned = [s for n in nodes if (s := n.data.get(SWA)) is not None]
         check_conservation(
             "SWA",

@@ -1,0 +1,224 @@
+"""The mutation check's planted bugs, shared by both fuzz drivers' checks.
+
+Each `Bug` plants one bug with monkeypatch (`plant`), names the `SystemMachine`
+configuration that hunts it (`attrs`: class attributes), and lists what the failure
+must mention (`names`: the invariant, or the culprit, that bug breaks; any one of them).
+`tests/test_testing_mutations.py` hunts each with Hypothesis, `tests/test_testing_walk.py`
+with the random walk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+
+from unicache_fsm.linker import linker as linker_mod
+from unicache_fsm.linker.load import LoadState
+from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase
+from unicache_fsm.store.checked import CheckedStore
+from unicache_fsm.store.faults import FaultKind
+from unicache_fsm.store.memory import MemoryStore
+from unicache_fsm.store.protocol import LoadBatchResult
+from unicache_fsm.testing.machines import SystemMachine
+from unicache_fsm.tree import components
+from unicache_fsm.tree.tree import RadixTree
+
+
+def _swa_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    swa_hook = components.SwaComponent.update_external_linker_load
+    full_hook = components.FullComponent.update_external_linker_load
+
+    def swa_leaky(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
+        if phase is ExternalLinkerLoadPhase.ABORT:
+            return None  # forgets to free the window's SWA pages ...
+        return swa_hook(self, phase, transfer, ctx)
+
+    def full_only(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
+        if phase is ExternalLinkerLoadPhase.ABORT and self.tree.component(ComponentType.SWA):
+            self.tree.allocator.free_full_only(transfer.device_indices)
+            return None  # ... and frees FULL without the SWA it maps to
+        return full_hook(self, phase, transfer, ctx)
+
+    monkeypatch.setattr(components.SwaComponent, "update_external_linker_load", swa_leaky)
+    monkeypatch.setattr(components.FullComponent, "update_external_linker_load", full_only)
+
+
+def _greedy_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = components.FullComponent.update_external_linker_load
+
+    def greedy(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
+        if phase is ExternalLinkerLoadPhase.COMMIT:
+            return transfer  # keeps every loaded page, duplicates included
+        return real(self, phase, transfer, ctx)
+
+    monkeypatch.setattr(components.FullComponent, "update_external_linker_load", greedy)
+
+
+def _forgetful_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = RadixTree.split
+
+    def forgetful(self: RadixTree, node: Any, k: int) -> Any:
+        ticket = node.pending_offload
+        top = real(self, node, k)
+        if ticket is not None:  # the new half loses its place in the publish list
+            ticket.publish.remove(top)
+            top.pending_offload = None
+        return top
+
+    monkeypatch.setattr(RadixTree, "split", forgetful)
+
+
+def _careless_eviction(monkeypatch: pytest.MonkeyPatch) -> None:
+    def careless(self: RadixTree, node: Any) -> bool:
+        return (
+            node.parent is not None
+            and node.device_resident
+            and not node.offloading
+            and not any(c.device_resident for c in node.children.values())
+        )
+
+    monkeypatch.setattr(RadixTree, "evictable_leaf", careless)
+
+
+def _optimist(monkeypatch: pytest.MonkeyPatch) -> None:
+    def optimist(self: Any, load: Any, verdict: object = False) -> bool:
+        return True  # every batch verdict passes LAND: failed batches get published
+
+    monkeypatch.setattr(linker_mod.ExternalLinker, "landed_everywhere", optimist)
+
+
+def _stale_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_prefix_current", lambda self, load: True)
+
+
+def _failed_load_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    def keeps_it(self: Any, load: Any) -> None:
+        self.calls.load(load.rid, load.transfers)  # a refusal or a fault is ignored
+
+    def settles_all(self: Any) -> None:
+        for _ in range(self.calls.num_completed_loads() or 0):
+            result = self.calls.pop_completed_load()
+            head = self.batches.popleft() if self.batches else None
+            for load in head.loads if head is not None else ():
+                if load.state == LoadState.LOADING and load.settled is None:
+                    load.settled = result is not None and result.success
+
+    monkeypatch.setattr(linker_mod.ExternalLinker, "queue_store_load", keeps_it)
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_take_completions", settles_all)
+
+
+def _stuck_offload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linker_mod.ExternalLinker, "roll_back_nodes", lambda self, rec, v=0: None)
+
+
+def _truthy_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    def lax(self: CheckedStore) -> LoadBatchResult | None:
+        try:
+            result = self.store.pop_completed_load()
+        except Exception as exc:
+            self.on_fault("pop_completed_load", exc)
+            return None
+        if not isinstance(result, LoadBatchResult):
+            return None
+        return LoadBatchResult(result.batch, result.rids, bool(result.success))
+
+    monkeypatch.setattr(CheckedStore, "pop_completed_load", lax)
+
+
+def _chain_without_link(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_link_page", lambda self, chain: None)
+
+
+def _corrupt_page_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(MemoryStore, "_drop_rejected", lambda self, ident, entry: None)
+
+
+def _config(
+    p: int,
+    swa: bool,
+    faults: bool,
+    *,
+    rate: float = 0.25,
+    capacities: tuple[int | None, ...] = (None,),
+    kinds: tuple[FaultKind, ...] = tuple(FaultKind),
+) -> dict[str, Any]:
+    return {
+        "page_sizes": (p,),
+        "swa_choices": (swa,),
+        "fault_rates": (rate,) if faults else (0.0,),
+        "store_capacities": capacities,
+        "fault_kinds": kinds,
+    }
+
+
+@attrs.frozen
+class Bug:
+    name: str
+    plant: Any  # (monkeypatch) -> None
+    attrs: dict[str, Any]
+    names: tuple[str, ...]
+
+    def machine(self) -> type[SystemMachine]:
+        """A fresh `SystemMachine` subclass configured to hunt this bug."""
+        return type(f"Hunt_{self.name}", (SystemMachine,), dict(self.attrs))
+
+
+K = FaultKind
+BUGS = [
+    # an ABORT forgets the window's SWA slots and frees FULL without the SWA it maps to
+    Bug("swa_leak", _swa_leak, _config(4, True, True), ("slot conservation", "leaked")),
+    # COMMIT keeps every loaded page, duplicates included
+    Bug("greedy_commit", _greedy_commit, _config(1, False, False), ("COMMIT soundness",)),
+    # a split drops the pending offload of its new upper half
+    Bug("forgetful_split", _forgetful_split, _config(4, False, False), ("offload",)),
+    # eviction ignores locks: a locked prefix vanishes under its request
+    Bug(
+        "careless_eviction",
+        _careless_eviction,
+        _config(4, False, False),
+        ("not in the tree", "lock", "in flight evicted"),
+    ),
+    # every batch verdict passes LAND: failed loads get committed as landed
+    Bug(
+        "optimist",
+        _optimist,
+        _config(4, False, True),
+        ("loads landed", "KV bytes", "stored pages"),
+    ),
+    # issue 12's bugs, planted back:
+    # 1. load_back trusts the prefix matched earlier (evicted, reloaded or re-filled since)
+    Bug("stale_prefix", _stale_prefix, _config(4, True, False), ("COMMIT soundness", "KV bytes")),
+    # 2. a load whose store call failed stays queued; a completion settles every load of
+    # the batch, named by the store or not: never-written slots get committed
+    Bug(
+        "failed_load_queued",
+        _failed_load_queued,
+        _config(4, False, True, kinds=(K.REFUSE_LOAD, K.RAISE_ERROR, K.GARBAGE_ANSWER)),
+        ("loads landed", "KV bytes", "stored pages landed"),
+    ),
+    # 3. a refused or failed offload never rolls its nodes back: their lock held forever
+    Bug("stuck_offload", _stuck_offload, _config(4, False, True), ("lock balance", "offloading")),
+    # 4. an ill-typed verdict is trusted: the string "false" counts as landed
+    Bug(
+        "truthy_verdict",
+        _truthy_verdict,
+        _config(4, False, True, rate=0.5, kinds=(K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER)),
+        ("loads landed", "KV bytes", "COMMIT soundness"),
+    ),
+    # 5. a chain goes to the store without the link to its stored parent
+    Bug(
+        "chain_without_link",
+        _chain_without_link,
+        _config(4, False, False, capacities=(6, 24)),
+        ("store chains whole",),
+    ),
+    # 6. a page that failed its checksum stays stored: every later load retries it
+    Bug(
+        "corrupt_page_kept",
+        _corrupt_page_kept,
+        _config(1, False, False),
+        ("failed verification but are still stored",),
+    ),
+]
