@@ -24,7 +24,12 @@ from unicache_fsm.testing.ranks import check_rank_agreement
 from unicache_fsm.tree.errors import TreeError
 
 HUNT = settings(
-    max_examples=1500,  # after other tests in one process, some hunts needed more than 400
+    # A hunt stops at its first failure, so this budget costs time only when a bug is
+    # missed. The fault pattern comes from a seeded generator Hypothesis cannot steer, so
+    # finding a bug is close to a random search: the truthy-verdict hunt took 776, 839
+    # and more than 1,500 programs in three runs of one file (derandomized draws still
+    # meet a process whose iteration orders differ run to run). At 6,000 a miss is rare.
+    max_examples=6000,
     stateful_step_count=40,
     derandomize=True,
     database=None,

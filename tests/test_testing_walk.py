@@ -31,7 +31,7 @@ def test_the_walk_finds_the_planted_bug_and_its_script_replays_it(
 ) -> None:
     bug.plant(monkeypatch)
     with pytest.raises(walk.WalkFailure) as info:
-        walk.fuzz(bug.machine(), seed=0, runs=1500, steps=40)
+        walk.fuzz(bug.machine(), seed=0, runs=6000, steps=40)  # as the Hypothesis hunts
     failure = info.value
     assert any(name in str(failure.error) for name in bug.names), failure.error
     assert failure.replays and len(failure.program.steps) <= failure.found
