@@ -186,6 +186,7 @@ class Scope:
     unpinned: bool = False
     corrupt: bool = False
     store_pages: int = 0
+    unrelated: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in ("pages", "requests", "page_size", "key_pages", "swa_pages", "window_pages"):
@@ -198,7 +199,7 @@ class Scope:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 msg = f"Scope.{name} must be an int >= 0, got {value!r}"
                 raise ValueError(msg)
-        for name in ("unpinned", "corrupt"):
+        for name in ("unpinned", "corrupt", "unrelated"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"Scope.{name} must be a bool, got {getattr(self, name)!r}"
                 raise ValueError(msg)
@@ -217,6 +218,12 @@ class Scope:
         for j in range(1, self.key_pages):
             tokens += [1000 * (i + 1) + 10 * j + t for t in range(p)]
         return tuple(tokens)
+
+    @property
+    def unrelated_key(self) -> tuple[int, ...]:
+        """The one-page key `compute u` computes (with `unrelated`): a first page no
+        request's key shares."""
+        return tuple(200 + t for t in range(self.page_size))
 
     def build(self) -> System:
         """A fresh system of this scope, with an (inactive) fault wrapper.
@@ -265,6 +272,8 @@ class Scope:
         parts = [f", {name}=True" for name in ("unpinned", "corrupt") if getattr(self, name)]
         if self.store_pages:
             parts.append(f", store_pages={self.store_pages}")
+        if self.unrelated:
+            parts.append(", unrelated=True")
         return "".join(parts)
 
     def describe(self) -> str:
@@ -275,6 +284,7 @@ class Scope:
                 ", unpinned matches" if self.unpinned else "",
                 ", corrupt pages" if self.corrupt else "",
                 f", store of {self.store_pages} pages" if self.store_pages else "",
+                ", an unrelated key" if self.unrelated else "",
             ]
         )
         return (
@@ -475,6 +485,8 @@ def enabled_ops(ns: dict[str, Any], scope: Scope) -> list[Op]:
         ops.append(Op("finish", "s.finish_loads()\nreverify(s)"))
     if lk.offloads:
         ops.append(Op("poll", "s.linker.poll_offloads()\nreverify(s)"))
+    if scope.unrelated:  # another prefix, not offloaded: it takes what evictions freed
+        ops.append(Op("compute u", f"s.compute('cu', {scope.unrelated_key}, offload=False)"))
     p = scope.page_size
     ops.append(Op("evict", f"s.tree.evict(EvictParams(num_tokens={p}))"))
     if scope.swa:
@@ -754,6 +766,9 @@ def canonical(
             ld.abort_reason,
             ld.abort_pending,
             ref(ld.endpoint),
+            # the device prefix it matched, in the tree's slot names: an anchor moved into
+            # other slots since (backed up, evicted, loaded back) is another state
+            full(ld.device_prefix),
             tuple(
                 (t.name, (swa if t.name is PoolName.SWA else full)(t.device_indices))
                 for t in ld.transfers
