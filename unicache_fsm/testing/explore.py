@@ -32,19 +32,22 @@ until its LOAD (what other operations do to the prefix in that gap, the LOAD mus
 notice); ``corrupt``, per stored node a `corrupt` of its last KV page in the store;
 ``store_pages``, a store of that many pages that evicts for room from chain ends (the
 audit then checks that the store's chains stay whole, until an operation removes a
-page from a chain's middle on purpose).
+page from a chain's middle on purpose); ``unrelated``, a `compute u` of a one-page key
+whose first page no request shares, not offloaded (another prefix that takes the slots
+evictions free, so that a prefix evicted and loaded back lands in other slots).
 
 States are canonicalised (`canonical`): the tree's shape and keys, each node's
 residency, locks, hash/backup/offload marks, the relative order of its last access,
 and its FULL / SWA / host slots renamed in order of first appearance (slots are opaque
-handles, so free-list order is not part of a state); every load's state, anchor,
-reserved slots and batch; the offload records; the harness's requests and locks; the
-store's contents and its in-flight work (`FaultyStore.pending`); with a capacity store or
-corruption, the store's chain books (`BaseStore.chain_books`: parents, eviction order,
-remembered parents) and which pages are corrupt, and with a capacity store what the
-chain audit has learnt to exempt (`System.chain_exemptions`). A state is kept as a
-16-byte BLAKE2b fingerprint of that form, so memory grows with 16 bytes per state plus
-the current and next frontier.
+handles, so free-list order is not part of a state); every load's state, anchor, the
+device prefix it matched (in the same slot names: an anchor moved into other slots
+since is another state), reserved slots and batch; the offload records; the harness's
+requests and locks; the store's contents and its in-flight work
+(`FaultyStore.pending`); with a capacity store or corruption, the store's chain books
+(`BaseStore.chain_books`: parents, eviction order, remembered parents) and which pages
+are corrupt, and with a capacity store what the chain audit has learnt to exempt
+(`System.chain_exemptions`). A state is kept as a 16-byte BLAKE2b fingerprint of that
+form, so memory grows with 16 bytes per state plus the current and next frontier.
 
 Reaching a state: a frontier entry is its operation path. A worker replays the path
 once on a fresh `System` (without the audits, which passed the first time), then runs
@@ -84,10 +87,9 @@ machine the path touched, in Mermaid, its arrows labelled with how often the pat
 them and its last state highlighted). Helpers the printed tests use: `inject`,
 `node_at`, `reverify`, `corrupt`.
 
-Several ranks are not explored: the linker's collective calls (`intersect_restorable`,
-`agree`) need every rank inside the call at once (threads meeting at a barrier), which a
-state-by-state search of one process does not do; `testing.ranks` checks the agreement
-itself.
+This module searches one rank. The linker's collective calls (`intersect_restorable`,
+`agree`) need every rank inside the call at once: `testing.rank_explore` searches a
+world of several ranks (one system each, collective calls on thread ranks).
 """
 
 from __future__ import annotations
