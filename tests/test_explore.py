@@ -5,14 +5,16 @@ the canonical form renames slots and mirrors requests of one key but tells diffe
 states apart, a snapshot continues like a replay, a violation comes back as the
 shortest path, printed as a pytest module that reproduces it, the scope options and the
 wild faults (one chosen call, one chosen answer) add operations only when switched on,
-and ten planted bugs of the mutation check (tests/test_testing_mutations.py) are found
+and eleven planted bugs of the mutation check (tests/test_testing_mutations.py) are found
 with a counterexample no longer than the one Hypothesis shrinks to for the same bug (both
 lengths printed), each through the operations it needs: two requests for the failed
 load left queued, an ill-typed verdict (`garbage_answer`) for the truthy verdict, a
 corrupted page (`corrupt`) for the corrupt page kept, a capacity store (`store_pages`)
-and two-page keys for the chain offloaded without its link. The load-back on a stale
-prefix (not found by the scopes tried) and the rank intersection (several ranks, which
-explore does not run) are left to the mutation check; see docs/design.md.
+and two-page keys for the chain offloaded without its link, an unpinned match, a host
+tier and an unrelated key (`unrelated`) for the load-back on a stale prefix (marked
+slow: 15 operations deep). The twelfth, the rank intersection, is found by the
+multi-rank search (`testing.rank_explore`) against the same alphabet under Hypothesis
+(`RankWorldMachine`); see docs/design.md.
 """
 
 from __future__ import annotations
@@ -127,11 +129,15 @@ def test_scope_options_add_operations_and_wild_faults_pick_call_and_answer() -> 
     ns, _ = _walk(plain, ["compute 0", "progress", "poll"])
     labels = {op.label for op in enabled_ops(ns, plain)}
     assert not any("unpinned" in x or x.startswith("corrupt") for x in labels)
-    more = attrs.evolve(plain, unpinned=True, corrupt=True, store_pages=3)
+    assert "compute u" not in labels
+    more = attrs.evolve(plain, unpinned=True, corrupt=True, store_pages=3, unrelated=True)
     assert "store_pages" not in plain.source() and "store_pages=3" in more.source()
+    assert "unrelated" not in plain.source() and "unrelated=True" in more.source()
     ns, _ = _walk(more, ["compute 0", "progress", "poll"])
     labels = {op.label for op in enabled_ops(ns, more)}
-    assert {"begin 0 unpinned", "corrupt [100]"} <= labels
+    assert {"begin 0 unpinned", "corrupt [100]", "compute u"} <= labels
+    apply(_op(ns, more, "compute u"), ns)  # its own first page: a new branch at the root
+    assert ns["s"].tree.match_prefix(more.unrelated_key).prefix_len == 1
     s = ns["s"]
     assert s.check_chains and not s.check_stored and s.memory.capacity_pages == 3
     # the corruption is part of the state
@@ -176,6 +182,14 @@ def test_fingerprints_rename_slots_but_tell_states_apart() -> None:
     # one more step (the offload's completion polled) is a different state
     ns_c, _ = _walk(scope, ["compute 0", "progress", "poll"])
     assert fingerprint(ns_c, scope) != fingerprint(ns_a, scope)
+    # the device prefix a load matched is part of its state: the same load on an anchor
+    # that moved into other slots since is another state (the stale prefix)
+    u = Scope(pages=2, requests=2, swa=False, key_pages=1, faults=(), unpinned=True)
+    steps = ["begin 0", "complete 0", "progress", "poll", "compute 1", "evict", "begin 1 unpinned"]
+    ns_u, _ = _walk(u, steps)
+    moved = snapshot(ns_u)
+    moved["r1"].load.device_prefix = moved["r1"].load.device_prefix + 1
+    assert fingerprint(moved, u) != fingerprint(ns_u, u)
     # and replaying a path reaches the same fingerprint every time
     _, path = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0", "load_back 0"])
     assert fingerprint(replay(scope, path), scope) == fingerprint(replay(scope, path), scope)
@@ -511,11 +525,6 @@ SHRINK_HUNT = settings(
 )
 
 
-# the rank world's hunt: its programs need several store losses on the right ranks, so
-# the mutation check's longer programs (40 steps), with shrinking on
-RANK_HUNT = settings(SHRINK_HUNT, stateful_step_count=40)
-
-
 def _hypothesis_length(machine_attrs: dict[str, Any]) -> tuple[int, int]:
     """Run the mutation check's hunt with shrinking on: the shrunk program's rules, and
     the operations of the explorer's alphabet they perform (the same unit as explore's).
@@ -634,7 +643,7 @@ def _hypothesis_rank_length(scope: RankScope) -> int:
     steps (each one operation of the explorer's alphabet)."""
     machine = type("RankShrink", (RankWorldMachine,), {"scope": scope})
     with pytest.raises(Exception) as info:
-        run_state_machine_as_test(machine, settings=RANK_HUNT)
+        run_state_machine_as_test(machine, settings=SHRINK_HUNT)
     found = info.value
     failures = [e for e in getattr(found, "exceptions", [found]) if _program(e)]
     assert failures, f"Hypothesis printed no falsifying program: {found!r}"
@@ -646,12 +655,12 @@ def test_explore_ranks_finds_the_rank_intersection_bug_no_longer_than_hypothesis
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _plant_min_of_maxima(monkeypatch)
+    # one after the other in this process (a forked child of a process that ran thread
+    # ranks can inherit a held lock)
     began = time.perf_counter()
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        hunt = pool.apply_async(_hypothesis_rank_length, (RANK_SCOPE,))
-        report = explore_ranks(RANK_SCOPE, minutes=10)
-        explored = time.perf_counter() - began
-        shrunk = hunt.get()
+    report = explore_ranks(RANK_SCOPE, minutes=10)
+    explored = time.perf_counter() - began
+    shrunk = _hypothesis_rank_length(RANK_SCOPE)
     found = report.violation
     assert found is not None, report.summary()
     assert "restorable intersection" in found.error, found.error

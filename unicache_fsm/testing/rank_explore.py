@@ -455,7 +455,7 @@ class RankWorldMachine(RuleBasedStateMachine):
     def step(self, data: st.DataObject) -> None:
         scope = type(self).scope
         ops = enabled_rank_ops(self.world, scope)
-        op = ops[data.draw(st.integers(0, len(ops) - 1), label="operation")]
+        op = ops[data.draw(st.integers(0, len(ops) - 1))]
         try:
             apply_rank_op(op, self.world, scope)
         except AssertionError as exc:
