@@ -5,14 +5,16 @@ the canonical form renames slots and mirrors requests of one key but tells diffe
 states apart, a snapshot continues like a replay, a violation comes back as the
 shortest path, printed as a pytest module that reproduces it, the scope options and the
 wild faults (one chosen call, one chosen answer) add operations only when switched on,
-and ten planted bugs of the mutation check (tests/test_testing_mutations.py) are found
+and eleven planted bugs of the mutation check (tests/test_testing_mutations.py) are found
 with a counterexample no longer than the one Hypothesis shrinks to for the same bug (both
 lengths printed), each through the operations it needs: two requests for the failed
 load left queued, an ill-typed verdict (`garbage_answer`) for the truthy verdict, a
 corrupted page (`corrupt`) for the corrupt page kept, a capacity store (`store_pages`)
-and two-page keys for the chain offloaded without its link. The load-back on a stale
-prefix (not found by the scopes tried) and the rank intersection (several ranks, which
-explore does not run) are left to the mutation check; see docs/design.md.
+and two-page keys for the chain offloaded without its link, an unpinned match, a host
+tier and an unrelated key (`unrelated`) for the load-back on a stale prefix (marked
+slow: 15 operations deep). The twelfth, the rank intersection, is found by the
+multi-rank search (`testing.rank_explore`) against the same alphabet under Hypothesis
+(`RankWorldMachine`); see docs/design.md.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from unicache_fsm.cli import main
 from unicache_fsm.linker import linker as linker_mod
+from unicache_fsm.linker import ranks as ranks_mod
 from unicache_fsm.linker.load import LoadState
 from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase, PoolName
+from unicache_fsm.serving.invariants import InvariantViolation
 from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.faults import FaultKind
 from unicache_fsm.store.memory import MemoryStore
@@ -53,6 +57,16 @@ from unicache_fsm.testing.explore import (
     snapshot,
 )
 from unicache_fsm.testing.machines import SystemMachine
+from unicache_fsm.testing.rank_explore import (
+    RankOp,
+    RankScope,
+    RankWorldMachine,
+    apply_rank_op,
+    copy_world,
+    explore_ranks,
+    rank_fingerprint,
+    replay_ranks,
+)
 from unicache_fsm.tree import components
 from unicache_fsm.tree.tree import RadixTree
 
@@ -115,11 +129,15 @@ def test_scope_options_add_operations_and_wild_faults_pick_call_and_answer() -> 
     ns, _ = _walk(plain, ["compute 0", "progress", "poll"])
     labels = {op.label for op in enabled_ops(ns, plain)}
     assert not any("unpinned" in x or x.startswith("corrupt") for x in labels)
-    more = attrs.evolve(plain, unpinned=True, corrupt=True, store_pages=3)
+    assert "compute u" not in labels
+    more = attrs.evolve(plain, unpinned=True, corrupt=True, store_pages=3, unrelated=True)
     assert "store_pages" not in plain.source() and "store_pages=3" in more.source()
+    assert "unrelated" not in plain.source() and "unrelated=True" in more.source()
     ns, _ = _walk(more, ["compute 0", "progress", "poll"])
     labels = {op.label for op in enabled_ops(ns, more)}
-    assert {"begin 0 unpinned", "corrupt [100]"} <= labels
+    assert {"begin 0 unpinned", "corrupt [100]", "compute u"} <= labels
+    apply(_op(ns, more, "compute u"), ns)  # its own first page: a new branch at the root
+    assert ns["s"].tree.match_prefix(more.unrelated_key).prefix_len == 1
     s = ns["s"]
     assert s.check_chains and not s.check_stored and s.memory.capacity_pages == 3
     # the corruption is part of the state
@@ -164,6 +182,14 @@ def test_fingerprints_rename_slots_but_tell_states_apart() -> None:
     # one more step (the offload's completion polled) is a different state
     ns_c, _ = _walk(scope, ["compute 0", "progress", "poll"])
     assert fingerprint(ns_c, scope) != fingerprint(ns_a, scope)
+    # the device prefix a load matched is part of its state: the same load on an anchor
+    # that moved into other slots since is another state (the stale prefix)
+    u = Scope(pages=2, requests=2, swa=False, key_pages=1, faults=(), unpinned=True)
+    steps = ["begin 0", "complete 0", "progress", "poll", "compute 1", "evict", "begin 1 unpinned"]
+    ns_u, _ = _walk(u, steps)
+    moved = snapshot(ns_u)
+    moved["r1"].load.device_prefix = moved["r1"].load.device_prefix + 1
+    assert fingerprint(moved, u) != fingerprint(ns_u, u)
     # and replaying a path reaches the same fingerprint every time
     _, path = _walk(scope, ["compute 0", "progress", "poll", "evict", "begin 0", "load_back 0"])
     assert fingerprint(replay(scope, path), scope) == fingerprint(replay(scope, path), scope)
@@ -334,6 +360,11 @@ def _plant_chain_without_link(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linker_mod.ExternalLinker, "_link_page", lambda self, chain: None)
 
 
+def _plant_stale_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # load_back trusts the prefix matched earlier (moved into other slots since)
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_prefix_current", lambda self, load: True)
+
+
 def _plant_corrupt_page_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     # a page that failed its checksum stays stored
     monkeypatch.setattr(MemoryStore, "_drop_rejected", lambda self, ident, entry: None)
@@ -427,6 +458,25 @@ BUGS = [
         _hunt(4, False, capacities=(6, 24)),
         ("store chains whole",),
     ),
+    pytest.param(  # needs the matched anchor moved into other slots while it stays the
+        # same node: an unpinned match, a host tier that keeps the evicted anchor in the
+        # tree, and an unrelated prefix that takes its freed slot (`unrelated`)
+        _plant_stale_prefix,
+        Scope(
+            pages=2,
+            requests=2,
+            swa=False,
+            key_pages=1,
+            host_pages=1,
+            faults=(),
+            unpinned=True,
+            unrelated=True,
+        ),
+        _hunt(4, True),
+        ("COMMIT soundness", "KV bytes"),
+        marks=pytest.mark.slow,  # 15 operations deep: minutes, not seconds
+        id="stale_prefix",
+    ),
 ]
 
 
@@ -440,8 +490,11 @@ OPS_PER_RULE = {
     # progress, poll), evict the tail, an unpinned begin, the meddling, then load_back
     "gap": lambda args: 3 + 3 + 1 + 1 + 1 + _MEDDLE_OPS[args.split("meddle='")[1].split("'")[0]],
 }
-# what the gap's meddling costs: evict + compute (+ a host load), one compute or eviction
-_MEDDLE_OPS = {"reload": 2, "refill": 1, "evict_swa": 1, "evict": 1, "nothing": 0}
+# what the gap's meddling costs: a reload backs the anchor up, evicts everything (at
+# least one eviction), computes an unrelated prefix and loads the anchor back from the
+# host (each of the four an operation of the explorer's alphabet: `backup`, `evict`,
+# `compute`, `host_load`); the others are one compute or one eviction
+_MEDDLE_OPS = {"reload": 4, "refill": 1, "evict_swa": 1, "evict": 1, "nothing": 0}
 
 
 def _program(exc: BaseException) -> list[str]:
@@ -520,6 +573,7 @@ def _in_teardown(exc: BaseException) -> bool:
         "truthy_verdict",
         "corrupt_page_kept",
         "chain_without_link",
+        "stale_prefix",
     ],
 )
 def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
@@ -536,7 +590,7 @@ def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     # explore searches here: the two halves share the machine's cores
     with multiprocessing.get_context("fork").Pool(1) as pool:
         hunt = pool.apply_async(_hypothesis_length, (machine,))
-        report = explore(scope, workers=1, minutes=3)
+        report = explore(scope, workers=1, minutes=20)
         explored = time.perf_counter() - began
         rules, shrunk = hunt.get()
     found = report.violation
@@ -567,3 +621,83 @@ def test_a_store_with_a_background_worker_is_not_copied() -> None:
     quiet = MemoryStore()
     twin = copy.deepcopy(quiet)
     assert twin is not quiet and twin.stored_keys(PoolName.KV) == quiet.stored_keys(PoolName.KV)
+
+
+# -- several ranks (testing.rank_explore) ----------------------------------------------
+
+
+def _plant_min_of_maxima(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the intersection takes the MIN of each rank's largest boundary (wrong on sparse sets)
+    def min_of_maxima(group: Any, restorable: Any, num_pages: int) -> int:
+        best = max(restorable, default=0)
+        return int(group.all_reduce_min([best])[0])
+
+    monkeypatch.setattr(ranks_mod, "intersect_restorable", min_of_maxima)
+    monkeypatch.setattr(linker_mod, "intersect_restorable", min_of_maxima)  # its own name
+
+
+RANK_SCOPE = RankScope(ranks=2, pages=2, doc_pages=2, window_pages=1)
+
+
+def _hypothesis_rank_length(scope: RankScope) -> int:
+    """The rank world's Hypothesis machine with shrinking on (the comparison's hunt):
+    its shrunk program's steps, each one operation of the explorer's alphabet."""
+    machine = type("RankShrink", (RankWorldMachine,), {"scope": scope})
+    with pytest.raises(Exception) as info:
+        run_state_machine_as_test(machine, settings=SHRINK_HUNT)
+    found = info.value
+    failures = [e for e in getattr(found, "exceptions", [found]) if _program(e)]
+    assert failures, f"Hypothesis printed no falsifying program: {found!r}"
+    assert all("restorable intersection" in str(e) for e in failures), failures
+    return min(len(_program(e)) for e in failures)
+
+
+def test_explore_ranks_finds_the_rank_intersection_bug_no_longer_than_hypothesis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _plant_min_of_maxima(monkeypatch)
+    # one after the other in this process (a forked child of a process that ran thread
+    # ranks can inherit a held lock)
+    began = time.perf_counter()
+    report = explore_ranks(RANK_SCOPE, minutes=10)
+    explored = time.perf_counter() - began
+    shrunk = _hypothesis_rank_length(RANK_SCOPE)
+    found = report.violation
+    assert found is not None, report.summary()
+    assert "restorable intersection" in found.error, found.error
+    print(
+        f"\nmin_of_maxima: explore_ranks {len(found)} operations ({report.states} states, "
+        f"{explored:.1f} s); Hypothesis (the same alphabet) shrank to {shrunk} operations "
+        f"(both done after {time.perf_counter() - began:.1f} s)"
+    )
+    assert len(found) <= shrunk
+    # the two ranks' stores lost different pages, and the ranks then looked up together
+    kinds = [op.kind for op in found.path]
+    assert kinds[-1] == "match" and {op.rank for op in found.path if op.rank >= 0} == {0, 1}
+    with pytest.raises(InvariantViolation, match="restorable intersection"):
+        found.replay()
+
+
+def test_rank_world_without_a_bug_agrees_and_ranks_are_interchangeable() -> None:
+    report = explore_ranks(RANK_SCOPE, max_depth=4)
+    assert report.violation is None, report.summary()
+    assert report.states > 20
+    # rank 0 losing a page and rank 1 losing it are one state (ranks are interchangeable)
+    base = [RankOp("compute 1", "compute", pages=1)]
+    lose = [
+        RankOp(f"store_evict {r} kv [100]", "store_evict", pages=1, rank=r, pool=PoolName.KV)
+        for r in (0, 1)
+    ]
+    w0 = replay_ranks(RANK_SCOPE, [*base, lose[0]])
+    w1 = replay_ranks(RANK_SCOPE, [*base, lose[1]])
+    both = replay_ranks(RANK_SCOPE, [*base, *lose])
+    assert rank_fingerprint(w0, RANK_SCOPE) == rank_fingerprint(w1, RANK_SCOPE)
+    assert rank_fingerprint(w0, RANK_SCOPE) != rank_fingerprint(both, RANK_SCOPE)
+    # a copied world runs on its own thread group and leaves the original alone
+    copied = copy_world(w0)
+    apply_rank_op(RankOp("match", "match"), copied, RANK_SCOPE)
+    apply_rank_op(lose[1], copied, RANK_SCOPE)
+    assert rank_fingerprint(w0, RANK_SCOPE) == rank_fingerprint(w1, RANK_SCOPE)
+    assert copied[0].linker.group is not w0[0].linker.group
+    with pytest.raises(ValueError, match="ranks"):
+        RankScope(ranks=1)

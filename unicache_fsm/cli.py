@@ -35,8 +35,8 @@ its arguments, a function that runs it, and one entry in the table):
   the shrunk program as a Python script that replays it (the walk) or Hypothesis's
   falsifying program.
 - ``explore [--pages N] [--requests R] [--page-size P] [--swa-window W] [--faults F]
-  [--unpinned] [--corrupt] [--store-pages S] [--depth D] [--minutes M] [--workers J]
-  [--coverage F] [--test-out F]`` — breadth-first
+  [--unpinned] [--corrupt] [--store-pages S] [--unrelated] [--depth D] [--minutes M]
+  [--workers J] [--coverage F] [--test-out F]`` — breadth-first
   search of every state of a tiny system (`unicache_fsm.testing.explore`); prints the
   distinct states, transitions, states/s, depth, whether the space was exhausted and
   the declared transitions reached; on a violation prints the shortest operation
@@ -679,6 +679,12 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
         "--corrupt", action="store_true", help="the search may corrupt a page the store holds"
     )
     p.add_argument(
+        "--unrelated",
+        action="store_true",
+        help="the search may also compute a one-page key no request shares (not offloaded): "
+        "another prefix that takes the slots evictions free",
+    )
+    p.add_argument(
         "--store-pages",
         type=int,
         default=0,
@@ -754,6 +760,7 @@ def _explore_scope(args: argparse.Namespace) -> Any:
             unpinned=args.unpinned,
             corrupt=args.corrupt,
             store_pages=args.store_pages,
+            unrelated=args.unrelated,
         )
     except ValueError as exc:
         flag = str(exc).split()[0].removeprefix("Scope.").replace("_", "-")

@@ -32,19 +32,22 @@ until its LOAD (what other operations do to the prefix in that gap, the LOAD mus
 notice); ``corrupt``, per stored node a `corrupt` of its last KV page in the store;
 ``store_pages``, a store of that many pages that evicts for room from chain ends (the
 audit then checks that the store's chains stay whole, until an operation removes a
-page from a chain's middle on purpose).
+page from a chain's middle on purpose); ``unrelated``, a `compute u` of a one-page key
+whose first page no request shares, not offloaded (another prefix that takes the slots
+evictions free, so that a prefix evicted and loaded back lands in other slots).
 
 States are canonicalised (`canonical`): the tree's shape and keys, each node's
 residency, locks, hash/backup/offload marks, the relative order of its last access,
 and its FULL / SWA / host slots renamed in order of first appearance (slots are opaque
-handles, so free-list order is not part of a state); every load's state, anchor,
-reserved slots and batch; the offload records; the harness's requests and locks; the
-store's contents and its in-flight work (`FaultyStore.pending`); with a capacity store or
-corruption, the store's chain books (`BaseStore.chain_books`: parents, eviction order,
-remembered parents) and which pages are corrupt, and with a capacity store what the
-chain audit has learnt to exempt (`System.chain_exemptions`). A state is kept as a
-16-byte BLAKE2b fingerprint of that form, so memory grows with 16 bytes per state plus
-the current and next frontier.
+handles, so free-list order is not part of a state); every load's state, anchor, the
+device prefix it matched (in the same slot names: an anchor moved into other slots
+since is another state), reserved slots and batch; the offload records; the harness's
+requests and locks; the store's contents and its in-flight work
+(`FaultyStore.pending`); with a capacity store or corruption, the store's chain books
+(`BaseStore.chain_books`: parents, eviction order, remembered parents) and which pages
+are corrupt, and with a capacity store what the chain audit has learnt to exempt
+(`System.chain_exemptions`). A state is kept as a 16-byte BLAKE2b fingerprint of that
+form, so memory grows with 16 bytes per state plus the current and next frontier.
 
 Reaching a state: a frontier entry is its operation path. A worker replays the path
 once on a fresh `System` (without the audits, which passed the first time), then runs
@@ -84,10 +87,9 @@ machine the path touched, in Mermaid, its arrows labelled with how often the pat
 them and its last state highlighted). Helpers the printed tests use: `inject`,
 `node_at`, `reverify`, `corrupt`.
 
-Several ranks are not explored: the linker's collective calls (`intersect_restorable`,
-`agree`) need every rank inside the call at once (threads meeting at a barrier), which a
-state-by-state search of one process does not do; `testing.ranks` checks the agreement
-itself.
+This module searches one rank. The linker's collective calls (`intersect_restorable`,
+`agree`) need every rank inside the call at once: `testing.rank_explore` searches a
+world of several ranks (one system each, collective calls on thread ranks).
 """
 
 from __future__ import annotations
@@ -186,6 +188,7 @@ class Scope:
     unpinned: bool = False
     corrupt: bool = False
     store_pages: int = 0
+    unrelated: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in ("pages", "requests", "page_size", "key_pages", "swa_pages", "window_pages"):
@@ -198,7 +201,7 @@ class Scope:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 msg = f"Scope.{name} must be an int >= 0, got {value!r}"
                 raise ValueError(msg)
-        for name in ("unpinned", "corrupt"):
+        for name in ("unpinned", "corrupt", "unrelated"):
             if not isinstance(getattr(self, name), bool):
                 msg = f"Scope.{name} must be a bool, got {getattr(self, name)!r}"
                 raise ValueError(msg)
@@ -217,6 +220,12 @@ class Scope:
         for j in range(1, self.key_pages):
             tokens += [1000 * (i + 1) + 10 * j + t for t in range(p)]
         return tuple(tokens)
+
+    @property
+    def unrelated_key(self) -> tuple[int, ...]:
+        """The one-page key `compute u` computes (with `unrelated`): a first page no
+        request's key shares."""
+        return tuple(200 + t for t in range(self.page_size))
 
     def build(self) -> System:
         """A fresh system of this scope, with an (inactive) fault wrapper.
@@ -265,6 +274,8 @@ class Scope:
         parts = [f", {name}=True" for name in ("unpinned", "corrupt") if getattr(self, name)]
         if self.store_pages:
             parts.append(f", store_pages={self.store_pages}")
+        if self.unrelated:
+            parts.append(", unrelated=True")
         return "".join(parts)
 
     def describe(self) -> str:
@@ -275,6 +286,7 @@ class Scope:
                 ", unpinned matches" if self.unpinned else "",
                 ", corrupt pages" if self.corrupt else "",
                 f", store of {self.store_pages} pages" if self.store_pages else "",
+                ", an unrelated key" if self.unrelated else "",
             ]
         )
         return (
@@ -475,6 +487,8 @@ def enabled_ops(ns: dict[str, Any], scope: Scope) -> list[Op]:
         ops.append(Op("finish", "s.finish_loads()\nreverify(s)"))
     if lk.offloads:
         ops.append(Op("poll", "s.linker.poll_offloads()\nreverify(s)"))
+    if scope.unrelated:  # another prefix, not offloaded: it takes what evictions freed
+        ops.append(Op("compute u", f"s.compute('cu', {scope.unrelated_key}, offload=False)"))
     p = scope.page_size
     ops.append(Op("evict", f"s.tree.evict(EvictParams(num_tokens={p}))"))
     if scope.swa:
@@ -754,6 +768,9 @@ def canonical(
             ld.abort_reason,
             ld.abort_pending,
             ref(ld.endpoint),
+            # the device prefix it matched, in the tree's slot names: an anchor moved into
+            # other slots since (backed up, evicted, loaded back) is another state
+            full(ld.device_prefix),
             tuple(
                 (t.name, (swa if t.name is PoolName.SWA else full)(t.device_indices))
                 for t in ld.transfers
