@@ -444,7 +444,8 @@ BUGS = [
             faults=(K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER),
         ),
         _hunt(4, False, 0.5, (K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER)),
-        ("loads landed", "KV bytes", "COMMIT soundness"),
+        # a failed batch taken as landed: its loads commit, their nodes count as stored
+        ("loads landed", "KV bytes", "COMMIT soundness", "stored pages landed"),
     ),
     (  # needs a page corrupted in the store
         _plant_corrupt_page_kept,
@@ -513,7 +514,7 @@ def _program(exc: BaseException) -> list[str]:
 # hunt stops at its first failure (only that one is shrunk); nothing is read from or
 # written to an example database, so every run starts from the same derandomized search
 SHRINK_HUNT = settings(
-    max_examples=1500,  # as the mutation check's hunts: some bugs need more than 400
+    max_examples=6000,  # as the mutation check's hunts (it stops at the first failure)
     # shorter programs than the mutation check's 40 steps: each of these bugs is found
     # within 15, and shrinking a shorter program costs a fraction of the time
     stateful_step_count=15,
@@ -525,18 +526,28 @@ SHRINK_HUNT = settings(
 )
 
 
-def _hypothesis_length(machine_attrs: dict[str, Any]) -> tuple[int, int]:
+def _hypothesis_length(
+    machine_attrs: dict[str, Any], hunt: settings = SHRINK_HUNT
+) -> tuple[int, int] | str:
     """Run the mutation check's hunt with shrinking on: the shrunk program's rules, and
-    the operations of the explorer's alphabet they perform (the same unit as explore's).
+    the operations of the explorer's alphabet they perform (the same unit as explore's);
+    a string saying what went wrong when there is no program to measure.
 
     Hypothesis shrinks the first failure it meets (``report_multiple_bugs=False``); a
-    planted bug often breaks several invariants, each of them is that bug."""
+    planted bug often breaks several invariants, each of them is that bug. This runs in
+    a forked pool worker, so it returns its verdict instead of failing: pytest's
+    failure exceptions derive from BaseException and would kill the worker, leaving the
+    parent waiting for an answer that never comes."""
     machine = type("Shrink", (SystemMachine,), machine_attrs)
-    with pytest.raises(Exception) as info:
-        run_state_machine_as_test(machine, settings=SHRINK_HUNT)
-    found = info.value
+    try:
+        run_state_machine_as_test(machine, settings=hunt)
+    except Exception as exc:
+        found = exc
+    else:
+        return f"Hypothesis found no failure in {hunt.max_examples} programs"
     failures = [e for e in getattr(found, "exceptions", [found]) if _program(e)]
-    assert failures, f"Hypothesis printed no falsifying program: {found!r}"
+    if not failures:
+        return f"Hypothesis printed no falsifying program: {found!r}"
     failure = min(failures, key=lambda e: len(_program(e)))
     steps = _program(failure)
     ops = 0
@@ -592,7 +603,9 @@ def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
         hunt = pool.apply_async(_hypothesis_length, (machine,))
         report = explore(scope, workers=1, minutes=20)
         explored = time.perf_counter() - began
-        rules, shrunk = hunt.get()
+        outcome = hunt.get(timeout=1500)  # a dead worker fails the test, never hangs it
+    assert not isinstance(outcome, str), outcome
+    rules, shrunk = outcome
     found = report.violation
     assert found is not None, report.summary()
     assert any(n in found.error for n in names), found.error
@@ -609,6 +622,15 @@ def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     with pytest.raises(Exception, match="|".join(re.escape(n) for n in names)):
         module["test_explore_counterexample"]()
     assert "stateDiagram" in found.diagrams()
+
+
+def test_a_hunt_that_finds_nothing_answers_its_parent() -> None:
+    """No bug planted: the forked Hypothesis half says so instead of dying (which left
+    the parent waiting forever)."""
+    few = settings(SHRINK_HUNT, max_examples=2, stateful_step_count=3)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        outcome = pool.apply_async(_hypothesis_length, ({}, few)).get(timeout=300)
+    assert outcome == "Hypothesis found no failure in 2 programs"
 
 
 def test_a_store_with_a_background_worker_is_not_copied() -> None:
