@@ -331,14 +331,19 @@ class System:
         self.unlock(req.lock)
         req.lock = None
         if offload and result.write_through:
-            chain = result.write_through
-            # the linker offloads node by node; only the first node's record can carry a
-            # link page this chain does not store itself, so that record is checked
-            gone = self._missing_link(chain[0])
-            first = self.linker.offload_nodes(chain[:1])
-            self._note_link(first, gone)
-            rest = self.linker.offload_nodes(chain[1:])
-            req.offload = first if rest is None else rest
+            # the linker offloads node by node (the same calls, in order, as one
+            # offload_nodes of the chain). A node whose parent is not the node before it
+            # in the chain (the chain's head, or a node below ancestors already flagged
+            # stored, which the chain skips) is sent with its parent's last page as a
+            # link page, so its record is checked for one stored again in mid-air
+            previous: TreeNode | None = None
+            for node in result.write_through:
+                gone = self._missing_link(node) if node.parent is not previous else None
+                record = self.linker.offload_nodes([node])
+                self._note_link(record, gone)
+                if record is not None:
+                    req.offload = record
+                previous = node
             if settle:
                 self.store.progress()
                 self.linker.poll_offloads()
