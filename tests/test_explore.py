@@ -34,16 +34,15 @@ import torch
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from planted_bugs import BUGS as PLANTED_BUGS
+from planted_bugs import Bug
 from unicache_fsm.cli import main
 from unicache_fsm.linker import linker as linker_mod
 from unicache_fsm.linker import ranks as ranks_mod
-from unicache_fsm.linker.load import LoadState
-from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase, PoolName
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.serving.invariants import InvariantViolation
-from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.faults import FaultKind
 from unicache_fsm.store.memory import MemoryStore
-from unicache_fsm.store.protocol import LoadBatchResult
 from unicache_fsm.testing.explore import (
     Op,
     Refused,
@@ -67,8 +66,6 @@ from unicache_fsm.testing.rank_explore import (
     rank_fingerprint,
     replay_ranks,
 )
-from unicache_fsm.tree import components
-from unicache_fsm.tree.tree import RadixTree
 
 CI_SCOPE = ["--pages", "2", "--requests", "1", "--key-pages", "1", "--swa-window", "0"]
 
@@ -254,188 +251,39 @@ def test_a_snapshot_keeps_views_on_their_copied_storage_and_shares_no_memory() -
 
 # -- planted bugs (the mutation check's) -------------------------------------------------
 
-
-def _plant_swa_leak(monkeypatch: pytest.MonkeyPatch) -> None:
-    swa_hook = components.SwaComponent.update_external_linker_load
-    full_hook = components.FullComponent.update_external_linker_load
-
-    def swa_leaky(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
-        if phase is ExternalLinkerLoadPhase.ABORT:
-            return None
-        return swa_hook(self, phase, transfer, ctx)
-
-    def full_only(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
-        if phase is ExternalLinkerLoadPhase.ABORT and self.tree.component(ComponentType.SWA):
-            self.tree.allocator.free_full_only(transfer.device_indices)
-            return None
-        return full_hook(self, phase, transfer, ctx)
-
-    monkeypatch.setattr(components.SwaComponent, "update_external_linker_load", swa_leaky)
-    monkeypatch.setattr(components.FullComponent, "update_external_linker_load", full_only)
-
-
-def _plant_greedy_commit(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = components.FullComponent.update_external_linker_load
-
-    def greedy(self: Any, phase: Any, transfer: Any, ctx: Any) -> Any:
-        if phase is ExternalLinkerLoadPhase.COMMIT:
-            return transfer
-        return real(self, phase, transfer, ctx)
-
-    monkeypatch.setattr(components.FullComponent, "update_external_linker_load", greedy)
-
-
-def _plant_forgetful_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = RadixTree.split
-
-    def forgetful(self: RadixTree, node: Any, k: int) -> Any:
-        ticket = node.pending_offload
-        top = real(self, node, k)
-        if ticket is not None:
-            ticket.publish.remove(top)
-            top.pending_offload = None
-        return top
-
-    monkeypatch.setattr(RadixTree, "split", forgetful)
-
-
-def _plant_careless_eviction(monkeypatch: pytest.MonkeyPatch) -> None:
-    def careless(self: RadixTree, node: Any) -> bool:
-        return (
-            node.parent is not None
-            and node.device_resident
-            and not node.offloading
-            and not any(c.device_resident for c in node.children.values())
-        )
-
-    monkeypatch.setattr(RadixTree, "evictable_leaf", careless)
-
-
-def _plant_optimist(monkeypatch: pytest.MonkeyPatch) -> None:
-    def optimist(self: Any, load: Any, verdict: object = False) -> bool:
-        return True
-
-    monkeypatch.setattr(linker_mod.ExternalLinker, "landed_everywhere", optimist)
-
-
-def _plant_stuck_offload(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a refused or failed offload never rolls its nodes back (issue 12's third bug)
-    monkeypatch.setattr(linker_mod.ExternalLinker, "roll_back_nodes", lambda self, rec, v=0: None)
-
-
-def _plant_failed_load_queued(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a refused load stays queued, and a completion settles every load of its batch
-    def keeps_it(self: Any, load: Any) -> None:
-        self.calls.load(load.rid, load.transfers)
-
-    def settles_all(self: Any) -> None:
-        for _ in range(self.calls.num_completed_loads() or 0):
-            result = self.calls.pop_completed_load()
-            head = self.batches.popleft() if self.batches else None
-            for load in head.loads if head is not None else ():
-                if load.state == LoadState.LOADING and load.settled is None:
-                    load.settled = result is not None and result.success
-
-    monkeypatch.setattr(linker_mod.ExternalLinker, "queue_store_load", keeps_it)
-    monkeypatch.setattr(linker_mod.ExternalLinker, "_take_completions", settles_all)
-
-
-def _plant_truthy_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
-    # an ill-typed verdict is taken by its truthiness: the string "false" counts as landed
-    def lax(self: CheckedStore) -> LoadBatchResult | None:
-        try:
-            result = self.store.pop_completed_load()
-        except Exception as exc:
-            self.on_fault("pop_completed_load", exc)
-            return None
-        if not isinstance(result, LoadBatchResult):
-            return None
-        return LoadBatchResult(result.batch, result.rids, bool(result.success))
-
-    monkeypatch.setattr(CheckedStore, "pop_completed_load", lax)
-
-
-def _plant_chain_without_link(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a chain goes to the store without the link page to its stored parent
-    monkeypatch.setattr(linker_mod.ExternalLinker, "_link_page", lambda self, chain: None)
-
-
-def _plant_stale_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
-    # load_back trusts the prefix matched earlier (moved into other slots since)
-    monkeypatch.setattr(linker_mod.ExternalLinker, "_prefix_current", lambda self, load: True)
-
-
-def _plant_corrupt_page_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    # a page that failed its checksum stays stored
-    monkeypatch.setattr(MemoryStore, "_drop_rejected", lambda self, ident, entry: None)
-
-
+PLANTED = {bug.name: bug for bug in PLANTED_BUGS}
 K = FaultKind
 
 
-def _hunt(
-    p: int,
-    swa: bool,
-    rate: float = 0.0,
-    kinds: tuple[FaultKind, ...] = tuple(FaultKind),
-    capacities: tuple[int | None, ...] = (None,),
-) -> dict[str, Any]:
-    """The class attributes of the mutation check's `SystemMachine` for one bug."""
-    return {
-        "page_sizes": (p,),
-        "swa_choices": (swa,),
-        "fault_rates": (rate,),
-        "fault_kinds": kinds,
-        "store_capacities": capacities,
-    }
+def _case(name: str, scope: Scope, **marks: Any) -> Any:
+    """One planted bug (its plant, its Hypothesis hunt and what its failure names: the
+    mutation check's) with the explore scope that finds it."""
+    return pytest.param(PLANTED[name], scope, id=name, **marks)
 
 
-# (bug, explore scope, the mutation check's Hypothesis machine for it, what breaks)
 BUGS = [
-    (
-        _plant_swa_leak,
-        Scope(pages=2, requests=1, swa=True, key_pages=1, faults=(K.FAIL_BATCH_MIDWAY,)),
-        _hunt(4, True, 0.25),
-        ("slot conservation", "leaked"),
+    _case(
+        "swa_leak", Scope(pages=2, requests=1, swa=True, key_pages=1, faults=(K.FAIL_BATCH_MIDWAY,))
     ),
-    (
-        _plant_greedy_commit,
-        Scope(pages=4, requests=1, swa=False, key_pages=2, faults=()),
-        _hunt(1, False),
-        ("COMMIT soundness",),
-    ),
-    (
-        _plant_forgetful_split,
-        Scope(pages=4, requests=2, swa=False, key_pages=2, faults=()),
-        _hunt(4, False),
-        ("offload",),
-    ),
-    (
-        _plant_careless_eviction,
-        Scope(pages=2, requests=1, swa=False, key_pages=1, faults=()),
-        _hunt(4, False),
-        ("not in the tree", "lock"),
-    ),
-    (
-        _plant_optimist,
+    _case("greedy_commit", Scope(pages=4, requests=1, swa=False, key_pages=2, faults=())),
+    _case("forgetful_split", Scope(pages=4, requests=2, swa=False, key_pages=2, faults=())),
+    _case("careless_eviction", Scope(pages=2, requests=1, swa=False, key_pages=1, faults=())),
+    _case(
+        "optimist",
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.FAIL_BATCH_BEFORE_START,)),
-        _hunt(4, False, 0.25),
-        ("loads landed", "KV bytes", "stored pages present"),
     ),
-    (
-        _plant_stuck_offload,
+    _case(
+        "stuck_offload",
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(K.REFUSE_OFFLOAD,)),
-        _hunt(4, False, 0.25),
-        ("lock balance", "offloading"),
     ),
-    (  # needs two requests: the refused load rides in the other's batch
-        _plant_failed_load_queued,
+    # needs two requests: the refused load rides in the other's batch
+    _case(
+        "failed_load_queued",
         Scope(pages=2, requests=2, swa=False, key_pages=1, faults=(K.REFUSE_LOAD,)),
-        _hunt(4, False, 0.25, (K.REFUSE_LOAD, K.RAISE_ERROR, K.GARBAGE_ANSWER)),
-        ("loads landed", "KV bytes", "stored pages landed"),
     ),
-    (  # needs an ill-typed verdict on a failed batch's completion
-        _plant_truthy_verdict,
+    # needs an ill-typed verdict on a failed batch's completion
+    _case(
+        "truthy_verdict",
         Scope(
             pages=2,
             requests=1,
@@ -443,26 +291,22 @@ BUGS = [
             key_pages=1,
             faults=(K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER),
         ),
-        _hunt(4, False, 0.5, (K.FAIL_BATCH_BEFORE_START, K.GARBAGE_ANSWER)),
-        # a failed batch taken as landed: its loads commit, their nodes count as stored
-        ("loads landed", "KV bytes", "COMMIT soundness", "stored pages landed"),
     ),
-    (  # needs a page corrupted in the store
-        _plant_corrupt_page_kept,
+    # needs a page corrupted in the store
+    _case(
+        "corrupt_page_kept",
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(), corrupt=True),
-        _hunt(1, False),
-        ("failed verification but are still stored",),
     ),
-    (  # needs a capacity store and two requests: one key's chain stored below the other's
-        _plant_chain_without_link,
+    # needs a capacity store and two requests: one key's chain stored below the other's
+    _case(
+        "chain_without_link",
         Scope(pages=4, requests=2, swa=False, key_pages=2, faults=(), store_pages=3),
-        _hunt(4, False, capacities=(6, 24)),
-        ("store chains whole",),
     ),
-    pytest.param(  # needs the matched anchor moved into other slots while it stays the
-        # same node: an unpinned match, a host tier that keeps the evicted anchor in the
-        # tree, and an unrelated prefix that takes its freed slot (`unrelated`)
-        _plant_stale_prefix,
+    # needs the matched anchor moved into other slots while it stays the same node: an
+    # unpinned match, a host tier that keeps the evicted anchor in the tree, and an
+    # unrelated prefix that takes its freed slot (`unrelated`)
+    _case(
+        "stale_prefix",
         Scope(
             pages=2,
             requests=2,
@@ -473,10 +317,7 @@ BUGS = [
             unpinned=True,
             unrelated=True,
         ),
-        _hunt(4, True),
-        ("COMMIT soundness", "KV bytes"),
         marks=pytest.mark.slow,  # 15 operations deep: minutes, not seconds
-        id="stale_prefix",
     ),
 ]
 
@@ -570,37 +411,17 @@ def _in_teardown(exc: BaseException) -> bool:
     return False
 
 
-@pytest.mark.parametrize(
-    ("plant", "scope", "machine", "names"),
-    BUGS,
-    ids=[
-        "swa_leak",
-        "greedy_commit",
-        "forgetful_split",
-        "careless_eviction",
-        "optimist",
-        "stuck_offload",
-        "failed_load_queued",
-        "truthy_verdict",
-        "corrupt_page_kept",
-        "chain_without_link",
-        "stale_prefix",
-    ],
-)
+@pytest.mark.parametrize(("bug", "scope"), BUGS)
 def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
-    monkeypatch: pytest.MonkeyPatch,
-    plant: Any,
-    scope: Scope,
-    machine: dict[str, Any],
-    names: tuple[str, ...],
-    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, bug: Bug, scope: Scope, tmp_path: Path
 ) -> None:
-    plant(monkeypatch)
+    bug.plant(monkeypatch)
+    names = bug.names
     began = time.perf_counter()
     # Hypothesis hunts and shrinks in a forked process (the bug planted there too) while
     # explore searches here: the two halves share the machine's cores
     with multiprocessing.get_context("fork").Pool(1) as pool:
-        hunt = pool.apply_async(_hypothesis_length, (machine,))
+        hunt = pool.apply_async(_hypothesis_length, (bug.attrs,))
         report = explore(scope, workers=1, minutes=20)
         explored = time.perf_counter() - began
         outcome = hunt.get(timeout=1500)  # a dead worker fails the test, never hangs it
@@ -610,7 +431,7 @@ def test_explore_finds_each_planted_bug_no_longer_than_hypothesis(
     assert found is not None, report.summary()
     assert any(n in found.error for n in names), found.error
     print(
-        f"\n{plant.__name__}: explore {len(found)} operations ({report.states} states, "
+        f"\n{bug.name}: explore {len(found)} operations ({report.states} states, "
         f"{explored:.1f} s); Hypothesis shrank to {rules} rules = {shrunk} operations "
         f"(both done after {time.perf_counter() - began:.1f} s)"
     )
