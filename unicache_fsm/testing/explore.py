@@ -123,6 +123,7 @@ from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
 from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.testing.search import Successor, breadth_first
 from unicache_fsm.tree import EvictParams
 from unicache_fsm.tree.node import TreeNode
 
@@ -907,13 +908,6 @@ def _observing_globals(observer: Callable[..., None]) -> Iterator[None]:
 # -- one expansion (runs in a worker) -----------------------------------------------------
 
 
-@attrs.frozen
-class _Child:
-    op: Op
-    digest: bytes | None  # None: a finding (see `error`)
-    error: str | None = None
-
-
 class _Gate:
     """An observer that counts transitions only while `on` (not during a replay)."""
 
@@ -977,7 +971,7 @@ _RUNS = itertools.count()
 
 def _expand(
     scope: Scope, path: tuple[Op, ...], run: str = ""
-) -> tuple[list[_Child], int, Counter[Any]]:
+) -> tuple[list[Successor[None]], int, Counter[Any]]:
     """Every successor of the state `path` reaches: (children, refused, transition counts).
 
     Each operation runs on a copy of that state: a `snapshot` of it when the path is
@@ -988,7 +982,7 @@ def _expand(
         _AUDITED[run] = set()
     audited = _AUDITED[run]
     gate = _Gate()
-    children: list[_Child] = []
+    children: list[Successor[None]] = []
     refused = 0
     parent = _reach(scope, path, gate)
     wild = scope.wild
@@ -1039,9 +1033,9 @@ def _expand(
             except Refused:
                 refused += 1
             except Exception as exc:  # a finding: an invariant or a crash of the real code
-                children.append(_Child(op, None, f"{type(exc).__name__}: {exc}"))
+                children.append(Successor(op, None, f"{type(exc).__name__}: {exc}"))
             else:
-                children.append(_Child(op, digest))
+                children.append(Successor(op, digest))
                 if digest == home and ns is not parent:
                     spare = ns  # a self-loop: the copy is the parent's state still
     return children, refused, gate.counter.counts
@@ -1049,7 +1043,7 @@ def _expand(
 
 def _expand_star(
     args: tuple[Scope, tuple[Op, ...], str],
-) -> tuple[list[_Child], int, Counter[Any]]:
+) -> tuple[list[Successor[None]], int, Counter[Any]]:
     return _expand(*args)
 
 
@@ -1208,53 +1202,32 @@ def explore(
     root = _namespace(scope.build())
     root["s"].audit()
     visited = {fingerprint(root, scope)}
-    frontier: list[tuple[Op, ...]] = [()]
     pool = _pool(workers)
+
+    def expand(entries: Sequence[tuple[tuple[Any, ...], None]]) -> Iterator[list[Successor[None]]]:
+        jobs_ = [(scope, path, run) for path, _ in entries]
+        if pool is None:
+            results: Any = map(_expand_star, jobs_)
+        else:
+            chunk = max(1, len(jobs_) // (8 * workers))
+            results = pool.imap(_expand_star, jobs_, chunksize=chunk)
+        for children, refused, level_counts in results:
+            counts.update(level_counts)
+            report.refused += refused
+            yield children
+
     try:
-        while frontier:
-            if max_depth is not None and report.depth >= max_depth:
-                break
-            if deadline is not None and time.perf_counter() > deadline:
-                break
-            jobs_ = [(scope, path, run) for path in frontier]
-            if pool is None:
-                results: Any = map(_expand_star, jobs_)
-            else:
-                chunk = max(1, len(jobs_) // (8 * workers))
-                results = pool.imap(_expand_star, jobs_, chunksize=chunk)
-            nxt: list[tuple[Op, ...]] = []
-            found: Counterexample | None = None
-            for path, (children, refused, level_counts) in zip(frontier, results, strict=True):
-                counts.update(level_counts)
-                report.refused += refused
-                for child in children:
-                    report.transitions += 1
-                    if child.error is not None:
-                        if found is None:
-                            found = Counterexample(scope, (*path, child.op), child.error)
-                        continue
-                    assert child.digest is not None
-                    if child.digest not in visited:
-                        visited.add(child.digest)
-                        nxt.append((*path, child.op))
-                if deadline is not None and time.perf_counter() > deadline and found is None:
-                    break
-            else:
-                report.depth += 1
-                frontier = nxt
-                report.states = len(visited)
-                if progress is not None:
-                    progress(report.depth, report.states, len(frontier))
-                if found is not None:
-                    report.violation = found
-                    break
-                continue
-            break  # the deadline struck inside a level
-        report.exhausted = not frontier and report.violation is None
+        out = breadth_first(
+            None, visited, expand, max_depth=max_depth, deadline=deadline, progress=progress
+        )
     finally:
         if pool is not None:
             pool.terminate()
             pool.join()
+    report.depth, report.transitions, report.exhausted = out.depth, out.transitions, out.exhausted
+    if out.violation is not None:
+        path, error = out.violation
+        report.violation = Counterexample(scope, path, error)
     report.states = len(visited)
     report.seconds = time.perf_counter() - start
     report.coverage = Coverage.from_counter(_counter_of(counts))

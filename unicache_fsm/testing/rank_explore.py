@@ -44,7 +44,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -58,6 +58,7 @@ from unicache_fsm.serving.invariants import InvariantViolation, restorable_inter
 from unicache_fsm.serving.system import System
 from unicache_fsm.store.faults import FaultPolicy
 from unicache_fsm.testing.explore import EXTRA_TOKEN, Scope, canonical, snapshot
+from unicache_fsm.testing.search import Successor, breadth_first
 from unicache_fsm.tree import EvictParams
 
 __all__ = [
@@ -389,43 +390,42 @@ def explore_ranks(
     root = scope.build()
     audit_world(root, scope)
     visited = {rank_fingerprint(root, scope)}
-    # a frontier entry is its path and its world (the worlds are tiny: no replays)
-    frontier: list[tuple[tuple[RankOp, ...], list[System]]] = [((), root)]
-    while frontier and report.violation is None:
-        if max_depth is not None and report.depth >= max_depth:
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        nxt: list[tuple[tuple[RankOp, ...], list[System]]] = []
-        for path, parent in frontier:
-            ops = enabled_rank_ops(parent, scope)
-            for k, op in enumerate(ops):
-                report.transitions += 1
-                world = parent if k == len(ops) - 1 else copy_world(parent)
+
+    def successors(parent: list[System]) -> Iterator[Successor[list[System]]]:
+        ops = enabled_rank_ops(parent, scope)
+        for k, op in enumerate(ops):
+            world = parent if k == len(ops) - 1 else copy_world(parent)
+            try:
                 try:
-                    try:
-                        apply_rank_op(op, world, scope)
-                    except AssertionError as exc:
-                        if str(exc).startswith(_REFUSALS):
-                            report.refused += 1
-                            continue  # the tiny pools cannot serve it: not enabled here
-                        raise
-                    digest = rank_fingerprint(world, scope)
-                    if digest not in visited:  # a state met before passed its audit
-                        audit_world(world, scope)
-                except Exception as exc:  # a finding
-                    if report.violation is None:
-                        error = f"{type(exc).__name__}: {exc}"
-                        report.violation = RankCounterexample(scope, (*path, op), error)
-                    continue
-                if digest not in visited:
-                    visited.add(digest)
-                    nxt.append(((*path, op), world))
-        report.depth += 1
-        frontier = nxt
-        if progress is not None:
-            progress(report.depth, len(visited), len(frontier))
-    report.exhausted = not frontier and report.violation is None
+                    apply_rank_op(op, world, scope)
+                except AssertionError as exc:
+                    if str(exc).startswith(_REFUSALS):
+                        report.refused += 1
+                        continue  # the tiny pools cannot serve it: not enabled here
+                    raise
+                digest = rank_fingerprint(world, scope)
+                if digest not in visited:  # a state met before passed its audit
+                    audit_world(world, scope)
+            except Exception as exc:  # a finding
+                yield Successor(op, None, f"{type(exc).__name__}: {exc}")
+            else:
+                yield Successor(op, digest, state=world)
+
+    def expand(
+        entries: Sequence[tuple[tuple[Any, ...], list[System] | None]],
+    ) -> Iterator[Iterator[Successor[list[System]]]]:
+        for _, parent in entries:
+            assert parent is not None
+            yield successors(parent)  # lazily: each digest is visited before the next audit
+
+    # a frontier entry keeps its world (the worlds are tiny: no replays)
+    out = breadth_first(
+        root, visited, expand, max_depth=max_depth, deadline=deadline, progress=progress
+    )
+    report.depth, report.transitions, report.exhausted = out.depth, out.transitions, out.exhausted
+    if out.violation is not None:
+        path, error = out.violation
+        report.violation = RankCounterexample(scope, path, error)
     report.states = len(visited)
     report.seconds = time.perf_counter() - start
     return report
