@@ -34,13 +34,15 @@ its arguments, a function that runs it, and one entry in the table):
   runs, steps, steps/s and transition coverage; exit 1 on a failure, after printing
   the shrunk program as a Python script that replays it (the walk) or Hypothesis's
   falsifying program.
-- ``explore [--pages N] [--requests R] [--page-size P] [--swa-window W] [--faults F]
-  [--unpinned] [--corrupt] [--store-pages S] [--unrelated] [--depth D] [--minutes M]
+- ``explore [--pages N] [--requests R] [--page-size P] [--key-pages K] [--swa-window W]
+  [--faults F] [--unpinned] [--corrupt] [--store-pages S] [--unrelated] [--depth D] [--minutes M]
   [--workers J] [--coverage F] [--test-out F]`` — breadth-first
   search of every state of a tiny system (`unicache_fsm.testing.explore`); prints the
   distinct states, transitions, states/s, depth, whether the space was exhausted and
   the declared transitions reached; on a violation prints the shortest operation
-  sequence as a pytest test and the machines' diagrams along it, and exits 1.
+  sequence as a pytest test and the machines' diagrams along it, and exits 1. Its
+  defaults are a scope that exhausts in minutes (4 pages, 2 requests of one one-page
+  key, FULL+SWA window 1, `refuse_load` and `fail_batch_midway`).
 - ``simulate [...]`` — serve a workload through the reference scheduler loop and print
   the report as a table (``--json``: as JSON); progress bars with elapsed time and ETA
   go to stderr while the workload is generated and served. ``--trace`` records every
@@ -648,13 +650,22 @@ def _fuzz_hypothesis(
 
 # -- explore ----------------------------------------------------------------------------
 
+# with the other defaults (4 pages, 2 requests of one one-page key, FULL+SWA window 1) a
+# scope searched to exhaustion in about four minutes on two cores; `all` multiplies each
+# state's successors (the wild faults hit every call) past what minutes exhaust
+DEFAULT_EXPLORE_FAULTS = "refuse_load,fail_batch_midway"
+
 
 def _explore_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pages", type=int, default=4, metavar="N", help="FULL pool pages (4)")
     p.add_argument("--requests", type=int, default=2, metavar="R", help="requests (2)")
     p.add_argument("--page-size", type=int, default=1, metavar="P", help="tokens a page (1)")
     p.add_argument(
-        "--key-pages", type=int, default=2, metavar="K", help="pages of each request's key (2)"
+        "--key-pages",
+        type=int,
+        default=1,
+        metavar="K",
+        help="pages of each request's key (1: every request asks for the same key)",
     )
     p.add_argument(
         "--swa-window",
@@ -666,9 +677,10 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-pages", type=int, default=0, metavar="H", help="host tier pages (0)")
     p.add_argument(
         "--faults",
-        default="all",
+        default=DEFAULT_EXPLORE_FAULTS,
         metavar="KINDS",
-        help="store faults the search may inject: all, none, or kinds joined by commas",
+        help="store faults the search may inject: all, none, or kinds joined by commas "
+        f"({DEFAULT_EXPLORE_FAULTS}; the defaults are a scope that exhausts in minutes)",
     )
     p.add_argument(
         "--unpinned",
