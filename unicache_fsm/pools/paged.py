@@ -25,11 +25,11 @@ cost: same checks, same errors.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
+from unicache_fsm.copying import deep
 from unicache_fsm.pools.errors import (
     DoubleFreeError,
     DuplicatePagesError,
@@ -92,9 +92,9 @@ class PagedAllocator:
         slots = {n for k in cls.__mro__ for n in getattr(k, "__slots__", ())} - {"__dict__"}
         for name in slots - {"_is_free"} if self._free_flags is not None else slots:
             if hasattr(self, name):
-                setattr(new, name, copy.deepcopy(getattr(self, name), memo))
+                setattr(new, name, deep(getattr(self, name), memo))
         if hasattr(self, "__dict__"):  # a subclass without __slots__
-            new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+            new.__dict__.update(deep(self.__dict__, memo))
         if new._free_flags is not None:
             new._is_free = torch.frombuffer(new._free_flags, dtype=torch.bool)
         return new

@@ -43,13 +43,13 @@ and bytes move outside it, by one thread at a time (the worker, or the caller of
 from __future__ import annotations
 
 import collections
-import copy
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
 
+from unicache_fsm.copying import deep
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import (
     LinkerTransferPhase,
@@ -188,7 +188,7 @@ class BaseStore(Generic[E]):
             elif name == "_performing":
                 new._performing = threading.Lock()
             else:
-                setattr(new, name, copy.deepcopy(value, memo))
+                setattr(new, name, deep(value, memo))
         return new
 
     def _start_worker(self) -> None:

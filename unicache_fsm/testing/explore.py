@@ -60,10 +60,11 @@ an eviction with nothing to evict, a `finish` with nothing landed; about half of
 operations) leaves a copy that is the parent's state still, and the next operation runs
 on it instead of a fresh copy (exact for the same reason deduplication is: states of one
 fingerprint are one state). The copy itself is ``copy.deepcopy``'s semantics with fast
-paths (`_deep`): containers, project classes without copy hooks of their own, and
+paths (`unicache_fsm.copying.deep`, which the store's and the allocator's copy hooks use
+for their fields too): containers, project classes without copy hooks of their own, and
 tensors (each storage cloned once, every tensor on it, views included, rebuilt at its
-offset and strides). Every successor of one state is independent, so a level's frontier is split
-across worker processes (``workers``; by default one per core): each returns
+offset and strides). Every successor of one state is independent, so a level's frontier
+is split across worker processes (``workers``; by default one per core): each returns
 fingerprints, the main process deduplicates.
 
 Reductions, each exact for this system: hit counts are recorded only up to the
@@ -95,8 +96,6 @@ world of several ranks (one system each, collective calls on thread ranks).
 from __future__ import annotations
 
 import contextlib
-import copy
-import enum
 import hashlib
 import itertools
 import multiprocessing
@@ -110,6 +109,7 @@ from typing import Any
 import attrs
 import torch
 
+from unicache_fsm.copying import deep
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import render_mermaid
 from unicache_fsm.fsm.errors import UnicacheFsmError
@@ -575,112 +575,11 @@ def snapshot(ns: dict[str, Any]) -> dict[str, Any]:
     together; the helpers shared), so that each successor of a state is reached without
     replaying its path. The copy's machines keep the original's observers.
 
-    The copy is ``copy.deepcopy``'s, made faster by `_deep` (see there)."""
+    The copy is ``copy.deepcopy``'s, made faster by `unicache_fsm.copying.deep`."""
     out = dict(ns)
     state = {k: v for k, v in ns.items() if _STATE_NAMES.fullmatch(k)}
-    out.update(_deep(state, {}))
+    out.update(deep(state, {}))
     return out
-
-
-_ATOMIC = frozenset({int, float, bool, str, bytes, type(None), type, torch.dtype})
-_PLAIN: dict[type, tuple[str, ...] | None] = {}  # class -> its fields; None: not plain
-_DICT = ("__dict__",)  # the fields of a plain class whose instances keep a __dict__
-_REDUCE = ("__reduce_ex__", "__reduce__", "__new__")  # object's: copy makes a bare instance
-_GETSTATE = ("__getstate__",)
-
-
-def _plain_fields(cls: type) -> tuple[str, ...] | None:
-    """How `copy` would copy an instance of a project class that has no copy or pickle
-    hooks of its own (or only attrs' slot-state ones): its ``__dict__`` (`_DICT`), or its
-    slots one by one (an unset slot stays unset); None for any other class (left to
-    ``copy.deepcopy``)."""
-    if cls not in _PLAIN:
-        fields = None
-        slots = {n for c in cls.__mro__ for n in c.__dict__.get("__slots__", ())}
-        plain = (
-            cls.__module__.startswith("unicache_fsm.")
-            and getattr(cls, "__deepcopy__", None) is None
-            and all(getattr(cls, h) is getattr(object, h) for h in _REDUCE)
-        )
-        own_state = getattr(cls, "__setstate__", None) is not None or any(
-            getattr(cls, h) is not getattr(object, h) for h in _GETSTATE
-        )
-        if plain and not own_state and not slots and cls.__dictoffset__:
-            fields = _DICT
-        elif plain and not own_state and slots and not cls.__dictoffset__:
-            fields = tuple(sorted(slots - {"__weakref__"}))
-        elif plain and attrs.has(cls) and "__slots__" in cls.__dict__:
-            # attrs' slotted classes get/set their fields as their state
-            names = tuple(f.name for f in attrs.fields(cls))
-            if set(names) == slots - {"__weakref__"}:
-                fields = names
-        _PLAIN[cls] = fields
-    return _PLAIN[cls]
-
-
-_UNSET = object()
-
-
-def _deep(x: Any, memo: dict[Any, Any]) -> Any:
-    """``copy.deepcopy(x, memo)`` with fast paths for what a system is made of: atoms,
-    tuples, lists, dicts, sets, plain project attrs classes, and tensors (a tensor's
-    storage is copied once per snapshot, and every tensor on it, views included, is
-    rebuilt on the copy at its offset, size and stride, as ``Tensor.__deepcopy__`` does).
-    Everything else goes to ``copy.deepcopy`` with the same memo."""
-    cls = type(x)
-    if cls in _ATOMIC or isinstance(x, enum.Enum):
-        return x
-    found = memo.get(id(x), _UNSET)
-    if found is not _UNSET:
-        return found
-    out: Any
-    if cls is tuple:
-        items = [_deep(v, memo) for v in x]
-        if all(a is b for a, b in zip(items, x, strict=True)):
-            return x
-        out = tuple(items)
-    elif cls is list:
-        out = memo[id(x)] = []
-        out.extend(_deep(v, memo) for v in x)
-        return out
-    elif cls is dict:
-        out = memo[id(x)] = {}
-        for k, v in x.items():
-            out[_deep(k, memo)] = _deep(v, memo)
-        return out
-    elif cls is set:
-        out = {_deep(v, memo) for v in x}
-    elif cls is torch.Tensor and not x.requires_grad and x.layout is torch.strided:
-        out = _tensor(x, memo)
-    else:
-        fields = _plain_fields(cls)
-        if fields is None:
-            return copy.deepcopy(x, memo)
-        out = memo[id(x)] = object.__new__(cls)
-        if fields is _DICT:
-            out.__dict__.update(_deep(x.__dict__, memo))
-            return out
-        for name in fields:
-            value = getattr(x, name, _UNSET)
-            if value is not _UNSET:
-                object.__setattr__(out, name, _deep(value, memo))
-        return out
-    memo[id(x)] = out
-    return out
-
-
-def _tensor(t: torch.Tensor, memo: dict[Any, Any]) -> torch.Tensor:
-    storage = t.untyped_storage()
-    if storage.nbytes() == 0:
-        return t.clone()
-    # the storage copies are kept where ``Tensor.__deepcopy__`` keeps them, under the same
-    # key, so that a tensor copied by either path shares its copied storage with the rest
-    copies = memo.setdefault("torch", {})
-    copied = copies.get(storage._cdata)
-    if copied is None:
-        copied = copies[storage._cdata] = storage.clone()  # type: ignore[no-untyped-call]
-    out = torch.empty(0, dtype=t.dtype, device=t.device)
-    return out.set_(copied, t.storage_offset(), t.size(), t.stride())
 
 
 # -- canonical form -----------------------------------------------------------------------
