@@ -66,3 +66,34 @@ def test_a_store_copied_through_its_hook_shares_nothing_with_the_original() -> N
         if isinstance(value, (list, dict, set, collections.deque)):
             assert getattr(twin, name) is not value, name
             assert getattr(twin, name) == value, name
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def note(self, x: int) -> None:
+        self.seen.append(x)
+
+
+def test_frozensets_methods_and_flags_follow_their_contents() -> None:
+    owner = _Owner()
+    leaf = [1]
+    state = {
+        "owner": owner,
+        "callback": owner.note,
+        "atoms": frozenset({1, 2}),
+        "held": frozenset({owner}),
+        "flags": bytearray(b"\x00\x01"),
+        "device": torch.device("cpu"),
+        "leaf": (leaf,),
+    }
+    out = deep(state, {})
+    out["callback"](5)  # bound to the copied owner
+    assert out["owner"].seen == [5] and owner.seen == []
+    assert out["atoms"] is state["atoms"]
+    assert out["held"] == frozenset({out["owner"]})  # its member is the copy, not shared
+    out["flags"][0] = 7
+    assert state["flags"] == bytearray(b"\x00\x01")
+    assert out["device"] == torch.device("cpu")
+    assert out["leaf"] is not state["leaf"] and out["leaf"][0] == [1]

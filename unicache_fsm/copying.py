@@ -4,9 +4,11 @@ A search snapshots a whole system (tree, pools, linker, store, machines) once pe
 successor it reaches, so ``copy.deepcopy`` dominates its time. `deep(x, memo)` has
 ``copy.deepcopy``'s semantics, with fast paths for what a system is made of:
 
-- atoms and enums are themselves; tuples are copied item by item (a tuple of atoms is
-  itself); lists, dicts, sets, ordered dicts, counters and deques (their bound kept)
-  are rebuilt, the memo entered first so that cycles close;
+- atoms (torch dtypes and devices among them) and enums are themselves; tuples and
+  frozensets are copied item by item (one of atoms only is itself); a bound method is
+  bound again to its owner's copy; bytearrays, lists, dicts, sets, ordered dicts,
+  counters and deques (their bound kept) are rebuilt, the memo entered first so that
+  cycles close;
 - a project class (module ``unicache_fsm.*``) with no copy or pickle hooks of its own
   (attrs' slotted state hooks allowed) gets a bare instance and its ``__dict__`` or slots
   copied (an unset slot stays unset), as ``copy`` would through ``__reduce_ex__``;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import collections
 import copy
 import enum
+import types
 from typing import Any
 
 import attrs
@@ -32,7 +35,7 @@ import torch
 
 __all__ = ["deep"]
 
-_ATOMIC = frozenset({int, float, bool, str, bytes, type(None), type, torch.dtype})
+_ATOMIC = frozenset({int, float, bool, str, bytes, type(None), type, torch.dtype, torch.device})
 _PLAIN: dict[type, tuple[str, ...] | None] = {}  # class -> its fields; None: not plain
 _DICT = ("__dict__",)  # the fields of a plain class whose instances keep a __dict__
 _REDUCE = ("__reduce_ex__", "__reduce__", "__new__")  # object's: copy makes a bare instance
@@ -97,6 +100,11 @@ def deep(x: Any, memo: dict[Any, Any]) -> Any:
         return out
     elif cls is set:
         out = {deep(v, memo) for v in x}
+    elif cls is frozenset:
+        items = [deep(v, memo) for v in x]
+        if all(a is b for a, b in zip(items, x, strict=True)):
+            return x
+        out = frozenset(items)
     elif cls is collections.OrderedDict or cls is collections.Counter:
         out = memo[id(x)] = cls()
         for k, v in x.items():
@@ -106,6 +114,10 @@ def deep(x: Any, memo: dict[Any, Any]) -> Any:
         out = memo[id(x)] = collections.deque(maxlen=x.maxlen)
         out.extend(deep(v, memo) for v in x)
         return out
+    elif cls is bytearray:
+        out = bytearray(x)
+    elif cls is types.MethodType:  # copy rebuilds a bound method on its copied owner
+        out = types.MethodType(x.__func__, deep(x.__self__, memo))
     elif cls is torch.Tensor and not x.requires_grad and x.layout is torch.strided:
         out = _tensor(x, memo)
     else:
