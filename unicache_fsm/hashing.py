@@ -282,6 +282,8 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
     end = len(packed) // stride * stride
     sha256 = _sha256
     memo = _DIGESTS
+    if type(prior) is not bytes:
+        prior = bytes(prior)  # a bytearray (or view) would make the memo's key unhashable
     out: list[bytes] = []
     append = out.append
     # One SHA-256 per page is inherent to a chain, but a page is usually hashed twice

@@ -236,6 +236,8 @@ class KVPool:
         if rows.untyped_storage().data_ptr() == self._rows.untyped_storage().data_ptr():
             rows = rows.clone()  # a view of this pool: write what it held before the call
         if self._device.type == "cpu" and rows.device.type == "cpu":
+            if rows.is_conj() or rows.is_neg():  # lazy bits a byte view cannot carry
+                rows = rows.resolve_conj().resolve_neg()
             src = rows.contiguous().view(torch.uint8).numpy()
             dst = self.page_bytes()
             if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
