@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import tracemalloc
 
 import pytest
 import torch
@@ -140,3 +141,20 @@ def test_page_digests_takes_a_bytearray_or_memoryview_prior() -> None:
     assert want[0] == hashlib.sha256(prior + packed[:16]).digest()
     assert hashing.page_digests(packed, 4, bytearray(prior)) == want
     assert hashing.page_digests(packed, 4, memoryview(prior)) == want  # type: ignore[arg-type]
+
+
+# -- page_digests' memo: bounded in bytes, whatever the page size ---------------------------
+def test_page_digests_memo_stays_a_few_mib_at_large_page_sizes() -> None:
+    """16,384 remembered pages of 4 KiB (P = 1024) are 64 MiB of keys: the memo must
+    stay within its stated few MiB however large the pages are."""
+    p = 1024
+    packed = bytes(range(256)) * 64  # four pages of 4 KiB
+    tracemalloc.start()
+    try:
+        for i in range(hashing.DIGEST_MEMO_SIZE // 4):
+            prior = hashlib.sha256(i.to_bytes(4, "little")).digest()  # a chain per call
+            assert len(hashing.page_digests(packed, p, prior)) == 4
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 20 * 2**20, f"{held / 2**20:.1f} MiB held after hashing 64 MiB of pages"
