@@ -10,13 +10,16 @@ import hashlib
 import random
 import tracemalloc
 
+import attrs
 import pytest
 import torch
 
 from unicache_fsm import hashing
 from unicache_fsm.pools import KVPool, PagedAllocator, slots
 from unicache_fsm.pools.errors import ForeignSlotsError, PoolError
+from unicache_fsm.serving.invariants import InvariantViolation, committed_load_sound
 from unicache_fsm.serving.kv import same_kv
+from unicache_fsm.serving.system import System
 
 
 # -- PagedAllocator.free_page_list: page ids far outside the pool ---------------------------
@@ -158,3 +161,38 @@ def test_page_digests_memo_stays_a_few_mib_at_large_page_sizes() -> None:
     finally:
         tracemalloc.stop()
     assert held < 20 * 2**20, f"{held / 2**20:.1f} MiB held after hashing 64 MiB of pages"
+
+
+# -- COMMIT soundness: one torch.isin over the kept slots -----------------------------------
+def test_commit_soundness_rejects_kept_slots_off_the_loaded_path() -> None:
+    """A committed load may keep only slots of its own loaded path: a page the tree owns
+    on another branch, or one it does not own at all, in place of one kept page (the
+    rest sound) is named as a stray."""
+    s = System.build(4, full_pages=64)
+    key = tuple(range(1, 17))
+    other = key[:8] + tuple(range(100, 108))
+    s.compute("a", key)
+    s.drive()
+    s.evict_all()
+    s.compute("prefix", key[:4])  # a one-page device hit; the rest comes from the store
+    s.begin("r", key)
+    (load,) = s.drive(audit=False)
+    assert load.committed_ok and load.device_hit_len == 4
+    committed_load_sound(s.tree, load)  # sound as committed
+    (kept,) = load.committed
+    assert kept.device_indices is not None and kept.num_pages >= 2
+    s.compute("b", other)  # another branch, its pages the tree's too
+    elsewhere = s.tree.match_prefix(other).device_indices[-4:]
+    fresh = s.alloc(4)  # a page nobody owns
+    for stray in (elsewhere, fresh):
+        assert not set(stray.tolist()) & set(s.tree.path_slots(load.endpoint).tolist())
+        for at in (0, kept.num_pages - 1):  # first or last kept page
+            slots_ = kept.device_indices.clone()
+            slots_[at * 4 : at * 4 + 4] = stray
+            load.committed = [attrs.evolve(kept, device_indices=slots_)]
+            with pytest.raises(
+                InvariantViolation, match="kept 4 loaded slots the tree does not own"
+            ):
+                committed_load_sound(s.tree, load)
+    load.committed = [kept]
+    committed_load_sound(s.tree, load)
