@@ -196,3 +196,21 @@ def test_commit_soundness_rejects_kept_slots_off_the_loaded_path() -> None:
                 committed_load_sound(s.tree, load)
     load.committed = [kept]
     committed_load_sound(s.tree, load)
+
+
+# -- KV writes whose data is the pool's own memory under another storage --------------------
+@pytest.mark.parametrize("width", [4, 256])  # 256 B pages (NumPy rows), 16 KiB (page by page)
+def test_kv_write_page_ids_from_the_pools_own_bytes_writes_what_they_held(width: int) -> None:
+    """Data over the pool's memory that is not a torch view of it (a tensor made from
+    `page_bytes()`): pages 1 and 2 swapped must land as they were before the call."""
+    p = 16
+    pool = KVPool(8 * p, p, 2, width)
+    n = 4 * p * 2 * width
+    values = (torch.arange(n, dtype=torch.float32) % 2000).to(pool.dtype).view(4 * p, 2, width)
+    pool.write_pages(torch.arange(p, 5 * p), values)
+    before = pool.data.clone()
+    alias = torch.from_numpy(pool.page_bytes()[1:3]).view(pool.dtype).view(2 * p, 2, width)
+    pool.write_page_ids(torch.tensor([2, 1]), alias)
+    assert torch.equal(pool.data[2 * p : 3 * p], before[p : 2 * p])
+    assert torch.equal(pool.data[p : 2 * p], before[2 * p : 3 * p])
+    assert torch.equal(pool.data[3 * p :], before[3 * p :])

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from unicache_fsm.pools.errors import (
@@ -240,6 +241,8 @@ class KVPool:
                 rows = rows.resolve_conj().resolve_neg()
             src = rows.contiguous().view(torch.uint8).numpy()
             dst = self.page_bytes()
+            if np.may_share_memory(src, dst):  # this pool's memory under another storage
+                src = src.copy()  # (`page_bytes` wrapped again): copy what it held before
             if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
                 # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
                 for i, page in enumerate(pages.tolist()):
