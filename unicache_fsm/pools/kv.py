@@ -241,9 +241,9 @@ class KVPool:
                 rows = rows.resolve_conj().resolve_neg()
             src = rows.contiguous().view(torch.uint8).numpy()
             dst = self.page_bytes()
-            if np.may_share_memory(src, dst):  # this pool's memory under another storage
-                src = src.copy()  # (`page_bytes` wrapped again): copy what it held before
             if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
+                if np.may_share_memory(src, dst):  # the pool's memory, not a torch view
+                    src = src.copy()  # of it (`page_bytes` wrapped): what it held before
                 # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
                 for i, page in enumerate(pages.tolist()):
                     dst[page] = src[i]
