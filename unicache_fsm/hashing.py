@@ -20,8 +20,9 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
   covers); `page_digests(packed, page_size, prior_digest)` -> the raw 32-byte digest of
   each full page of packed tokens, chained from `prior_digest` (b"" at a chain head),
   in one call: the tree packs a key once and keeps raw digests, hex only on demand.
-  A page's digest is remembered (up to `DIGEST_MEMO_SIZE` of them): a LOOKUP of a tail
-  and the insert of the same pages then hash each page once.
+  A page's digest is remembered (up to `DIGEST_MEMO_SIZE` of them, and about
+  `DIGEST_MEMO_BYTES` of input): a LOOKUP of a tail and the insert of the same pages
+  then hash each page once.
   `prior_digest(prior)` -> the raw digest of a hex key or seed (b"" for None).
 
 Bad input raises a typed error, all under `HashError`: `InvalidTokenError` (a token
@@ -46,6 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from unicache_fsm.fsm.errors import UnicacheFsmError
 
 __all__ = [
+    "DIGEST_MEMO_BYTES",
     "DIGEST_MEMO_SIZE",
     "NAMESPACE_TAG",
     "HashError",
@@ -282,6 +284,10 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
     end = len(packed) // stride * stride
     sha256 = _sha256
     memo = _DIGESTS
+    # entries of this call's size that fit the byte bound (large pages: fewer of them)
+    limit = min(DIGEST_MEMO_SIZE, max(1, DIGEST_MEMO_BYTES // (32 + stride)))
+    if type(prior) is not bytes:
+        prior = bytes(prior)  # a bytearray (or view) would make the memo's key unhashable
     out: list[bytes] = []
     append = out.append
     # One SHA-256 per page is inherent to a chain, but a page is usually hashed twice
@@ -292,7 +298,7 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
         data = prior + packed[start : start + stride]
         digest = memo.get(data)
         if digest is None:
-            if len(memo) >= DIGEST_MEMO_SIZE:
+            if len(memo) >= limit:
                 memo.clear()
             digest = memo[data] = sha256(data).digest()
         prior = digest
@@ -301,6 +307,8 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
 
 
 #: `page_digests`' memo: SHA-256 input (the prior digest + one packed page) -> digest,
-#: cleared when it holds `DIGEST_MEMO_SIZE` entries (a few MiB at most).
+#: cleared when it holds `DIGEST_MEMO_SIZE` entries, or (large pages) when its keys
+#: would pass `DIGEST_MEMO_BYTES`: a few MiB at most, whatever the page size.
 _DIGESTS: dict[bytes, bytes] = {}
 DIGEST_MEMO_SIZE = 1 << 14
+DIGEST_MEMO_BYTES = 8 << 20

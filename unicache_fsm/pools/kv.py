@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from unicache_fsm.pools.errors import (
@@ -236,9 +237,13 @@ class KVPool:
         if rows.untyped_storage().data_ptr() == self._rows.untyped_storage().data_ptr():
             rows = rows.clone()  # a view of this pool: write what it held before the call
         if self._device.type == "cpu" and rows.device.type == "cpu":
+            if rows.is_conj() or rows.is_neg():  # lazy bits a byte view cannot carry
+                rows = rows.resolve_conj().resolve_neg()
             src = rows.contiguous().view(torch.uint8).numpy()
             dst = self.page_bytes()
             if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
+                if np.may_share_memory(src, dst):  # the pool's memory, not a torch view
+                    src = src.copy()  # of it (`page_bytes` wrapped): what it held before
                 # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
                 for i, page in enumerate(pages.tolist()):
                     dst[page] = src[i]

@@ -33,6 +33,7 @@ from unicache_fsm.copying import deep
 from unicache_fsm.pools.errors import (
     DoubleFreeError,
     DuplicatePagesError,
+    ForeignSlotsError,
     NotPageMultipleError,
     SlotsNotAllocatedError,
     TensorTypeError,
@@ -217,13 +218,14 @@ class PagedAllocator:
             bad = next(k for k in page_ids if type(k) is not int)
             msg = f"pool {self.name!r}: {what} must be int page ids, got {bad!r}"
             raise TensorTypeError(msg, what=what, got=type(bad), expected=int)
+        num_pages = self._layout.num_pages
+        if min(page_ids) < 1 or max(page_ids) > num_pages:
+            # refused here, in Python ints: as int64 slots (page * P) an id far outside
+            # the pool could wrap around onto a live page, or not fit at all
+            self._raise_foreign_page_ids(page_ids, what)
         flags = self._free_flags
-        if (
-            flags is None
-            or len(page_ids) > SMALL_SLOTS
-            or min(page_ids) < 1
-            or max(page_ids) > self._layout.num_pages
-        ):  # the general path names every culprit (and handles any device)
+        if flags is None or len(page_ids) > SMALL_SLOTS:
+            # the general path names every culprit (and handles any device)
             pages = torch.tensor(page_ids, dtype=torch.int64, device=self._device)
             self.free(self._codec.to_slots(pages))
             return
@@ -231,6 +233,18 @@ class PagedAllocator:
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=True)
         self.release_pages(int64_tensor(page_ids, self._device))
+
+    def _raise_foreign_page_ids(self, page_ids: list[int], what: str) -> None:
+        p, num_pages = self.page_size, self._layout.num_pages
+        bad = [k for k in page_ids if not 1 <= k <= num_pages]
+        msg = (
+            f"pool {self.name!r}: {what} names {len(bad)} page id(s) outside this pool: "
+            f"{preview(bad)}; its pages are 1 .. {num_pages} (page 0 is the padding sink)"
+        )
+        slots = [k * p + o for k in bad for o in range(p)]
+        raise ForeignSlotsError(
+            msg, pool=self.name, slots=slots, low=p, high=self._layout.num_slots
+        )
 
     def check_live(self, slots: object, what: str = "slots") -> None:
         """Raise a typed error unless `slots` are whole, distinct, allocated pages.

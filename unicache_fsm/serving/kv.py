@@ -116,8 +116,8 @@ def same_kv(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     x = a.contiguous().view(-1).view(torch.uint8)
     y = b.contiguous().view(-1).view(torch.uint8)
-    if x.numel() % 8 == 0:  # compare eight bytes at a time
-        x, y = x.view(torch.int64), y.view(torch.int64)
+    if x.numel() % 8 == 0 and x.storage_offset() % 8 == 0 and y.storage_offset() % 8 == 0:
+        x, y = x.view(torch.int64), y.view(torch.int64)  # eight bytes at a time
     if x.device.type == "cpu" and y.device.type == "cpu":
         # NumPy's vectorised comparison over the same memory: 2-3x torch.equal's loop
         return bool(np.array_equal(x.numpy(), y.numpy()))
