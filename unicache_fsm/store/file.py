@@ -116,11 +116,18 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
-    for chunk in chunks:
-        view = memoryview(chunk).cast("B")
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+    """Write `chunks` one after another, in as few ``writev`` calls as the kernel allows
+    (one for a page file: header and payload arrive in one write, so the page cache can
+    hold the file in a few large folios instead of many small ones, and a later read
+    copies it out faster)."""
+    views = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= views[0].nbytes:
+            written -= views[0].nbytes
+            views.pop(0)
+        if written:
+            views[0] = views[0][written:]
 
 
 class FileStore(SharedStore):
