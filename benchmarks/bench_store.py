@@ -43,8 +43,9 @@ The file and Redis stores, against the raw client doing the same I/O on the same
   memory limit, its allocator purged before every write; skipped when it is not
   installed): offload = pipelined ``SET NX`` of header + page, vs. redis-py pipelined
   ``SET NX`` of values of the same size; load = pipelined ``GET``, checks, into the
-  slots, vs. redis-py pipelined ``GET`` of those values. Both sides use pipelines of at
-  most `PIPELINE_BYTES` of values.
+  slots, vs. redis-py pipelined ``GET`` of those values. Both sides put as many commands
+  in a pipeline as the store does (`PIPELINE_BYTES`: its SETs go out once their values
+  reach it, its GETs fetch that much payload, whole pages, at a time).
 
 On a busy 2-core machine torch's OpenMP threads stall each other and the torch
 baselines collapse (a gather at a few percent of its speed); pass ``--threads 1`` for
@@ -450,19 +451,22 @@ def bench_redis(batch: _Batch, rounds: int) -> list[Row]:
         store = RedisStore(server.url)
         client = redis.Redis.from_url(server.url)
         names = [f"raw:{key}" for key in batch.keys]
-        per_pipeline = max(1, PIPELINE_BYTES // len(batch.values[0]))  # as the store's
+        # pipelines as long as the store's: its SETs go out once their values reach
+        # PIPELINE_BYTES, its GETs fetch PIPELINE_BYTES of payload (whole pages) at a time
+        per_set = -(-PIPELINE_BYTES // len(batch.values[0]))
+        per_get = max(1, PIPELINE_BYTES // batch.pool.page_nbytes)
 
         def raw_write() -> None:  # redis-py pipelined SET NX of values of the same size
-            for start in range(0, len(names), per_pipeline):
+            for start in range(0, len(names), per_set):
                 pipe = client.pipeline(transaction=False)
-                for i in range(start, min(start + per_pipeline, len(names))):
+                for i in range(start, min(start + per_set, len(names))):
                     pipe.set(names[i], batch.values[i], nx=True)
                 assert all(pipe.execute())
 
         def raw_read() -> None:  # redis-py pipelined GET of those values
-            for start in range(0, len(names), per_pipeline):
+            for start in range(0, len(names), per_get):
                 pipe = client.pipeline(transaction=False)
-                for name in names[start : start + per_pipeline]:
+                for name in names[start : start + per_get]:
                     pipe.get(name)
                 assert all(v is not None for v in pipe.execute())
 
@@ -549,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = bench_redis(batch, rounds)
             print_table(
                 f"Redis store on loopback, {pages}; raw: redis-py pipelined SET NX / GET "
-                "(pipelines of at most as many bytes as the store's)",
+                "(pipelines as long as the store's)",
                 header,
                 [
                     (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))
