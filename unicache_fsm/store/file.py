@@ -14,8 +14,10 @@ and forgetting pages other processes wrote or removed are
   and the namespace ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``, so no name escapes the
   directory. Use one namespace per model and KV layout.
 - Write-once and atomic: a page is written to a temporary name beside its final name
-  (``.<key>.<pid>.<n>.tmp``), flushed and fsynced, then renamed into place; a page that
-  already exists is skipped. After the renames of an offload, each directory it wrote
+  (``.<key>.<pid>.<n>.tmp``), header and payload in one ``writev`` (one write lets the
+  page cache hold the file in a few large folios, which later reads copy out faster
+  than many small ones), fsynced, then renamed into place; a page that already exists
+  is skipped. After the renames of an offload, each directory it wrote
   into is fsynced; only then is the offload completed True. So a page is visible to
   LOOKUP only once its bytes are durable, and a page of an offload reported published
   survives a crash of the process (and, as far as fsync promises, of the machine).
