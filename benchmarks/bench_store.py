@@ -12,7 +12,12 @@ operation and its baseline(s) once each (after an untimed setup: evicting what t
 last offload stored, dropping the page cache), in an order rotated every round, so the
 drift of a shared machine falls on both sides alike. The ratio is baseline time / store
 time within one round; the table prints its median over the rounds and its middle half
-(first to third quartile) as the spread, and the median bandwidths beside it.
+(first to third quartile) as the spread, and the median bandwidths beside it. Loads of
+bytes already in memory (the file store's page cache, Redis) take milliseconds a round
+and run three times as many rounds. The file and Redis tables also print ``CPU``: the
+same median ratio of this process's CPU time (`time.process_time`: all its threads, user
+and system; the Redis server's time is not in it), which moves less than wall time when
+other programs share the machine.
 
 Memory store, against plain torch copies of the same bytes:
 
@@ -38,8 +43,9 @@ The file and Redis stores, against the raw client doing the same I/O on the same
   memory limit, its allocator purged before every write; skipped when it is not
   installed): offload = pipelined ``SET NX`` of header + page, vs. redis-py pipelined
   ``SET NX`` of values of the same size; load = pipelined ``GET``, checks, into the
-  slots, vs. redis-py pipelined ``GET`` of those values. Both sides use pipelines of at
-  most `PIPELINE_BYTES` of values.
+  slots, vs. redis-py pipelined ``GET`` of those values. Both sides put as many commands
+  in a pipeline as the store does (`PIPELINE_BYTES`: its SETs go out once their values
+  reach it, its GETs fetch that much payload, whole pages, at a time).
 
 On a busy 2-core machine torch's OpenMP threads stall each other and the torch
 baselines collapse (a gather at a few percent of its speed); pass ``--threads 1`` for
@@ -85,22 +91,31 @@ class Rounds:
 
     def __init__(self, repeats: int) -> None:
         self.repeats = repeats
+        self.cpu: list[list[float]] = []
+        """CPU seconds (``time.process_time``: every thread of this process, user and
+        system) per round of each case of the last `run`."""
 
     def run(
         self, cases: Sequence[tuple[Callable[[], object], Callable[[], object]]]
     ) -> list[list[float]]:
         """Seconds per round of each ``(run, setup)`` case, after one untimed warm-up
-        round (slabs, staging buffers and connections reach their size)."""
+        round (slabs, staging buffers and connections reach their size); their CPU
+        seconds are left in `cpu`."""
         times: list[list[float]] = [[] for _ in cases]
+        self.cpu = [[] for _ in cases]
         for r in range(self.repeats + 1):
             for k in range(len(cases)):
                 i = (k + r) % len(cases)
                 fn, setup = cases[i]
                 setup()
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 fn()
+                t1 = time.perf_counter()
+                c1 = time.process_time()
                 if r:
-                    times[i].append(time.perf_counter() - t0)
+                    times[i].append(t1 - t0)
+                    self.cpu[i].append(c1 - c0)
         return times
 
 
@@ -129,8 +144,9 @@ class Ratio:
         return f"{self.low:.2f}-{self.high:.2f}"
 
 
-Row = tuple[str, float, float, float, Ratio, Ratio | None]
-"""(operation, MiB, store GB/s, baseline GB/s, ratio, second ratio or None)."""
+Row = tuple[str, float, float, float, Ratio, Ratio]
+"""(operation, MiB, store GB/s, baseline GB/s, ratio, second ratio: the memory store's
+``vs copy_``, the file and Redis stores' CPU-time ratio)."""
 
 
 def bench(
@@ -268,6 +284,10 @@ class _Batch:
         assert torch.equal(self.pool.read_pages(self.dst), self.pool.read_pages(self.src))
 
 
+WARM_LOAD = "load (pool <- store)"
+WARM_ROUNDS = 3  # warm loads run this many times the rounds of the other figures
+
+
 def _ratio_rows(
     batch: _Batch,
     store: ExternalStore,
@@ -278,25 +298,28 @@ def _ratio_rows(
     rounds: int,
     uncache: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> list[Row]:
-    """(operation, MiB, store GB/s, raw GB/s, store / raw, None) for offload and load;
-    with `uncache` (store's files, raw files), also loads with the bytes dropped from the
-    page cache before each read."""
+    """(operation, MiB, store GB/s, raw GB/s, store / raw, CPU raw / store) for offload
+    and load; with `uncache` (store's files, raw files), also loads with the bytes
+    dropped from the page cache before each read. Loads of bytes already in memory (page
+    cache, Redis) take milliseconds a round: they run `WARM_ROUNDS` times as many rounds,
+    which steadies their median on a shared machine at little cost."""
     do_offload, do_load = batch.through(store)
-    timer = Rounds(rounds)
 
     def nothing() -> None:
         pass
 
     cases = [("offload (pool -> store)", [(do_offload, clear_store), (raw_write, clear_raw)])]
     loads = [(do_load, nothing), (raw_read, nothing)]
-    cases.append(("load (pool <- store)", loads))
+    cases.append((WARM_LOAD, loads))
     if uncache is not None:
         cold = [(do_load, uncache[0]), (raw_read, uncache[1])]
         cases.append(("load, not in page cache", cold))
     out: list[Row] = []
     gb, mib = batch.nbytes / 1e9, batch.nbytes / 2**20
     for name, pair in cases:
+        timer = Rounds(rounds * WARM_ROUNDS if name == WARM_LOAD else rounds)
         ours, raw = timer.run(pair)
+        cpu_ours, cpu_raw = timer.cpu
         if name.startswith("offload"):  # what the loads read
             clear_store()
             do_offload()
@@ -305,7 +328,8 @@ def _ratio_rows(
         else:
             batch.check_landed()
         t, t_raw = statistics.median(ours), statistics.median(raw)
-        out.append((name, mib, gb / t, gb / t_raw, Ratio.of(ours, raw), None))
+        cpu = Ratio.of(cpu_ours, cpu_raw)
+        out.append((name, mib, gb / t, gb / t_raw, Ratio.of(ours, raw), cpu))
     return out
 
 
@@ -427,19 +451,22 @@ def bench_redis(batch: _Batch, rounds: int) -> list[Row]:
         store = RedisStore(server.url)
         client = redis.Redis.from_url(server.url)
         names = [f"raw:{key}" for key in batch.keys]
-        per_pipeline = max(1, PIPELINE_BYTES // len(batch.values[0]))  # as the store's
+        # pipelines as long as the store's: its SETs go out once their values reach
+        # PIPELINE_BYTES, its GETs fetch PIPELINE_BYTES of payload (whole pages) at a time
+        per_set = -(-PIPELINE_BYTES // len(batch.values[0]))
+        per_get = max(1, PIPELINE_BYTES // batch.pool.page_nbytes)
 
         def raw_write() -> None:  # redis-py pipelined SET NX of values of the same size
-            for start in range(0, len(names), per_pipeline):
+            for start in range(0, len(names), per_set):
                 pipe = client.pipeline(transaction=False)
-                for i in range(start, min(start + per_pipeline, len(names))):
+                for i in range(start, min(start + per_set, len(names))):
                     pipe.set(names[i], batch.values[i], nx=True)
                 assert all(pipe.execute())
 
         def raw_read() -> None:  # redis-py pipelined GET of those values
-            for start in range(0, len(names), per_pipeline):
+            for start in range(0, len(names), per_get):
                 pipe = client.pipeline(transaction=False)
-                for name in names[start : start + per_pipeline]:
+                for name in names[start : start + per_get]:
                     pipe.get(name)
                 assert all(v is not None for v in pipe.execute())
 
@@ -506,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for n, m, g, b, r, c in rows
             ],
         )
-    header = ("operation", "MiB", "store GB/s", "raw GB/s", "store / raw", "spread")
+    header = ("operation", "MiB", "store GB/s", "raw GB/s", "store / raw", "spread", "CPU")
     if "file" in backends:
         batch = _Batch(**shape)
         where = args.dir or Path(tempfile.gettempdir())
@@ -516,8 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(and one directory fsync), on as many threads as the store's I/O",
             header,
             [
-                (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread)
-                for n, m, g, b, r, _ in rows
+                (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))
+                for n, m, g, b, r, c in rows
             ],
         )
     if "redis" in backends:
@@ -526,11 +553,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = bench_redis(batch, rounds)
             print_table(
                 f"Redis store on loopback, {pages}; raw: redis-py pipelined SET NX / GET "
-                "(pipelines of at most as many bytes as the store's)",
+                "(pipelines as long as the store's)",
                 header,
                 [
-                    (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread)
-                    for n, m, g, b, r, _ in rows
+                    (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))
+                    for n, m, g, b, r, c in rows
                 ],
             )
         else:

@@ -358,6 +358,47 @@ def test_a_page_is_renamed_into_place_only_after_its_bytes_are_fsynced(
     store.close()
 
 
+def test_a_page_file_is_one_write_and_whole_even_when_the_kernel_writes_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Header and payload go to the kernel in one ``writev`` per page (one write lets the
+    page cache hold the file in large folios); a kernel that takes only part of a write
+    (any cut, across the header/payload boundary too) still leaves whole pages that
+    reopen, verify and load byte-exact."""
+    rig = LargeRig()
+    store = _open(tmp_path / "s", rig)
+    writev = os.writev
+    calls: list[int] = []
+
+    def counted(fd: int, buffers: Any) -> int:
+        calls.append(len(buffers))
+        return writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", counted)
+    _offload(store, rig, 3)
+    assert calls == [2, 2, 2]  # header and payload of each page, one call each
+    cuts = iter([1, HEADER_SIZE - 1, 5, HEADER_SIZE + 7, 4096, 1 << 30])
+
+    def short(fd: int, buffers: Any) -> int:  # writes at most the next cut's bytes
+        want = next(cuts, 1 << 30)
+        joined = b"".join(bytes(b) for b in buffers)[:want]
+        return writev(fd, [joined])
+
+    monkeypatch.setattr(os, "writev", short)
+    keys, src = _offload(store, rig, 2)
+    monkeypatch.undo()
+    store.close()
+    again = _open(tmp_path / "s", rig, verify_on_open=True)
+    assert again.recovered.discarded == ()
+    for key in keys:
+        path = again.path_of(KV, key)
+        assert path.stat().st_size == HEADER_SIZE + rig.pools[KV].page_nbytes
+    dst = rig.alloc(KV, 2)
+    assert load_now(again, "r", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+    again.close()
+
+
 # -- the page format ---------------------------------------------------------------------------
 
 
@@ -445,12 +486,15 @@ def test_headers_round_trip_and_reject_any_damage() -> None:
         4096,
         2**64 - 1,
     )
-    assert decode_header(encode_header(key, None, KV, 1, 0)).parent is None  # type: ignore[union-attr]
-    for i in range(HEADER_SIZE):
-        damaged = bytearray(raw)
-        damaged[i] ^= 0x01
-        assert decode_header(damaged) is None, f"a flipped bit at byte {i} went unnoticed"
-    assert decode_header(raw[:-1]) is None
+    orphan = encode_header(key, None, KV, 1, 0)
+    assert decode_header(orphan).parent is None  # type: ignore[union-attr]
+    for header in (raw, orphan):  # with and without a parent (the two flags values)
+        for i in range(HEADER_SIZE):
+            for bit in range(8):
+                damaged = bytearray(header)
+                damaged[i] ^= 1 << bit
+                assert decode_header(damaged) is None, f"flipped bit {bit} of byte {i} passed"
+        assert decode_header(header[:-1]) is None
 
 
 # -- bad input ---------------------------------------------------------------------------------

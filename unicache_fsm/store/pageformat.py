@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-
-import attrs
+from typing import NamedTuple
 
 from unicache_fsm.pools.transfer import PoolName
 
@@ -47,9 +46,9 @@ _CRC_AT = 12  # byte offset of the header CRC field
 _U64 = 1 << 64
 
 
-@attrs.frozen
-class PageRecord:
-    """A decoded page header."""
+class PageRecord(NamedTuple):
+    """A decoded page header (an immutable named tuple: readers decode one per page read,
+    so it is built as cheaply as Python allows)."""
 
     key: str
     parent: str | None
@@ -81,8 +80,13 @@ def encode_header(
 
 
 _POOLS = {pool.value.encode("ascii").ljust(16, b"\0"): pool for pool in PoolName}
-_NO_CRC = bytes(4)
 _NO_PARENT = bytes(32)
+# A valid header's first 12 bytes are MAGIC, VERSION and flags 0 or 1: the CRC state
+# after them and the zeroed CRC field, per flags value (so decoding runs one crc32 pass).
+_CRC_PREFIX = {
+    flags: zlib.crc32(bytes(4), zlib.crc32(struct.pack("<8sHH", MAGIC, VERSION, flags)))
+    for flags in (0, _HAS_PARENT)
+}
 
 
 def decode_header(raw: bytes | bytearray | memoryview) -> PageRecord | None:
@@ -93,9 +97,9 @@ def decode_header(raw: bytes | bytearray | memoryview) -> PageRecord | None:
     magic, version, flags, crc, nbytes, checksum, key, parent, pool = _HEADER.unpack(head)
     if magic != MAGIC or version != VERSION or flags & ~_HAS_PARENT:
         return None
-    # the CRC of the header with its own field zeroed, without copying the header
-    expected = zlib.crc32(head[_CRC_AT + 4 :], zlib.crc32(_NO_CRC, zlib.crc32(head[:_CRC_AT])))
-    if expected != crc:
+    # the CRC of the header with its own field zeroed, without copying the header: the
+    # bytes before the field are the checked constants above
+    if zlib.crc32(head[_CRC_AT + 4 :], _CRC_PREFIX[flags]) != crc:
         return None
     pool_name = _POOLS.get(pool)
     if pool_name is None:
