@@ -21,6 +21,8 @@ from unicache_fsm.pools.transfer import (
 )
 from unicache_fsm.scheduler import SimConfig, Simulation
 from unicache_fsm.scheduler.report import dispatch_cost
+from unicache_fsm.linker.load import LoadState
+from unicache_fsm.serving import invariants as inv
 from unicache_fsm.serving.kv import POISON, same_kv
 from unicache_fsm.serving.system import System
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig
@@ -357,3 +359,46 @@ def test_same_kv_agrees_with_torch_equal_of_the_bytes() -> None:
         assert same_kv(a, b) == want
     assert not same_kv(torch.zeros(4, 2, 2), torch.zeros(4, 2, 2, dtype=torch.float16))
     assert not same_kv(torch.zeros(4, 2, 2), torch.zeros(2, 4, 2))
+
+
+# -- all_members: a NumPy mark table against torch.isin ------------------------------------
+def test_all_members_agrees_with_torch_isin() -> None:
+    rng = random.Random(16)
+    cases = [
+        ([], []),
+        ([], [3]),
+        ([3], []),
+        ([0], [0]),
+        ([-1], [0, 1]),  # negative ids: the torch path
+        ([5], [-2, 5]),
+        ([1 << 30], [1 << 30]),  # past the mark table's bound: the torch path
+        ([7], [1, 2, 3]),  # larger than every member
+    ]
+    for _ in range(300):
+        within = [rng.randrange(0, 200) for _ in range(rng.randint(0, 40))]
+        pool = within if within and rng.random() < 0.7 else list(range(0, 220))
+        values = [rng.choice(pool) for _ in range(rng.randint(0, 30))]
+        cases.append((values, within))
+    for values, within in cases:
+        v = torch.tensor(values, dtype=torch.int64)
+        w = torch.tensor(within, dtype=torch.int64)
+        want = bool(torch.isin(v, w).all())
+        assert inv.all_members(v, w) == want, (values, within)
+
+
+def test_committed_load_sound_names_a_kept_slot_the_tree_does_not_own() -> None:
+    system = System.build(4, full_pages=16)
+    system.compute("a", list(range(16)))
+    system.evict_all()  # the store holds the prefix; the device does not
+    req = system.begin("b", list(range(16)))
+    system.drive(audit=False)
+    load = req.load
+    assert load is not None and load.state == LoadState.COMMITTED
+    inv.committed_load_sound(system.tree, load)  # sound as committed
+    kv = next(t for t in load.committed if t.name is KV)
+    assert kv.device_indices is not None
+    free = system.allocator.alloc(4)
+    assert free is not None
+    kv.device_indices[:4] = free  # a kept page the tree does not own
+    with pytest.raises(inv.InvariantViolation, match="does not own"):
+        inv.committed_load_sound(system.tree, load)
