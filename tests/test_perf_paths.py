@@ -402,3 +402,40 @@ def test_committed_load_sound_names_a_kept_slot_the_tree_does_not_own() -> None:
     kv.device_indices[:4] = free  # a kept page the tree does not own
     with pytest.raises(inv.InvariantViolation, match="does not own"):
         inv.committed_load_sound(system.tree, load)
+
+
+# -- KVPool.fill_pages: one fill against writing rows of the value --------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_fill_pages_agrees_with_writing_rows_of_the_value(
+    page_size: int, dtype: torch.dtype
+) -> None:
+    p = page_size
+    a = PagedAllocator(32 * p, p)
+    pool = KVPool.for_allocator(a, 2, 3, dtype=dtype)
+    twin = KVPool.for_allocator(a, 2, 3, dtype=dtype)
+    gen = torch.Generator().manual_seed(3)
+    start = torch.randn(pool.data.shape, generator=gen).to(dtype)
+    pool.data.copy_(start)
+    twin.data.copy_(start)
+    slots = a.alloc(6 * p)
+    assert slots is not None
+    pool.fill_pages(slots, POISON)
+    twin.write_pages(slots, torch.full((6 * p, 2, 3), POISON, dtype=dtype))
+    assert torch.equal(pool.data, twin.data)
+    # a repeated page gets the value like every other
+    again = torch.cat([slots[:p], slots[:p]])
+    pool.fill_pages(again, -1.0)
+    twin.write_pages(slots[:p], torch.full((p, 2, 3), -1.0, dtype=dtype))
+    assert torch.equal(pool.data, twin.data)
+    # bad slots: the read path's typed error, and nothing changed
+    before = pool.data.clone()
+    for bad in (torch.tensor([0] * p), slots[: p + 1] if p > 1 else torch.tensor([10**6])):
+        with pytest.raises(PoolError) as fill_err:
+            pool.fill_pages(bad, 7.0)
+        with pytest.raises(PoolError) as read_err:
+            pool.read_pages(bad)
+        assert type(fill_err.value) is type(read_err.value)
+    with pytest.raises(PoolError, match="fill value"):
+        pool.fill_pages(slots, "x")  # type: ignore[arg-type]
+    assert torch.equal(pool.data, before)

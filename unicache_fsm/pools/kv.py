@@ -10,6 +10,8 @@
 - `write_pages(slots, data)`: store ``data`` (same shape, the pool's dtype and device)
   into the pages' rows. A page named twice is refused (the result would be undefined);
   data that is a view of the pool itself is written as it was before the call.
+- `fill_pages(slots, value)`: set every element of whole pages `slots` to `value` (a
+  page may repeat: every copy gets the same value).
 - `read_page_ids(pages, out=None)` / `write_page_ids(pages, data)` — the same moves for
   slots validated before: `pages` as `pages_of(slots, what)` returned them (a store
   validates a transfer once, when it accepts it, and moves its bytes later).
@@ -48,6 +50,12 @@ from unicache_fsm.pools.slots import SlotCodec, int64_tensor, preview
 #: CPU pages at least this large are copied one memcpy per page (a Python step per page
 #: then costs little next to the bytes; smaller pages move faster in one torch op).
 PAGE_BY_PAGE_BYTES = 16 << 10
+
+#: dtypes whose CPU tensors NumPy can view (others fill through torch)
+_NUMPY_DTYPES = frozenset(
+    {torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16}
+    | {torch.int32, torch.int64}
+)
 
 __all__ = ["PAGE_BY_PAGE_BYTES", "KVPool"]
 
@@ -202,6 +210,18 @@ class KVPool:
             )
             raise DuplicatePagesError(msg, pool=self.name, pages=dup)
         self.write_page_ids(pages, data)
+
+    def fill_pages(self, slots: torch.Tensor, value: float) -> None:
+        """Set every element of whole pages `slots` to `value` (checked as `read_pages`
+        checks its slots; on a CPU pool one NumPy fill of the rows, no source tensor)."""
+        pages = self.pages_of(slots, "slots to fill")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            msg = f"pool {self.name!r}: fill value must be a number, got {value!r}"
+            raise TensorTypeError(msg, what="value", got=type(value), expected=self.dtype)
+        if self._device.type == "cpu" and self.dtype in _NUMPY_DTYPES:
+            self._rows.numpy()[pages.numpy()] = value
+        else:
+            self._rows.index_fill_(0, pages, value)
 
     def read_page_ids(
         self, pages: torch.Tensor, *, out: torch.Tensor | None = None
