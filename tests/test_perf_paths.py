@@ -324,6 +324,25 @@ def test_kv_write_page_ids_matches_index_copy(page_size: int, width: int) -> Non
     assert torch.equal(pool.data[page_size : 3 * page_size], expected.roll(page_size, 0))
 
 
+@pytest.mark.parametrize(("page_size", "width"), [(1, 4), (16, 64), (16, 512)])
+def test_kv_read_page_ids_matches_index_select(page_size: int, width: int) -> None:
+    """32 KiB pages are read page by page, smaller ones by index_select: the same rows,
+    into a fresh tensor or into `out`, repeated pages included."""
+    rng = random.Random(width + 1)
+    pool = KVPool(64 * page_size, page_size, 2, width)
+    pool.data.copy_(torch.randn(pool.data.shape).to(pool.dtype))
+    rows = pool.data.view(65, -1)
+    for _ in range(20):
+        pages = torch.tensor(
+            [rng.randrange(1, 65) for _ in range(rng.randint(0, 12))], dtype=torch.int64
+        )
+        want = rows.index_select(0, pages).view(-1, 2, width)
+        assert torch.equal(pool.read_page_ids(pages), want)
+        out = torch.full_like(want, 3.0)
+        assert pool.read_page_ids(pages, out=out) is out
+        assert torch.equal(out, want)
+
+
 # -- page digests: the memo against SHA-256 itself ------------------------------------------
 def test_page_digests_memo_gives_the_chained_sha256(monkeypatch: pytest.MonkeyPatch) -> None:
     import hashlib

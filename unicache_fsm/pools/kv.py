@@ -21,10 +21,11 @@
 `slots` are whole pages of the pool's usable range (pages 1 .. num_pages), as an
 allocator hands them out; reads may repeat a page. Both calls gather or scatter whole
 pages (``P * num_layers * width`` contiguous elements each) with one `index_select` /
-`index_copy_`, except that `write_pages` into a CPU pool copies whole rows: pages of at
-least `PAGE_BY_PAGE_BYTES` (16 KiB) page by page (one memcpy each, and one Python step
-per 16 KiB costs little), smaller ones with one NumPy row assignment (both several
-times faster than the scatter kernel, which moves a row element by element). Bad
+`index_copy_`, except on a CPU pool: pages of at least `PAGE_BY_PAGE_BYTES` (16 KiB)
+are read and written page by page (one memcpy each, and one Python step per 16 KiB
+costs little), and `write_pages` writes smaller ones with one NumPy row assignment
+(both several times faster than the scatter kernel, which moves a row element by
+element; the gather kernel is slower too, and more so when its threads contend). Bad
 slots or data raise typed errors from `pools.errors` before any byte moves.
 
 The default dtype is float16 (what most served KV caches hold); any torch dtype works.
@@ -240,6 +241,17 @@ class KVPool:
                 raise TensorShapeError(
                     msg, what="out", got=tuple(out.shape), expected=tuple(out.shape)
                 )
+        if self._device.type == "cpu" and self.page_nbytes >= PAGE_BY_PAGE_BYTES:
+            # large CPU pages: one memcpy per page (index_select's kernel is slower, and
+            # several times so when its threads contend on shared cores)
+            if out is None:
+                out = torch.empty((n, self._num_layers, self._width), dtype=self.dtype)
+            src = self.page_bytes()
+            dst = out.view(pages.numel(), self._rows.shape[1]).view(torch.uint8).numpy()
+            for i, page in enumerate(pages.tolist()):
+                dst[i] = src[page]
+            return out
+        if out is not None:
             torch.index_select(
                 self._rows, 0, pages, out=out.view(pages.numel(), self._rows.shape[1])
             )
