@@ -71,6 +71,7 @@ class KVPool:
         "_layout",
         "_num_layers",
         "_page_nbytes",
+        "_row_bytes",
         "_rows",
         "_width",
     )
@@ -110,6 +111,10 @@ class KVPool:
         # also what torch's CPU index kernels copy fastest).
         self._rows = self._data.view(self._layout.num_pages + 1, -1)
         self._page_nbytes = self._rows[0].nbytes
+        # a CPU pool's rows as uint8 NumPy rows, made once (the storage never changes)
+        self._row_bytes = (
+            self._rows.view(torch.uint8).numpy() if self._device.type == "cpu" else None
+        )
 
     @classmethod
     def for_allocator(
@@ -174,7 +179,9 @@ class KVPool:
     def page_bytes(self) -> Any:
         """The CPU pool's pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
         NumPy array over the pool's own memory (no copy; row = page id)."""
-        return self._rows.view(torch.uint8).numpy()
+        if self._row_bytes is not None:
+            return self._row_bytes
+        return self._rows.view(torch.uint8).numpy()  # not a CPU pool: torch says why
 
     def __repr__(self) -> str:
         return (
