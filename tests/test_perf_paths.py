@@ -324,6 +324,34 @@ def test_kv_write_page_ids_matches_index_copy(page_size: int, width: int) -> Non
     assert torch.equal(pool.data[page_size : 3 * page_size], expected.roll(page_size, 0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("page_size", "width"), [(4, 4), (16, 512)])
+def test_kv_write_page_ids_of_strided_data_and_other_dtypes(
+    page_size: int, width: int, dtype: torch.dtype
+) -> None:
+    """Non-contiguous data, a dtype NumPy cannot view (bfloat16: the torch path), a
+    tensor that requires grad, and overlapping views of the pool: index_copy_'s rows."""
+    rng = random.Random(page_size * width)
+    pool = KVPool(32 * page_size, page_size, 2, width, dtype=dtype)
+    pool.data.copy_(torch.randn(pool.data.shape).to(dtype))
+    reference = pool.data.clone().view(33, -1)
+    for k in range(12):
+        pages = torch.tensor(rng.sample(range(1, 33), rng.randint(1, 6)), dtype=torch.int64)
+        n = len(pages) * page_size
+        if k % 3 == 0:  # strided: [n, width, 2] transposed to [n, 2, width]
+            data = torch.randn(n, width, 2).to(dtype).transpose(1, 2)
+        elif k % 3 == 1:
+            data = torch.randn(n, 2, width, dtype=torch.float32).to(dtype).requires_grad_(
+                dtype.is_floating_point
+            )
+        else:  # the pool's own rows, shifted by one page: overlaps the destination
+            data = pool.data[page_size : n + page_size]
+        want = data.detach().reshape(len(pages), -1).clone()
+        pool.write_page_ids(pages, data)
+        reference.index_copy_(0, pages, want)
+        assert torch.equal(pool.data.view(33, -1), reference)
+
+
 @pytest.mark.parametrize(("page_size", "width"), [(1, 4), (16, 64), (16, 512)])
 def test_kv_read_page_ids_matches_index_select(page_size: int, width: int) -> None:
     """32 KiB pages are read page by page, smaller ones by index_select: the same rows,

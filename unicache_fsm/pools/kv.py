@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from unicache_fsm.pools.errors import (
@@ -269,24 +270,38 @@ class KVPool:
     def write_page_ids(self, pages: torch.Tensor, data: torch.Tensor) -> None:
         """`write_pages` into slots already validated: `pages` are their page ids as
         `pages_of` returned them, each page once (see `read_page_ids`)."""
-        self._check_data(data, pages.numel() * self.page_size, "data")
+        n = pages.numel()
+        self._check_data(data, n * self.page_size, "data")
+        dst = self._row_bytes
+        if dst is not None and data.dtype in _NUMPY_DTYPES and not data.requires_grad:
+            # a CPU pool (and so CPU data, checked): the rows move through NumPy views
+            # of both, with no torch call per write
+            if n == 0:
+                return
+            src = np.ascontiguousarray(data.numpy().reshape(n, -1)).view(np.uint8)
+            if np.may_share_memory(src, dst):
+                src = src.copy()  # a view of this pool: write what it held before the call
+            self._put_rows(pages, src, dst)
+            return
         # reshape is a view for contiguous data (the common case), a copy otherwise.
-        rows = data.reshape(pages.numel(), self._rows.shape[1])
+        rows = data.reshape(n, self._rows.shape[1])
         if rows.untyped_storage().data_ptr() == self._rows.untyped_storage().data_ptr():
             rows = rows.clone()  # a view of this pool: write what it held before the call
         if self._device.type == "cpu" and rows.device.type == "cpu":
-            src = rows.contiguous().view(torch.uint8).numpy()
-            dst = self.page_bytes()
-            if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
-                # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
-                for i, page in enumerate(pages.tolist()):
-                    dst[page] = src[i]
-            else:
-                # smaller ones: one NumPy row assignment (whole rows copied as blocks;
-                # index_copy_'s kernel moves them element by element, ~4x slower)
-                dst[pages.numpy()] = src
+            self._put_rows(pages, rows.contiguous().view(torch.uint8).numpy(), self.page_bytes())
             return
         self._rows.index_copy_(0, pages, rows)
+
+    def _put_rows(self, pages: torch.Tensor, src: Any, dst: Any) -> None:
+        """Copy uint8 NumPy rows `src` into rows `pages` of `dst` (this pool's bytes)."""
+        if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
+            # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
+            for i, page in enumerate(pages.tolist()):
+                dst[page] = src[i]
+        else:
+            # smaller ones: one NumPy row assignment (whole rows copied as blocks;
+            # index_copy_'s kernel moves them element by element, ~4x slower)
+            dst[pages.numpy()] = src
 
     # -- internals ---------------------------------------------------------------------
 
