@@ -486,3 +486,46 @@ def test_fill_pages_agrees_with_writing_rows_of_the_value(
     with pytest.raises(PoolError, match="fill value"):
         pool.fill_pages(slots, "x")  # type: ignore[arg-type]
     assert torch.equal(pool.data, before)
+
+
+# -- the pool's cached NumPy rows follow a copy ---------------------------------------------
+@pytest.mark.parametrize("width", [3, 4096])  # small pages (one NumPy op), 32 KiB ones
+def test_a_copied_pool_and_store_move_their_own_bytes(width: int) -> None:
+    """`copy.deepcopy` (and the explorer's snapshot) of a pool and a memory store: the
+    copy's page moves read and write the copy's memory, never the original's."""
+    import copy
+
+    from unicache_fsm.store import MemoryStore
+    from unicache_fsm.testing.explore import snapshot
+
+    p = 4
+    a = PagedAllocator(16 * p, p)
+    pool = KVPool.for_allocator(a, 2, width)
+    store = MemoryStore()
+    store.attach({KV: pool})
+    src = a.alloc(3 * p)
+    assert src is not None
+    pool.write_pages(src, torch.full((3 * p, 2, width), 5.0, dtype=pool.dtype))
+    keys = hashing.page_hashes(list(range(3 * p)), p)
+    assert store.offload([PoolTransfer(KV, src, keys)])
+    store.progress()
+    assert store.pop_completed_offload()
+    original = pool.data.clone()
+    copies = [copy.deepcopy({"a": a, "pool": pool, "store": store})]
+    copies.append(snapshot({"s": {"a": a, "pool": pool, "store": store}})["s"])
+    for c in copies:
+        pool2, store2, a2 = c["pool"], c["store"], c["a"]
+        pool2.fill_pages(src, 1.0)
+        pool2.write_pages(src[:p], torch.full((p, 2, width), 2.0, dtype=pool.dtype))
+        assert torch.equal(pool.data, original)  # the original is untouched
+        assert float(pool2.read_pages(src[:p]).max()) == 2.0
+        dst = a2.alloc(3 * p)
+        assert dst is not None
+        assert store2.load("r", [PoolTransfer(KV, dst, keys)])
+        store2.start_loading()
+        store2.progress()
+        assert store2.pop_completed_load().success
+        assert bool((pool2.read_pages(dst) == 5.0).all())  # landed in the copy's pool
+        assert torch.equal(pool.data, original)
+        store2.close()
+    store.close()

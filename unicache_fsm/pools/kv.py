@@ -137,6 +137,19 @@ class KVPool:
             name=allocator.name,
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The pool's fields but its NumPy view of the rows: a copy (``copy.deepcopy``,
+        pickle) rebuilds that view over its own rows (`__setstate__`), since a copied
+        array would be memory of its own, not a view of the copy's pages."""
+        names = {n for c in type(self).__mro__ for n in getattr(c, "__slots__", ())}
+        return {n: getattr(self, n) for n in names - {"_row_bytes"} if hasattr(self, n)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        cpu = self._device.type == "cpu"
+        self._row_bytes = self._rows.view(torch.uint8).numpy() if cpu else None
+
     # -- read-only facts ---------------------------------------------------------------
 
     @property

@@ -72,12 +72,11 @@ class _Slab:
     thread performing jobs writes rows or grows the slab; the store's lock guards `free`.
     """
 
-    __slots__ = ("bytes", "data", "free", "num_free", "page_nbytes", "staging")
+    __slots__ = ("data", "free", "num_free", "page_nbytes", "staging")
 
     def __init__(self, page_nbytes: int) -> None:
         self.page_nbytes = page_nbytes
         self.data = torch.empty((0, page_nbytes), dtype=torch.uint8)
-        self.bytes = self.data.numpy()  # the same rows as a NumPy array (made per growth)
         self.free = bytearray()
         self.num_free = 0
         self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
@@ -116,7 +115,6 @@ class _Slab:
         data = torch.empty((new, self.page_nbytes), dtype=torch.uint8)
         data[:old].copy_(self.data)
         self.data = data
-        self.bytes = data.numpy()
         self.free += b"\x01" * (new - old)
         self.num_free += new - old
 
@@ -285,7 +283,7 @@ class MemoryStore(BaseStore["_Entry"]):
         if pool.device.type == "cpu" and slab.page_nbytes < PAGE_BY_PAGE_BYTES:
             # small CPU pages: one NumPy gather of the rows in the transfer's order,
             # verified, then one NumPy row assignment into the pool's pages
-            data = slab.bytes[[e.row for e in entries]]
+            data = slab.data.numpy()[[e.row for e in entries]]
             mismatch = [
                 i
                 for i, (row, e) in enumerate(zip(data, entries, strict=True))
@@ -379,7 +377,7 @@ class MemoryStore(BaseStore["_Entry"]):
             return
         pool, slab, rows = part.pool, part.slab, part.rows
         if pool.device.type == "cpu":
-            src, dst = pool.page_bytes(), slab.bytes
+            src, dst = pool.page_bytes(), slab.data.numpy()
             if slab.page_nbytes >= PAGE_BY_PAGE_BYTES:
                 # large CPU pages: one memcpy each, checksummed at once while the row is
                 # still in cache (a second pass over the batch would read it from memory)
