@@ -511,6 +511,7 @@ def test_a_copied_pool_and_store_move_their_own_bytes(width: int) -> None:
     store.progress()
     assert store.pop_completed_offload()
     original = pool.data.clone()
+    free = a.free_page_ids()
     copies = [copy.deepcopy({"a": a, "pool": pool, "store": store})]
     copies.append(snapshot({"s": {"a": a, "pool": pool, "store": store}})["s"])
     for c in copies:
@@ -527,5 +528,17 @@ def test_a_copied_pool_and_store_move_their_own_bytes(width: int) -> None:
         assert store2.pop_completed_load().success
         assert bool((pool2.read_pages(dst) == 5.0).all())  # landed in the copy's pool
         assert torch.equal(pool.data, original)
+        # the copy's allocator pops and pushes its own stack and flags
+        assert torch.equal(a.free_page_ids(), free)
+        assert a2.free_page_ids().numel() == free.numel() - 3
+        a2.free(dst)
+        a2.free(src)
+        assert a2.free_page_ids().numel() == free.numel() + 3
+        assert torch.equal(a.free_page_ids(), free)
+        with pytest.raises(PoolError):
+            a2.free(src)  # a double free in the copy
+        a.free(src)  # the original still holds them
+        again = a.alloc(3 * p)
+        assert again is not None and sorted(again.tolist()) == sorted(src.tolist())
         store2.close()
     store.close()
