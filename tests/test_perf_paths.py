@@ -10,6 +10,7 @@ import torch
 
 from unicache_fsm import hashing
 from unicache_fsm.linker import ranks
+from unicache_fsm.linker.load import LoadState
 from unicache_fsm.pools import KVPool, PagedAllocator, slots
 from unicache_fsm.pools.errors import PoolError
 from unicache_fsm.pools.transfer import (
@@ -21,7 +22,6 @@ from unicache_fsm.pools.transfer import (
 )
 from unicache_fsm.scheduler import SimConfig, Simulation
 from unicache_fsm.scheduler.report import dispatch_cost
-from unicache_fsm.linker.load import LoadState
 from unicache_fsm.serving import invariants as inv
 from unicache_fsm.serving.kv import POISON, same_kv
 from unicache_fsm.serving.system import System
@@ -341,8 +341,10 @@ def test_kv_write_page_ids_of_strided_data_and_other_dtypes(
         if k % 3 == 0:  # strided: [n, width, 2] transposed to [n, 2, width]
             data = torch.randn(n, width, 2).to(dtype).transpose(1, 2)
         elif k % 3 == 1:
-            data = torch.randn(n, 2, width, dtype=torch.float32).to(dtype).requires_grad_(
-                dtype.is_floating_point
+            data = (
+                torch.randn(n, 2, width, dtype=torch.float32)
+                .to(dtype)
+                .requires_grad_(dtype.is_floating_point)
             )
         else:  # the pool's own rows, shifted by one page: overlaps the destination
             data = pool.data[page_size : n + page_size]

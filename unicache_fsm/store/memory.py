@@ -30,7 +30,6 @@ import collections
 from collections.abc import Iterable, Sequence
 
 import attrs
-import numpy as np
 import torch
 
 from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES, KVPool
@@ -283,15 +282,15 @@ class MemoryStore(BaseStore["_Entry"]):
         if pool.device.type == "cpu" and slab.page_nbytes < PAGE_BY_PAGE_BYTES:
             # small CPU pages: one NumPy gather of the rows in the transfer's order,
             # verified, then one NumPy row assignment into the pool's pages
-            data = slab.data.numpy()[[e.row for e in entries]]
+            stored = slab.data.numpy()[[e.row for e in entries]]
             mismatch = [
                 i
-                for i, (row, e) in enumerate(zip(data, entries, strict=True))
+                for i, (row, e) in enumerate(zip(stored, entries, strict=True))
                 if page_checksum(row.data) != e.header.checksum
             ]
             if mismatch:
                 return mismatch
-            pool.page_bytes()[ct.pages.numpy()] = data
+            pool.page_bytes()[ct.pages.numpy()] = stored
             return []
         data, order = slab.rows_of([e.row for e in entries])
         expected = [e.header.checksum for e in entries]
