@@ -5,8 +5,12 @@ on a GPU machine). Prints two tables, every figure measured in this process:
 
 1. alloc + free of a batch of 1, 64 and 4,096 pages (P = 1 and 16): pages/s.
 2. `read_pages`, `write_pages`, host backup (D->H) and restore (H->D) of a batch of
-   randomly placed pages: GB/s, and the ratio against ``dst.copy_(src)`` of a
-   contiguous tensor of the same bytes (the design target is >= 0.5).
+   randomly placed pages: GB/s, the ratio against ``dst.copy_(src)`` of a contiguous
+   tensor of the same bytes (the design target is >= 0.5), and the ratio against
+   torch's own gather / scatter of the same pages (`index_select` / `index_copy_` of
+   page rows by page id; a host copy is one gather, a device<->host copy of the
+   batch, and one scatter; design target >= 0.8). Each ratio is the median of runs
+   alternating with its baseline.
 
 A benchmark, not a test: nothing here asserts a time.
 """
@@ -81,8 +85,9 @@ def bench_bandwidth(
     pool_pages: int,
     batch_pages: int,
     repeats: int,
-) -> list[tuple[str, float, float, float]]:
-    """(operation, MiB moved, GB/s, ratio to a plain copy of the same bytes)."""
+) -> list[tuple[str, float, float, float, float]]:
+    """(operation, MiB moved, GB/s, ratio to a plain copy of the same bytes, ratio to
+    torch's gather / scatter of the same pages)."""
     alloc = PagedAllocator(pool_pages * page_size, page_size, device=device)
     kv = KVPool.for_allocator(alloc, num_layers, width)
     host = HostKVPool.for_device_pool(kv, pool_pages * page_size)
@@ -121,16 +126,49 @@ def bench_bandwidth(
     def copy_h2d() -> object:
         return dst_dev.copy_(src_host, non_blocking=pin)
 
-    cases: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
-        ("read_pages", lambda: kv.read_pages(slots, out=out), copy_dev),
-        ("write_pages", lambda: kv.write_pages(slots, rows_dev), copy_dev),
-        ("host backup (D->H)", lambda: host.backup_from(kv, slots, host_slots), copy_d2h),
-        ("host restore (H->D)", lambda: host.restore_to(kv, host_slots, slots), copy_h2d),
+    # Torch's own gather / scatter of the same pages (page rows, page ids): the
+    # design target's baseline (>= 0.8).
+    dev_rows, host_rows = kv.data.view(pool_pages + 1, -1), host.data.view(pool_pages + 1, -1)
+    dev_ids, host_ids = slots.view(-1, page_size)[:, 0] // page_size, host_slots[::page_size]
+    host_ids = host_ids // page_size
+    flat_out, flat_in = out.view(batch_pages, -1), rows_dev.view(batch_pages, -1)
+    staging = torch.empty_like(flat_out, device="cpu", pin_memory=pin)
+
+    def gather_dev() -> object:
+        return torch.index_select(dev_rows, 0, dev_ids, out=flat_out)
+
+    def scatter_dev() -> object:
+        return dev_rows.index_copy_(0, dev_ids, flat_in)
+
+    def gather_scatter_d2h() -> object:
+        staging.copy_(dev_rows.index_select(0, dev_ids))
+        return host_rows.index_copy_(0, host_ids, staging)
+
+    def gather_scatter_h2d() -> object:
+        torch.index_select(host_rows, 0, host_ids, out=staging)
+        return dev_rows.index_copy_(0, dev_ids, staging.to(device, non_blocking=pin))
+
+    cases: list[tuple[str, Callable[[], object], Callable[[], object], Callable[[], object]]] = [
+        ("read_pages", lambda: kv.read_pages(slots, out=out), copy_dev, gather_dev),
+        ("write_pages", lambda: kv.write_pages(slots, rows_dev), copy_dev, scatter_dev),
+        (
+            "host backup (D->H)",
+            lambda: host.backup_from(kv, slots, host_slots),
+            copy_d2h,
+            gather_scatter_d2h,
+        ),
+        (
+            "host restore (H->D)",
+            lambda: host.restore_to(kv, host_slots, slots),
+            copy_h2d,
+            gather_scatter_h2d,
+        ),
     ]
     results = []
-    for name, fn, baseline in cases:
+    for name, fn, baseline, torch_way in cases:
         t, t_base = _paired_median_seconds(fn, baseline, device, repeats)
-        results.append((name, nbytes / 2**20, nbytes / t / 1e9, t_base / t))
+        t_again, t_torch = _paired_median_seconds(fn, torch_way, device, repeats)
+        results.append((name, nbytes / 2**20, nbytes / t / 1e9, t_base / t, t_torch / t_again))
     return results
 
 
@@ -181,8 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(
         f"page moves, {shape['batch_pages']} random pages of {page_kib:.0f} KiB "
         f"(P={shape['page_size']}, {shape['num_layers']} layers x {shape['width']} fp16)",
-        ("operation", "MiB", "GB/s", "vs plain copy"),
-        [(name, f"{mib:.0f}", f"{gbs:.2f}", f"{ratio:.2f}x") for name, mib, gbs, ratio in bw_rows],
+        ("operation", "MiB", "GB/s", "vs plain copy", "vs torch gather/scatter"),
+        [
+            (name, f"{mib:.0f}", f"{gbs:.2f}", f"{ratio:.2f}x", f"{vs_torch:.2f}x")
+            for name, mib, gbs, ratio, vs_torch in bw_rows
+        ],
     )
     return 0
 

@@ -10,6 +10,7 @@ import torch
 
 from unicache_fsm import hashing
 from unicache_fsm.linker import ranks
+from unicache_fsm.linker.load import LoadState
 from unicache_fsm.pools import KVPool, PagedAllocator, slots
 from unicache_fsm.pools.errors import PoolError
 from unicache_fsm.pools.transfer import (
@@ -21,6 +22,7 @@ from unicache_fsm.pools.transfer import (
 )
 from unicache_fsm.scheduler import SimConfig, Simulation
 from unicache_fsm.scheduler.report import dispatch_cost
+from unicache_fsm.serving import invariants as inv
 from unicache_fsm.serving.kv import POISON, same_kv
 from unicache_fsm.serving.system import System
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig
@@ -322,6 +324,55 @@ def test_kv_write_page_ids_matches_index_copy(page_size: int, width: int) -> Non
     assert torch.equal(pool.data[page_size : 3 * page_size], expected.roll(page_size, 0))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("page_size", "width"), [(4, 4), (16, 512)])
+def test_kv_write_page_ids_of_strided_data_and_other_dtypes(
+    page_size: int, width: int, dtype: torch.dtype
+) -> None:
+    """Non-contiguous data, a dtype NumPy cannot view (bfloat16: the torch path), a
+    tensor that requires grad, and overlapping views of the pool: index_copy_'s rows."""
+    rng = random.Random(page_size * width)
+    pool = KVPool(32 * page_size, page_size, 2, width, dtype=dtype)
+    pool.data.copy_(torch.randn(pool.data.shape).to(dtype))
+    reference = pool.data.clone().view(33, -1)
+    for k in range(12):
+        pages = torch.tensor(rng.sample(range(1, 33), rng.randint(1, 6)), dtype=torch.int64)
+        n = len(pages) * page_size
+        if k % 3 == 0:  # strided: [n, width, 2] transposed to [n, 2, width]
+            data = torch.randn(n, width, 2).to(dtype).transpose(1, 2)
+        elif k % 3 == 1:
+            data = (
+                torch.randn(n, 2, width, dtype=torch.float32)
+                .to(dtype)
+                .requires_grad_(dtype.is_floating_point)
+            )
+        else:  # the pool's own rows, shifted by one page: overlaps the destination
+            data = pool.data[page_size : n + page_size]
+        want = data.detach().reshape(len(pages), -1).clone()
+        pool.write_page_ids(pages, data)
+        reference.index_copy_(0, pages, want)
+        assert torch.equal(pool.data.view(33, -1), reference)
+
+
+@pytest.mark.parametrize(("page_size", "width"), [(1, 4), (16, 64), (16, 512)])
+def test_kv_read_page_ids_matches_index_select(page_size: int, width: int) -> None:
+    """32 KiB pages are read page by page, smaller ones by index_select: the same rows,
+    into a fresh tensor or into `out`, repeated pages included."""
+    rng = random.Random(width + 1)
+    pool = KVPool(64 * page_size, page_size, 2, width)
+    pool.data.copy_(torch.randn(pool.data.shape).to(pool.dtype))
+    rows = pool.data.view(65, -1)
+    for _ in range(20):
+        pages = torch.tensor(
+            [rng.randrange(1, 65) for _ in range(rng.randint(0, 12))], dtype=torch.int64
+        )
+        want = rows.index_select(0, pages).view(-1, 2, width)
+        assert torch.equal(pool.read_page_ids(pages), want)
+        out = torch.full_like(want, 3.0)
+        assert pool.read_page_ids(pages, out=out) is out
+        assert torch.equal(out, want)
+
+
 # -- page digests: the memo against SHA-256 itself ------------------------------------------
 def test_page_digests_memo_gives_the_chained_sha256(monkeypatch: pytest.MonkeyPatch) -> None:
     import hashlib
@@ -357,3 +408,139 @@ def test_same_kv_agrees_with_torch_equal_of_the_bytes() -> None:
         assert same_kv(a, b) == want
     assert not same_kv(torch.zeros(4, 2, 2), torch.zeros(4, 2, 2, dtype=torch.float16))
     assert not same_kv(torch.zeros(4, 2, 2), torch.zeros(2, 4, 2))
+
+
+# -- all_members: a NumPy mark table against torch.isin ------------------------------------
+def test_all_members_agrees_with_torch_isin() -> None:
+    rng = random.Random(16)
+    cases = [
+        ([], []),
+        ([], [3]),
+        ([3], []),
+        ([0], [0]),
+        ([-1], [0, 1]),  # negative ids: the torch path
+        ([5], [-2, 5]),
+        ([1 << 30], [1 << 30]),  # past the mark table's bound: the torch path
+        ([7], [1, 2, 3]),  # larger than every member
+    ]
+    for _ in range(300):
+        within = [rng.randrange(0, 200) for _ in range(rng.randint(0, 40))]
+        pool = within if within and rng.random() < 0.7 else list(range(0, 220))
+        values = [rng.choice(pool) for _ in range(rng.randint(0, 30))]
+        cases.append((values, within))
+    for values, within in cases:
+        v = torch.tensor(values, dtype=torch.int64)
+        w = torch.tensor(within, dtype=torch.int64)
+        want = bool(torch.isin(v, w).all())
+        assert inv.all_members(v, w) == want, (values, within)
+
+
+def test_committed_load_sound_names_a_kept_slot_the_tree_does_not_own() -> None:
+    system = System.build(4, full_pages=16)
+    system.compute("a", list(range(16)))
+    system.evict_all()  # the store holds the prefix; the device does not
+    req = system.begin("b", list(range(16)))
+    system.drive(audit=False)
+    load = req.load
+    assert load is not None and load.state == LoadState.COMMITTED
+    inv.committed_load_sound(system.tree, load)  # sound as committed
+    kv = next(t for t in load.committed if t.name is KV)
+    assert kv.device_indices is not None
+    free = system.allocator.alloc(4)
+    assert free is not None
+    kv.device_indices[:4] = free  # a kept page the tree does not own
+    with pytest.raises(inv.InvariantViolation, match="does not own"):
+        inv.committed_load_sound(system.tree, load)
+
+
+# -- KVPool.fill_pages: one fill against writing rows of the value --------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_fill_pages_agrees_with_writing_rows_of_the_value(
+    page_size: int, dtype: torch.dtype
+) -> None:
+    p = page_size
+    a = PagedAllocator(32 * p, p)
+    pool = KVPool.for_allocator(a, 2, 3, dtype=dtype)
+    twin = KVPool.for_allocator(a, 2, 3, dtype=dtype)
+    gen = torch.Generator().manual_seed(3)
+    start = torch.randn(pool.data.shape, generator=gen).to(dtype)
+    pool.data.copy_(start)
+    twin.data.copy_(start)
+    slots = a.alloc(6 * p)
+    assert slots is not None
+    pool.fill_pages(slots, POISON)
+    twin.write_pages(slots, torch.full((6 * p, 2, 3), POISON, dtype=dtype))
+    assert torch.equal(pool.data, twin.data)
+    # a repeated page gets the value like every other
+    again = torch.cat([slots[:p], slots[:p]])
+    pool.fill_pages(again, -1.0)
+    twin.write_pages(slots[:p], torch.full((p, 2, 3), -1.0, dtype=dtype))
+    assert torch.equal(pool.data, twin.data)
+    # bad slots: the read path's typed error, and nothing changed
+    before = pool.data.clone()
+    for bad in (torch.tensor([0] * p), slots[: p + 1] if p > 1 else torch.tensor([10**6])):
+        with pytest.raises(PoolError) as fill_err:
+            pool.fill_pages(bad, 7.0)
+        with pytest.raises(PoolError) as read_err:
+            pool.read_pages(bad)
+        assert type(fill_err.value) is type(read_err.value)
+    with pytest.raises(PoolError, match="fill value"):
+        pool.fill_pages(slots, "x")  # type: ignore[arg-type]
+    assert torch.equal(pool.data, before)
+
+
+# -- the pool's cached NumPy rows follow a copy ---------------------------------------------
+@pytest.mark.parametrize("width", [3, 4096])  # small pages (one NumPy op), 32 KiB ones
+def test_a_copied_pool_and_store_move_their_own_bytes(width: int) -> None:
+    """`copy.deepcopy` (and the explorer's snapshot) of a pool and a memory store: the
+    copy's page moves read and write the copy's memory, never the original's."""
+    import copy
+
+    from unicache_fsm.store import MemoryStore
+    from unicache_fsm.testing.explore import snapshot
+
+    p = 4
+    a = PagedAllocator(16 * p, p)
+    pool = KVPool.for_allocator(a, 2, width)
+    store = MemoryStore()
+    store.attach({KV: pool})
+    src = a.alloc(3 * p)
+    assert src is not None
+    pool.write_pages(src, torch.full((3 * p, 2, width), 5.0, dtype=pool.dtype))
+    keys = hashing.page_hashes(list(range(3 * p)), p)
+    assert store.offload([PoolTransfer(KV, src, keys)])
+    store.progress()
+    assert store.pop_completed_offload()
+    original = pool.data.clone()
+    free = a.free_page_ids()
+    copies = [copy.deepcopy({"a": a, "pool": pool, "store": store})]
+    copies.append(snapshot({"s": {"a": a, "pool": pool, "store": store}})["s"])
+    for c in copies:
+        pool2, store2, a2 = c["pool"], c["store"], c["a"]
+        pool2.fill_pages(src, 1.0)
+        pool2.write_pages(src[:p], torch.full((p, 2, width), 2.0, dtype=pool.dtype))
+        assert torch.equal(pool.data, original)  # the original is untouched
+        assert float(pool2.read_pages(src[:p]).max()) == 2.0
+        dst = a2.alloc(3 * p)
+        assert dst is not None
+        assert store2.load("r", [PoolTransfer(KV, dst, keys)])
+        store2.start_loading()
+        store2.progress()
+        assert store2.pop_completed_load().success
+        assert bool((pool2.read_pages(dst) == 5.0).all())  # landed in the copy's pool
+        assert torch.equal(pool.data, original)
+        # the copy's allocator pops and pushes its own stack and flags
+        assert torch.equal(a.free_page_ids(), free)
+        assert a2.free_page_ids().numel() == free.numel() - 3
+        a2.free(dst)
+        a2.free(src)
+        assert a2.free_page_ids().numel() == free.numel() + 3
+        assert torch.equal(a.free_page_ids(), free)
+        with pytest.raises(PoolError):
+            a2.free(src)  # a double free in the copy
+        a.free(src)  # the original still holds them
+        again = a.alloc(3 * p)
+        assert again is not None and sorted(again.tolist()) == sorted(src.tolist())
+        store2.close()
+    store.close()

@@ -10,6 +10,8 @@
 - `write_pages(slots, data)`: store ``data`` (same shape, the pool's dtype and device)
   into the pages' rows. A page named twice is refused (the result would be undefined);
   data that is a view of the pool itself is written as it was before the call.
+- `fill_pages(slots, value)`: set every element of whole pages `slots` to `value` (a
+  page may repeat: every copy gets the same value).
 - `read_page_ids(pages, out=None)` / `write_page_ids(pages, data)` — the same moves for
   slots validated before: `pages` as `pages_of(slots, what)` returned them (a store
   validates a transfer once, when it accepts it, and moves its bytes later).
@@ -19,10 +21,11 @@
 `slots` are whole pages of the pool's usable range (pages 1 .. num_pages), as an
 allocator hands them out; reads may repeat a page. Both calls gather or scatter whole
 pages (``P * num_layers * width`` contiguous elements each) with one `index_select` /
-`index_copy_`, except that `write_pages` into a CPU pool copies whole rows: pages of at
-least `PAGE_BY_PAGE_BYTES` (16 KiB) page by page (one memcpy each, and one Python step
-per 16 KiB costs little), smaller ones with one NumPy row assignment (both several
-times faster than the scatter kernel, which moves a row element by element). Bad
+`index_copy_`, except on a CPU pool: pages of at least `PAGE_BY_PAGE_BYTES` (16 KiB)
+are read and written page by page (one memcpy each, and one Python step per 16 KiB
+costs little), and `write_pages` writes smaller ones with one NumPy row assignment
+(both several times faster than the scatter kernel, which moves a row element by
+element; the gather kernel is slower too, and more so when its threads contend). Bad
 slots or data raise typed errors from `pools.errors` before any byte moves.
 
 The default dtype is float16 (what most served KV caches hold); any torch dtype works.
@@ -50,6 +53,12 @@ from unicache_fsm.pools.slots import SlotCodec, int64_tensor, preview
 #: then costs little next to the bytes; smaller pages move faster in one torch op).
 PAGE_BY_PAGE_BYTES = 16 << 10
 
+#: dtypes whose CPU tensors NumPy can view (others fill through torch)
+_NUMPY_DTYPES = frozenset(
+    {torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16}
+    | {torch.int32, torch.int64}
+)
+
 __all__ = ["PAGE_BY_PAGE_BYTES", "KVPool"]
 
 
@@ -63,6 +72,7 @@ class KVPool:
         "_layout",
         "_num_layers",
         "_page_nbytes",
+        "_row_bytes",
         "_rows",
         "_width",
     )
@@ -102,6 +112,10 @@ class KVPool:
         # also what torch's CPU index kernels copy fastest).
         self._rows = self._data.view(self._layout.num_pages + 1, -1)
         self._page_nbytes = self._rows[0].nbytes
+        # a CPU pool's rows as uint8 NumPy rows, made once (the storage never changes)
+        self._row_bytes = (
+            self._rows.view(torch.uint8).numpy() if self._device.type == "cpu" else None
+        )
 
     @classmethod
     def for_allocator(
@@ -122,6 +136,19 @@ class KVPool:
             device=allocator.device,
             name=allocator.name,
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The pool's fields but its NumPy view of the rows: a copy (``copy.deepcopy``,
+        pickle) rebuilds that view over its own rows (`__setstate__`), since a copied
+        array would be memory of its own, not a view of the copy's pages."""
+        names = {n for c in type(self).__mro__ for n in getattr(c, "__slots__", ())}
+        return {n: getattr(self, n) for n in names - {"_row_bytes"} if hasattr(self, n)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        cpu = self._device.type == "cpu"
+        self._row_bytes = self._rows.view(torch.uint8).numpy() if cpu else None
 
     # -- read-only facts ---------------------------------------------------------------
 
@@ -166,7 +193,9 @@ class KVPool:
     def page_bytes(self) -> Any:
         """The CPU pool's pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
         NumPy array over the pool's own memory (no copy; row = page id)."""
-        return self._rows.view(torch.uint8).numpy()
+        if self._row_bytes is not None:
+            return self._row_bytes
+        return self._rows.view(torch.uint8).numpy()  # not a CPU pool: torch says why
 
     def __repr__(self) -> str:
         return (
@@ -204,6 +233,18 @@ class KVPool:
             raise DuplicatePagesError(msg, pool=self.name, pages=dup)
         self.write_page_ids(pages, data)
 
+    def fill_pages(self, slots: torch.Tensor, value: float) -> None:
+        """Set every element of whole pages `slots` to `value` (checked as `read_pages`
+        checks its slots; on a CPU pool one NumPy fill of the rows, no source tensor)."""
+        pages = self.pages_of(slots, "slots to fill")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            msg = f"pool {self.name!r}: fill value must be a number, got {value!r}"
+            raise TensorTypeError(msg, what="value", got=type(value), expected=self.dtype)
+        if self._device.type == "cpu" and self.dtype in _NUMPY_DTYPES:
+            self._rows.numpy()[pages.numpy()] = value
+        else:
+            self._rows.index_fill_(0, pages, value)
+
     def read_page_ids(
         self, pages: torch.Tensor, *, out: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -221,6 +262,17 @@ class KVPool:
                 raise TensorShapeError(
                     msg, what="out", got=tuple(out.shape), expected=tuple(out.shape)
                 )
+        if self._device.type == "cpu" and self.page_nbytes >= PAGE_BY_PAGE_BYTES:
+            # large CPU pages: one memcpy per page (index_select's kernel is slower, and
+            # several times so when its threads contend on shared cores)
+            if out is None:
+                out = torch.empty((n, self._num_layers, self._width), dtype=self.dtype)
+            src = self.page_bytes()
+            dst = out.view(pages.numel(), self._rows.shape[1]).view(torch.uint8).numpy()
+            for i, page in enumerate(pages.tolist()):
+                dst[i] = src[page]
+            return out
+        if out is not None:
             torch.index_select(
                 self._rows, 0, pages, out=out.view(pages.numel(), self._rows.shape[1])
             )
@@ -231,28 +283,41 @@ class KVPool:
     def write_page_ids(self, pages: torch.Tensor, data: torch.Tensor) -> None:
         """`write_pages` into slots already validated: `pages` are their page ids as
         `pages_of` returned them, each page once (see `read_page_ids`)."""
-        self._check_data(data, pages.numel() * self.page_size, "data")
+        n = pages.numel()
+        self._check_data(data, n * self.page_size, "data")
+        if data.is_conj() or data.is_neg():  # lazy bits a byte or NumPy view cannot carry
+            data = data.resolve_conj().resolve_neg()
+        dst = self._row_bytes
+        if dst is not None and data.dtype in _NUMPY_DTYPES and not data.requires_grad:
+            # a CPU pool (and so CPU data, checked): the rows move through NumPy views
+            # of both, with no torch call per write
+            if n == 0:
+                return
+            src = np.ascontiguousarray(data.numpy().reshape(n, -1)).view(np.uint8)
+            self._put_rows(pages, src, dst)
+            return
         # reshape is a view for contiguous data (the common case), a copy otherwise.
-        rows = data.reshape(pages.numel(), self._rows.shape[1])
+        rows = data.reshape(n, self._rows.shape[1])
         if rows.untyped_storage().data_ptr() == self._rows.untyped_storage().data_ptr():
             rows = rows.clone()  # a view of this pool: write what it held before the call
         if self._device.type == "cpu" and rows.device.type == "cpu":
-            if rows.is_conj() or rows.is_neg():  # lazy bits a byte view cannot carry
-                rows = rows.resolve_conj().resolve_neg()
-            src = rows.contiguous().view(torch.uint8).numpy()
-            dst = self.page_bytes()
-            if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
-                if np.may_share_memory(src, dst):  # the pool's memory, not a torch view
-                    src = src.copy()  # of it (`page_bytes` wrapped): what it held before
-                # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
-                for i, page in enumerate(pages.tolist()):
-                    dst[page] = src[i]
-            else:
-                # smaller ones: one NumPy row assignment (whole rows copied as blocks;
-                # index_copy_'s kernel moves them element by element, ~4x slower)
-                dst[pages.numpy()] = src
+            self._put_rows(pages, rows.contiguous().view(torch.uint8).numpy(), self.page_bytes())
             return
         self._rows.index_copy_(0, pages, rows)
+
+    def _put_rows(self, pages: torch.Tensor, src: Any, dst: Any) -> None:
+        """Copy uint8 NumPy rows `src` into rows `pages` of `dst` (this pool's bytes); a
+        `src` over the pool's own memory lands what it held before the call."""
+        if self.page_nbytes >= PAGE_BY_PAGE_BYTES:
+            if np.may_share_memory(src, dst):  # the pool's memory, not a torch view
+                src = src.copy()  # of it (`page_bytes` wrapped): what it held before
+            # large CPU pages: one memcpy per page beats index_copy_'s scatter kernel
+            for i, page in enumerate(pages.tolist()):
+                dst[page] = src[i]
+        else:
+            # smaller ones: one NumPy row assignment (whole rows copied as blocks;
+            # index_copy_'s kernel moves them element by element, ~4x slower)
+            dst[pages.numpy()] = src
 
     # -- internals ---------------------------------------------------------------------
 

@@ -20,13 +20,16 @@ in one gather. Every bad input raises a typed error from `pools.errors` before a
 changes. On CPU `_is_free` is a view of a bytearray (`_free_flags`), so a call with at most
 `SMALL_SLOTS` slots (at P > 1, `SMALL_SLOTS` pages: `SlotCodec.checks_in_python`) checks
 ownership in Python over that same memory instead of paying a few tensor ops' fixed
-cost: same checks, same errors.
+cost: same checks, same errors. On CPU, pops and pushes also go through NumPy views of
+the stack and of that bytearray (made once, and again for a deep copy over the copy's
+own memory), not torch ops.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from unicache_fsm.copying import deep
@@ -50,11 +53,13 @@ class PagedAllocator:
     __slots__ = (
         "_codec",
         "_device",
+        "_flags_np",
         "_free_flags",
         "_free_stack",
         "_is_free",
         "_layout",
         "_num_free",
+        "_stack_np",
     )
 
     def __init__(
@@ -83,6 +88,17 @@ class PagedAllocator:
         else:
             self._is_free = torch.ones(n + 1, dtype=torch.bool, device=self._device)
         self._is_free[0] = False
+        self._bind_views()
+
+    def _bind_views(self) -> None:
+        """On CPU, NumPy views of the free stack and of the flags' bytearray (the same
+        memory as the tensors): pops and pushes move page ids through them, with no
+        torch call. Made again for a copy, over the copy's own memory."""
+        self._stack_np: Any = None
+        self._flags_np: Any = None
+        if self._free_flags is not None:
+            self._stack_np = self._free_stack.numpy()
+            self._flags_np = np.frombuffer(self._free_flags, dtype=np.bool_)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PagedAllocator:
         """An independent allocator in the same state (a search's snapshot): the copy's
@@ -91,13 +107,17 @@ class PagedAllocator:
         new = cls.__new__(cls)
         memo[id(self)] = new
         slots = {n for k in cls.__mro__ for n in getattr(k, "__slots__", ())} - {"__dict__"}
-        for name in slots - {"_is_free"} if self._free_flags is not None else slots:
+        views = {"_stack_np", "_flags_np"}
+        if self._free_flags is not None:
+            views.add("_is_free")
+        for name in slots - views:
             if hasattr(self, name):
                 setattr(new, name, deep(getattr(self, name), memo))
         if hasattr(self, "__dict__"):  # a subclass without __slots__
             new.__dict__.update(deep(self.__dict__, memo))
         if new._free_flags is not None:
             new._is_free = torch.frombuffer(new._free_flags, dtype=torch.bool)
+        new._bind_views()
         return new
 
     # -- read-only facts ---------------------------------------------------------------
@@ -188,6 +208,12 @@ class PagedAllocator:
         if n > self._num_free:
             return None
         top = self._num_free
+        stack = self._stack_np
+        if stack is not None:
+            ids = stack[top - n : top][::-1].copy()  # a copy: later pushes cannot alias it
+            self._num_free = top - n
+            self._flags_np[ids] = False
+            return torch.from_numpy(ids)
         # flip() copies, so later pushes onto the stack cannot alias the caller's pages.
         pages = self._free_stack[top - n : top].flip(0)
         self._num_free = top - n
@@ -202,9 +228,21 @@ class PagedAllocator:
         if n == 0:
             return
         top = self._num_free
+        if self._stack_np is not None and pages.device.type == "cpu":
+            self._release_page_list(pages.numpy())
+            return
         self._free_stack[top : top + n].copy_(pages)
         self._num_free = top + n
         self._is_free.index_fill_(0, pages, True)
+
+    def _release_page_list(self, page_ids: list[int] | Any) -> None:
+        """`release_pages` of ids in a list or a NumPy array, on CPU: through the NumPy
+        views of the stack and of the flags (validated, allocated, distinct ids: see
+        `release_pages`)."""
+        top, n = self._num_free, len(page_ids)
+        self._stack_np[top : top + n] = page_ids
+        self._num_free = top + n
+        self._flags_np[page_ids] = True
 
     def free_page_list(self, page_ids: list[int], what: str = "pages to free") -> None:
         """`free` by page id, for an owner that keeps its pages' ids (the tree): each id
@@ -232,7 +270,7 @@ class PagedAllocator:
         if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=True)
-        self.release_pages(int64_tensor(page_ids, self._device))
+        self._release_page_list(page_ids)
 
     def _raise_foreign_page_ids(self, page_ids: list[int], what: str) -> None:
         p, num_pages = self.page_size, self._layout.num_pages

@@ -151,8 +151,9 @@ class SlotCodec:
         """`to_pages` as a Python list, checked in Python (meant for <= `SMALL_SLOTS`)."""
         layout = self._layout
         p = layout.page_size
-        self._check_length(slots.numel(), what)
-        if p > 1 and slots.device.type == "cpu" and slots.numel() >= NUMPY_PAGES * p:
+        n = slots.numel()
+        self._check_length(n, what)
+        if p > 1 and n >= NUMPY_PAGES * p and slots.device.type == "cpu":
             return self._numpy_page_list(slots, what)
         values: list[int] = slots.tolist()
         if not values:
@@ -176,11 +177,11 @@ class SlotCodec:
         layout = self._layout
         p = layout.page_size
         grid = slots.numpy().reshape(-1, p)
-        firsts = grid[:, 0]
-        pages = firsts // p
+        pages = grid[:, 0] // p
+        # whole pages <=> every row is k*P, k*P+1, ..., k*P+P-1 for its first slot's k
+        # (an unaligned first slot differs from k*P in column 0)
         if (
-            (firsts - pages * p).any()
-            or not (grid == firsts[:, None] + _offsets_np(p)).all()
+            not (grid == (pages * p)[:, None] + _offsets_np(p)).all()
             or pages.min() < 1
             or pages.max() > layout.num_pages
         ):

@@ -41,6 +41,9 @@ Each function checks one invariant of ``docs/contract.md`` and raises `Invariant
   every rank's set and is the largest such (0 when there is none).
 - `resident_kv_matches(tree, kv, expected)` — every resident node's KV bytes are the bytes
   its tokens should have (a load that landed garbage or in the wrong slots shows here).
+
+A helper the checks share: `all_members(values, within)` — whether every id of one 1-D
+int64 tensor occurs in another (`torch.isin(...).all()`, by a NumPy mark table on CPU).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
@@ -67,6 +71,7 @@ FULL, SWA = ComponentType.FULL, ComponentType.SWA
 __all__ = [
     "InvariantViolation",
     "adopted_ranges_shape",
+    "all_members",
     "committed_load_sound",
     "hash_chain",
     "loads_landed",
@@ -266,11 +271,39 @@ def committed_load_sound(tree: RadixTree, load: ExternalLoad) -> None:
             raise InvariantViolation("COMMIT soundness", detail)
     for t in load.committed:
         if t.name is PoolName.KV and t.device_indices is not None:
-            if bool(torch.isin(t.device_indices, tree_slots).all()):
-                continue  # (one membership test instead of two Python sets)
+            if all_members(t.device_indices, tree_slots):
+                continue
             stray = set(t.device_indices.tolist()) - set(tree_slots.tolist())
             detail = f"{load.rid}: kept {len(stray)} loaded slots the tree does not own"
             raise InvariantViolation("COMMIT soundness", detail)
+
+
+def all_members(values: torch.Tensor, within: torch.Tensor) -> bool:
+    """Whether every element of `values` occurs in `within` (1-D int64 tensors).
+
+    On CPU, for non-negative ids (slots), by one NumPy mark table: `within` marks its
+    ids, `values` reads theirs (a few vectorised passes; `torch.isin` compares every
+    pair at these sizes). Otherwise, and for any other input, `torch.isin`.
+    """
+    if values.numel() == 0:
+        return True
+    if within.numel() == 0:
+        return False
+    if values.device.type != "cpu" or within.device.type != "cpu":
+        return bool(torch.isin(values, within).all())
+    v, w = values.numpy(), within.numpy()
+    lo, hi = min(int(v.min()), int(w.min())), int(w.max())
+    if lo < 0 or hi > _MARK_LIMIT:
+        return bool(torch.isin(values, within).all())
+    if int(v.max()) > hi:
+        return False
+    marks = np.zeros(hi + 1, dtype=np.bool_)
+    marks[w] = True
+    return bool(marks[v].all())
+
+
+#: ids up to this bound are checked by a mark table (at most this many bytes)
+_MARK_LIMIT = 1 << 24
 
 
 def restorable_intersection(per_rank: Sequence[Sequence[int]], num_pages: int, result: int) -> None:

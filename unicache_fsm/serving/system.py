@@ -105,8 +105,6 @@ class System:
     _stale: set[str] = attrs.field(factory=set)  # KV pages seen gone under "stored" nodes
     _restored_links: set[str] = attrs.field(factory=set)  # link pages offloaded in mid-air
     _committed: collections.Counter[str] = attrs.field(factory=collections.Counter)
-    # rows of POISON per pool name, grown as needed: reserved slots get a slice of it
-    _poison_rows: dict[str, torch.Tensor] = attrs.field(factory=dict)
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -401,13 +399,7 @@ class System:
             assert t.device_indices is not None
             pool = self.swa_kv if t.name is PoolName.SWA else self.kv
             assert pool is not None
-            n = int(t.device_indices.numel())
-            rows = self._poison_rows.get(pool.name)
-            if rows is None or rows.shape[0] < n or rows.dtype != pool.dtype:
-                size = max(n, 0 if rows is None else 2 * rows.shape[0])
-                rows = torch.full((size, *pool.data.shape[1:]), POISON, dtype=pool.dtype)
-                self._poison_rows[pool.name] = rows
-            pool.write_pages(t.device_indices, rows[:n])
+            pool.fill_pages(t.device_indices, POISON)
 
     def in_flight(self) -> bool:
         lk = self.linker

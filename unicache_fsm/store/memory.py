@@ -279,6 +279,19 @@ class MemoryStore(BaseStore["_Entry"]):
         ]
         if bad:
             return bad
+        if pool.device.type == "cpu" and slab.page_nbytes < PAGE_BY_PAGE_BYTES:
+            # small CPU pages: one NumPy gather of the rows in the transfer's order,
+            # verified, then one NumPy row assignment into the pool's pages
+            stored = slab.data.numpy()[[e.row for e in entries]]
+            mismatch = [
+                i
+                for i, (row, e) in enumerate(zip(stored, entries, strict=True))
+                if page_checksum(row.data) != e.header.checksum
+            ]
+            if mismatch:
+                return mismatch
+            pool.page_bytes()[ct.pages.numpy()] = stored
+            return []
         data, order = slab.rows_of([e.row for e in entries])
         expected = [e.header.checksum for e in entries]
         pages = ct.pages  # validated when the store accepted the load
@@ -362,25 +375,29 @@ class MemoryStore(BaseStore["_Entry"]):
         if n == 0:
             return
         pool, slab, rows = part.pool, part.slab, part.rows
-        if pool.device.type == "cpu" and slab.page_nbytes >= PAGE_BY_PAGE_BYTES:
-            # large CPU pages: one memcpy each, checksummed at once while the row is
-            # still in cache (a second pass over the batch would read it from memory)
+        if pool.device.type == "cpu":
             src, dst = pool.page_bytes(), slab.data.numpy()
-            sums = []
-            for row, page in zip(rows, part.pages.tolist(), strict=True):
-                dst[row] = src[page]
-                sums.append(page_checksum(dst[row].data))
-            part.checksums = sums
+            if slab.page_nbytes >= PAGE_BY_PAGE_BYTES:
+                # large CPU pages: one memcpy each, checksummed at once while the row is
+                # still in cache (a second pass over the batch would read it from memory)
+                sums = []
+                for row, page in zip(rows, part.pages.tolist(), strict=True):
+                    dst[row] = src[page]
+                    sums.append(page_checksum(dst[row].data))
+                part.checksums = sums
+                return
+            # small CPU pages: one NumPy gather into the rows (a slice when contiguous)
+            gathered = src[part.pages.numpy()]
+            start = rows[0]
+            if rows[-1] - start == n - 1:
+                landed = dst[start : start + n]
+                landed[...] = gathered
+            else:
+                dst[rows] = gathered
+                landed = dst[rows]  # (a copy of the stored rows)
+            part.checksums = [page_checksum(row.data) for row in landed]
             return
-        start = rows[0]
-        contiguous = rows[-1] - start == n - 1
-        if contiguous and pool.device.type == "cpu":
-            dest = slab.data[start : start + n]
-            shape = (n * pool.page_size, pool.num_layers, pool.width)
-            pool.read_page_ids(part.pages, out=dest.view(pool.dtype).view(shape))
-            data = dest
-        else:
-            got = pool.read_page_ids(part.pages).to("cpu")
-            data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
-            slab.data.index_copy_(0, int64_tensor(rows, slab.data.device), data)
+        got = pool.read_page_ids(part.pages).to("cpu")
+        data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
+        slab.data.index_copy_(0, int64_tensor(rows, slab.data.device), data)
         part.checksums = page_checksums(data)
