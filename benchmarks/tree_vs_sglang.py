@@ -27,7 +27,9 @@ Workload: ``requests`` keys, each one of ``prompts`` shared prompts of
   ``prev_prefix_len = 0`` (the cache frees the duplicates); then match (its length).
 
 Timed: the tree calls (match, reading the prefix slots, insert), not the allocation
-nor building the value tensor (each side's own allocator, outside the clock). Rounds
+nor building the value tensor (each side's own allocator, outside the clock), nor
+building each request's key once (SGLang: a ``RadixKey`` over an array; the project:
+a `TokenKey`, which packs and checks its tokens when built). Rounds
 interleave the sides (the order rotates each round) on fresh caches; a round's ratio
 is SGLang's time over the project's, so above 1 means the project is faster. Printed:
 the median ratio and its spread (min - max over rounds).
@@ -49,7 +51,7 @@ import attrs
 import torch
 
 from unicache_fsm.pools import PagedAllocator
-from unicache_fsm.tree import InsertParams, RadixTree, TreeConfig
+from unicache_fsm.tree import InsertParams, RadixTree, TokenKey, TreeConfig
 
 __all__ = ["SglangUnavailableError", "compare", "load_sglang", "make_keys"]
 
@@ -129,7 +131,9 @@ class ProjectSide:
         self.tree = RadixTree(self.alloc, TreeConfig(hash_pages=hashing))
 
     def prepare(self, keys: Sequence[tuple[int, ...]]) -> list[Any]:
-        return list(keys)
+        # each request's key built once, as SGLang's side builds its RadixKey (an
+        # array) once: a TokenKey packs (and checks) its tokens when built
+        return [TokenKey(k) for k in keys]
 
     def scheduler(self, key: Any) -> float:
         clock = time.perf_counter

@@ -20,8 +20,9 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
   covers); `page_digests(packed, page_size, prior_digest)` -> the raw 32-byte digest of
   each full page of packed tokens, chained from `prior_digest` (b"" at a chain head),
   in one call: the tree packs a key once and keeps raw digests, hex only on demand.
-  A page's digest is remembered (up to `DIGEST_MEMO_SIZE` of them): a LOOKUP of a tail
-  and the insert of the same pages then hash each page once.
+  Chains hashed lately are remembered (up to `DIGEST_MEMO_SIZE` pages in all): a LOOKUP
+  of a tail and the insert of the same pages (or of a prefix or an extension of them)
+  then hash each page once.
   `prior_digest(prior)` -> the raw digest of a hex key or seed (b"" for None).
 
 Bad input raises a typed error, all under `HashError`: `InvalidTokenError` (a token
@@ -280,27 +281,46 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
     the raw digest of the page before). ``d.hex()`` is the page's key."""
     stride = 4 * page_size
     end = len(packed) // stride * stride
-    sha256 = _sha256
-    memo = _DIGESTS
+    if not end:
+        return []
+    # A chain is usually hashed twice (a LOOKUP of a request's tail, then the insert of
+    # the same pages, or every rank of a group): the chains hashed lately are kept by
+    # (prior, first page), so a chain that repeats or extends one of them is recalled,
+    # not rehashed: one dict lookup per call, not one per page. A pure function of its
+    # input, so the memo cannot go stale.
+    memo = _CHAINS
+    head = prior + packed[:stride]
+    seen = memo.get(head)
+    done = 0
     out: list[bytes] = []
+    if seen is not None:
+        known, digests = seen
+        if len(known) >= end:
+            if known.startswith(packed if end == len(packed) else memoryview(packed)[:end]):
+                return list(digests[: end // stride])
+        elif packed.startswith(known):  # a longer chain: hash only its new pages
+            done = len(known)
+            out = list(digests)
+            prior = digests[-1]
+    sha256 = _sha256
     append = out.append
-    # One SHA-256 per page is inherent to a chain, but a page is usually hashed twice
-    # (a LOOKUP of a request's tail, then the insert of the same pages): the digest of a
-    # (prior, page) input seen lately is looked up instead (a dict hit costs a small
-    # part of a SHA-256). A pure function of its input, so the memo cannot go stale.
-    for start in range(0, end, stride):
-        data = prior + packed[start : start + stride]
-        digest = memo.get(data)
-        if digest is None:
-            if len(memo) >= DIGEST_MEMO_SIZE:
-                memo.clear()
-            digest = memo[data] = sha256(data).digest()
-        prior = digest
+    # one SHA-256 per page is inherent to a chain; the loop does nothing else
+    for start in range(done, end, stride):
+        prior = sha256(prior + packed[start : start + stride]).digest()
         append(prior)
+    global _memo_pages
+    if _memo_pages + len(out) > DIGEST_MEMO_SIZE:
+        memo.clear()
+        _memo_pages = 0
+    if len(out) <= DIGEST_MEMO_SIZE:
+        memo[head] = (packed[:end] if end < len(packed) else packed, tuple(out))
+        _memo_pages += len(out)
     return out
 
 
-#: `page_digests`' memo: SHA-256 input (the prior digest + one packed page) -> digest,
-#: cleared when it holds `DIGEST_MEMO_SIZE` entries (a few MiB at most).
-_DIGESTS: dict[bytes, bytes] = {}
+#: `page_digests`' memo: the SHA-256 input of a chain's first page (the prior digest +
+#: the page) -> (the chain's packed pages, their digests); cleared when the chains kept
+#: hold more than `DIGEST_MEMO_SIZE` pages (a few MiB at most).
+_CHAINS: dict[bytes, tuple[bytes, tuple[bytes, ...]]] = {}
+_memo_pages = 0
 DIGEST_MEMO_SIZE = 1 << 14

@@ -60,7 +60,13 @@ from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.offload import Offloads
 from unicache_fsm.tree.params import InsertParams, InsertResult, MatchResult, as_key
 from unicache_fsm.tree.residency import ExecutorKind, Residency, ResidencyTrigger
-from unicache_fsm.tree.walk import check_aligned, child_key, pack_key, packed_common_len
+from unicache_fsm.tree.walk import (
+    TokenKey,
+    check_aligned,
+    child_key,
+    pack_key,
+    packed_common_len,
+)
 
 __all__ = ["RadixTree", "TreeConfig"]
 
@@ -148,7 +154,10 @@ class RadixTree(HostTier, Offloads):
     def _pack(self, key: tuple[int, ...]) -> bytes:
         """`key` packed (`walk.pack_key`); a typed error, nothing changed, on a bad token."""
         if key is not self._packed_key:
-            self._packed = pack_key(key, self.key_format)
+            if type(key) is TokenKey:  # packed when the request built it
+                self._packed = key.packed(self.key_format)
+            else:
+                self._packed = pack_key(key, self.key_format)
             self._packed_key = key
         return self._packed
 
