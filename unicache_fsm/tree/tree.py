@@ -229,10 +229,13 @@ class RadixTree(HostTier, Offloads):
         return MatchResult(end.start + len(end.key), end, bk, self.device, host_len, host_node)
 
     # -- insert ------------------------------------------------------------------------
-    def _check_insert(self, params: InsertParams) -> None:
+    def _check_insert(self, params: InsertParams) -> torch.Tensor:
+        """Validate an insert (a typed error, nothing changed); return the caller's
+        slots from `prev_prefix_len` on (the tail the tree may take)."""
         key, value = params.key, params.value
-        p = self.page_size
-        check_aligned("key length", len(key), p)
+        n, p = len(key), self.page_size
+        if n % p:
+            check_aligned("key length", n, p)
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.dim() != 1:
             got = getattr(value, "dtype", type(value).__name__)
             msg = f"insert value must be a 1-D int64 slot tensor, got {got}"
@@ -240,35 +243,41 @@ class RadixTree(HostTier, Offloads):
         if value.device != self.device:
             msg = f"insert value is on {value.device}, the tree's pools are on {self.device}"
             raise SlotTensorError(msg, what="value", got=value.device)
-        if value.numel() != len(key):
+        if value.numel() != n:
             msg = (
-                f"insert value has {value.numel()} slots for a key of {len(key)} tokens; "
+                f"insert value has {value.numel()} slots for a key of {n} tokens; "
                 "pass one slot per key token"
             )
-            raise ValueLengthError(msg, key_len=len(key), value_len=int(value.numel()))
-        for what, v in params.positions():
-            if not 0 <= v <= len(key):
-                msg = f"{what} = {v} is outside the key [0, {len(key)}]"
+            raise ValueLengthError(msg, key_len=n, value_len=int(value.numel()))
+        prev = params.prev_prefix_len
+        for what, v in (
+            ("prev_prefix_len", prev),
+            ("swa_evicted_seqlen", params.swa_evicted_seqlen),
+        ):
+            if not 0 <= v <= n:
+                msg = f"{what} = {v} is outside the key [0, {n}]"
                 raise InsertParamsError(msg, what=what, value=v)
-            check_aligned(what, v, p)
+            if v % p:
+                check_aligned(what, v, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
-        tail = value[params.prev_prefix_len :]
+        tail = value[prev:] if prev else value
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids
             tail_pages = self.allocator.live_page_ids(tail, "insert value")
         self._pack(key)  # token errors must come before any change
-        if self.config.hash_pages:
+        if params.namespace is not None and self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
             c.check_insert(params, tail, tail_pages)
+        return tail
 
     def insert(self, params: InsertParams) -> InsertResult:
-        self._check_insert(params)
+        tail = self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
         packed, width = self._pack(key), self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
-        ctx = InsertContext(params, value, result)
+        ctx = InsertContext(params, value, result, tail)
         components, overlap_order = self.components, self._overlap_order
         walked: list[TreeNode] = []
         node, pos = self.root, 0

@@ -91,7 +91,8 @@ class InsertContext:
     """What the insert hooks share about one insert walk.
 
     `value` is the caller's backbone slots aligned with the key (token i's slot at
-    index i); `to_free` collects the caller's slots the tree does not take (freed
+    index i); `tail` is `value` from `prev_prefix_len` on (the slots the insert
+    checked; a view of `value`); `to_free` collects the caller's slots the tree does not take (freed
     once, after the walk, through the tree's allocator, which frees their mapped peers
     with them); `settled` says that a component already took or freed the caller's
     slots of the node being walked (the core clears it before each node).
@@ -100,6 +101,7 @@ class InsertContext:
     params: InsertParams
     value: torch.Tensor
     result: InsertResult
+    tail: torch.Tensor
     to_free: list[torch.Tensor] = attrs.field(factory=list)
     settled: bool = False
 

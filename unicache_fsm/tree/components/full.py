@@ -132,7 +132,11 @@ class FullComponent(TreeComponent):
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         start = node.start
         end = start + len(node.key)
-        slots = ctx.value[start:end].clone()
+        value = ctx.value
+        if start == ctx.params.prev_prefix_len and end == value.numel():
+            slots = ctx.tail.clone()  # the whole checked tail (no second slice)
+        else:
+            slots = value[start:end].clone()
         node.data[FULL] = slots
         owned, checked = self.owned, self._checked
         if owned is not None:
