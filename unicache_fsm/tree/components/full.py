@@ -153,7 +153,7 @@ class FullComponent(TreeComponent):
             start, end = node.start, node.start + len(node.key)
             dup_start = max(start, ctx.params.prev_prefix_len)
             if dup_start < end:
-                ctx.to_free.append(ctx.value[dup_start:end])
+                ctx.to_free.append((dup_start, end))  # a span: sliced only if needed
         return node
 
     def evict(self, params: EvictParams, tally: dict[ComponentType, int]) -> None:
