@@ -27,10 +27,13 @@ Workload: ``requests`` keys, each one of ``prompts`` shared prompts of
   ``prev_prefix_len = 0`` (the cache frees the duplicates); then match (its length).
 
 Timed: the tree calls (match, reading the prefix slots, insert), not the allocation
-nor building the value tensor (each side's own allocator, outside the clock). Rounds
+nor building the value tensor (each side's own allocator, outside the clock), nor
+building each request's key once (SGLang: a ``RadixKey`` over an array; the project:
+a `TokenKey`, which packs and checks its tokens when built). Rounds
 interleave the sides (the order rotates each round) on fresh caches; a round's ratio
 is SGLang's time over the project's, so above 1 means the project is faster. Printed:
-the median ratio and its spread (min - max over rounds).
+the median ratio and its spread (min - max over rounds). The tree calls are timed by
+wall time, or by this process's CPU time (`CLOCK`; ``bench_tree.py --cpu-time``).
 """
 
 from __future__ import annotations
@@ -49,11 +52,15 @@ import attrs
 import torch
 
 from unicache_fsm.pools import PagedAllocator
-from unicache_fsm.tree import InsertParams, RadixTree, TreeConfig
+from unicache_fsm.tree import InsertParams, RadixTree, TokenKey, TreeConfig
 
 __all__ = ["SglangUnavailableError", "compare", "load_sglang", "make_keys"]
 
 SGLANG_VERSION = "0.5.23"
+#: the clock every side times its tree calls with: wall time (`time.perf_counter`) by
+#: default, or this process's CPU time (`time.process_time`; on shared cores the
+#: steadier one: time other processes hold the cores is not counted)
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
 UNIQUE_LEN = 64
 SHAPES = ("scheduler", "duplicate")
 
@@ -129,10 +136,12 @@ class ProjectSide:
         self.tree = RadixTree(self.alloc, TreeConfig(hash_pages=hashing))
 
     def prepare(self, keys: Sequence[tuple[int, ...]]) -> list[Any]:
-        return list(keys)
+        # each request's key built once, as SGLang's side builds its RadixKey (an
+        # array) once: a TokenKey packs (and checks) its tokens when built
+        return [TokenKey(k) for k in keys]
 
     def scheduler(self, key: Any) -> float:
-        clock = time.perf_counter
+        clock = CLOCK[0]
         t0 = clock()
         m = self.tree.match_prefix(key)
         n = m.prefix_len
@@ -148,7 +157,7 @@ class ProjectSide:
     def duplicate(self, key: Any) -> float:
         value = self.alloc.alloc(len(key))
         assert value is not None, "the benchmark's pool must hold everything"
-        clock = time.perf_counter
+        clock = CLOCK[0]
         t0 = clock()
         self.tree.insert(InsertParams(key, value))
         self.tree.match_prefix(key).prefix_len  # noqa: B018 - the match's length is used
@@ -214,7 +223,7 @@ class SglangSide:
 
     def scheduler(self, key: Any) -> float:
         sg, cache = self.sg, self.cache
-        clock = time.perf_counter
+        clock = CLOCK[0]
         t0 = clock()
         r = cache.match_prefix(sg["MatchPrefixParams"](key=key))
         n = int(r.device_prefix_len)
@@ -231,7 +240,7 @@ class SglangSide:
         sg, cache = self.sg, self.cache
         value = self.alloc.alloc(len(key))
         assert value is not None, "the benchmark's pool must hold everything"
-        clock = time.perf_counter
+        clock = CLOCK[0]
         t0 = clock()
         cache.insert(sg["SgInsert"](key=key, value=value, prev_prefix_len=0))
         int(cache.match_prefix(sg["MatchPrefixParams"](key=key)).device_prefix_len)

@@ -196,3 +196,100 @@ def test_packed_common_len_is_the_page_by_page_common_prefix(
             expected += p
         packed = array(fmt, key).tobytes()
         assert packed_common_len(node, packed, pos, end, p, width) == expected
+
+
+# -- the chain memo of page_digests: prefixes, extensions and divergent chains ----------------
+@pytest.mark.parametrize("limit", [None, 3])
+def test_page_digests_recalls_prefixes_and_extensions_as_sha256_computes_them(
+    limit: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    from unicache_fsm import hashing
+
+    if limit is not None:  # a memo cleared often, and chains too long to be kept
+        monkeypatch.setattr(hashing, "DIGEST_MEMO_SIZE", limit)
+
+    def reference(packed: bytes, p: int, prior: bytes) -> list[bytes]:
+        out, prev = [], prior
+        for start in range(0, len(packed) // (4 * p) * 4 * p, 4 * p):
+            prev = hashlib.sha256(prev + packed[start : start + 4 * p]).digest()
+            out.append(prev)
+        return out
+
+    rng = random.Random(11)
+    for p in (1, 2):
+        base = [rng.randrange(0, 3) for _ in range(8 * p)]
+        prior = hashlib.sha256(b"x").digest()
+        variants = [
+            base,  # computed
+            base[: 3 * p],  # a prefix: recalled
+            base + [7] * (2 * p),  # an extension: only the new pages hashed
+            base + [7] * p + [1],  # a shorter extension with a partial page
+            base[: 5 * p] + [9] * (3 * p),  # same first page, diverging mid-way
+            base,  # the original chain again (its entry was replaced)
+            base[: 2 * p] + [5] * (8 * p),  # longer than the chain kept, diverging in it
+            base[p:],  # another first page
+        ]
+        for tokens in variants:
+            for chain_prior in (prior, b""):
+                packed = pack_tokens(tokens)
+                want = reference(packed, p, chain_prior)
+                got = page_digests(packed, p, chain_prior)
+                assert got == want
+                got.append(b"caller's")  # the caller's list: the memo is not changed
+                assert page_digests(packed, p, chain_prior) == want
+
+
+# -- TokenKey: a key that keeps its packing behaves as the tuple of its tokens -----------------
+def replay(keys: list[tuple[int, ...]], wrap: bool, p: int, hash_pages: bool) -> list[object]:
+    """Serve every key, a third of them a second time as a whole-key insert; return
+    what every call answered and the tree's final shape."""
+    from unicache_fsm.tree import TokenKey
+
+    tree = RadixTree(PagedAllocator(4096 * p, p), TreeConfig(hash_pages=hash_pages))
+    seen: list[object] = []
+    for i, raw in enumerate(keys):
+        key = TokenKey(raw) if wrap else raw
+        m = tree.match_prefix(key)
+        seen.append((m.prefix_len, m.device_indices.tolist()))
+        fresh = tree.allocator.alloc(len(key) - m.prefix_len)
+        assert fresh is not None
+        r = tree.insert(
+            InsertParams(key, torch.cat([m.device_indices, fresh]), prev_prefix_len=m.prefix_len)
+        )
+        seen.append((r.prefix_len, r.last_device_node is not None))
+        if i % 3 == 0:
+            value = tree.allocator.alloc(len(key))
+            assert value is not None
+            seen.append(tree.insert(InsertParams(key, value)).prefix_len)
+    tree.check()
+    seen.append(sorted((n.start, n.key, tuple(n.hashes or ())) for n in tree.nodes()))
+    return seen
+
+
+@pytest.mark.parametrize(("page_size", "hash_pages"), [(1, True), (4, True), (4, False)])
+def test_a_token_key_serves_like_a_tuple(page_size: int, hash_pages: bool) -> None:
+    rng = random.Random(page_size)
+    p = page_size
+    heads = [tuple(rng.randrange(0, 50) for _ in range(rng.randint(1, 6) * p)) for _ in range(4)]
+    keys = [rng.choice(heads)[: rng.randint(0, 6) * p] + (1000 + i,) * p for i in range(60)]
+    assert replay(keys, True, p, hash_pages) == replay(keys, False, p, hash_pages)
+
+
+def test_a_token_key_is_its_tuple_and_refuses_bad_tokens_where_a_tuple_does() -> None:
+    from unicache_fsm.tree import TokenKey
+
+    key = TokenKey(torch.tensor([3, 1, 2]))
+    assert key == (3, 1, 2) and hash(key) == hash((3, 1, 2)) and type(key[1:]) is tuple
+    assert key.packed("I") == pack_tokens((3, 1, 2))
+    assert key.packed("q") == array("q", (3, 1, 2)).tobytes()
+    wide = TokenKey((1, 1 << 40))  # not u32: packed by the tree, as a tuple would be
+    tree = RadixTree(PagedAllocator(16, 1), TreeConfig(hash_pages=False))
+    assert tree.match_prefix(wide).prefix_len == 0
+    hashed = RadixTree(PagedAllocator(16, 1))
+    with pytest.raises(InvalidTokenError) as info:
+        hashed.match_prefix(wide)
+    assert info.value.index == 1
+    with pytest.raises(InvalidTokenError):
+        wide.packed("I")

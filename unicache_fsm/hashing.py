@@ -20,8 +20,9 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
   covers); `page_digests(packed, page_size, prior_digest)` -> the raw 32-byte digest of
   each full page of packed tokens, chained from `prior_digest` (b"" at a chain head),
   in one call: the tree packs a key once and keeps raw digests, hex only on demand.
-  A page's digest is remembered (up to `DIGEST_MEMO_SIZE` of them, and about
-  `DIGEST_MEMO_BYTES` of input): a LOOKUP of a tail and the insert of the same pages
+  Chains hashed lately are remembered (up to `DIGEST_MEMO_SIZE` pages and about
+  `DIGEST_MEMO_BYTES` of pages in all): a LOOKUP of a tail and the insert of the same
+  pages (or of a prefix or an extension of them)
   then hash each page once.
   `prior_digest(prior)` -> the raw digest of a hex key or seed (b"" for None).
 
@@ -86,8 +87,10 @@ def _pick_sha256() -> Callable[[bytes], hashlib._Hash]:
 
     A page chain makes one SHA-256 call per page, so the per-call setup dominates at
     small pages: CPython's built-in SHA-256 module (``_sha256`` in 3.11, ``_sha2``
-    from 3.12) sets up a call about 20% faster than OpenSSL's here. Used only when it
-    gives the same digests; otherwise, or when the build lacks it, `hashlib.sha256`.
+    from 3.12) sets up a call faster than OpenSSL's here, while OpenSSL compresses a
+    block several times faster (`page_digests` uses it from two blocks a page on).
+    Used only when it gives the same digests; otherwise, or when the build lacks it,
+    `hashlib.sha256`.
     """
     import importlib
 
@@ -106,6 +109,9 @@ def _pick_sha256() -> Callable[[bytes], hashlib._Hash]:
 
 
 _sha256 = _pick_sha256()
+_openssl_sha256 = hashlib.sha256
+#: the longest SHA-256 input that fits one compressed block (64 bytes, less the padding)
+_ONE_BLOCK = 55
 
 
 @functools.lru_cache(maxsize=512)
@@ -282,33 +288,55 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
     the raw digest of the page before). ``d.hex()`` is the page's key."""
     stride = 4 * page_size
     end = len(packed) // stride * stride
-    sha256 = _sha256
-    memo = _DIGESTS
-    # entries of this call's size that fit the byte bound (large pages: fewer of them)
-    limit = min(DIGEST_MEMO_SIZE, max(1, DIGEST_MEMO_BYTES // (32 + stride)))
+    if not end:
+        return []
     if type(prior) is not bytes:
         prior = bytes(prior)  # a bytearray (or view) would make the memo's key unhashable
+    # A chain is usually hashed twice (a LOOKUP of a request's tail, then the insert of
+    # the same pages, or every rank of a group): the chains hashed lately are kept by
+    # (prior, first page), so a chain that repeats or extends one of them is recalled,
+    # not rehashed: one dict lookup per call, not one per page. A pure function of its
+    # input, so the memo cannot go stale.
+    memo = _CHAINS
+    head = prior + packed[:stride]
+    seen = memo.get(head)
+    done = 0
     out: list[bytes] = []
+    if seen is not None:
+        known, digests = seen
+        if len(known) >= end:
+            if known.startswith(packed if end == len(packed) else memoryview(packed)[:end]):
+                return list(digests[: end // stride])
+        elif packed.startswith(known):  # a longer chain: hash only its new pages
+            done = len(known)
+            out = list(digests)
+            prior = digests[-1]
+    # one block a page (the prior digest and up to 5 tokens): the built-in module's
+    # cheaper call wins; from two blocks on, OpenSSL's faster compression does
+    sha256 = _sha256 if 32 + stride <= _ONE_BLOCK else _openssl_sha256
     append = out.append
-    # One SHA-256 per page is inherent to a chain, but a page is usually hashed twice
-    # (a LOOKUP of a request's tail, then the insert of the same pages): the digest of a
-    # (prior, page) input seen lately is looked up instead (a dict hit costs a small
-    # part of a SHA-256). A pure function of its input, so the memo cannot go stale.
-    for start in range(0, end, stride):
-        data = prior + packed[start : start + stride]
-        digest = memo.get(data)
-        if digest is None:
-            if len(memo) >= limit:
-                memo.clear()
-            digest = memo[data] = sha256(data).digest()
-        prior = digest
+    # one SHA-256 per page is inherent to a chain; the loop does nothing else
+    for start in range(done, end, stride):
+        prior = sha256(prior + packed[start : start + stride]).digest()
         append(prior)
+    global _memo_pages, _memo_bytes
+    size = len(head) + end + 32 * len(out)  # the key, the pages kept and their digests
+    if _memo_pages + len(out) > DIGEST_MEMO_SIZE or _memo_bytes + size > DIGEST_MEMO_BYTES:
+        memo.clear()
+        _memo_pages = _memo_bytes = 0
+    if len(out) <= DIGEST_MEMO_SIZE and size <= DIGEST_MEMO_BYTES:
+        memo[head] = (packed[:end] if end < len(packed) else packed, tuple(out))
+        _memo_pages += len(out)
+        _memo_bytes += size
     return out
 
 
-#: `page_digests`' memo: SHA-256 input (the prior digest + one packed page) -> digest,
-#: cleared when it holds `DIGEST_MEMO_SIZE` entries, or (large pages) when its keys
-#: would pass `DIGEST_MEMO_BYTES`: a few MiB at most, whatever the page size.
-_DIGESTS: dict[bytes, bytes] = {}
+#: `page_digests`' memo: the SHA-256 input of a chain's first page (the prior digest +
+#: the page) -> (the chain's packed pages, their digests); cleared when the chains kept
+#: hold more than `DIGEST_MEMO_SIZE` pages or `DIGEST_MEMO_BYTES` of pages and digests
+#: (a few MiB at most, whatever the page size).
+_CHAINS: dict[bytes, tuple[bytes, tuple[bytes, ...]]] = {}
+_memo_pages = 0
+_memo_bytes = 0
 DIGEST_MEMO_SIZE = 1 << 14
 DIGEST_MEMO_BYTES = 8 << 20

@@ -1,7 +1,8 @@
 """The unified radix tree: nodes with explicit residency, components, and the audit.
 
 Modules: `params` (value types), `node` (`TreeNode`), `residency` (the node-residency
-machine bound to nodes), `walk` (how keys and children compare), `tree` (`RadixTree`,
+machine bound to nodes), `walk` (how keys and children compare; `TokenKey`, a key
+that keeps its packing), `tree` (`RadixTree`,
 `TreeConfig`: match, insert, split) with the rest of `RadixTree` one concept per
 module — `state` (shared fields), `locks`, `eviction`, `host` (the host tier),
 `offload` (`OffloadTicket`) — `components` (one module per component: FULL, SWA,
@@ -37,6 +38,7 @@ from unicache_fsm.tree.params import (
 )
 from unicache_fsm.tree.residency import ExecutorKind, ResidencyTrigger
 from unicache_fsm.tree.tree import RadixTree, TreeConfig
+from unicache_fsm.tree.walk import TokenKey
 
 __all__ = [
     "ComponentType",
@@ -55,6 +57,7 @@ __all__ = [
     "RadixTree",
     "ResidencyTrigger",
     "SlotTensorError",
+    "TokenKey",
     "TreeConfig",
     "TreeConfigError",
     "TreeConsistencyError",

@@ -46,6 +46,7 @@ from unicache_fsm import hashing
 from unicache_fsm.pools.host import HostKVPool
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.components import InsertContext, TreeComponent, build_components
@@ -59,8 +60,20 @@ from unicache_fsm.tree.host import HostTier
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.offload import Offloads
 from unicache_fsm.tree.params import InsertParams, InsertResult, MatchResult, as_key
-from unicache_fsm.tree.residency import ExecutorKind, Residency, ResidencyTrigger
-from unicache_fsm.tree.walk import check_aligned, child_key, pack_key, packed_common_len
+from unicache_fsm.tree.residency import (
+    BACKED_UP,
+    EVICTED,
+    RESIDENT,
+    ExecutorKind,
+    Residency,
+    ResidencyTrigger,
+)
+from unicache_fsm.tree.walk import (
+    TokenKey,
+    check_aligned,
+    pack_key,
+    packed_common_len,
+)
 
 __all__ = ["RadixTree", "TreeConfig"]
 
@@ -148,7 +161,10 @@ class RadixTree(HostTier, Offloads):
     def _pack(self, key: tuple[int, ...]) -> bytes:
         """`key` packed (`walk.pack_key`); a typed error, nothing changed, on a bad token."""
         if key is not self._packed_key:
-            self._packed = pack_key(key, self.key_format)
+            if type(key) is TokenKey:  # packed when the request built it
+                self._packed = key.packed(self.key_format)
+            else:
+                self._packed = pack_key(key, self.key_format)
             self._packed_key = key
         return self._packed
 
@@ -176,8 +192,9 @@ class RadixTree(HostTier, Offloads):
         node, pos = self.root, 0
         path: list[TreeNode] = []
         while pos < usable:
-            child = node.children.get(child_key(node, key, pos, namespace, p))
-            if child is None or not child.device_resident:
+            page = key[pos : pos + p]  # the child's filing key (`walk.child_key`)
+            child = node.children.get(page if node.parent is not None else (namespace, page))
+            if child is None or child.residency not in RESIDENT:
                 break
             m = packed_common_len(child, packed, pos, usable, p, width)
             if m < len(child.key):
@@ -187,8 +204,9 @@ class RadixTree(HostTier, Offloads):
         host_len, host_node = 0, None
         probe, hpos = node, pos
         while hpos < usable:
-            child = probe.children.get(child_key(probe, key, hpos, namespace, p))
-            if child is None or not (child.evicted and child.backuped):
+            page = key[hpos : hpos + p]
+            child = probe.children.get(page if probe.parent is not None else (namespace, page))
+            if child is None or child.residency not in EVICTED or child.residency not in BACKED_UP:
                 break
             m = packed_common_len(child, packed, hpos, usable, p, width)
             if m < len(child.key):
@@ -220,10 +238,14 @@ class RadixTree(HostTier, Offloads):
         return MatchResult(end.start + len(end.key), end, bk, self.device, host_len, host_node)
 
     # -- insert ------------------------------------------------------------------------
-    def _check_insert(self, params: InsertParams) -> None:
+    def _check_insert(self, params: InsertParams) -> tuple[torch.Tensor, list[int] | None]:
+        """Validate an insert (a typed error, nothing changed); return the caller's
+        slots from `prev_prefix_len` on (the tail the tree may take) and, when checked
+        (`TreeConfig.check_slots`), their page ids."""
         key, value = params.key, params.value
-        p = self.page_size
-        check_aligned("key length", len(key), p)
+        n, p = len(key), self.page_size
+        if n % p:
+            check_aligned("key length", n, p)
         if not isinstance(value, torch.Tensor) or value.dtype != torch.int64 or value.dim() != 1:
             got = getattr(value, "dtype", type(value).__name__)
             msg = f"insert value must be a 1-D int64 slot tensor, got {got}"
@@ -231,40 +253,47 @@ class RadixTree(HostTier, Offloads):
         if value.device != self.device:
             msg = f"insert value is on {value.device}, the tree's pools are on {self.device}"
             raise SlotTensorError(msg, what="value", got=value.device)
-        if value.numel() != len(key):
+        if value.numel() != n:
             msg = (
-                f"insert value has {value.numel()} slots for a key of {len(key)} tokens; "
+                f"insert value has {value.numel()} slots for a key of {n} tokens; "
                 "pass one slot per key token"
             )
-            raise ValueLengthError(msg, key_len=len(key), value_len=int(value.numel()))
-        for what, v in params.positions():
-            if not 0 <= v <= len(key):
-                msg = f"{what} = {v} is outside the key [0, {len(key)}]"
+            raise ValueLengthError(msg, key_len=n, value_len=int(value.numel()))
+        prev = params.prev_prefix_len
+        for what, v in (
+            ("prev_prefix_len", prev),
+            ("swa_evicted_seqlen", params.swa_evicted_seqlen),
+        ):
+            if not 0 <= v <= n:
+                msg = f"{what} = {v} is outside the key [0, {n}]"
                 raise InsertParamsError(msg, what=what, value=v)
-            check_aligned(what, v, p)
+            if v % p:
+                check_aligned(what, v, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
-        tail = value[params.prev_prefix_len :]
+        tail = value[prev:] if prev else value
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids
             tail_pages = self.allocator.live_page_ids(tail, "insert value")
         self._pack(key)  # token errors must come before any change
-        if self.config.hash_pages:
+        if params.namespace is not None and self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
             c.check_insert(params, tail, tail_pages)
+        return tail, tail_pages
 
     def insert(self, params: InsertParams) -> InsertResult:
-        self._check_insert(params)
+        tail, tail_pages = self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
         packed, width = self._pack(key), self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
-        ctx = InsertContext(params, value, result)
+        ctx = InsertContext(params, value, result, tail, tail_pages)
         components, overlap_order = self.components, self._overlap_order
         walked: list[TreeNode] = []
         node, pos = self.root, 0
         while pos < n:
-            child = node.children.get(child_key(node, key, pos, ns, p))
+            page = key[pos : pos + p]  # the child's filing key (`walk.child_key`)
+            child = node.children.get(page if node.parent is not None else (ns, page))
             if child is None:
                 break
             self.clock += 1
@@ -306,18 +335,31 @@ class RadixTree(HostTier, Offloads):
         if node.parent is not None:
             for c in self._insert_end_hooks:
                 c.after_insert(node)
-        parts = [t for t in ctx.to_free if t.numel()]
-        if parts:  # the caller's slots the tree did not take (with any peers they map to)
-            dups = parts[0] if len(parts) == 1 else torch.cat(parts)
-            if self._prevalidated_frees:
-                # FULL alone over a plain allocator: every duplicate lies in the tail
-                # `check_live` validated before the walk (whole, distinct, allocated
-                # pages), so release those pages without validating them twice
-                allocator = self.allocator
-                assert isinstance(allocator, PagedAllocator)
-                allocator.release_pages(dups if p == 1 else dups[::p] // p)
+        to_free = ctx.to_free
+        if to_free and self._prevalidated_frees:
+            # FULL alone over a plain allocator: every duplicate is a span of the tail
+            # the check validated before the walk (whole, distinct, allocated pages),
+            # so release those pages without validating them twice (at P > 1 by the
+            # page ids the check returned: no slice of the caller's tensor)
+            allocator = self.allocator
+            assert isinstance(allocator, PagedAllocator) and tail_pages is not None
+            spans = [e for e in to_free if isinstance(e, tuple)]
+            assert len(spans) == len(to_free), "FULL alone frees spans of its value"
+            if p == 1:
+                cut = [value[s:e] for s, e in spans]
+                allocator.release_pages(cut[0] if len(cut) == 1 else torch.cat(cut))
             else:
-                self.allocator.free(dups)
+                prev = params.prev_prefix_len
+                ids = [k for s, e in spans for k in tail_pages[(s - prev) // p : (e - prev) // p]]
+                allocator.release_pages(int64_tensor(ids, self.device))
+        elif to_free:  # the caller's slots the tree did not take (with any peers)
+            parts = [
+                t
+                for e in to_free
+                if (t := value[e[0] : e[1]] if isinstance(e, tuple) else e).numel()
+            ]
+            if parts:
+                self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
         if not params.chunked:
             self._count_hits(walked, result)
         if walked:  # new stamps; only the last node walked can be a leaf (each other
@@ -328,6 +370,11 @@ class RadixTree(HostTier, Offloads):
         """Count a hit on every device node walked; the write-through list merges the
         chains of every node that reached the threshold (root first, each node once)."""
         threshold = self.config.write_through_threshold
+        if threshold is None:  # no write-through: only the counts
+            for node in walked:
+                if node.residency in RESIDENT:
+                    node.hit_count += 1
+            return
         chosen: dict[int, TreeNode] = {}
         for node in walked:
             if node.device_resident:

@@ -7,6 +7,10 @@
   u32 little-endian as page hashes cover them, or ``"q"``, int64 native), or
   `InvalidTokenError` naming the first token that does not fit. The tree packs a key
   once and compares packed bytes: a page compare is a memcmp, no per-token Python work.
+- `TokenKey(tokens)` — a key (a tuple of its tokens) that keeps its packings: build
+  it once per request and pass it to every match and insert of that request, and the
+  tree packs it no more (`packed(fmt)`). It is only a cache: a token that does not
+  pack raises where a plain tuple's would, when the tree packs it.
 - `packed_common_len(node, packed, pos, end, page_size, width)` — the length of the
   page-aligned common prefix of `node.packed` and the packed key's tokens
   ``[pos:end]`` (`width` bytes per token), given that the first page matches (it
@@ -19,14 +23,18 @@ Pure functions over nodes and tuples: no tree state, no residency.
 
 from __future__ import annotations
 
+import contextlib
 from array import array
+from collections.abc import Iterable
 from typing import Any
+
+import torch
 
 from unicache_fsm import hashing
 from unicache_fsm.tree.errors import UnalignedKeyError
 from unicache_fsm.tree.node import TreeNode
 
-__all__ = ["check_aligned", "child_key", "pack_key", "packed_common_len"]
+__all__ = ["TokenKey", "check_aligned", "child_key", "pack_key", "packed_common_len"]
 
 _I64 = (-(1 << 63), 1 << 63)
 
@@ -49,6 +57,35 @@ def pack_key(key: tuple[int, ...], fmt: str) -> bytes:
                 msg = f"token {token!r} at index {index} is not a 64-bit integer"
                 raise hashing.InvalidTokenError(msg, index=index, token=token) from exc
         raise
+
+
+class TokenKey(tuple[int, ...]):
+    """A key that keeps its packings (see the module docstring); equal to, and hashed
+    like, the tuple of its tokens. Slices are plain tuples.
+
+    Built from any int sequence (a tensor through ``tolist``); it packs its tokens as
+    u32 (the format of a hashing tree) at once when they fit, otherwise on first use.
+    """
+
+    _packings: dict[str, bytes]
+
+    def __new__(cls, tokens: Iterable[int] | torch.Tensor = ()) -> TokenKey:
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.tolist()
+        self = super().__new__(cls, tokens)
+        self._packings = {}
+        # a token that does not fit is refused again, where a tuple's would be, by
+        # the tree that packs it
+        with contextlib.suppress(hashing.InvalidTokenError):
+            self._packings["I"] = hashing.pack_tokens(self)
+        return self
+
+    def packed(self, fmt: str) -> bytes:
+        """The tokens packed by `pack_key` in `fmt` (computed once per format)."""
+        got = self._packings.get(fmt)
+        if got is None:
+            got = self._packings[fmt] = pack_key(self, fmt)
+        return got
 
 
 def packed_common_len(

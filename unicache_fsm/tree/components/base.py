@@ -91,16 +91,22 @@ class InsertContext:
     """What the insert hooks share about one insert walk.
 
     `value` is the caller's backbone slots aligned with the key (token i's slot at
-    index i); `to_free` collects the caller's slots the tree does not take (freed
-    once, after the walk, through the tree's allocator, which frees their mapped peers
-    with them); `settled` says that a component already took or freed the caller's
-    slots of the node being walked (the core clears it before each node).
+    index i); `tail` is `value` from `prev_prefix_len` on (the slots the insert
+    checked; a view of `value`); `tail_pages` their page ids when the insert checked
+    them (`TreeConfig.check_slots`), else None. `to_free` collects the caller's slots
+    the tree does not take, each a tensor or a token span ``(start, end)`` of `value`
+    (a span costs no slice of `value` until it is freed), freed once, in order, after
+    the walk, through the tree's allocator, which frees their mapped peers with them;
+    `settled` says that a component already took or freed the
+    caller's slots of the node being walked (the core clears it before each node).
     """
 
     params: InsertParams
     value: torch.Tensor
     result: InsertResult
-    to_free: list[torch.Tensor] = attrs.field(factory=list)
+    tail: torch.Tensor
+    tail_pages: list[int] | None = None
+    to_free: list[torch.Tensor | tuple[int, int]] = attrs.field(factory=list)
     settled: bool = False
 
 

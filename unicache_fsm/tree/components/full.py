@@ -132,7 +132,11 @@ class FullComponent(TreeComponent):
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         start = node.start
         end = start + len(node.key)
-        slots = ctx.value[start:end].clone()
+        value = ctx.value
+        if start == ctx.params.prev_prefix_len and end == value.numel():
+            slots = ctx.tail.clone()  # the whole checked tail (no second slice)
+        else:
+            slots = value[start:end].clone()
         node.data[FULL] = slots
         owned, checked = self.owned, self._checked
         if owned is not None:
@@ -149,7 +153,7 @@ class FullComponent(TreeComponent):
             start, end = node.start, node.start + len(node.key)
             dup_start = max(start, ctx.params.prev_prefix_len)
             if dup_start < end:
-                ctx.to_free.append(ctx.value[dup_start:end])
+                ctx.to_free.append((dup_start, end))  # a span: sliced only if needed
         return node
 
     def evict(self, params: EvictParams, tally: dict[ComponentType, int]) -> None:
