@@ -651,7 +651,7 @@ def _fuzz_hypothesis(
 # -- explore ----------------------------------------------------------------------------
 
 # with the other defaults (4 pages, 2 requests of one one-page key, FULL+SWA window 1) a
-# scope searched to exhaustion in about four minutes on two cores; `all` multiplies each
+# scope searched to exhaustion in about a minute on two cores; `all` multiplies each
 # state's successors (the wild faults hit every call) past what minutes exhaust
 DEFAULT_EXPLORE_FAULTS = "refuse_load,fail_batch_midway"
 
