@@ -293,3 +293,31 @@ def test_a_token_key_is_its_tuple_and_refuses_bad_tokens_where_a_tuple_does() ->
     assert info.value.index == 1
     with pytest.raises(InvalidTokenError):
         wide.packed("I")
+
+
+def test_audit_memo_stays_within_its_byte_bound_and_still_checks_hashes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The audit remembers each node's digest chain; a node's key is its whole packed
+    key, so the memo is bounded in bytes as well as chains (long keys, many trees)."""
+    from unicache_fsm.tree import audit as audit_mod
+
+    bound = 64 << 10
+    monkeypatch.setattr(audit_mod, "_CHAINS_BYTES", bound)
+    monkeypatch.setattr(audit_mod, "_CHAINS", {})
+    monkeypatch.setattr(audit_mod, "_chains_bytes", 0)
+    for i in range(12):  # 12 trees of one 8k-token key each: 32 KiB packed per key
+        tree = RadixTree(PagedAllocator(8192, 16))
+        serve(tree, tuple(range(i, i + 8192)))
+        tree.check()
+        held = sum(
+            len(prior) + len(packed) + 32 * len(got)
+            for (prior, packed, _), got in audit_mod._CHAINS.items()
+        )
+        assert held <= bound
+    # the memo still answers the chain the key hashes to: a wrong digest is caught
+    (node,) = [n for n in tree.nodes() if n.parent is not None]
+    assert node.digests is not None
+    node.digests = [bytes(32), *node.digests[1:]]
+    with pytest.raises(TreeError, match="page hashes do not chain"):
+        tree.check()

@@ -69,19 +69,29 @@ def check_conservation(
 
 
 #: page digests of (prior digest, u32-packed key, page size): a pure function of its
-#: arguments, remembered so an audit after every step re-hashes only new keys
+#: arguments, remembered so an audit after every step re-hashes only new keys; cleared
+#: when it holds `_CHAINS_MAX` chains or `_CHAINS_BYTES` of keys and digests (a key is a
+#: node's whole packed key, so long keys would otherwise grow it without bound)
 _CHAINS: dict[tuple[bytes, bytes, int], list[bytes]] = {}
 _CHAINS_MAX = 1 << 16
+_CHAINS_BYTES = 32 << 20
+_chains_bytes = 0
 
 
 def _chain(prior: bytes, packed: bytes, page_size: int) -> list[bytes]:
     """`hashing.page_digests(packed, page_size, prior)`, memoized (bounded)."""
+    global _chains_bytes
     key = (prior, packed, page_size)
     got = _CHAINS.get(key)
     if got is None:
-        if len(_CHAINS) >= _CHAINS_MAX:
+        got = hashing.page_digests(packed, page_size, prior)
+        size = len(prior) + len(packed) + 32 * len(got)
+        if len(_CHAINS) >= _CHAINS_MAX or _chains_bytes + size > _CHAINS_BYTES:
             _CHAINS.clear()
-        got = _CHAINS[key] = hashing.page_digests(packed, page_size, prior)
+            _chains_bytes = 0
+        if size <= _CHAINS_BYTES:
+            _CHAINS[key] = got
+            _chains_bytes += size
     return got
 
 
