@@ -7,17 +7,24 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_tree.py"
 
 
-def test_bench_tree_quick_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("_bench_tree", BENCH)
+def _load(name: str) -> Any:
+    """benchmarks/bench_tree.py as a fresh module called `name`."""
+    spec = importlib.util.spec_from_file_location(name, BENCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_tree_quick_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    module = _load("_bench_tree")
     assert module.main(["--quick", "--requests", "300"]) == 0
     out = capsys.readouterr().out
     assert "ops/s (tree calls)" in out and "absolute targets" in out
@@ -32,19 +39,13 @@ def test_bench_tree_vs_sglang_says_skipped_without_sglang(
     pytest.importorskip("torch")
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is importable here: the comparison would run")
-    spec = importlib.util.spec_from_file_location("_bench_tree_vs", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("_bench_tree_vs")
     assert module.main(["--vs-sglang", "--quick"]) == 0
     assert "skipped: sglang is not installed" in capsys.readouterr().out
 
 
 def test_bench_tree_workload_shape() -> None:
-    spec = importlib.util.spec_from_file_location("_bench_tree_w", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("_bench_tree_w")
     keys = module.workload(500)
     assert len(keys) == 500 and {len(k) for k in keys} == {256 + 64}
     assert len({k[:256] for k in keys}) <= 100
@@ -53,10 +54,7 @@ def test_bench_tree_workload_shape() -> None:
 
 
 def test_eviction_rounds_evict_then_refill_the_tree_to_its_size() -> None:
-    spec = importlib.util.spec_from_file_location("_bench_tree_e", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("_bench_tree_e")
     bench = module.EvictionBench(300)
     tree, alloc = bench.tree, bench.alloc
     leaves = sorted(n.id for n in tree.nodes() if not n.children)

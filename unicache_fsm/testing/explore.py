@@ -123,7 +123,7 @@ from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
 from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
-from unicache_fsm.testing.search import Successor, breadth_first
+from unicache_fsm.testing.search import Successor, breadth_first, summary
 from unicache_fsm.tree import EvictParams
 from unicache_fsm.tree.node import TreeNode
 
@@ -1052,23 +1052,17 @@ class Report:
 
     def summary(self) -> str:
         reached, arrows = self.declared()
-        if self.violation is not None:
-            result = f"VIOLATION after {len(self.violation)} operations: {self.violation.error}"
-        elif self.exhausted:
-            result = "exhausted: every reachable state checked, no invariant broken"
-        else:
-            result = "stopped (depth or time limit): no invariant broken so far"
-        return "\n".join(
-            [
-                f"scope          {self.scope.describe()}",
-                f"states         {self.states} distinct",
-                f"transitions    {self.transitions} ({self.refused} refused by the tiny pools)",
-                f"depth          {self.depth}",
-                f"time           {self.seconds:.1f} s, {self.rate:.0f} states/s, "
-                f"{self.workers} worker(s)",
-                f"coverage       {reached}/{arrows} declared transitions reached",
-                f"result         {result}",
-            ]
+        v = self.violation
+        return summary(
+            scope=self.scope.describe(),
+            states=self.states,
+            transitions=self.transitions,
+            refused=self.refused,
+            depth=self.depth,
+            timing=f"{self.seconds:.1f} s, {self.rate:.0f} states/s, {self.workers} worker(s)",
+            violation=None if v is None else (len(v), v.error),
+            exhausted=self.exhausted,
+            extra=[f"coverage       {reached}/{arrows} declared transitions reached"],
         )
 
 

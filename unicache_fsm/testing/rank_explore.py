@@ -58,7 +58,7 @@ from unicache_fsm.serving.invariants import InvariantViolation, restorable_inter
 from unicache_fsm.serving.system import System
 from unicache_fsm.store.faults import FaultPolicy
 from unicache_fsm.testing.explore import EXTRA_TOKEN, Scope, canonical, snapshot
-from unicache_fsm.testing.search import Successor, breadth_first
+from unicache_fsm.testing.search import Successor, breadth_first, summary
 from unicache_fsm.tree import EvictParams
 
 __all__ = [
@@ -350,26 +350,20 @@ class RankReport:
     violation: RankCounterexample | None = None
 
     def summary(self) -> str:
-        if self.violation is not None:
-            steps = ", ".join(op.label for op in self.violation.path)
-            result = (
-                f"VIOLATION after {len(self.violation)} operations: {self.violation.error}\n"
-                f"path           {steps}"
-            )
-        elif self.exhausted:
-            result = "exhausted: every reachable state checked, no invariant broken"
-        else:
-            result = "stopped (depth or time limit): no invariant broken so far"
-        return "\n".join(
-            [
-                f"scope          {self.scope.describe()}",
-                f"states         {self.states} distinct",
-                f"transitions    {self.transitions} ({self.refused} refused by the tiny pools)",
-                f"depth          {self.depth}",
-                f"time           {self.seconds:.1f} s",
-                f"result         {result}",
-            ]
+        v = self.violation
+        text = summary(
+            scope=self.scope.describe(),
+            states=self.states,
+            transitions=self.transitions,
+            refused=self.refused,
+            depth=self.depth,
+            timing=f"{self.seconds:.1f} s",
+            violation=None if v is None else (len(v), v.error),
+            exhausted=self.exhausted,
         )
+        if v is None:
+            return text
+        return f"{text}\npath           {', '.join(op.label for op in v.path)}"
 
 
 def explore_ranks(
@@ -381,9 +375,8 @@ def explore_ranks(
 ) -> RankReport:
     """Breadth-first search of every state of the multi-rank world (one process; each
     state is kept with its path until its successors are made, each on a `copy_world`).
-    Stops at the first level
-    holding a violation (a shortest one), when no new state appears, past `max_depth`
-    operations, or after `minutes`."""
+    Stops at the first level holding a violation (a shortest one), when no new state
+    appears, past `max_depth` operations, or after `minutes`."""
     start = time.perf_counter()
     deadline = None if minutes is None else start + minutes * 60.0
     report = RankReport(scope)

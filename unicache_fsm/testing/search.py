@@ -108,3 +108,37 @@ def breadth_first(
     out.exhausted = not frontier and out.violation is None
     out.states = len(visited)
     return out
+
+
+def summary(
+    *,
+    scope: str,
+    states: int,
+    transitions: int,
+    refused: int,
+    depth: int,
+    timing: str,
+    violation: tuple[int, str] | None,
+    exhausted: bool,
+    extra: Sequence[str] = (),
+) -> str:
+    """The report both explorers print: the scope, states, transitions (and how many
+    the tiny pools refused), depth, `timing` as worded by the caller, `extra` lines, and
+    the result (a violation as its length and error, exhausted, or stopped)."""
+    if violation is not None:
+        result = f"VIOLATION after {violation[0]} operations: {violation[1]}"
+    elif exhausted:
+        result = "exhausted: every reachable state checked, no invariant broken"
+    else:
+        result = "stopped (depth or time limit): no invariant broken so far"
+    return "\n".join(
+        [
+            f"scope          {scope}",
+            f"states         {states} distinct",
+            f"transitions    {transitions} ({refused} refused by the tiny pools)",
+            f"depth          {depth}",
+            f"time           {timing}",
+            *extra,
+            f"result         {result}",
+        ]
+    )
