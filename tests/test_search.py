@@ -7,7 +7,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from unicache_fsm.testing.search import Successor, breadth_first
+import pytest
+
+from unicache_fsm.testing.search import SearchExpandError, Successor, breadth_first
 
 
 def _adder(
@@ -59,3 +61,20 @@ def test_progress_is_told_each_level() -> None:
     seen: list[tuple[int, int, int]] = []
     breadth_first(0, {0}, _adder([1], 3), progress=lambda *a: seen.append(a))
     assert seen == [(1, 2, 1), (2, 3, 1), (3, 3, 0)]
+
+
+def test_an_expand_that_drops_or_adds_a_group_is_refused_not_counted_as_a_leaf() -> None:
+    full = _adder([1, 2], 7)
+
+    def short(entries: Sequence[tuple[tuple[Any, ...], int | None]]) -> Iterator[list[Any]]:
+        groups = list(full(entries))
+        yield from groups[:-1]  # the last entry's successors never come
+
+    def long(entries: Sequence[tuple[tuple[Any, ...], int | None]]) -> Iterator[list[Any]]:
+        yield from full(entries)
+        yield []
+
+    with pytest.raises(SearchExpandError, match="yielded 0 successor groups for 1 entries"):
+        breadth_first(0, {0}, short)
+    with pytest.raises(SearchExpandError, match="more successor groups than the 1 entries"):
+        breadth_first(0, {0}, long)

@@ -11,6 +11,7 @@ deduplicates fingerprints, builds the next level, and stops:
 - at the end of the first level holding a violation (the first one found at that depth,
   so no shorter path to any violation exists);
 - when a level brings no new state (the space is exhausted);
+- with `SearchExpandError` when `expand` yields more or fewer groups than entries;
 - past `max_depth` operations, or at `deadline` (checked between entries, so a level
   cut short is not counted and the space is not called exhausted).
 
@@ -25,9 +26,17 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from unicache_fsm.fsm.errors import UnicacheFsmError
+
 S = TypeVar("S")
 
 Path = tuple[Any, ...]
+
+
+class SearchExpandError(UnicacheFsmError, ValueError):
+    """The caller's `expand` yielded fewer or more successor groups than the entries it
+    was given: a level would be miscounted (a missing group looks like a leaf, so a space
+    could be called exhausted that was not)."""
 
 
 @attrs.frozen
@@ -83,7 +92,12 @@ def breadth_first(
         nxt: list[tuple[Path, S | None]] = []
         found: tuple[Path, str] | None = None
         cut = False
-        for (path, _), successors in zip(frontier, expand(frontier), strict=False):
+        groups = iter(expand(frontier))
+        for i, (path, _) in enumerate(frontier):
+            successors = next(groups, None)
+            if successors is None:
+                msg = f"expand yielded {i} successor groups for {len(frontier)} entries"
+                raise SearchExpandError(msg)
             for child in successors:
                 out.transitions += 1
                 if child.digest is None:
@@ -98,6 +112,9 @@ def breadth_first(
                 break
         if cut:
             break
+        if next(groups, None) is not None:
+            msg = f"expand yielded more successor groups than the {len(frontier)} entries"
+            raise SearchExpandError(msg)
         out.depth += 1
         frontier = nxt
         if progress is not None:
