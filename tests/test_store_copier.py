@@ -115,8 +115,9 @@ def test_workers_follow_torch_threads_and_stay_serial_for_small_calls() -> None:
 def test_bad_thread_counts_are_typed_errors(bad: object) -> None:
     with pytest.raises(StoreConfigError, match="threads"):
         PageCopier(bad)  # type: ignore[arg-type]
-    with pytest.raises(StoreConfigError, match="threads"):
+    with pytest.raises(StoreConfigError, match="copy_threads") as info:
         MemoryStore(copy_threads=bad)  # type: ignore[arg-type]
+    assert info.value.argument == "copy_threads" and info.value.value is bad
 
 
 def test_refuses_rows_of_unequal_counts_or_lengths() -> None:
@@ -177,7 +178,9 @@ def test_close_joins_the_threads_and_later_calls_run_serially() -> None:
     src = _rows(PAGES, PAGE, 5)
     copier.checksums(src, list(range(PAGES)))
     mine = _copy_threads() - before
-    assert len(mine) == 2  # threads - 1 pool threads; the caller is the third worker
+    # at most threads - 1 pool threads (the caller is a worker too); fewer when one
+    # finished its share before the next was handed out, and was reused
+    assert 1 <= len(mine) <= 2
     copier.close()
     assert not any(t.is_alive() for t in mine)
     copier.close()  # a second close is a no-op

@@ -48,13 +48,22 @@ import torch
 from unicache_fsm.store.checksum import copy_checksum, page_checksum
 from unicache_fsm.store.errors import StoreConfigError
 
-__all__ = ["CHUNK_BYTES", "PARALLEL_BYTES", "PageCopier"]
+__all__ = ["CHUNK_BYTES", "PARALLEL_BYTES", "PageCopier", "check_threads"]
 
 #: bytes a worker takes at a time (whole pages, at least one)
 CHUNK_BYTES = 1 << 20
 #: calls moving fewer bytes than this run on the calling thread (a hand-off to a pool
 #: thread costs tens of microseconds on a busy machine)
 PARALLEL_BYTES = 4 << 20
+
+
+def check_threads(value: object, argument: str) -> int | None:
+    """`value` as a worker count: None (torch's thread count) or an int >= 1, else
+    `StoreConfigError` naming `argument`."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        msg = f"{argument} must be None (torch's thread count) or an int >= 1, got {value!r}"
+        raise StoreConfigError(msg, argument=argument, value=value)
+    return value
 
 
 class _Stop:
@@ -72,12 +81,7 @@ class PageCopier:
     """Copies and checksums of large pages on several threads; see the module docstring."""
 
     def __init__(self, threads: int | None = None) -> None:
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            msg = f"threads must be None (torch's thread count) or an int >= 1, got {threads!r}"
-            raise StoreConfigError(msg, argument="threads", value=threads)
-        self.threads = threads
+        self.threads = check_threads(threads, "threads")
         self._lock = threading.Lock()  # guards `_pool` and `_closed`
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_size = 0

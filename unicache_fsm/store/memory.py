@@ -43,7 +43,7 @@ from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
 from unicache_fsm.store.checksum import page_checksum, page_checksums
-from unicache_fsm.store.copier import PageCopier
+from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
@@ -174,8 +174,9 @@ class MemoryStore(BaseStore["_Entry"]):
         history: int = 256,
         copy_threads: int | None = None,
     ) -> None:
+        check_threads(copy_threads, "copy_threads")
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
-        self._copier = PageCopier(copy_threads)  # checks copy_threads
+        self._copier = PageCopier(copy_threads)
         self.rejected_pages = 0  # pages dropped because they failed verification
         self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification
         self._slabs: dict[PoolName, _Slab] = {}
@@ -183,7 +184,8 @@ class MemoryStore(BaseStore["_Entry"]):
 
     def __repr__(self) -> str:
         return (
-            f"MemoryStore(capacity_pages={self.capacity_pages!r}, background={self.background!r})"
+            f"MemoryStore(capacity_pages={self.capacity_pages!r}, background={self.background!r}, "
+            f"copy_threads={self._copier.threads!r})"
         )
 
     # -- backend hooks -----------------------------------------------------------------
