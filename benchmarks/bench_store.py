@@ -47,9 +47,12 @@ The file and Redis stores, against the raw client doing the same I/O on the same
   in a pipeline as the store does (`PIPELINE_BYTES`: its SETs go out once their values
   reach it, its GETs fetch that much payload, whole pages, at a time).
 
-On a busy 2-core machine torch's OpenMP threads stall each other and the torch
-baselines collapse (a gather at a few percent of its speed); pass ``--threads 1`` for
-meaningful memory-store ratios (`run.py` passes nothing: torch's default). A benchmark,
+The memory store moves large CPU pages on as many workers as torch has threads
+(`unicache_fsm.store.copier`), so both sides of its ratios use the same number of
+threads, whatever ``--threads`` says. On a busy 2-core machine torch's OpenMP threads
+stall each other and the torch baselines collapse (a gather at a few percent of its
+speed); pass ``--threads 1`` for meaningful memory-store ratios there (`run.py` passes
+nothing: torch's default). A benchmark,
 not a test: nothing here asserts a time.
 """
 

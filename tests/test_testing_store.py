@@ -159,12 +159,14 @@ def _offload_failure_reported_true(monkeypatch: pytest.MonkeyPatch) -> None:
 def _pages_land_in_the_wrong_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     copy_out = MemoryStore._copy_out
 
-    def reversed_slots(ct: CheckedTransfer, entries: list[Any], slab: Any, pool: KVPool) -> bool:
+    def reversed_slots(
+        self: MemoryStore, ct: CheckedTransfer, entries: list[Any], slab: Any, pool: KVPool
+    ) -> list[int]:
         slots = ct.slots.view(len(ct.keys), -1).flip(0).reshape(-1)  # page i -> slot n-1-i
         pages = ct.pages.flip(0)  # the same move by page id (what the store writes by)
-        return copy_out(attrs.evolve(ct, slots=slots, pages=pages), entries, slab, pool)
+        return copy_out(self, attrs.evolve(ct, slots=slots, pages=pages), entries, slab, pool)
 
-    monkeypatch.setattr(MemoryStore, "_copy_out", staticmethod(reversed_slots))
+    monkeypatch.setattr(MemoryStore, "_copy_out", reversed_slots)
 
 
 def _odd_batch_results_lost(monkeypatch: pytest.MonkeyPatch) -> None:

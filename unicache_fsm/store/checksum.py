@@ -9,6 +9,12 @@
   version (a golden value in the tests pins it), and any change of one bit changes it.
 - `page_checksums(pages) -> list[int]` — `page_checksum` of every row of a ``[n, nbytes]``
   uint8 CPU tensor, in order.
+- `copy_checksum(dst, src) -> int` — copy one page's bytes (``dst[...] = src``, two 1-D
+  uint8 NumPy arrays of one length, not overlapping) and return `page_checksum` of them:
+  the copy goes in pieces of `PIECE_BYTES`, each hashed (XXH3's streaming form, the
+  same value) right after it lands, while it is still in the core's cache, so a copy
+  and its checksum cost one pass over memory, not two. Both the copy and the hash
+  release the GIL while they run.
 
 XXH3 is not a cryptographic hash: it detects torn, partial, damaged and misplaced pages,
 not a party that forges pages on purpose (whoever can write the store can write a page
@@ -18,12 +24,18 @@ header (`unicache_fsm.store.pageformat`); the memory store keeps it beside the p
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import xxhash
 
-__all__ = ["page_checksum", "page_checksums"]
+__all__ = ["PIECE_BYTES", "copy_checksum", "page_checksum", "page_checksums"]
 
 _XXH3 = xxhash.xxh3_64_intdigest
+
+#: bytes `copy_checksum` copies and hashes at a time (source and destination of one
+#: piece together fit a core's L2 cache with room to spare)
+PIECE_BYTES = 256 << 10
 
 
 def page_checksum(page: torch.Tensor | memoryview | bytes) -> int:
@@ -37,3 +49,21 @@ def page_checksum(page: torch.Tensor | memoryview | bytes) -> int:
 def page_checksums(pages: torch.Tensor) -> list[int]:
     """`page_checksum` of each row of `pages` (``[n, nbytes]`` uint8, CPU), in order."""
     return [_XXH3(row.data) for row in pages.contiguous().numpy()]
+
+
+def copy_checksum(dst: Any, src: Any) -> int:
+    """Copy `src` into `dst` (1-D uint8 NumPy arrays of one length, not overlapping) and
+    return `page_checksum` of the bytes, each piece hashed while it is in cache."""
+    n = src.shape[0]
+    if dst.shape != src.shape:
+        msg = f"copy_checksum: destination of {dst.shape} bytes for a source of {src.shape}"
+        raise ValueError(msg)
+    if n <= PIECE_BYTES:
+        dst[...] = src
+        return _XXH3(dst.data)
+    state = xxhash.xxh3_64()
+    for at in range(0, n, PIECE_BYTES):
+        piece = dst[at : at + PIECE_BYTES]
+        piece[...] = src[at : at + PIECE_BYTES]
+        state.update(piece.data)
+    return state.intdigest()

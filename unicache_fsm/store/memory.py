@@ -1,7 +1,8 @@
 """The embedded in-memory store: the default `ExternalStore`, in process, on CPU memory.
 
-`MemoryStore(*, capacity_pages=None, background=False, history=256)` implements every
-primitive of `unicache_fsm.store.protocol` (see there for the contracts) and adds:
+`MemoryStore(*, capacity_pages=None, background=False, history=256, copy_threads=None)`
+implements every primitive of `unicache_fsm.store.protocol` (see there for the contracts)
+and adds:
 
 - Page bytes per (pool, key) in one growable CPU slab per pool (rows of one page), each
   with a `PageHeader(key, pool, nbytes, checksum)`. The checksum is the one every store
@@ -16,9 +17,14 @@ primitive of `unicache_fsm.store.protocol` (see there for the contracts) and add
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
   shared half of every backend, `unicache_fsm.store.base.BaseStore` (see there).
 - Data moves in batches: one `read_pages` (into the slab itself when the new rows are
-  contiguous) per offload transfer and one `write_pages` per load transfer; pages of a
-  CPU pool of at least `PAGE_BY_PAGE_BYTES` are offloaded one memcpy each, each
-  checksummed right after its copy while it is still in cache.
+  contiguous) per offload transfer and one `write_pages` per load transfer. Pages of a
+  CPU pool of at least `PAGE_BY_PAGE_BYTES` go page by page, straight between the
+  pool's pages and the slab's rows, on a `PageCopier` (`unicache_fsm.store.copier`)
+  of `copy_threads` workers (None: as many as `torch.get_num_threads()`, like torch's
+  own copies; its threads are joined by `close()`): an offload copies each page into
+  its row and checksums it piece by piece while it is in cache; a load checksums every
+  page of the transfer in the slab first, then copies them into the pool, so a bad page
+  still leaves the transfer's slots unwritten.
 - Inspection for tests and invariants: `num_pages`, `stored_bytes(pool, key)` (a live
   uint8 view; writing through it corrupts the page), `recent_jobs()` (finished store-side
   records, newest last), `check_invariants()`, `last_error`.
@@ -37,6 +43,7 @@ from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
 from unicache_fsm.store.checksum import page_checksum, page_checksums
+from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
@@ -160,9 +167,16 @@ class MemoryStore(BaseStore["_Entry"]):
     worker_name = "unicache-memory-store"
 
     def __init__(
-        self, *, capacity_pages: int | None = None, background: bool = False, history: int = 256
+        self,
+        *,
+        capacity_pages: int | None = None,
+        background: bool = False,
+        history: int = 256,
+        copy_threads: int | None = None,
     ) -> None:
+        check_threads(copy_threads, "copy_threads")
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        self._copier = PageCopier(copy_threads)
         self.rejected_pages = 0  # pages dropped because they failed verification
         self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification
         self._slabs: dict[PoolName, _Slab] = {}
@@ -170,7 +184,8 @@ class MemoryStore(BaseStore["_Entry"]):
 
     def __repr__(self) -> str:
         return (
-            f"MemoryStore(capacity_pages={self.capacity_pages!r}, background={self.background!r})"
+            f"MemoryStore(capacity_pages={self.capacity_pages!r}, background={self.background!r}, "
+            f"copy_threads={self._copier.threads!r})"
         )
 
     # -- backend hooks -----------------------------------------------------------------
@@ -198,6 +213,7 @@ class MemoryStore(BaseStore["_Entry"]):
 
     def _release(self) -> None:
         self._slabs.clear()
+        self._copier.close()  # idle: close() waited for the job in progress
 
     # -- inspection ----------------------------------------------------------------------
 
@@ -264,9 +280,8 @@ class MemoryStore(BaseStore["_Entry"]):
                 self._drop_rejected(ident, entry)
             self._finish_load_batch(batch, ok)
 
-    @staticmethod
     def _copy_out(
-        ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: KVPool
+        self, ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: KVPool
     ) -> list[int]:
         """Verify and write one transfer's pages; the indices of the bad pages (header or
         checksum mismatch), in which case nothing of the transfer is written."""
@@ -292,6 +307,22 @@ class MemoryStore(BaseStore["_Entry"]):
                 return mismatch
             pool.page_bytes()[ct.pages.numpy()] = stored
             return []
+        if pool.device.type == "cpu":
+            # large CPU pages: every page verified in place in the slab (several
+            # workers), then each copied straight into its page; a bad page stops the
+            # transfer before its first write
+            held = [e.row for e in entries]
+            got = self._copier.checksums(slab.data.numpy(), held)
+            mismatch = [
+                i
+                for i, (g, e) in enumerate(zip(got, entries, strict=True))
+                if g != e.header.checksum
+            ]
+            if mismatch:
+                return mismatch
+            self._copier.copy(pool.page_bytes(), ct.pages.tolist(), slab.data.numpy(), held)
+            return []
+        # another device: the rows (a view, or gathered), verified, then one write
         data, order = slab.rows_of([e.row for e in entries])
         expected = [e.header.checksum for e in entries]
         pages = ct.pages  # validated when the store accepted the load
@@ -368,8 +399,7 @@ class MemoryStore(BaseStore["_Entry"]):
             parts.append(_OffloadPart(pool, ct.pool, slab, pages, keys, parents, rows))
         return parts
 
-    @staticmethod
-    def _copy_in(part: _OffloadPart) -> None:
+    def _copy_in(self, part: _OffloadPart) -> None:
         """Read one transfer's new pages into their reserved rows and checksum them."""
         n = len(part.keys)
         if n == 0:
@@ -378,13 +408,10 @@ class MemoryStore(BaseStore["_Entry"]):
         if pool.device.type == "cpu":
             src, dst = pool.page_bytes(), slab.data.numpy()
             if slab.page_nbytes >= PAGE_BY_PAGE_BYTES:
-                # large CPU pages: one memcpy each, checksummed at once while the row is
-                # still in cache (a second pass over the batch would read it from memory)
-                sums = []
-                for row, page in zip(rows, part.pages.tolist(), strict=True):
-                    dst[row] = src[page]
-                    sums.append(page_checksum(dst[row].data))
-                part.checksums = sums
+                # large CPU pages: each copied into its row and checksummed piece by
+                # piece while in cache (a second pass would read it from memory), on
+                # the copier's workers
+                part.checksums = self._copier.copy_checksummed(dst, rows, src, part.pages.tolist())
                 return
             # small CPU pages: one NumPy gather into the rows (a slice when contiguous)
             gathered = src[part.pages.numpy()]

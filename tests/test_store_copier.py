@@ -1,0 +1,358 @@
+"""`PageCopier` and the memory store's threaded page paths: copies on several workers
+land the same bytes and checksums as one thread; a bad page in any chunk fails its load
+with the load's slots unwritten and nothing else lost; an exception on a pool thread
+fails the offload or load it belongs to (``last_error`` set) and leaves the store
+working; `close()` joins the threads.
+
+The store contract runs once more (`TestMemoryStoreThreadedCopies`) with every call
+threaded and every page a chunk of its own (`PARALLEL_BYTES` and `CHUNK_BYTES`
+patched down), so its small transfers take the threaded paths too.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from test_store_memory import (
+    KV,
+    LargeRig,
+    Rig,
+    StoreFactory,
+    TestMemoryStore,
+    kv_lookup,
+    load_now,
+    offload_now,
+)
+from unicache_fsm.pools.transfer import PoolTransfer
+from unicache_fsm.store import ExternalStore, MemoryStore, StoreConfigError
+from unicache_fsm.store import copier as copier_module
+from unicache_fsm.store.checksum import PIECE_BYTES, copy_checksum, page_checksum
+from unicache_fsm.store.copier import CHUNK_BYTES, PARALLEL_BYTES, PageCopier
+
+POOL_THREAD = "unicache-page-copy"
+
+
+def _copy_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith(POOL_THREAD)}
+
+
+def _rows(n: int, nbytes: int, seed: int) -> Any:
+    gen = np.random.default_rng(seed)
+    return gen.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+
+
+# -- copy_checksum ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n", [0, 1, 4095, PIECE_BYTES - 1, PIECE_BYTES, PIECE_BYTES + 1, 3 * PIECE_BYTES + 17]
+)
+def test_copy_checksum_copies_and_equals_page_checksum(n: int) -> None:
+    src = _rows(1, n, n)[0]
+    dst = np.zeros_like(src)
+    got = copy_checksum(dst, src)
+    assert np.array_equal(dst, src)
+    assert got == page_checksum(torch.from_numpy(src))
+
+
+def test_copy_checksum_refuses_unequal_lengths() -> None:
+    src = _rows(1, 64, 0)[0]
+    dst = np.zeros(63, dtype=np.uint8)
+    with pytest.raises(ValueError, match="63"):
+        copy_checksum(dst, src)
+    assert not dst.any()
+
+
+# -- PageCopier on its own -----------------------------------------------------------------
+
+PAGE = 256 << 10  # 4 pages a chunk
+PAGES = 24  # 6 MiB: above PARALLEL_BYTES, 6 chunks
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threaded_calls_equal_one_thread(threads: int) -> None:
+    src = _rows(2 * PAGES, PAGE, 1)
+    picked = np.random.default_rng(2).permutation(2 * PAGES)[:PAGES].tolist()
+    serial = [page_checksum(torch.from_numpy(src[p])) for p in picked]
+    copier = PageCopier(threads)
+    try:
+        assert PAGES * PAGE >= PARALLEL_BYTES and PAGE < CHUNK_BYTES  # threaded, chunked
+        assert copier.workers(PAGES * PAGE, 6) == threads
+        dst = np.zeros((PAGES + 8, PAGE), dtype=np.uint8)
+        rows = [r + 8 for r in range(PAGES)][::-1]  # not the first rows, reversed
+        assert copier.copy_checksummed(dst, rows, src, picked) == serial
+        assert np.array_equal(dst[rows], src[picked]) and not dst[:8].any()
+        assert copier.checksums(src, picked) == serial
+        again = np.zeros_like(dst)
+        copier.copy(again, rows, src, picked)
+        assert np.array_equal(again, dst)
+    finally:
+        copier.close()
+
+
+def test_workers_follow_torch_threads_and_stay_serial_for_small_calls() -> None:
+    copier = PageCopier()
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert copier.workers(PARALLEL_BYTES, 100) == n
+        assert copier.workers(PARALLEL_BYTES, 2) == 2  # never more workers than chunks
+        assert copier.workers(PARALLEL_BYTES - 1, 100) == 1
+    finally:
+        torch.set_num_threads(before)
+    assert PageCopier(4).workers(PARALLEL_BYTES, 100) == 4
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_thread_counts_are_typed_errors(bad: object) -> None:
+    with pytest.raises(StoreConfigError, match="threads"):
+        PageCopier(bad)  # type: ignore[arg-type]
+    with pytest.raises(StoreConfigError, match="copy_threads") as info:
+        MemoryStore(copy_threads=bad)  # type: ignore[arg-type]
+    assert info.value.argument == "copy_threads" and info.value.value is bad
+
+
+def test_refuses_rows_of_unequal_counts_or_lengths() -> None:
+    copier = PageCopier(1)
+    src, dst = _rows(4, 64, 3), np.zeros((4, 64), dtype=np.uint8)
+    with pytest.raises(ValueError, match="3 source"):
+        copier.copy(dst, [0, 1], src, [0, 1, 2])
+    with pytest.raises(ValueError, match="32 bytes"):
+        copier.copy_checksummed(np.zeros((4, 32), dtype=np.uint8), [0], src, [0])
+    assert not dst.any()
+
+
+def _fail_on_pool_thread(
+    monkeypatch: pytest.MonkeyPatch, name: str, error: BaseException
+) -> threading.Barrier:
+    """Patch the copier's `name` so that both workers take a chunk, then the pool
+    thread's first call raises `error` (the calling thread's calls run normally)."""
+    real = getattr(copier_module, name)
+    meet = threading.Barrier(2, timeout=30)
+    met: set[int] = set()
+
+    def patched(*args: Any) -> Any:
+        me = threading.get_ident()
+        if me not in met:
+            met.add(me)
+            meet.wait()  # both workers are inside a chunk
+        if threading.current_thread().name.startswith(POOL_THREAD):
+            raise error
+        return real(*args)
+
+    monkeypatch.setattr(copier_module, name, patched)
+    return meet
+
+
+def test_an_exception_on_a_pool_thread_is_raised_by_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    src = _rows(PAGES, PAGE, 4)
+    dst = np.zeros_like(src)
+    copier = PageCopier(2)
+    _fail_on_pool_thread(monkeypatch, "copy_checksum", RuntimeError("boom on a pool thread"))
+    with pytest.raises(RuntimeError, match="boom on a pool thread"):
+        copier.copy_checksummed(dst, list(range(PAGES)), src, list(range(PAGES)))
+    monkeypatch.undo()
+    # no worker runs on after the call: the copier works again, with the same threads
+    threads = _copy_threads()
+    assert copier.copy_checksummed(dst, list(range(PAGES)), src, list(range(PAGES))) == [
+        page_checksum(torch.from_numpy(row)) for row in src
+    ]
+    assert np.array_equal(dst, src)
+    assert _copy_threads() == threads
+    copier.close()
+
+
+def test_close_joins_the_threads_and_later_calls_run_serially() -> None:
+    before = _copy_threads()
+    copier = PageCopier(3)
+    src = _rows(PAGES, PAGE, 5)
+    copier.checksums(src, list(range(PAGES)))
+    mine = _copy_threads() - before
+    # at most threads - 1 pool threads (the caller is a worker too); fewer when one
+    # finished its share before the next was handed out, and was reused
+    assert 1 <= len(mine) <= 2
+    copier.close()
+    assert not any(t.is_alive() for t in mine)
+    copier.close()  # a second close is a no-op
+    assert copier.workers(PAGES * PAGE, 6) == 1
+    assert copier.checksums(src, [3]) == [page_checksum(torch.from_numpy(src[3]))]
+    assert not (_copy_threads() - before)
+
+
+def test_a_deep_copy_is_a_fresh_copier_with_no_threads() -> None:
+    copier = PageCopier(2)
+    src = _rows(PAGES, PAGE, 6)
+    copier.checksums(src, list(range(PAGES)))
+    twin = copy.deepcopy(copier)
+    assert twin is not copier and twin.threads == 2
+    copier.close()
+    assert twin.checksums(src, [0, 1]) == copier.checksums(src, [0, 1])
+    twin.close()
+
+
+# -- the memory store's threaded paths ------------------------------------------------------
+
+
+class BigRig(Rig):
+    """A `Rig` with 256 KiB pages (P=4, 2 layers x 16384 fp16), room for three batches."""
+
+    WIDTH = 16384
+
+    def __init__(self) -> None:
+        super().__init__(pages=3 * PAGES + 4)
+
+
+@pytest.fixture
+def big() -> BigRig:
+    return BigRig()
+
+
+def _store(rig: Rig, threads: int) -> MemoryStore:
+    store = MemoryStore(copy_threads=threads)
+    store.attach(rig.pools)
+    return store
+
+
+def test_threaded_store_keeps_the_bytes_and_checksums_of_one_thread(big: BigRig) -> None:
+    keys, src = big.chain(PAGES), big.fill(KV, PAGES)
+    one, three = _store(big, 1), _store(big, 3)
+    for store in (one, three):
+        assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    assert [one.header(KV, k) for k in keys] == [three.header(KV, k) for k in keys]
+    for store in (one, three):
+        dst = big.alloc(KV, PAGES)
+        shuffled = torch.randperm(PAGES, generator=torch.Generator().manual_seed(7)).tolist()
+        assert load_now(store, "r", [PoolTransfer(KV, dst, [keys[i] for i in shuffled])])
+        for j, i in enumerate(shuffled):
+            assert torch.equal(big.page(KV, dst, j), big.page(KV, src, i))
+        store.check_invariants()
+        assert store.last_error is None
+        store.close()
+
+
+@pytest.mark.parametrize("bad", [0, 5, 13, PAGES - 1])  # first page, inside chunks, last
+def test_a_bad_page_in_any_chunk_fails_the_load_and_loses_nothing_else(
+    big: BigRig, bad: int
+) -> None:
+    keys, src = big.chain(PAGES), big.fill(KV, PAGES)
+    store = _store(big, 2)
+    assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    view = store.stored_bytes(KV, keys[bad])
+    assert view is not None
+    view[PAGE // 2] ^= 0x01  # one bit, in the page's middle
+    dst = big.alloc(KV, PAGES)
+    before = big.pools[KV].data.clone()
+    assert not load_now(store, "bad", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(big.pools[KV].data, before)  # not one slot written
+    assert store.rejected_pages == 1
+    assert store.lookup("again", kv_lookup(keys)) == list(range(1, bad + 1))
+    assert [store.contains(KV, k) for k in keys] == [i < bad for i in range(PAGES)]
+    if bad:  # what is left loads whole
+        assert load_now(store, "good", [PoolTransfer(KV, dst[: bad * big.P], keys[:bad])])
+        assert torch.equal(big.read(KV, dst[: bad * big.P]), big.read(KV, src[: bad * big.P]))
+    store.check_invariants()
+    assert store.last_error is None
+    store.close()
+
+
+def test_an_exception_on_a_pool_thread_fails_only_its_offload(
+    big: BigRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys, src = big.chain(PAGES), big.fill(KV, PAGES)
+    store = _store(big, 2)
+    error = RuntimeError("offload worker failed")
+    _fail_on_pool_thread(monkeypatch, "copy_checksum", error)
+    assert not offload_now(store, [PoolTransfer(KV, src, keys)])
+    assert store.last_error is error
+    assert store.num_pages == 0 and not any(store.contains(KV, k) for k in keys)
+    store.check_invariants()  # its reserved rows went back
+    monkeypatch.undo()
+    assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    dst = big.alloc(KV, PAGES)
+    assert load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(big.read(KV, dst), big.read(KV, src))
+    store.close()
+
+
+def test_an_exception_on_a_pool_thread_fails_its_load_and_drops_nothing(
+    big: BigRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys, src = big.chain(PAGES), big.fill(KV, PAGES)
+    store = _store(big, 2)
+    assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    error = RuntimeError("load worker failed")
+    _fail_on_pool_thread(monkeypatch, "page_checksum", error)
+    dst = big.alloc(KV, PAGES)
+    before = big.read(KV, dst).clone()
+    assert not load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+    assert store.last_error is error
+    assert torch.equal(big.read(KV, dst), before)  # failed while verifying: nothing written
+    assert store.rejected_pages == 0 and all(store.contains(KV, k) for k in keys)
+    monkeypatch.undo()
+    assert load_now(store, "again", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(big.read(KV, dst), big.read(KV, src))
+    store.check_invariants()
+    store.close()
+
+
+def test_close_joins_the_stores_copy_threads(big: BigRig) -> None:
+    before = _copy_threads()
+    store = _store(big, 3)
+    keys, src = big.chain(PAGES), big.fill(KV, PAGES)
+    assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    mine = _copy_threads() - before
+    assert mine  # the offload ran on pool threads
+    twin_rig, twin = copy.deepcopy((big, store))  # a snapshot (its own pools) shares no threads
+    store.close()
+    assert not any(t.is_alive() for t in mine)
+    dst = twin_rig.alloc(KV, PAGES)
+    assert load_now(twin, "r", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(twin_rig.read(KV, dst), big.read(KV, src))
+    twin.close()
+    assert not (_copy_threads() - before)
+
+
+# -- the contract, every call threaded -----------------------------------------------------
+
+
+class TestMemoryStoreThreadedCopies(TestMemoryStore):
+    """The store contract with large pages, three copy workers, every call threaded and
+    every page a chunk of its own."""
+
+    @pytest.fixture(autouse=True)
+    def _every_call_threaded(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(copier_module, "PARALLEL_BYTES", 0)
+        monkeypatch.setattr(copier_module, "CHUNK_BYTES", 1)
+
+    @pytest.fixture
+    def rig(self) -> Rig:
+        return LargeRig()
+
+    @pytest.fixture(params=["sync", "background"])
+    def store_factory(self, request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
+        background = request.param == "background"
+        made: list[MemoryStore] = []
+
+        def make(capacity_pages: int | None = None) -> ExternalStore:
+            store = MemoryStore(
+                capacity_pages=capacity_pages, background=background, copy_threads=3
+            )
+            made.append(store)
+            return store
+
+        yield make
+        for store in made:
+            if not store._closed:
+                store.check_invariants()
+            assert store.last_error is None
+            store.close()
