@@ -19,6 +19,11 @@ comparing what a pool holds with what recomputing would give, byte for byte.
   the byte-for-byte comparison every check of loaded or resident KV uses (a float16
   `torch.equal` costs several times as much on CPU; on CPU the bytes are compared
   eight at a time by NumPy, whose loop is vectorised).
+- `pool_holds(pool, slots, rows)` — whether a KV pool holds `rows` in `slots` (each a
+  sequence of tensors, concatenated): ``same_kv(pool.read_pages(cat(slots)),
+  cat(rows))``, the slots checked as `read_pages` checks them, with no torch call on a
+  CPU pool (what every audit and every load verification asks, many small nodes at a
+  time).
 - `POISON` — a value no row holds: what a test writes into reserved slots, so a load
   that commits without landing shows.
 - `NUM_LAYERS`, `WIDTH` — the default shape (the fuzzing kit's small pools).
@@ -32,7 +37,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["NUM_LAYERS", "POISON", "WIDTH", "kv_bytes", "reference_kv_bytes", "same_kv"]
+from unicache_fsm.pools.kv import KVPool
+
+__all__ = [
+    "NUM_LAYERS",
+    "POISON",
+    "WIDTH",
+    "kv_bytes",
+    "pool_holds",
+    "reference_kv_bytes",
+    "same_kv",
+]
 
 NUM_LAYERS = 2
 WIDTH = 4
@@ -140,3 +155,75 @@ def _raw(x: np.ndarray) -> np.ndarray:
     """The bytes of `x` in C order, as int64 words where they divide evenly (else bytes)."""
     flat = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
     return flat.view(np.int64) if flat.size % 8 == 0 else flat
+
+
+def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) -> bool:
+    """Whether `pool` holds `rows` (concatenated) in `slots` (concatenated), byte for byte:
+    ``same_kv(pool.read_pages(torch.cat(slots)), torch.cat(rows))``.
+
+    Each slot tensor must be whole pages of the pool's usable range, as
+    `KVPool.read_pages` requires (else its typed error). On a CPU pool, with CPU int64
+    slots and NumPy-typed rows of the pool's dtype and row shape, the check runs in
+    NumPy over the pool's own page bytes (`KVPool.page_bytes`): the same slot checks,
+    vectorised over the whole concatenation, one gather of the pages and one
+    comparison, and no torch call; any other input takes the `read_pages` path, which
+    raises what it raises.
+    """
+    if not slots or not rows:
+        msg = "pool_holds: give at least one slot tensor and one row tensor"
+        raise ValueError(msg)
+    fast = _cpu_pages(pool, slots, rows)
+    if fast is None:
+        if len(slots) > 1:
+            for t in slots:  # each part as `read_pages` checks it (cat would convert)
+                pool.pages_of(t, "slots to read")
+        got = pool.read_pages(torch.cat(list(slots)) if len(slots) > 1 else slots[0])
+        return same_kv(got, torch.cat(list(rows)) if len(rows) != 1 else rows[0])
+    pages, words = fast
+    held = pool.page_bytes()[pages]
+    return held.nbytes == words.nbytes and bool(np.array_equal(_raw(held), words))
+
+
+def _cpu_pages(
+    pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(page ids of `slots`, the bytes of `rows` as `_raw` words) for `pool_holds`' NumPy
+    path; None where it does not apply (not CPU, other dtypes or shapes, bad slots: the
+    `read_pages` path then answers or raises)."""
+    if pool.device.type != "cpu":
+        return None
+    dtype, row_shape = pool.dtype, (pool.num_layers, pool.width)
+    if dtype not in _NUMPY_DTYPES:
+        return None
+    p, last = pool.page_size, pool.layout.num_pages
+    for t in slots:  # each part whole pages (then the grid check below covers them all)
+        if t.dtype != torch.int64 or t.device.type != "cpu" or t.dim() != 1 or t.numel() % p:
+            return None
+    for r in rows:
+        if r.dtype != dtype or r.device.type != "cpu" or r.requires_grad or r.is_neg():
+            return None
+        if r.dim() != 3 or tuple(r.shape[1:]) != row_shape:
+            return None
+    ids = np.concatenate([t.numpy() for t in slots]) if len(slots) > 1 else slots[0].numpy()
+    grid = ids.reshape(-1, p)
+    pages = grid[:, 0] // p
+    if ids.size and (
+        int(pages.min()) < 1
+        or int(pages.max()) > last
+        or (p > 1 and not (grid == (pages * p)[:, None] + _offsets(p)).all())
+    ):
+        return None
+    want = (
+        np.concatenate([r.numpy().reshape(-1) for r in rows])
+        if len(rows) != 1
+        else rows[0].numpy().reshape(-1)
+    )
+    return pages, _raw(want)
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(p: int) -> np.ndarray:
+    """0 .. p-1, read-only (the slot offsets within a page)."""
+    row = np.arange(p, dtype=np.int64)
+    row.flags.writeable = False
+    return row
