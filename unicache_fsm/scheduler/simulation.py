@@ -213,6 +213,8 @@ class Simulation:
         self.trace = TraceRecorder(trace_path) if trace_path is not None else None
         if self.trace is not None:
             attach(self.trace, *self.executors)
+        for ex in self.executors:  # setup: the steps a run fires, built before its clock
+            ex.compile_all()
         self.report = SimReport(config=attrs.asdict(config, value_serializer=_plain))
         self.waiting: dict[str, RequestSpec] = {s.rid: s for s in self.specs}  # in order
         # the waiting requests whose predecessor is done (or that have none), by their
