@@ -189,22 +189,26 @@ def _cpu_pages(
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(page ids of `slots`, the bytes of `rows` as `_raw` words) for `pool_holds`' NumPy
     path; None where it does not apply (not CPU, other dtypes or shapes, bad slots: the
-    `read_pages` path then answers or raises)."""
-    if pool.device.type != "cpu":
+    `read_pages` path then answers or raises). Each tensor is checked through its NumPy
+    view (`Tensor.numpy` refuses what NumPy cannot view: another device, a gradient,
+    a lazy negation; NumPy's attributes cost a fraction of torch's)."""
+    want_dtype = _numpy_dtype(pool.dtype) if pool.device.type == "cpu" else None
+    if want_dtype is None:
         return None
-    dtype, row_shape = pool.dtype, (pool.num_layers, pool.width)
-    if dtype not in _NUMPY_DTYPES:
+    try:
+        ids_parts = [t.numpy() for t in slots]
+        row_parts = [r.numpy() for r in rows]
+    except (TypeError, RuntimeError):
         return None
     p, last = pool.page_size, pool.layout.num_pages
-    for t in slots:  # each part whole pages (then the grid check below covers them all)
-        if t.dtype != torch.int64 or t.device.type != "cpu" or t.dim() != 1 or t.numel() % p:
+    for a in ids_parts:  # each part whole pages (then the grid check below covers them all)
+        if a.dtype != _INT64 or a.ndim != 1 or a.size % p:
             return None
-    for r in rows:
-        if r.dtype != dtype or r.device.type != "cpu" or r.requires_grad or r.is_neg():
+    row_shape = (pool.num_layers, pool.width)
+    for a in row_parts:
+        if a.dtype != want_dtype or a.shape[1:] != row_shape or a.ndim != 3:
             return None
-        if r.dim() != 3 or tuple(r.shape[1:]) != row_shape:
-            return None
-    ids = np.concatenate([t.numpy() for t in slots]) if len(slots) > 1 else slots[0].numpy()
+    ids = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
     grid = ids.reshape(-1, p)
     pages = grid[:, 0] // p
     if ids.size and (
@@ -213,12 +217,20 @@ def _cpu_pages(
         or (p > 1 and not (grid == (pages * p)[:, None] + _offsets(p)).all())
     ):
         return None
-    want = (
-        np.concatenate([r.numpy().reshape(-1) for r in rows])
-        if len(rows) != 1
-        else rows[0].numpy().reshape(-1)
-    )
+    want = np.concatenate(row_parts) if len(row_parts) > 1 else row_parts[0]
     return pages, _raw(want)
+
+
+_INT64 = np.dtype(np.int64)
+
+
+@functools.lru_cache(maxsize=32)
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """The NumPy dtype of `dtype`'s CPU tensors, None where NumPy has none (bfloat16)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return None
 
 
 @functools.lru_cache(maxsize=64)
