@@ -158,79 +158,56 @@ def _raw(x: np.ndarray) -> np.ndarray:
 
 
 def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) -> bool:
-    """Whether `pool` holds `rows` (concatenated) in `slots` (concatenated), byte for byte:
-    ``same_kv(pool.read_pages(torch.cat(slots)), torch.cat(rows))``.
+    """Whether `pool` holds `rows` in `slots`, byte for byte: exactly
+    ``same_kv(pool.read_pages(torch.cat(slots)), torch.cat(rows))`` (the slots, once
+    concatenated, must be whole pages of the pool's usable range, else `read_pages`'
+    typed error).
 
-    Each slot tensor must be whole pages of the pool's usable range, as
-    `KVPool.read_pages` requires (else its typed error). On a CPU pool, with CPU int64
-    slots and NumPy-typed rows of the pool's dtype and row shape, the check runs in
-    NumPy over the pool's own page bytes (`KVPool.page_bytes`): the same slot checks,
-    vectorised over the whole concatenation, one gather of the pages and one
-    comparison, and no torch call; any other input takes the `read_pages` path, which
-    raises what it raises.
+    On a CPU pool whose dtype NumPy can view, with CPU int64 slots, the pages are
+    checked and compared in NumPy over the pool's own page bytes (`KVPool.page_bytes`):
+    one concatenation of each side, the slot checks vectorised over the whole, one
+    gather of the pages and one comparison. Anything else, or slots those checks
+    refuse, takes the `read_pages` path, which answers or raises.
     """
     if not slots or not rows:
         msg = "pool_holds: give at least one slot tensor and one row tensor"
         raise ValueError(msg)
-    fast = _cpu_pages(pool, slots, rows)
-    if fast is None:
-        if len(slots) > 1:
-            for t in slots:  # each part as `read_pages` checks it (cat would convert)
-                pool.pages_of(t, "slots to read")
-        got = pool.read_pages(torch.cat(list(slots)) if len(slots) > 1 else slots[0])
-        return same_kv(got, torch.cat(list(rows)) if len(rows) != 1 else rows[0])
-    pages, words = fast
+    ids = torch.cat(list(slots)) if len(slots) > 1 else slots[0]
+    want = torch.cat(list(rows)) if len(rows) > 1 else rows[0]
+    pages = _cpu_pages(pool, ids)
+    if pages is None or not want.is_cpu or want.dtype != pool.dtype or want.requires_grad:
+        return same_kv(pool.read_pages(ids), want)
+    words = _raw(want.numpy())
     held = pool.page_bytes()[pages]
-    return held.nbytes == words.nbytes and bool(np.array_equal(_raw(held), words))
+    return (
+        want.shape[1:] == (pool.num_layers, pool.width)
+        and want.dim() == 3
+        and held.nbytes == words.nbytes
+        and bool(np.array_equal(_raw(held), words))
+    )
 
 
-def _cpu_pages(
-    pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(page ids of `slots`, the bytes of `rows` as `_raw` words) for `pool_holds`' NumPy
-    path; None where it does not apply (not CPU, other dtypes or shapes, bad slots: the
-    `read_pages` path then answers or raises). Each tensor is checked through its NumPy
-    view (`Tensor.numpy` refuses what NumPy cannot view: another device, a gradient,
-    a lazy negation; NumPy's attributes cost a fraction of torch's)."""
-    want_dtype = _numpy_dtype(pool.dtype) if pool.device.type == "cpu" else None
-    if want_dtype is None:
+def _cpu_pages(pool: KVPool, ids: torch.Tensor) -> np.ndarray | None:
+    """The page ids of slots `ids` for `pool_holds`' NumPy path, checked as
+    `KVPool.read_pages` checks them; None where that path does not apply or the checks
+    fail (`read_pages` then answers or raises its error)."""
+    if pool.device.type != "cpu" or pool.dtype not in _NUMPY_DTYPES:
         return None
-    try:
-        ids_parts = [t.numpy() for t in slots]
-        row_parts = [r.numpy() for r in rows]
-    except (TypeError, RuntimeError):
+    if not ids.is_cpu or ids.dtype != torch.int64 or ids.dim() != 1:
         return None
-    p, last = pool.page_size, pool.layout.num_pages
-    for a in ids_parts:  # each part whole pages (then the grid check below covers them all)
-        if a.dtype != _INT64 or a.ndim != 1 or a.size % p:
-            return None
-    row_shape = (pool.num_layers, pool.width)
-    for a in row_parts:
-        if a.dtype != want_dtype or a.shape[1:] != row_shape or a.ndim != 3:
-            return None
-    ids = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
-    grid = ids.reshape(-1, p)
+    p = pool.page_size
+    grid = ids.numpy()
+    if grid.size % p:
+        return None
+    grid = grid.reshape(-1, p)
     pages = grid[:, 0] // p
-    if ids.size and (
+    if pages.size and (
         int(pages.min()) < 1
-        or int(pages.max()) > last
+        or int(pages.max()) > pool.layout.num_pages
         or (p > 1 and not (grid == (pages * p)[:, None] + _offsets(p)).all())
     ):
         return None
-    want = np.concatenate(row_parts) if len(row_parts) > 1 else row_parts[0]
-    return pages, _raw(want)
-
-
-_INT64 = np.dtype(np.int64)
-
-
-@functools.lru_cache(maxsize=32)
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
-    """The NumPy dtype of `dtype`'s CPU tensors, None where NumPy has none (bfloat16)."""
-    try:
-        return torch.empty(0, dtype=dtype).numpy().dtype
-    except TypeError:
-        return None
+    return pages
 
 
 @functools.lru_cache(maxsize=64)
