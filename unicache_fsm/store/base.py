@@ -464,10 +464,9 @@ class BaseStore(Generic[E]):
         with self._lock:
             if self.capacity_pages is not None:
                 assert len(self._pages) <= self.capacity_pages, "over capacity"
-            children: collections.Counter[Ident] = collections.Counter()
-            for entry in self._pages.values():
-                if entry.parent is not None:
-                    children[entry.parent] += 1
+            children = collections.Counter(  # counted in C (`Counter(iterable)`)
+                parent for entry in self._pages.values() if (parent := entry.parent) is not None
+            )
             assert _same_counts(children, self._children), "children counts drifted"
             leaves = {i for i in self._pages if not children.get(i)}
             assert leaves == set(self._leaves), "leaf set drifted"
