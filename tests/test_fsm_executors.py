@@ -242,3 +242,23 @@ def test_observers_see_each_transition_after_the_state_change(
     ex.remove_observer(observer)
     ex.fire(m, "up")
     assert len(seen) == 1
+
+
+def test_compile_all_builds_every_pair_once_and_changes_no_behaviour(
+    executor_cls: type[Executor],
+) -> None:
+    lazy, m_lazy = _nested(executor_cls)
+    eager, m_eager = _nested(executor_cls)
+    seen: list[tuple[str, str, str]] = []
+    eager.add_observer(lambda _ex, _m, src, trig, dest: seen.append((src, trig, dest)))
+    pairs = len(eager.flat.table)
+    built = eager.compile_all()
+    assert built == (pairs if executor_cls is CompiledExecutor else 0)
+    assert eager.compile_all() == 0  # nothing left to build
+    assert m_eager.log == []  # nothing fired, no callback ran
+    for trigger in ("go", "go", "up"):
+        lazy.fire(m_lazy, trigger)
+        eager.fire(m_eager, trigger)
+        assert m_eager.state == m_lazy.state
+    assert _names(m_eager) == _names(m_lazy)
+    assert [dest for _s, _t, dest in seen] == ["b.b1", "b.b2.x", m_eager.state]  # observed

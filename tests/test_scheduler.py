@@ -210,3 +210,13 @@ def test_cli_bad_arguments_exit_2_with_one_line(args: list[str], culprit: str) -
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("unicache-fsm: error:"), done.stderr
     assert culprit in lines[0] and "Traceback" not in done.stderr
+
+
+def test_setup_builds_the_steps_before_the_clock() -> None:
+    sim = Simulation(SimConfig(**SMALL))  # type: ignore[arg-type]
+    # every step a run can fire is built in setup (the compiled executors build them
+    # lazily otherwise): nothing is left to build, before the run or after it
+    assert all(ex.compile_all() == 0 for ex in sim.executors)
+    report = sim.run()
+    assert report.requests_served == len(sim.specs)
+    assert all(ex.compile_all() == 0 for ex in sim.executors)

@@ -214,6 +214,20 @@ class _CompiledDispatch(ExecutorBase):
             self._probes.setdefault(config, {})[trigger] = probe
         return step
 
+    def compile_all(self) -> int:
+        """Build the step (and probe) of every legal `(configuration, trigger)` pair
+        now, into the tables `fire` dispatches through (with observers: the observed
+        ones); return how many were built. Nothing fires, no callback runs. A caller
+        that knows it will fire most pairs (a simulation, before its clock starts) pays
+        the compilation up front instead of at each pair's first use."""
+        built = 0
+        observed = self._steps is self._observed
+        for config, trigger in self.flat.table:
+            if trigger not in self._steps.get(config, {}):
+                self._compile_step(self._steps, config, trigger, observed=observed)
+                built += 1
+        return built
+
     # attributes a copy shares (immutable) or starts afresh (they hold the bound callbacks)
     _SHARED = frozenset({"spec", "flat", "model_cls", "_get_state", "_triggers", "_alias"})
     _FRESH = frozenset({"_consts", "_probes", "sources", "_plain", "_observed", "_steps"})

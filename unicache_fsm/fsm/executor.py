@@ -39,6 +39,10 @@ Primitives:
   the `on_enter` callbacks (traces, coverage counters), and for every `initialize`
   (trigger `INIT_TRIGGER`, source ``""``). Without observers nothing is paid for them.
   Adding or removing an observer during a notification takes effect from the next one.
+- `compile_all()` — build now what an executor otherwise builds at each
+  `(configuration, trigger)` pair's first use (the compiled executors' steps; the
+  reference executors build nothing), so a run that fires most pairs pays it before
+  its clock starts.
 
 Run-to-completion. A trigger fired on a model while one of that model's transitions is
 running (from its `prepare`, guards, `before`, `on_exit`, `on_enter` or `after`
@@ -166,6 +170,12 @@ class ExecutorBase(abc.ABC):
         observers.remove(observer)
         self.observers = observers
         self._observers_changed()
+
+    def compile_all(self) -> int:
+        """Build whatever dispatch this executor builds lazily, for every legal
+        `(configuration, trigger)` pair, now; return how many pairs were built (the
+        reference executors build nothing: 0)."""
+        return 0
 
     def _observers_changed(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Hook for executors that specialise their dispatch on having observers."""

@@ -54,7 +54,7 @@ from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
 from unicache_fsm.scheduler.report import SimReport, dispatch_cost
 from unicache_fsm.scheduler.timeline import Timeline
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
-from unicache_fsm.serving.kv import same_kv
+from unicache_fsm.serving.kv import pool_holds
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
 from unicache_fsm.store.faults import FaultPolicy
@@ -213,6 +213,8 @@ class Simulation:
         self.trace = TraceRecorder(trace_path) if trace_path is not None else None
         if self.trace is not None:
             attach(self.trace, *self.executors)
+        for ex in self.executors:  # setup: the steps a run fires, built before its clock
+            ex.compile_all()
         self.report = SimReport(config=attrs.asdict(config, value_serializer=_plain))
         self.waiting: dict[str, RequestSpec] = {s.rid: s for s in self.specs}  # in order
         # the waiting requests whose predecessor is done (or that have none), by their
@@ -295,14 +297,14 @@ class Simulation:
         assert load.slots is not None
         s, hit = self.system, load.device_hit_len
         tokens, slots = req.key[hit : load.prefix_len], load.slots[hit:]
-        ok = same_kv(self.kv.read_pages(slots), s.expected(tokens, hit))
+        ok = pool_holds(self.kv, [slots], [s.expected(tokens, hit)])
         if ok and self.swa_kv is not None:
             assert isinstance(self.allocator, SWAAllocator)
             swa = self.allocator.translate(slots)
             live = (swa != 0).nonzero().flatten()
             if live.numel():
                 want_swa = s.expected(tokens, hit, swa=True)[live]
-                ok = same_kv(self.swa_kv.read_pages(swa[live]), want_swa)
+                ok = pool_holds(self.swa_kv, [swa[live]], [want_swa])
         if ok:
             self.report.loads_verified += 1
         else:

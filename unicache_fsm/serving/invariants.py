@@ -60,7 +60,7 @@ from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType, PoolName
-from unicache_fsm.serving.kv import same_kv
+from unicache_fsm.serving.kv import pool_holds, same_kv
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.tree.errors import TreeConsistencyError
 from unicache_fsm.tree.node import TreeNode
@@ -378,6 +378,6 @@ def _all_match(
         return True
     if any(int(slots.numel()) != len(n.key) for n, slots in nodes):
         return False
-    got = pool.read_pages(torch.cat([slots for _, slots in nodes]))
-    want = torch.cat([expected(n.key, n.start) for n, _ in nodes])
-    return same_kv(got, want)
+    return pool_holds(
+        pool, [slots for _, slots in nodes], [expected(n.key, n.start) for n, _ in nodes]
+    )

@@ -19,6 +19,11 @@ comparing what a pool holds with what recomputing would give, byte for byte.
   the byte-for-byte comparison every check of loaded or resident KV uses (a float16
   `torch.equal` costs several times as much on CPU; on CPU the bytes are compared
   eight at a time by NumPy, whose loop is vectorised).
+- `pool_holds(pool, slots, rows)` — whether a KV pool holds `rows` in `slots` (each a
+  sequence of tensors, concatenated): ``same_kv(pool.read_pages(cat(slots)),
+  cat(rows))``, the slots checked as `read_pages` checks them, with no torch call on a
+  CPU pool (what every audit and every load verification asks, many small nodes at a
+  time).
 - `POISON` — a value no row holds: what a test writes into reserved slots, so a load
   that commits without landing shows.
 - `NUM_LAYERS`, `WIDTH` — the default shape (the fuzzing kit's small pools).
@@ -32,7 +37,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["NUM_LAYERS", "POISON", "WIDTH", "kv_bytes", "reference_kv_bytes", "same_kv"]
+from unicache_fsm.pools.kv import KVPool
+
+__all__ = [
+    "NUM_LAYERS",
+    "POISON",
+    "WIDTH",
+    "kv_bytes",
+    "pool_holds",
+    "reference_kv_bytes",
+    "same_kv",
+]
 
 NUM_LAYERS = 2
 WIDTH = 4
@@ -140,3 +155,64 @@ def _raw(x: np.ndarray) -> np.ndarray:
     """The bytes of `x` in C order, as int64 words where they divide evenly (else bytes)."""
     flat = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
     return flat.view(np.int64) if flat.size % 8 == 0 else flat
+
+
+def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) -> bool:
+    """Whether `pool` holds `rows` in `slots`, byte for byte: exactly
+    ``same_kv(pool.read_pages(torch.cat(slots)), torch.cat(rows))`` (the slots, once
+    concatenated, must be whole pages of the pool's usable range, else `read_pages`'
+    typed error).
+
+    On a CPU pool whose dtype NumPy can view, with CPU int64 slots, the pages are
+    checked and compared in NumPy over the pool's own page bytes (`KVPool.page_bytes`):
+    one concatenation of each side, the slot checks vectorised over the whole, one
+    gather of the pages and one comparison. Anything else, or slots those checks
+    refuse, takes the `read_pages` path, which answers or raises.
+    """
+    if not slots or not rows:
+        msg = "pool_holds: give at least one slot tensor and one row tensor"
+        raise ValueError(msg)
+    ids = torch.cat(list(slots)) if len(slots) > 1 else slots[0]
+    want = torch.cat(list(rows)) if len(rows) > 1 else rows[0]
+    pages = _cpu_pages(pool, ids)
+    if pages is None or not want.is_cpu or want.dtype != pool.dtype or want.requires_grad:
+        return same_kv(pool.read_pages(ids), want)
+    words = _raw(want.numpy())
+    held = pool.page_bytes()[pages]
+    return (
+        want.shape[1:] == (pool.num_layers, pool.width)
+        and want.dim() == 3
+        and held.nbytes == words.nbytes
+        and bool(np.array_equal(_raw(held), words))
+    )
+
+
+def _cpu_pages(pool: KVPool, ids: torch.Tensor) -> np.ndarray | None:
+    """The page ids of slots `ids` for `pool_holds`' NumPy path, checked as
+    `KVPool.read_pages` checks them; None where that path does not apply or the checks
+    fail (`read_pages` then answers or raises its error)."""
+    if pool.device.type != "cpu" or pool.dtype not in _NUMPY_DTYPES:
+        return None
+    if not ids.is_cpu or ids.dtype != torch.int64 or ids.dim() != 1:
+        return None
+    p = pool.page_size
+    grid = ids.numpy()
+    if grid.size % p:
+        return None
+    grid = grid.reshape(-1, p)
+    pages = grid[:, 0] // p
+    if pages.size and (
+        int(pages.min()) < 1
+        or int(pages.max()) > pool.layout.num_pages
+        or (p > 1 and not (grid == (pages * p)[:, None] + _offsets(p)).all())
+    ):
+        return None
+    return pages
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(p: int) -> np.ndarray:
+    """0 .. p-1, read-only (the slot offsets within a page)."""
+    row = np.arange(p, dtype=np.int64)
+    row.flags.writeable = False
+    return row

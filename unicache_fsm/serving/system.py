@@ -49,6 +49,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import attrs
+import numpy as np
 import torch
 
 from unicache_fsm.linker.linker import ExternalLinker, LinkerConfig
@@ -249,10 +250,11 @@ class System:
         assert pool is not None, "this system has no SWA pool"
         rows = self.expected(tokens, start, swa=swa)
         n = int(slots.numel())
-        if n != rows.shape[0]:
-            padded = torch.zeros(n, *rows.shape[1:], dtype=rows.dtype)
-            padded[: rows.shape[0]] = rows
-            rows = padded
+        if n != rows.shape[0]:  # (zeros and one slice copy in NumPy: rows are CPU memory)
+            held = rows.numpy()
+            padded = np.zeros((n, *held.shape[1:]), dtype=held.dtype)
+            padded[: held.shape[0]] = held
+            rows = torch.from_numpy(padded)
         pool.write_pages(slots, rows)
 
     def swa_boundary(self, n: int) -> int:

@@ -464,11 +464,10 @@ class BaseStore(Generic[E]):
         with self._lock:
             if self.capacity_pages is not None:
                 assert len(self._pages) <= self.capacity_pages, "over capacity"
-            children: collections.Counter[Ident] = collections.Counter()
-            for entry in self._pages.values():
-                if entry.parent is not None:
-                    children[entry.parent] += 1
-            assert children == self._children, "children counts drifted"
+            children = collections.Counter(  # counted in C (`Counter(iterable)`)
+                parent for entry in self._pages.values() if (parent := entry.parent) is not None
+            )
+            assert _same_counts(children, self._children), "children counts drifted"
             leaves = {i for i in self._pages if not children.get(i)}
             assert leaves == set(self._leaves), "leaf set drifted"
             pinned = collections.Counter(
@@ -483,7 +482,8 @@ class BaseStore(Generic[E]):
             for idents in self._offload_pins.values():
                 pinned.update(idents)
             if not self._busy:  # a job being performed holds pins outside these books
-                assert pinned == +self._pins, "pins drifted"
+                held = {k: n for k, n in self._pins.items() if n > 0}  # `+pins`
+                assert _same_counts(pinned, held), "pins drifted"
             assert not (set(self._queued) & self._in_flight), "rid both queued and started"
 
     # -- internals: bookkeeping (caller holds the lock) ----------------------------------
@@ -695,3 +695,9 @@ class BaseStore(Generic[E]):
             self._run_load_batch(job)
         else:
             self._run_offload(job)
+
+
+def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
+    """`Counter(a) == Counter(b)` (a missing key counts 0) by one dict comparison of
+    the non-zero counts (`Counter.__eq__` is a Python loop over both)."""
+    return {k: n for k, n in a.items() if n} == {k: n for k, n in b.items() if n}
