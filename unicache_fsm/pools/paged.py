@@ -27,6 +27,7 @@ own memory), not torch ops.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,16 @@ from unicache_fsm.pools.layout import PageLayout, resolve_device
 from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
 
 __all__ = ["PagedAllocator"]
+
+
+def _any_flagged(flags: bytearray, page_ids: list[int]) -> bool:
+    """Is ``flags[k]`` set for some `k` of `page_ids` (ids already range-checked)?
+
+    One `itemgetter` call gathers every flag in C (a third of the time of a Python
+    call per id, which `map(flags.__getitem__, ...)` makes)."""
+    if len(page_ids) > 1:
+        return any(itemgetter(*page_ids)(flags))
+    return bool(page_ids) and bool(flags[page_ids[0]])
 
 
 class PagedAllocator:
@@ -235,6 +246,14 @@ class PagedAllocator:
         self._num_free = top + n
         self._is_free.index_fill_(0, pages, True)
 
+    def release_page_ids(self, page_ids: list[int]) -> None:
+        """`release_pages` of ids in a list (validated, allocated, distinct: the same
+        contract), without a tensor on CPU."""
+        if self._stack_np is None:
+            self.release_pages(int64_tensor(page_ids, self._device))
+        elif page_ids:
+            self._release_page_list(page_ids)
+
     def _release_page_list(self, page_ids: list[int] | Any) -> None:
         """`release_pages` of ids in a list or a NumPy array, on CPU: through the NumPy
         views of the stack and of the flags (validated, allocated, distinct ids: see
@@ -267,7 +286,7 @@ class PagedAllocator:
             pages = torch.tensor(page_ids, dtype=torch.int64, device=self._device)
             self.free(self._codec.to_slots(pages))
             return
-        if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
+        if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=True)
         self._release_page_list(page_ids)
@@ -328,7 +347,7 @@ class PagedAllocator:
         flags = self._free_flags
         assert flags is not None, "the Python path needs the CPU bytearray flags"
         page_ids = self._codec.page_list(t, what)
-        if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
+        if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=freeing)
         return page_ids
