@@ -251,8 +251,8 @@ class PagedAllocator:
         contract), without a tensor on CPU."""
         if self._stack_np is None:
             self.release_pages(int64_tensor(page_ids, self._device))
-        elif page_ids:
-            self._release_page_list(page_ids)
+        elif page_ids:  # one conversion of the list, for both NumPy writes
+            self._release_page_list(np.array(page_ids, dtype=np.int64))
 
     def _release_page_list(self, page_ids: list[int] | Any) -> None:
         """`release_pages` of ids in a list or a NumPy array, on CPU: through the NumPy
@@ -289,7 +289,7 @@ class PagedAllocator:
         if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=True)
-        self._release_page_list(page_ids)
+        self._release_page_list(np.array(page_ids, dtype=np.int64))
 
     def _raise_foreign_page_ids(self, page_ids: list[int], what: str) -> None:
         p, num_pages = self.page_size, self._layout.num_pages
