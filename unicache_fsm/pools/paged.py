@@ -45,7 +45,12 @@ from unicache_fsm.pools.errors import (
 from unicache_fsm.pools.layout import PageLayout, resolve_device
 from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
 
-__all__ = ["PagedAllocator"]
+__all__ = ["NUMPY_SLOTS", "PagedAllocator"]
+
+#: At P = 1 on CPU, `live_page_ids` checks up to this many slots (past `SMALL_SLOTS`)
+#: over a sorted NumPy copy, a few fixed-cost calls, instead of the torch reductions
+#: and `unique` of the tensor path.
+NUMPY_SLOTS = 1 << 16
 
 
 def _any_flagged(flags: bytearray, page_ids: list[int]) -> bool:
@@ -316,10 +321,33 @@ class PagedAllocator:
         caller that keeps books by page id (the tree's owned-page set)."""
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self._free_flags is not None and codec.checks_in_python(t.numel()):
-            return self._live_page_list(t, what=what, freeing=False)
+        if self._free_flags is not None:
+            n = t.numel()
+            if codec.checks_in_python(n):
+                return self._live_page_list(t, what=what, freeing=False)
+            if self._layout.page_size == 1 and n <= NUMPY_SLOTS:
+                ids = self._sorted_live_ids(t)
+                if ids is not None:
+                    return ids
+        # (the tensor path also names the culprits of what the NumPy check refused)
         pages: list[int] = self.live_pages(t, what=what, freeing=False).tolist()
         return pages
+
+    def _sorted_live_ids(self, t: torch.Tensor) -> list[int] | None:
+        """`live_page_ids` of a CPU slot tensor at P = 1 past `SMALL_SLOTS`, checked over
+        its sorted NumPy copy (range at both ends, free flags, neighbours for
+        duplicates: no torch reduction, no `unique`); None when some check fails."""
+        a = t.numpy()
+        s = np.sort(a)
+        if (
+            s[0] < 1
+            or s[-1] > self._layout.num_pages
+            or self._flags_np[s].any()
+            or (s[1:] == s[:-1]).any()
+        ):
+            return None
+        ids: list[int] = a.tolist()
+        return ids
 
     def live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
         """Page ids of `slots`, which must be whole, distinct, currently allocated pages.
