@@ -338,12 +338,13 @@ class PagedAllocator:
         its sorted NumPy copy (range at both ends, free flags, neighbours for
         duplicates: no torch reduction, no `unique`); None when some check fails."""
         a = t.numpy()
-        s = np.sort(a)
+        s = a.copy()  # (NumPy methods and bytes searches: no Python-level NumPy wrapper,
+        s.sort()  # as np.sort and ndarray.any go through)
         if (
             s[0] < 1
             or s[-1] > self._layout.num_pages
-            or self._flags_np[s].any()
-            or (s[1:] == s[:-1]).any()
+            or b"\x01" in self._flags_np[s].tobytes()  # a free page
+            or b"\x01" in (s[1:] == s[:-1]).tobytes()  # a page named twice
         ):
             return None
         ids: list[int] = a.tolist()

@@ -188,7 +188,7 @@ class SlotCodec:
         # slot // P (an unaligned first slot differs from k*P): one compare of the
         # bytes against the slots rebuilt from the page ids (fewer NumPy calls than a
         # 2-D compare and reductions; the range check runs over the short id list)
-        whole = np.repeat(pages * p, p) + _offsets_np(p, flat.size)
+        whole = (pages * p).repeat(p) + _offsets_np(p, flat.size)
         page_ids: list[int] = pages.tolist()
         if (
             whole.tobytes() != flat.tobytes()
