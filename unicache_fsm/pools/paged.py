@@ -20,7 +20,9 @@ in one gather. Every bad input raises a typed error from `pools.errors` before a
 changes. On CPU `_is_free` is a view of a bytearray (`_free_flags`), so a call with at most
 `SMALL_SLOTS` slots (at P > 1, `SMALL_SLOTS` pages: `SlotCodec.checks_in_python`) checks
 ownership in Python over that same memory instead of paying a few tensor ops' fixed
-cost: same checks, same errors. On CPU, pops and pushes also go through NumPy views of
+cost: same checks, same errors; at P = 1 past that, up to `NUMPY_SLOTS` slots,
+`live_page_ids` checks a sorted NumPy copy and leaves any refusal to the tensor path,
+which names the culprits. On CPU, pops and pushes also go through NumPy views of
 the stack and of that bytearray (made once, and again for a deep copy over the copy's
 own memory), not torch ops.
 """
