@@ -45,7 +45,13 @@ from unicache_fsm.pools.errors import (
     TensorTypeError,
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
-from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
+from unicache_fsm.pools.slots import (
+    SMALL_SLOTS,
+    SlotCodec,
+    int64_tensor,
+    numpy_view,
+    preview,
+)
 
 __all__ = ["NUMPY_SLOTS", "PagedAllocator"]
 
@@ -247,7 +253,7 @@ class PagedAllocator:
             return
         top = self._num_free
         if self._stack_np is not None and pages.device.type == "cpu":
-            self._release_page_list(pages.numpy())
+            self._release_page_list(numpy_view(pages))
             return
         self._free_stack[top : top + n].copy_(pages)
         self._num_free = top + n
@@ -339,7 +345,7 @@ class PagedAllocator:
         """`live_page_ids` of a CPU slot tensor at P = 1 past `SMALL_SLOTS`, checked over
         its sorted NumPy copy (range at both ends, free flags, neighbours for
         duplicates: no torch reduction, no `unique`); None when some check fails."""
-        a = t.numpy()
+        a = numpy_view(t)
         s = a.copy()  # (NumPy methods and bytes searches: no Python-level NumPy wrapper,
         s.sort()  # as np.sort and ndarray.any go through)
         if (

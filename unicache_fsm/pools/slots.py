@@ -38,7 +38,7 @@ from unicache_fsm.pools.errors import (
 )
 from unicache_fsm.pools.layout import PageLayout
 
-__all__ = ["NUMPY_PAGES", "SMALL_SLOTS", "SlotCodec", "int64_tensor", "preview"]
+__all__ = ["NUMPY_PAGES", "SMALL_SLOTS", "SlotCodec", "int64_tensor", "numpy_view", "preview"]
 
 _PREVIEW = 8
 
@@ -65,6 +65,15 @@ def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     if device.type == "cpu" and values:
         return torch.frombuffer(array("q", values), dtype=torch.int64)
     return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """The values of a CPU tensor as a NumPy array: a view of its memory, or a copy
+    when the tensor carries a negative or conjugate bit (which NumPy cannot view)."""
+    try:
+        return t.numpy()
+    except RuntimeError:
+        return t.resolve_neg().resolve_conj().numpy()
 
 
 _OFFSETS: dict[int, np.ndarray] = {}
@@ -182,7 +191,7 @@ class SlotCodec:
         the same checks (whole pages, inside 1 .. num_pages), the same errors."""
         layout = self._layout
         p = layout.page_size
-        flat = slots.numpy()
+        flat = numpy_view(slots)
         pages = flat[::p] // p
         # whole pages <=> page j's slots are k*P, k*P+1, ..., k*P+P-1 for k = its first
         # slot // P (an unaligned first slot differs from k*P): one compare of the
