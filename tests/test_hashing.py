@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import struct
 from array import array
 from pathlib import Path
@@ -144,6 +145,24 @@ class TestChainLaws:
         cut = data.draw(st.integers(0, len(full)), label="cut page")
         prior = full[cut - 1] if cut else None
         assert page_hashes(tokens[cut * page_size :], page_size, prior) == full[cut:]
+
+    @pytest.mark.parametrize("page_size", [1, 3, 6, 16])
+    @pytest.mark.parametrize("pages", [127, 128, 129, 257])
+    def test_long_chains_and_their_extensions_match_the_reference(
+        self, page_size: int, pages: int
+    ) -> None:
+        """Chains longer than one cut of pages, hashed whole and as an extension of a
+        chain hashed before (which resumes from the remembered pages)."""
+        rng = random.Random(pages * 100 + page_size)
+        tokens = [rng.randrange(2**32) for _ in range(pages * page_size + 1)]
+        head = tokens[: pages // 3 * page_size]
+        seed = namespace_seed(extra_key=f"long-{pages}-{page_size}")
+        for prior in (None, seed):
+            assert page_hashes(head, page_size, prior) == reference_chain(head, page_size, prior)
+            want = reference_chain(tokens, page_size, prior)
+            assert page_hashes(tokens, page_size, prior) == want
+            short = tokens[: (pages - 1) * page_size]  # a prefix of a remembered chain
+            assert page_hashes(short, page_size, prior) == want[: pages - 1]
 
     def test_only_full_pages_are_hashed(self) -> None:
         assert page_hashes([1, 2, 3], 4) == []

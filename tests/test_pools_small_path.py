@@ -24,14 +24,29 @@ def _outcome(call: object) -> tuple[str, object]:
 
 
 SMALL = slots.SMALL_SLOTS  # the default, before any test patches it
-KINDS = ("good", "free", "twice", "page0", "beyond", "broken", "shifted", "partial", "negative")
+KINDS = (
+    "good",
+    "free",
+    "twice",
+    "page0",
+    "beyond",
+    "broken",
+    "shifted",
+    "partial",
+    "negative",
+    "swapped",
+    "mixed",
+    "many",
+    "huge",
+)
 
 
 def _case(alloc: PagedAllocator, rng: random.Random, kind: str) -> torch.Tensor:
     """Slots of a few live pages, spoilt the way `kind` says."""
     p = alloc.page_size
     live = alloc.allocated_page_ids().tolist()
-    pages = rng.sample(live, rng.randint(1, 6))
+    count = rng.randint(12, 30) if kind in ("many", "mixed") else rng.randint(1, 6)
+    pages = rng.sample(live, count)
     if kind == "free":
         pages.insert(rng.randrange(len(pages)), rng.choice(alloc.free_page_ids().tolist()))
     elif kind == "twice":
@@ -49,6 +64,15 @@ def _case(alloc: PagedAllocator, rng: random.Random, kind: str) -> torch.Tensor:
         values = values[:-1] if p > 1 else [*values, 10**6]
     elif kind == "negative":
         values.append(-3)
+    elif kind == "swapped":  # two slots of one page in the wrong order
+        i = rng.randrange(len(pages)) * p
+        j = i + rng.randrange(1, p) if p > 1 else (i + 1) % len(values)
+        values[i], values[j] = values[j], values[i]
+    elif kind == "mixed":  # one slot moved to another page, at the same offset
+        i = rng.randrange(len(values))
+        values[i] += p * rng.choice([-1, 1]) * rng.randint(1, 3)
+    elif kind == "huge":  # a slot far past any pool (its page id would not fit int64)
+        values[rng.randrange(len(values))] = 2**63 - 1
     return torch.tensor(values, dtype=torch.int64)
 
 

@@ -21,6 +21,7 @@ from unicache_fsm.hashing import (
     prior_digest,
 )
 from unicache_fsm.pools import PagedAllocator
+from unicache_fsm.pools.errors import PoolError
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig, TreeError
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.walk import packed_common_len
@@ -321,3 +322,70 @@ def test_audit_memo_stays_within_its_byte_bound_and_still_checks_hashes(
     node.digests = [bytes(32), *node.digests[1:]]
     with pytest.raises(TreeError, match="page hashes do not chain"):
         tree.check()
+
+
+def _snapshot(tree: RadixTree) -> tuple[object, ...]:
+    """What an insert may change: free pages, every node's key, slots and hashes."""
+    nodes = sorted(
+        (n.start, n.key, n.data[next(iter(n.data))].tolist(), n.hashes) for n in tree.nodes()
+    )
+    return tree.allocator.free_page_ids().tolist(), nodes
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("view", ["plain", "negative bit", "strided"])
+def test_large_duplicate_inserts_check_and_free_like_the_plain_tensor(
+    page_size: int, view: str
+) -> None:
+    """Inserts past the small-slot paths (NumPy checks, id-list frees) take any view
+    of the caller's slots as its values: a negative-bit view or a strided one frees
+    and adopts exactly what the plain tensor does; bad slots raise before any change."""
+    p = page_size
+    rng = random.Random(p)
+    head = tuple(rng.randrange(1, 50_000) for _ in range(40 * p))  # 280+ slots a key
+    keys = [head + tuple(range(10_000 * i, 10_000 * i + 24 * p)) for i in range(1, 4)]
+    results = []
+    for form in ("plain", view):
+        alloc = PagedAllocator(4096 * p, p)
+        tree = RadixTree(alloc)
+        for key in keys:
+            value = alloc.alloc(len(key))
+            assert value is not None
+            if form == "negative bit":
+                value = (-value)._neg_view()
+            elif form == "strided":
+                value = torch.stack([value, torch.zeros_like(value)], dim=1)[:, 0]
+            tree.insert(InsertParams(key, value))
+            # a second insert of the same key: every page a duplicate, all freed
+            again = alloc.alloc(len(key))
+            assert again is not None
+            tree.insert(InsertParams(key, again))
+        results.append(_snapshot(tree))
+        tree.check()
+        # bad slots past prev_prefix_len: a free page, a page named twice, foreign
+        key = keys[0][: 32 * p] + tuple(range(90_000, 90_000 + 32 * p))
+        m = tree.match_prefix(key)
+        fresh = alloc.alloc(len(key) - m.prefix_len)
+        assert fresh is not None
+        before = _snapshot(tree)
+        for spoil in ("free", "twice", "foreign"):
+            bad = fresh.clone()
+            if spoil == "free":
+                alloc.free(fresh[-p:])
+                bad[-p:] = fresh[-p:]
+            elif spoil == "twice":
+                bad[-p:] = bad[:p]
+            else:
+                bad[-p:] = torch.arange(p) + 10**9 * p
+            value = torch.cat([m.device_indices, bad])
+            if form == "negative bit":
+                value = (-value)._neg_view()
+            with pytest.raises(PoolError):
+                tree.insert(InsertParams(key, value, prev_prefix_len=m.prefix_len))
+            if spoil == "free":
+                taken = alloc.alloc(p)  # take the freed page back for the next case
+                assert taken is not None and taken.tolist() == fresh[-p:].tolist()
+            assert _snapshot(tree) == before
+        alloc.free(fresh)
+        tree.check()
+    assert results[0] == results[1]

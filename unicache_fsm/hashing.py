@@ -120,6 +120,17 @@ def _u32_packer(n: int) -> Callable[..., bytes]:
     return struct.Struct(f"<{n}I").pack
 
 
+#: pages cut per `struct` call (bounds the splitters kept: one per count and page size)
+_SPLIT_PAGES = 128
+
+
+@functools.lru_cache(maxsize=512)
+def _page_splitter(pages: int, stride: int) -> Callable[[bytes, int], tuple[bytes, ...]]:
+    """Cuts `pages` pages of `stride` bytes each out of a buffer from an offset, in one
+    call (``struct``'s ``s`` fields: a bytes object per page)."""
+    return struct.Struct(f"{stride}s" * pages).unpack_from
+
+
 class HashError(UnicacheFsmError):
     """Root of the errors raised by the page-hash functions."""
 
@@ -315,10 +326,16 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
     # cheaper call wins; from two blocks on, OpenSSL's faster compression does
     sha256 = _sha256 if 32 + stride <= _ONE_BLOCK else _openssl_sha256
     append = out.append
-    # one SHA-256 per page is inherent to a chain; the loop does nothing else
-    for start in range(done, end, stride):
-        prior = sha256(prior + packed[start : start + stride]).digest()
-        append(prior)
+    # one SHA-256 per page is inherent to a chain; the loop does nothing else: the
+    # pages come cut by one `struct` call per `_SPLIT_PAGES`, and each page goes in
+    # by `update` (no concatenated copy of the prior digest and the page)
+    for at in range(done, end, _SPLIT_PAGES * stride):
+        pages = min(_SPLIT_PAGES, (end - at) // stride)
+        for page in _page_splitter(pages, stride)(packed, at):
+            h = sha256(prior)
+            h.update(page)
+            prior = h.digest()
+            append(prior)
     global _memo_pages, _memo_bytes
     size = len(head) + end + 32 * len(out)  # the key, the pages kept and their digests
     if _memo_pages + len(out) > DIGEST_MEMO_SIZE or _memo_bytes + size > DIGEST_MEMO_BYTES:

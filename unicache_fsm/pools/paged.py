@@ -20,13 +20,16 @@ in one gather. Every bad input raises a typed error from `pools.errors` before a
 changes. On CPU `_is_free` is a view of a bytearray (`_free_flags`), so a call with at most
 `SMALL_SLOTS` slots (at P > 1, `SMALL_SLOTS` pages: `SlotCodec.checks_in_python`) checks
 ownership in Python over that same memory instead of paying a few tensor ops' fixed
-cost: same checks, same errors. On CPU, pops and pushes also go through NumPy views of
+cost: same checks, same errors; at P = 1 past that, up to `NUMPY_SLOTS` slots,
+`live_page_ids` checks a sorted NumPy copy and leaves any refusal to the tensor path,
+which names the culprits. On CPU, pops and pushes also go through NumPy views of
 the stack and of that bytearray (made once, and again for a deep copy over the copy's
 own memory), not torch ops.
 """
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -42,9 +45,30 @@ from unicache_fsm.pools.errors import (
     TensorTypeError,
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
-from unicache_fsm.pools.slots import SMALL_SLOTS, SlotCodec, int64_tensor, preview
+from unicache_fsm.pools.slots import (
+    SMALL_SLOTS,
+    SlotCodec,
+    int64_tensor,
+    numpy_view,
+    preview,
+)
 
-__all__ = ["PagedAllocator"]
+__all__ = ["NUMPY_SLOTS", "PagedAllocator"]
+
+#: At P = 1 on CPU, `live_page_ids` checks up to this many slots (past `SMALL_SLOTS`)
+#: over a sorted NumPy copy, a few fixed-cost calls, instead of the torch reductions
+#: and `unique` of the tensor path.
+NUMPY_SLOTS = 1 << 16
+
+
+def _any_flagged(flags: bytearray, page_ids: list[int]) -> bool:
+    """Is ``flags[k]`` set for some `k` of `page_ids` (ids already range-checked)?
+
+    One `itemgetter` call gathers every flag in C (a third of the time of a Python
+    call per id, which `map(flags.__getitem__, ...)` makes)."""
+    if len(page_ids) > 1:
+        return any(itemgetter(*page_ids)(flags))
+    return bool(page_ids) and bool(flags[page_ids[0]])
 
 
 class PagedAllocator:
@@ -229,11 +253,19 @@ class PagedAllocator:
             return
         top = self._num_free
         if self._stack_np is not None and pages.device.type == "cpu":
-            self._release_page_list(pages.numpy())
+            self._release_page_list(numpy_view(pages))
             return
         self._free_stack[top : top + n].copy_(pages)
         self._num_free = top + n
         self._is_free.index_fill_(0, pages, True)
+
+    def release_page_ids(self, page_ids: list[int]) -> None:
+        """`release_pages` of ids in a list (validated, allocated, distinct: the same
+        contract), without a tensor on CPU."""
+        if self._stack_np is None:
+            self.release_pages(int64_tensor(page_ids, self._device))
+        elif page_ids:  # one conversion of the list, for both NumPy writes
+            self._release_page_list(np.array(page_ids, dtype=np.int64))
 
     def _release_page_list(self, page_ids: list[int] | Any) -> None:
         """`release_pages` of ids in a list or a NumPy array, on CPU: through the NumPy
@@ -267,10 +299,10 @@ class PagedAllocator:
             pages = torch.tensor(page_ids, dtype=torch.int64, device=self._device)
             self.free(self._codec.to_slots(pages))
             return
-        if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
+        if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=True)
-        self._release_page_list(page_ids)
+        self._release_page_list(np.array(page_ids, dtype=np.int64))
 
     def _raise_foreign_page_ids(self, page_ids: list[int], what: str) -> None:
         p, num_pages = self.page_size, self._layout.num_pages
@@ -297,10 +329,34 @@ class PagedAllocator:
         caller that keeps books by page id (the tree's owned-page set)."""
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self._free_flags is not None and codec.checks_in_python(t.numel()):
-            return self._live_page_list(t, what=what, freeing=False)
+        if self._free_flags is not None:
+            n = t.numel()
+            if codec.checks_in_python(n):
+                return self._live_page_list(t, what=what, freeing=False)
+            if self._layout.page_size == 1 and n <= NUMPY_SLOTS:
+                ids = self._sorted_live_ids(t)
+                if ids is not None:
+                    return ids
+        # (the tensor path also names the culprits of what the NumPy check refused)
         pages: list[int] = self.live_pages(t, what=what, freeing=False).tolist()
         return pages
+
+    def _sorted_live_ids(self, t: torch.Tensor) -> list[int] | None:
+        """`live_page_ids` of a CPU slot tensor at P = 1 past `SMALL_SLOTS`, checked over
+        its sorted NumPy copy (range at both ends, free flags, neighbours for
+        duplicates: no torch reduction, no `unique`); None when some check fails."""
+        a = numpy_view(t)
+        s = a.copy()  # (NumPy methods and bytes searches: no Python-level NumPy wrapper,
+        s.sort()  # as np.sort and ndarray.any go through)
+        if (
+            s[0] < 1
+            or s[-1] > self._layout.num_pages
+            or b"\x01" in self._flags_np[s].tobytes()  # a free page
+            or b"\x01" in (s[1:] == s[:-1]).tobytes()  # a page named twice
+        ):
+            return None
+        ids: list[int] = a.tolist()
+        return ids
 
     def live_pages(self, slots: object, *, what: str, freeing: bool) -> torch.Tensor:
         """Page ids of `slots`, which must be whole, distinct, currently allocated pages.
@@ -328,7 +384,7 @@ class PagedAllocator:
         flags = self._free_flags
         assert flags is not None, "the Python path needs the CPU bytearray flags"
         page_ids = self._codec.page_list(t, what)
-        if any(map(flags.__getitem__, page_ids)) or len(set(page_ids)) != len(page_ids):
+        if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=freeing)
         return page_ids

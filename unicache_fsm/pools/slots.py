@@ -38,7 +38,7 @@ from unicache_fsm.pools.errors import (
 )
 from unicache_fsm.pools.layout import PageLayout
 
-__all__ = ["NUMPY_PAGES", "SMALL_SLOTS", "SlotCodec", "int64_tensor", "preview"]
+__all__ = ["NUMPY_PAGES", "SMALL_SLOTS", "SlotCodec", "int64_tensor", "numpy_view", "preview"]
 
 _PREVIEW = 8
 
@@ -67,17 +67,28 @@ def int64_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """The values of a CPU tensor as a NumPy array: a view of its memory, or a copy
+    when the tensor carries a negative or conjugate bit (which NumPy cannot view)."""
+    try:
+        return t.numpy()
+    except RuntimeError:
+        return t.resolve_neg().resolve_conj().numpy()
+
+
 _OFFSETS: dict[int, np.ndarray] = {}
 
 
-def _offsets_np(p: int) -> np.ndarray:
-    """0 .. p-1 as a read-only int64 row (one per page size, built once)."""
+def _offsets_np(p: int, n: int) -> np.ndarray:
+    """The slot offsets within a page (0 .. p-1) repeated over `n` slots (a multiple of
+    `p`), as a read-only int64 array; one per page size, grown on demand."""
     row = _OFFSETS.get(p)
-    if row is None:
-        row = np.arange(p, dtype=np.int64)
+    if row is None or len(row) < n:
+        pages = max(-(-n // p), SMALL_SLOTS)
+        row = np.tile(np.arange(p, dtype=np.int64), pages)
         row.flags.writeable = False
         _OFFSETS[p] = row
-    return row
+    return row[:n]
 
 
 class SlotCodec:
@@ -161,11 +172,15 @@ class SlotCodec:
         if p == 1:
             pages = values
         else:
-            firsts = values[::p]
-            pages = [s // p for s in firsts]
-            # whole pages <=> each group of P is k*P, k*P+1, ..., k*P+P-1
-            offsets = range(p)
-            if any(s % p for s in firsts) or values != [s + o for s in firsts for o in offsets]:
+            pages = [s // p for s in values[::p]]
+            # whole pages <=> each group of P is k*P, k*P+1, ..., k*P+P-1 for k = its
+            # first slot // P (an unaligned first slot differs from k*P): compared
+            # with the slots rebuilt from the page ids, a range per page (no Python
+            # step per slot)
+            whole: list[int] = []
+            for k in pages:
+                whole += range(k * p, k * p + p)
+            if values != whole:
                 self._raise_bad_slots(slots, what)
         if min(pages) < 1 or max(pages) > layout.num_pages:
             self._raise_bad_slots(slots, what)
@@ -176,17 +191,20 @@ class SlotCodec:
         the same checks (whole pages, inside 1 .. num_pages), the same errors."""
         layout = self._layout
         p = layout.page_size
-        grid = slots.numpy().reshape(-1, p)
-        pages = grid[:, 0] // p
-        # whole pages <=> every row is k*P, k*P+1, ..., k*P+P-1 for its first slot's k
-        # (an unaligned first slot differs from k*P in column 0)
+        flat = numpy_view(slots)
+        pages = flat[::p] // p
+        # whole pages <=> page j's slots are k*P, k*P+1, ..., k*P+P-1 for k = its first
+        # slot // P (an unaligned first slot differs from k*P): one compare of the
+        # bytes against the slots rebuilt from the page ids (fewer NumPy calls than a
+        # 2-D compare and reductions; the range check runs over the short id list)
+        whole = (pages * p).repeat(p) + _offsets_np(p, flat.size)
+        page_ids: list[int] = pages.tolist()
         if (
-            not (grid == (pages * p)[:, None] + _offsets_np(p)).all()
-            or pages.min() < 1
-            or pages.max() > layout.num_pages
+            whole.tobytes() != flat.tobytes()
+            or min(page_ids) < 1
+            or max(page_ids) > layout.num_pages
         ):
             self._raise_bad_slots(slots, what)
-        page_ids: list[int] = pages.tolist()
         return page_ids
 
     def to_pages(self, slots: torch.Tensor, what: str) -> torch.Tensor:

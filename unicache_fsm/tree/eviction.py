@@ -79,7 +79,10 @@ class Eviction(TreeState):
             node.residency in _MAY_LOSE_DEVICE_COPY
             and node.lock_ref == 0
             and node.parent is not None
-            and not any(c.residency in RESIDENT for c in node.children.values())
+            and (
+                not node.children
+                or not any(c.residency in RESIDENT for c in node.children.values())
+            )
         )
 
     def evict(self, params: EvictParams) -> EvictResult:

@@ -46,7 +46,6 @@ from unicache_fsm import hashing
 from unicache_fsm.pools.host import HostKVPool
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
-from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.components import InsertContext, TreeComponent, build_components
@@ -191,6 +190,7 @@ class RadixTree(HostTier, Offloads):
         usable = len(key) // p * p
         node, pos = self.root, 0
         path: list[TreeNode] = []
+        child: TreeNode | None = None
         while pos < usable:
             page = key[pos : pos + p]  # the child's filing key (`walk.child_key`)
             child = node.children.get(page if node.parent is not None else (namespace, page))
@@ -201,17 +201,19 @@ class RadixTree(HostTier, Offloads):
                 child = self.split(child, m)
             path.append(child)
             node, pos = child, pos + m
+            child = None
+        # the host hit: backed-up evicted nodes on from the child the device walk
+        # stopped at (none when it found no child or used up the key)
         host_len, host_node = 0, None
-        probe, hpos = node, pos
-        while hpos < usable:
-            page = key[hpos : hpos + p]
-            child = probe.children.get(page if probe.parent is not None else (namespace, page))
-            if child is None or child.residency not in EVICTED or child.residency not in BACKED_UP:
-                break
+        hpos = pos
+        while child is not None and child.residency in EVICTED and child.residency in BACKED_UP:
             m = packed_common_len(child, packed, hpos, usable, p, width)
             if m < len(child.key):
                 break  # a partial host hit would need a split of an evicted node; skip it
-            host_len, host_node, probe, hpos = host_len + m, child, child, hpos + m
+            host_len, host_node, hpos = host_len + m, child, hpos + m
+            if hpos >= usable:
+                break
+            child = child.children.get(key[hpos : hpos + p])
         if self._cut_hooks:
             walked = len(path)
             for c in self._cut_hooks:
@@ -259,16 +261,14 @@ class RadixTree(HostTier, Offloads):
                 "pass one slot per key token"
             )
             raise ValueLengthError(msg, key_len=n, value_len=int(value.numel()))
-        prev = params.prev_prefix_len
-        for what, v in (
-            ("prev_prefix_len", prev),
-            ("swa_evicted_seqlen", params.swa_evicted_seqlen),
-        ):
-            if not 0 <= v <= n:
-                msg = f"{what} = {v} is outside the key [0, {n}]"
-                raise InsertParamsError(msg, what=what, value=v)
-            if v % p:
-                check_aligned(what, v, p)
+        prev, swa = params.prev_prefix_len, params.swa_evicted_seqlen
+        if not (0 <= prev <= n and 0 <= swa <= n) or prev % p or swa % p:
+            for what, v in (("prev_prefix_len", prev), ("swa_evicted_seqlen", swa)):
+                if not 0 <= v <= n:
+                    msg = f"{what} = {v} is outside the key [0, {n}]"
+                    raise InsertParamsError(msg, what=what, value=v)
+                if v % p:
+                    check_aligned(what, v, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
         tail = value[prev:] if prev else value
         tail_pages = None
@@ -302,7 +302,7 @@ class RadixTree(HostTier, Offloads):
             if m < len(child.key):
                 child = self.split(child, m)
             end = pos + m
-            if child.evicted:
+            if child.residency in EVICTED:
                 self.residency.fire(child, T.UNEVICT)
                 for c in components:
                     child = c.adopt(child, ctx, new_leaf=False)
@@ -314,14 +314,15 @@ class RadixTree(HostTier, Offloads):
             node, pos = child, end
         result.prefix_len = pos
         if pos < n:
+            own = packed[pos * width :] if pos else packed
             leaf = TreeNode(
                 id=next(self.node_ids),
                 key=key[pos:],
                 start=pos,
                 parent=node,
                 namespace=ns,
-                digests=self._digests_for(node, packed[pos * width :], ns),
-                packed=packed[pos * width :],
+                digests=self._digests_for(node, own, ns),
+                packed=own,
                 last_access=self.clock + 1,
             )
             self.clock += 1
@@ -351,7 +352,7 @@ class RadixTree(HostTier, Offloads):
             else:
                 prev = params.prev_prefix_len
                 ids = [k for s, e in spans for k in tail_pages[(s - prev) // p : (e - prev) // p]]
-                allocator.release_pages(int64_tensor(ids, self.device))
+                allocator.release_page_ids(ids)
         elif to_free:  # the caller's slots the tree did not take (with any peers)
             parts = [
                 t
