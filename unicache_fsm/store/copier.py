@@ -6,11 +6,9 @@ store's slab, a CPU pool's `page_bytes()`), named by row index:
 
 - `copy_checksummed(dst, dst_rows, src, src_rows) -> list[int]` — ``dst[dst_rows[i]] =
   src[src_rows[i]]`` for every i, returning each page's `page_checksum`, taken piece by
-  piece as the page lands (`copy_checksum`): one pass over memory for both.
-- `checksums(src, rows) -> list[int]` — `page_checksum` of each row, in order.
-- `copy(dst, dst_rows, src, src_rows)` — the copies alone. Their chunks are taken last
-  first: right after `checksums` of the same source rows (a load verifies every page
-  before it writes any), the last pages hashed may still sit in the shared cache.
+  piece as the page lands (`copy_checksum`): one pass over memory for both. An
+  offload checksums what it stores this way; a load compares what lands in its slots
+  with the stored checksums.
 - `close()` — join the pool threads (a second call is a no-op). A closed copier still
   works, on the calling thread alone.
 
@@ -45,7 +43,7 @@ from typing import Any
 
 import torch
 
-from unicache_fsm.store.checksum import copy_checksum, page_checksum
+from unicache_fsm.store.checksum import copy_checksum
 from unicache_fsm.store.errors import StoreConfigError
 
 __all__ = ["CHUNK_BYTES", "PARALLEL_BYTES", "PageCopier", "check_threads"]
@@ -95,7 +93,7 @@ class PageCopier:
         memo[id(self)] = new
         return new
 
-    # -- the three operations ------------------------------------------------------------
+    # -- the operation ------------------------------------------------------------
 
     def copy_checksummed(
         self, dst: Any, dst_rows: Sequence[int], src: Any, src_rows: Sequence[int]
@@ -110,28 +108,6 @@ class PageCopier:
 
         self._each_chunk(n, src.shape[1], work)
         return sums
-
-    def checksums(self, src: Any, rows: Sequence[int]) -> list[int]:
-        """`page_checksum` of each of `rows` of `src`, in order."""
-        n = len(rows)
-        sums = [0] * n
-
-        def work(start: int, stop: int) -> None:
-            for i in range(start, stop):
-                sums[i] = page_checksum(src[rows[i]].data)
-
-        self._each_chunk(n, src.shape[1], work)
-        return sums
-
-    def copy(self, dst: Any, dst_rows: Sequence[int], src: Any, src_rows: Sequence[int]) -> None:
-        """``dst[dst_rows[i]] = src[src_rows[i]]`` for each i, the last chunks first."""
-        n = _check_pair(dst, dst_rows, src, src_rows)
-
-        def work(start: int, stop: int) -> None:
-            for i in range(start, stop):
-                dst[dst_rows[i]] = src[src_rows[i]]
-
-        self._each_chunk(n, src.shape[1], work, last_first=True)
 
     def close(self) -> None:
         """Join the pool's threads; later calls run on the calling thread alone."""
@@ -150,9 +126,7 @@ class PageCopier:
         wanted = self.threads if self.threads is not None else torch.get_num_threads()
         return max(1, min(wanted, chunks))
 
-    def _each_chunk(
-        self, n: int, page_nbytes: int, work: Callable[[int, int], None], last_first: bool = False
-    ) -> None:
+    def _each_chunk(self, n: int, page_nbytes: int, work: Callable[[int, int], None]) -> None:
         """`work(start, stop)` over chunks of ``range(n)`` on the workers, each chunk once."""
         if n == 0:
             return
@@ -173,8 +147,7 @@ class PageCopier:
                         shared.next = k + 1
                     if k >= chunks:
                         return
-                    c = chunks - 1 - k if last_first else k
-                    work(c * per, min(n, (c + 1) * per))
+                    work(k * per, min(n, (k + 1) * per))
             except BaseException:
                 shared.stop = True
                 raise

@@ -7,11 +7,11 @@ and adds:
 - Page bytes per (pool, key) in one growable CPU slab per pool (rows of one page), each
   with a `PageHeader(key, pool, nbytes, checksum)`. The checksum is the one every store
   uses, `unicache_fsm.store.checksum.page_checksum` (XXH3-64 of the page's bytes, read
-  in place: one pass, no copy). A load verifies header and checksum of every page
-  before writing it; a mismatch fails the batch (corrupt data is never written silently)
-  and drops the bad page and the chain stored after it, so LOOKUP stops reporting them
-  and the next request recomputes instead of loading them again (`rejected_pages`
-  counts the drops).
+  in place: one pass, no copy). A load verifies header and checksum of every page (the
+  checksum of large CPU pages as they land in the load's own slots, below); a mismatch
+  fails the batch (corrupt data is never committed) and drops the bad page and the
+  chain stored after it, so LOOKUP stops reporting them and the next request
+  recomputes instead of loading them again (`rejected_pages` counts the drops).
 - Write-once keys: an offload skips pages whose key the store already holds.
 - Optional capacity (pages, across pools), evicted from chain ends; queues, completions
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
@@ -22,9 +22,10 @@ and adds:
   pool's pages and the slab's rows, on a `PageCopier` (`unicache_fsm.store.copier`)
   of `copy_threads` workers (None: as many as `torch.get_num_threads()`, like torch's
   own copies; its threads are joined by `close()`): an offload copies each page into
-  its row and checksums it piece by piece while it is in cache; a load checksums every
-  page of the transfer in the slab first, then copies them into the pool, so a bad page
-  still leaves the transfer's slots unwritten.
+  its row and checksums it piece by piece while it is in cache; a load does the same
+  into the pool's pages and compares with the stored checksums, so a bad page fails the
+  transfer after bytes landed in the load's own reserved slots (the protocol allows
+  it: a failed load's caller frees them; the persistent stores do the same).
 - Inspection for tests and invariants: `num_pages`, `stored_bytes(pool, key)` (a live
   uint8 view; writing through it corrupts the page), `recent_jobs()` (finished store-side
   records, newest last), `check_invariants()`, `last_error`.
@@ -284,7 +285,10 @@ class MemoryStore(BaseStore["_Entry"]):
         self, ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: KVPool
     ) -> list[int]:
         """Verify and write one transfer's pages; the indices of the bad pages (header or
-        checksum mismatch), in which case nothing of the transfer is written."""
+        checksum mismatch). A header mismatch writes nothing; a checksum mismatch of
+        large CPU pages is found as they land, so the transfer's own reserved slots may
+        then hold bytes (a failed load may leave them: its caller frees those slots);
+        other pages are verified before anything is written."""
         bad = [
             i
             for i, (key, entry) in enumerate(zip(ct.keys, entries, strict=True))
@@ -308,20 +312,18 @@ class MemoryStore(BaseStore["_Entry"]):
             pool.page_bytes()[ct.pages.numpy()] = stored
             return []
         if pool.device.type == "cpu":
-            # large CPU pages: every page verified in place in the slab (several
-            # workers), then each copied straight into its page; a bad page stops the
-            # transfer before its first write
-            held = [e.row for e in entries]
-            got = self._copier.checksums(slab.data.numpy(), held)
-            mismatch = [
+            # large CPU pages: each copied straight into its page and checksummed piece
+            # by piece as it lands (one pass over memory, several workers), then
+            # compared; a bad page fails the transfer with bytes in the load's own
+            # reserved slots, which the protocol lets a failed load leave
+            got = self._copier.copy_checksummed(
+                pool.page_bytes(), ct.pages.tolist(), slab.data.numpy(), [e.row for e in entries]
+            )
+            return [
                 i
                 for i, (g, e) in enumerate(zip(got, entries, strict=True))
                 if g != e.header.checksum
             ]
-            if mismatch:
-                return mismatch
-            self._copier.copy(pool.page_bytes(), ct.pages.tolist(), slab.data.numpy(), held)
-            return []
         # another device: the rows (a view, or gathered), verified, then one write
         data, order = slab.rows_of([e.row for e in entries])
         expected = [e.header.checksum for e in entries]
