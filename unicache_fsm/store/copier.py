@@ -24,7 +24,8 @@ Rows of one call must not overlap (every destination row once, none a source row
 Failures: an exception in any worker stops the others before their next chunk; the
 call returns only once every worker has stopped, and raises the exception (the calling
 thread's own first, else the first pool thread's). Destination rows may then be partly
-written; nothing else is touched.
+written; nothing else is touched. A `close()` that shuts the pool down while a call is
+handing it chunks does not fail the call: its calling thread does the chunks left.
 
 Lifetime: the pool's threads start on the first call that uses them and serve later
 calls; a call wanting more workers than the pool has replaces it (the old one is idle
@@ -155,7 +156,10 @@ class PageCopier:
         futures: list[concurrent.futures.Future[None]] = []
         try:
             for _ in range(workers - 1):
-                futures.append(pool.submit(run))
+                try:
+                    futures.append(pool.submit(run))
+                except RuntimeError:  # `close()` from another thread shut the pool down:
+                    break  # the threads already started and this one do the rest
             run()
         except BaseException:
             shared.stop = True  # (a failed submit too: the others stop early)
