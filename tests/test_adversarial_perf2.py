@@ -7,7 +7,10 @@ import threading
 from typing import Any
 
 import numpy as np
+import torch
 
+from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.serving.kv import pool_holds
 from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.copier import CHUNK_BYTES, PARALLEL_BYTES, PageCopier
 
@@ -34,3 +37,20 @@ def test_close_from_another_thread_mid_call_does_not_fail_the_call() -> None:
     sums = copier.copy_checksummed(dst, rows, src, rows)
     assert np.array_equal(dst, src)
     assert sums == [page_checksum(row.data) for row in src]
+
+
+def _neg_view(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s values behind a negative bit (what `torch._neg_view` makes; NumPy cannot view
+    it): ``-view`` is `t`."""
+    view = torch._neg_view(-t)
+    assert view.is_neg() and torch.equal(view, t)
+    return view
+
+
+def test_pool_holds_answers_slots_with_a_negative_bit_as_read_pages_does() -> None:
+    pool = KVPool(16, 1, 2, 4)
+    pool.data.copy_((torch.arange(pool.data.numel()) % 1000).to(torch.float16).view(pool.data.shape))
+    slots = torch.arange(3, 7)
+    want = pool.read_pages(slots).clone()
+    assert pool_holds(pool, [_neg_view(slots)], [want])
+    assert pool_holds(pool, [slots], [_neg_view(want)])
