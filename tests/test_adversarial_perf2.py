@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from unicache_fsm.pools.kv import KVPool
@@ -54,3 +55,35 @@ def test_pool_holds_answers_slots_with_a_negative_bit_as_read_pages_does() -> No
     want = pool.read_pages(slots).clone()
     assert pool_holds(pool, [_neg_view(slots)], [want])
     assert pool_holds(pool, [slots], [_neg_view(want)])
+
+
+@pytest.mark.parametrize(
+    ("dst_rows", "src_rows", "culprit"),
+    [
+        ([-1], [0], "-1"),  # NumPy would wrap it onto the last row
+        ([4], [0], "4"),  # past the end
+        ([0], [-4], "-4"),
+        ([1, 1], [0, 2], "1"),  # a destination row twice: one page's bytes lost
+    ],
+)
+def test_copier_refuses_rows_outside_or_twice_and_writes_nothing(
+    dst_rows: list[int], src_rows: list[int], culprit: str
+) -> None:
+    copier = PageCopier(1)
+    src = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
+    dst = np.zeros((4, 64), dtype=np.uint8)
+    with pytest.raises(ValueError, match=culprit):
+        copier.copy_checksummed(dst, dst_rows, src, src_rows)
+    assert not dst.any()
+
+
+def test_copier_refuses_a_destination_row_that_is_a_source_row_of_the_same_array() -> None:
+    copier = PageCopier(1)
+    pages = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
+    before = pages.copy()
+    with pytest.raises(ValueError, match="2"):
+        copier.copy_checksummed(pages, [2, 3], pages, [1, 2])
+    assert np.array_equal(pages, before)
+    # rows of one array that do not meet are fine
+    assert copier.copy_checksummed(pages, [3], pages, [0]) == [page_checksum(before[0].data)]
+    assert np.array_equal(pages[3], before[0])
