@@ -12,7 +12,7 @@ import torch
 
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.serving.kv import pool_holds
-from unicache_fsm.store.checksum import page_checksum
+from unicache_fsm.store.checksum import PIECE_BYTES, copy_checksum, page_checksum
 from unicache_fsm.store.copier import CHUNK_BYTES, PARALLEL_BYTES, PageCopier
 
 
@@ -87,3 +87,20 @@ def test_copier_refuses_a_destination_row_that_is_a_source_row_of_the_same_array
     # rows of one array that do not meet are fine
     assert copier.copy_checksummed(pages, [3], pages, [0]) == [page_checksum(before[0].data)]
     assert np.array_equal(pages[3], before[0])
+
+
+@pytest.mark.parametrize("n", [64, 3 * PIECE_BYTES + 5])  # one piece, several pieces
+def test_copy_checksum_into_a_strided_destination_copies_and_checksums(n: int) -> None:
+    src = np.random.default_rng(n).integers(0, 256, size=n, dtype=np.uint8)
+    dst = np.zeros(2 * n, dtype=np.uint8)[::2]  # every other byte: not contiguous
+    assert copy_checksum(dst, src) == page_checksum(src.tobytes())
+    assert np.array_equal(dst, src)
+
+
+def test_copier_rows_of_a_strided_array_copy_and_checksum() -> None:
+    src = np.random.default_rng(3).integers(0, 256, size=(3, 128), dtype=np.uint8)
+    wide = np.zeros((3, 256), dtype=np.uint8)
+    dst = wide[:, ::2]  # rows of a 2-D array, each with a byte stride of 2
+    sums = PageCopier(1).copy_checksummed(dst, [2, 0], src, [0, 1])
+    assert sums == [page_checksum(src[0].tobytes()), page_checksum(src[1].tobytes())]
+    assert np.array_equal(dst[2], src[0]) and np.array_equal(dst[0], src[1])
