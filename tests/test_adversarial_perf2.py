@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from unicache_fsm.pools.kv import KVPool
-from unicache_fsm.serving.kv import pool_holds
+from unicache_fsm.serving.kv import pool_holds, same_kv
 from unicache_fsm.store.checksum import PIECE_BYTES, copy_checksum, page_checksum
 from unicache_fsm.store.copier import CHUNK_BYTES, PARALLEL_BYTES, PageCopier
 
@@ -104,3 +104,15 @@ def test_copier_rows_of_a_strided_array_copy_and_checksum() -> None:
     sums = PageCopier(1).copy_checksummed(dst, [2, 0], src, [0, 1])
     assert sums == [page_checksum(src[0].tobytes()), page_checksum(src[1].tobytes())]
     assert np.array_equal(dst[2], src[0]) and np.array_equal(dst[0], src[1])
+
+
+def test_same_kv_and_pool_holds_compare_bfloat16_rows_with_a_negative_bit() -> None:
+    pool = KVPool(16, 1, 2, 4, dtype=torch.bfloat16)
+    pool.data.copy_(torch.randn(pool.data.shape, generator=torch.Generator().manual_seed(5)))
+    slots = torch.arange(3, 7)
+    want = pool.read_pages(slots).clone()
+    assert same_kv(want, _neg_view(want)) and same_kv(_neg_view(want), want)
+    assert pool_holds(pool, [slots], [_neg_view(want)])
+    other = want.clone()
+    other[0, 0, 0] += 1
+    assert not same_kv(want, _neg_view(other))

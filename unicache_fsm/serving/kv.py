@@ -138,8 +138,9 @@ def same_kv(a: torch.Tensor, b: torch.Tensor) -> bool:
     ):
         # NumPy views of both (no torch call past `numpy()`), compared as raw bytes
         return bool(np.array_equal(_raw(numpy_view(a)), _raw(numpy_view(b))))
-    x = a.contiguous().view(-1).view(torch.uint8)
-    y = b.contiguous().view(-1).view(torch.uint8)
+    # (a negative bit resolved first: torch will not reinterpret such a tensor's bytes)
+    x = a.resolve_neg().contiguous().view(-1).view(torch.uint8)
+    y = b.resolve_neg().contiguous().view(-1).view(torch.uint8)
     if x.numel() % 8 == 0 and x.storage_offset() % 8 == 0 and y.storage_offset() % 8 == 0:
         x, y = x.view(torch.int64), y.view(torch.int64)  # eight bytes at a time
     if x.device.type == "cpu" and y.device.type == "cpu":
