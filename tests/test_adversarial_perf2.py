@@ -50,7 +50,8 @@ def _neg_view(t: torch.Tensor) -> torch.Tensor:
 
 def test_pool_holds_answers_slots_with_a_negative_bit_as_read_pages_does() -> None:
     pool = KVPool(16, 1, 2, 4)
-    pool.data.copy_((torch.arange(pool.data.numel()) % 1000).to(torch.float16).view(pool.data.shape))
+    values = torch.arange(pool.data.numel()) % 1000
+    pool.data.copy_(values.to(torch.float16).view(pool.data.shape))
     slots = torch.arange(3, 7)
     want = pool.read_pages(slots).clone()
     assert pool_holds(pool, [_neg_view(slots)], [want])

@@ -11,10 +11,10 @@
   uint8 CPU tensor, in order.
 - `copy_checksum(dst, src) -> int` — copy one page's bytes (``dst[...] = src``, two 1-D
   uint8 NumPy arrays of one length, not overlapping; either may be strided) and return
-  `page_checksum` of them: the copy goes in pieces of `PIECE_BYTES`, each hashed (XXH3's streaming form, the
-  same value) right after it lands, while it is still in the core's cache, so a copy
-  and its checksum cost one pass over memory, not two. Both the copy and the hash
-  release the GIL while they run.
+  `page_checksum` of them: the copy goes in pieces of `PIECE_BYTES`, each hashed
+  (XXH3's streaming form, the same value) right after it lands, while it is still in
+  the core's cache, so a copy and its checksum cost one pass over memory, not two.
+  Both the copy and the hash release the GIL while they run.
 
 XXH3 is not a cryptographic hash: it detects torn, partial, damaged and misplaced pages,
 not a party that forges pages on purpose (whoever can write the store can write a page
