@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.slots import numpy_view
 
 __all__ = [
     "NUM_LAYERS",
@@ -136,9 +137,10 @@ def same_kv(a: torch.Tensor, b: torch.Tensor) -> bool:
         and not (a.requires_grad or b.requires_grad)
     ):
         # NumPy views of both (no torch call past `numpy()`), compared as raw bytes
-        return bool(np.array_equal(_raw(a.numpy()), _raw(b.numpy())))
-    x = a.contiguous().view(-1).view(torch.uint8)
-    y = b.contiguous().view(-1).view(torch.uint8)
+        return bool(np.array_equal(_raw(numpy_view(a)), _raw(numpy_view(b))))
+    # (a negative bit resolved first: torch will not reinterpret such a tensor's bytes)
+    x = a.resolve_neg().contiguous().view(-1).view(torch.uint8)
+    y = b.resolve_neg().contiguous().view(-1).view(torch.uint8)
     if x.numel() % 8 == 0 and x.storage_offset() % 8 == 0 and y.storage_offset() % 8 == 0:
         x, y = x.view(torch.int64), y.view(torch.int64)  # eight bytes at a time
     if x.device.type == "cpu" and y.device.type == "cpu":
@@ -177,7 +179,7 @@ def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch
     pages = _cpu_pages(pool, ids)
     if pages is None or not want.is_cpu or want.dtype != pool.dtype or want.requires_grad:
         return same_kv(pool.read_pages(ids), want)
-    words = _raw(want.numpy())
+    words = _raw(numpy_view(want))  # (a copy when `want` has a negative bit)
     held = pool.page_bytes()[pages]
     return (
         want.shape[1:] == (pool.num_layers, pool.width)
@@ -196,7 +198,7 @@ def _cpu_pages(pool: KVPool, ids: torch.Tensor) -> np.ndarray | None:
     if not ids.is_cpu or ids.dtype != torch.int64 or ids.dim() != 1:
         return None
     p = pool.page_size
-    grid = ids.numpy()
+    grid = numpy_view(ids)  # (a copy when `ids` has a negative bit)
     if grid.size % p:
         return None
     grid = grid.reshape(-1, p)

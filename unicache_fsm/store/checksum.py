@@ -10,11 +10,11 @@
 - `page_checksums(pages) -> list[int]` — `page_checksum` of every row of a ``[n, nbytes]``
   uint8 CPU tensor, in order.
 - `copy_checksum(dst, src) -> int` — copy one page's bytes (``dst[...] = src``, two 1-D
-  uint8 NumPy arrays of one length, not overlapping) and return `page_checksum` of them:
-  the copy goes in pieces of `PIECE_BYTES`, each hashed (XXH3's streaming form, the
-  same value) right after it lands, while it is still in the core's cache, so a copy
-  and its checksum cost one pass over memory, not two. Both the copy and the hash
-  release the GIL while they run.
+  uint8 NumPy arrays of one length, not overlapping; either may be strided) and return
+  `page_checksum` of them: the copy goes in pieces of `PIECE_BYTES`, each hashed
+  (XXH3's streaming form, the same value) right after it lands, while it is still in
+  the core's cache, so a copy and its checksum cost one pass over memory, not two.
+  Both the copy and the hash release the GIL while they run.
 
 XXH3 is not a cryptographic hash: it detects torn, partial, damaged and misplaced pages,
 not a party that forges pages on purpose (whoever can write the store can write a page
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -60,10 +61,16 @@ def copy_checksum(dst: Any, src: Any) -> int:
         raise ValueError(msg)
     if n <= PIECE_BYTES:
         dst[...] = src
-        return _XXH3(dst.data)
+        return _XXH3(_landed(dst))
     state = xxhash.xxh3_64()
     for at in range(0, n, PIECE_BYTES):
         piece = dst[at : at + PIECE_BYTES]
         piece[...] = src[at : at + PIECE_BYTES]
-        state.update(piece.data)
+        state.update(_landed(piece))
     return state.intdigest()
+
+
+def _landed(a: Any) -> Any:
+    """The bytes of the 1-D uint8 array `a` as a buffer XXH3 reads: `a`'s own memory, or
+    a contiguous copy when `a` is strided (XXH3 cannot read a strided buffer)."""
+    return a.data if a.flags.c_contiguous else np.ascontiguousarray(a).data

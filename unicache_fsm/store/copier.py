@@ -19,12 +19,15 @@ is `threads`, or, when that is None, `torch.get_num_threads()` at the call (as m
 workers as torch's own copies use; one torch thread, one worker); a call of fewer than
 `PARALLEL_BYTES` bytes, or of one chunk, runs on the calling thread alone. NumPy's copy
 and XXH3 release the GIL while they run, so the workers move bytes at the same time.
-Rows of one call must not overlap (every destination row once, none a source row).
+Rows of one call must be inside their arrays and must not overlap (every destination
+row once, none a source row of the same array), else `ValueError` naming them, before
+anything is written.
 
 Failures: an exception in any worker stops the others before their next chunk; the
 call returns only once every worker has stopped, and raises the exception (the calling
 thread's own first, else the first pool thread's). Destination rows may then be partly
-written; nothing else is touched.
+written; nothing else is touched. A `close()` that shuts the pool down while a call is
+handing it chunks does not fail the call: its calling thread does the chunks left.
 
 Lifetime: the pool's threads start on the first call that uses them and serve later
 calls; a call wanting more workers than the pool has replaces it (the old one is idle
@@ -41,6 +44,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from unicache_fsm.store.checksum import copy_checksum
@@ -155,7 +159,10 @@ class PageCopier:
         futures: list[concurrent.futures.Future[None]] = []
         try:
             for _ in range(workers - 1):
-                futures.append(pool.submit(run))
+                try:
+                    futures.append(pool.submit(run))
+                except RuntimeError:  # `close()` from another thread shut the pool down:
+                    break  # the threads already started and this one do the rest
             run()
         except BaseException:
             shared.stop = True  # (a failed submit too: the others stop early)
@@ -183,11 +190,27 @@ class PageCopier:
 
 
 def _check_pair(dst: Any, dst_rows: Sequence[int], src: Any, src_rows: Sequence[int]) -> int:
-    """The number of pages of a copy (ValueError when the two sides disagree)."""
+    """The number of pages of a copy (ValueError when the two sides disagree, a row is
+    outside its array, a destination row repeats or is a source row of the same array)."""
     if len(dst_rows) != len(src_rows) or dst.shape[1] != src.shape[1]:
         msg = (
             f"page copy: {len(src_rows)} source row(s) of {src.shape[1]} bytes into "
             f"{len(dst_rows)} destination row(s) of {dst.shape[1]} bytes"
         )
         raise ValueError(msg)
+    for side, pages, rows in (("destination", dst, dst_rows), ("source", src, src_rows)):
+        outside = [r for r in rows if not 0 <= r < pages.shape[0]]
+        if outside:  # (NumPy would wrap a negative row onto the end, silently)
+            msg = f"page copy: {side} row(s) {outside[:8]} outside 0 .. {pages.shape[0] - 1}"
+            raise ValueError(msg)
+    seen = set(dst_rows)
+    if len(seen) != len(dst_rows):
+        twice = sorted({r for r in dst_rows if dst_rows.count(r) > 1})
+        msg = f"page copy: destination row(s) {twice[:8]} named more than once"
+        raise ValueError(msg)
+    if np.may_share_memory(dst, src):
+        met = sorted(seen.intersection(src_rows))
+        if met:
+            msg = f"page copy: destination row(s) {met[:8]} are source rows of the same pages"
+            raise ValueError(msg)
     return len(src_rows)
