@@ -13,25 +13,16 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from test_store_memory import (
-    KV,
-    LargeRig,
-    Rig,
-    StoreFactory,
-    TestMemoryStore,
-    kv_lookup,
-    load_now,
-    offload_now,
-)
+import test_store_memory
+from test_store_memory import KV, Rig, kv_lookup, load_now, offload_now
 from unicache_fsm.pools.transfer import PoolTransfer
-from unicache_fsm.store import ExternalStore, MemoryStore, StoreConfigError
+from unicache_fsm.store import MemoryStore, StoreConfigError
 from unicache_fsm.store import copier as copier_module
 from unicache_fsm.store.checksum import PIECE_BYTES, copy_checksum, page_checksum
 from unicache_fsm.store.copier import CHUNK_BYTES, PARALLEL_BYTES, PageCopier
@@ -331,36 +322,13 @@ def test_close_joins_the_stores_copy_threads(big: BigRig) -> None:
 # -- the contract, every call threaded -----------------------------------------------------
 
 
-class TestMemoryStoreThreadedCopies(TestMemoryStore):
+class TestMemoryStoreThreadedCopies(test_store_memory.TestMemoryStoreLargePages):
     """The store contract with large pages, three copy workers, every call threaded and
     every page a chunk of its own."""
 
-    failed_load_leaves_slots = False
+    copy_threads = 3
 
     @pytest.fixture(autouse=True)
     def _every_call_threaded(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(copier_module, "PARALLEL_BYTES", 0)
         monkeypatch.setattr(copier_module, "CHUNK_BYTES", 1)
-
-    @pytest.fixture
-    def rig(self) -> Rig:
-        return LargeRig()
-
-    @pytest.fixture(params=["sync", "background"])
-    def store_factory(self, request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
-        background = request.param == "background"
-        made: list[MemoryStore] = []
-
-        def make(capacity_pages: int | None = None) -> ExternalStore:
-            store = MemoryStore(
-                capacity_pages=capacity_pages, background=background, copy_threads=3
-            )
-            made.append(store)
-            return store
-
-        yield make
-        for store in made:
-            if not store._closed:
-                store.check_invariants()
-            assert store.last_error is None
-            store.close()

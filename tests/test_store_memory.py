@@ -580,12 +580,16 @@ class StoreContract:
 
 
 class TestMemoryStore(StoreContract):
+    copy_threads: ClassVar[int | None] = None  # the stores' `copy_threads`
+
     @pytest.fixture(params=["sync", "background"])
     def store_factory(self, request: pytest.FixtureRequest) -> StoreFactory:
         background = request.param == "background"
 
         def make(capacity_pages: int | None = None) -> ExternalStore:
-            store = MemoryStore(capacity_pages=capacity_pages, background=background)
+            store = MemoryStore(
+                capacity_pages=capacity_pages, background=background, copy_threads=self.copy_threads
+            )
             made.append(store)
             return store
 
@@ -595,6 +599,7 @@ class TestMemoryStore(StoreContract):
             if not store._closed:
                 store.check_invariants()
             assert store.last_error is None
+            store.close()
 
 
 class TestMemoryStoreLargePages(TestMemoryStore):

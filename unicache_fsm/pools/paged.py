@@ -267,8 +267,8 @@ class PagedAllocator:
         elif page_ids:  # one conversion of the list, for both NumPy writes
             self._release_page_list(np.array(page_ids, dtype=np.int64))
 
-    def _release_page_list(self, page_ids: list[int] | Any) -> None:
-        """`release_pages` of ids in a list or a NumPy array, on CPU: through the NumPy
+    def _release_page_list(self, page_ids: Any) -> None:
+        """`release_pages` of ids in an int64 NumPy array, on CPU: through the NumPy
         views of the stack and of the flags (validated, allocated, distinct ids: see
         `release_pages`)."""
         top, n = self._num_free, len(page_ids)
@@ -302,7 +302,7 @@ class PagedAllocator:
         if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=True)
-        self._release_page_list(np.array(page_ids, dtype=np.int64))
+        self.release_page_ids(page_ids)
 
     def _raise_foreign_page_ids(self, page_ids: list[int], what: str) -> None:
         p, num_pages = self.page_size, self._layout.num_pages

@@ -25,6 +25,7 @@ same inputs and raises the same errors.
 from __future__ import annotations
 
 from array import array
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -38,7 +39,15 @@ from unicache_fsm.pools.errors import (
 )
 from unicache_fsm.pools.layout import PageLayout
 
-__all__ = ["NUMPY_PAGES", "SMALL_SLOTS", "SlotCodec", "int64_tensor", "numpy_view", "preview"]
+__all__ = [
+    "NUMPY_PAGES",
+    "SMALL_SLOTS",
+    "SlotCodec",
+    "int64_tensor",
+    "numpy_view",
+    "preview",
+    "whole_page_ids",
+]
 
 _PREVIEW = 8
 
@@ -89,6 +98,20 @@ def _offsets_np(p: int, n: int) -> np.ndarray:
         row.flags.writeable = False
         _OFFSETS[p] = row
     return row[:n]
+
+
+def whole_page_ids(flat: np.ndarray, p: int) -> np.ndarray | None:
+    """The page id of each page of `flat` (1-D int64 slots, a multiple of `p` long) when
+    every group of `p` is ``k*P, k*P+1, ..., k*P+P-1`` for ``k`` = its first slot // P,
+    else None (an unaligned first slot differs from k*P). The ids are not range-checked.
+    One compare of the bytes against the slots rebuilt from the page ids: fewer NumPy
+    calls than a 2-D compare and reductions."""
+    pages = flat[::p] // p
+    if p > 1:
+        whole = (pages * p).repeat(p) + _offsets_np(p, flat.size)
+        if whole.tobytes() != flat.tobytes():
+            return None
+    return pages
 
 
 class SlotCodec:
@@ -191,19 +214,11 @@ class SlotCodec:
         the same checks (whole pages, inside 1 .. num_pages), the same errors."""
         layout = self._layout
         p = layout.page_size
-        flat = numpy_view(slots)
-        pages = flat[::p] // p
-        # whole pages <=> page j's slots are k*P, k*P+1, ..., k*P+P-1 for k = its first
-        # slot // P (an unaligned first slot differs from k*P): one compare of the
-        # bytes against the slots rebuilt from the page ids (fewer NumPy calls than a
-        # 2-D compare and reductions; the range check runs over the short id list)
-        whole = (pages * p).repeat(p) + _offsets_np(p, flat.size)
-        page_ids: list[int] = pages.tolist()
-        if (
-            whole.tobytes() != flat.tobytes()
-            or min(page_ids) < 1
-            or max(page_ids) > layout.num_pages
-        ):
+        pages = whole_page_ids(numpy_view(slots), p)
+        if pages is None:
+            self._raise_bad_slots(slots, what)
+        page_ids: list[int] = pages.tolist()  # (the range check runs over the short list)
+        if min(page_ids) < 1 or max(page_ids) > layout.num_pages:
             self._raise_bad_slots(slots, what)
         return page_ids
 
@@ -250,7 +265,7 @@ class SlotCodec:
         )
         raise ForeignSlotsError(msg, pool=layout.name, slots=bad, low=low, high=layout.num_slots)
 
-    def _raise_bad_slots(self, slots: torch.Tensor, what: str) -> None:
+    def _raise_bad_slots(self, slots: torch.Tensor, what: str) -> NoReturn:
         layout = self._layout
         p = layout.page_size
         self.raise_out_of_pool(slots, what, allow_page0=False)

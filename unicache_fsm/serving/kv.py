@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from unicache_fsm.pools.kv import KVPool
-from unicache_fsm.pools.slots import numpy_view
+from unicache_fsm.pools.slots import numpy_view, whole_page_ids
 
 __all__ = [
     "NUM_LAYERS",
@@ -198,23 +198,12 @@ def _cpu_pages(pool: KVPool, ids: torch.Tensor) -> np.ndarray | None:
     if not ids.is_cpu or ids.dtype != torch.int64 or ids.dim() != 1:
         return None
     p = pool.page_size
-    grid = numpy_view(ids)  # (a copy when `ids` has a negative bit)
-    if grid.size % p:
+    flat = numpy_view(ids)  # (a copy when `ids` has a negative bit)
+    if flat.size % p:
         return None
-    grid = grid.reshape(-1, p)
-    pages = grid[:, 0] // p
-    if pages.size and (
-        int(pages.min()) < 1
-        or int(pages.max()) > pool.layout.num_pages
-        or (p > 1 and not (grid == (pages * p)[:, None] + _offsets(p)).all())
+    pages = whole_page_ids(flat, p)
+    if pages is None or (
+        pages.size and (int(pages.min()) < 1 or int(pages.max()) > pool.layout.num_pages)
     ):
         return None
     return pages
-
-
-@functools.lru_cache(maxsize=64)
-def _offsets(p: int) -> np.ndarray:
-    """0 .. p-1, read-only (the slot offsets within a page)."""
-    row = np.arange(p, dtype=np.int64)
-    row.flags.writeable = False
-    return row
