@@ -51,14 +51,17 @@ base_stamp() {
     cat "$REPO/scripts/sglang_env.sh" "$REQS" "$SHIMS" | sha256sum | cut -d' ' -f1
 }
 project_stamp() {
-    local files=("$REPO/pyproject.toml")
+    local files=("$REPO/pyproject.toml" "$REPO/setup.py")
     if [ -f "$REPO/constraints.txt" ]; then files+=("$REPO/constraints.txt"); fi
     { echo "$REPO"; cat "${files[@]}"; } | sha256sum | cut -d' ' -f1
 }
 STAMP="$(base_stamp)"
 
 install_project() {
-    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check \
+    # UNICACHE_FSM_NO_NATIVE: this runs beside the test suite, whose processes have
+    # loaded the native page-hash chain from the checkout (built by the main install);
+    # an editable build would rewrite that file under them
+    UNICACHE_FSM_NO_NATIVE=1 "$VENV/bin/python" -m pip install -qq --disable-pip-version-check \
         -e "$REPO[dev]" -r "$REQS" "${CONSTRAINTS[@]}"
     project_stamp > "$VENV/.unicache-project-stamp"
 }

@@ -19,8 +19,10 @@ command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)  # the Redis store tests start their own
 # the run-report test opens simulate --report's page in headless Chromium
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
-# the SGLang oracle (scripts/sglang_env.sh) JIT-builds SGLang's page-hash extension
+# the SGLang oracle (scripts/sglang_env.sh) JIT-builds SGLang's page-hash extension;
+# the project's own native page-hash chain (setup.py) is C
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v gcc >/dev/null 2>&1 || need_apt+=(gcc)
 [ -e /usr/include/openssl/sha.h ] || need_apt+=(libssl-dev)
 
 if [ ${#need_apt[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -39,6 +41,9 @@ PY="${PYTHON:-python3}"
 # build lies on local disk, so nothing pulls a CUDA build.
 "$PY" -m pip install -qq -c constraints.txt "torch==2.13.0"
 "$PY" -m pip install -qq -c constraints.txt -e ".[dev]"
+# the native page-hash chain is optional for users (no compiler: the same digests in
+# Python); here the tests require it (tests/test_pagechain.py)
+export UNICACHE_FSM_REQUIRE_NATIVE=1
 
 # The SGLang oracle venv (scripts/sglang_env.sh: mostly downloads and one C++ build)
 # is built or reused in the background while the checks below run; its log is shown

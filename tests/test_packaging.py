@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -51,8 +53,20 @@ def test_fsm_namespace_is_locked() -> None:
 @pytest.mark.slow
 def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
     out = tmp_path / "wheel"
+    # built from a clean copy: setuptools builds in the tree it is given, and a build/
+    # left in the checkout would feed stale files to later builds
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        src,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".hypothesis",
+            ".venv*", "*.so", "out",
+        ),
+    )  # fmt: skip
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
     )
@@ -65,6 +79,10 @@ def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
         f"unicache_fsm/specs/{p.name}" for p in (ROOT / "specs").glob("*.toml")
     )
     assert "unicache_fsm/py.typed" in names
+    assert "unicache_fsm/_pagechain.pyi" in names
+    assert not [n for n in names if n.endswith(".c")]  # the source stays in the sdist
+    if os.environ.get("UNICACHE_FSM_REQUIRE_NATIVE") == "1":  # CI: a compiler is there
+        assert [n for n in names if n.startswith("unicache_fsm/_pagechain.") and ".so" in n]
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -79,6 +97,10 @@ def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
         assert str(specs_dir()).startswith({str(site)!r}), specs_dir()
         names = bundled_machines()
         assert all(bundled_spec(n).name == n for n in names)
+        from unicache_fsm import hashing
+        assert hashing.page_hashes([1, 2, 3, 4], 4) == hashing.page_hashes([1, 2, 3, 4], 4)
+        if {os.environ.get("UNICACHE_FSM_REQUIRE_NATIVE") == "1"!r}:
+            assert hashing.NATIVE_CHAIN
         print(",".join(names))
         """
     )

@@ -20,10 +20,13 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
   covers); `page_digests(packed, page_size, prior_digest)` -> the raw 32-byte digest of
   each full page of packed tokens, chained from `prior_digest` (b"" at a chain head),
   in one call: the tree packs a key once and keeps raw digests, hex only on demand.
-  Chains hashed lately are remembered (up to `DIGEST_MEMO_SIZE` pages and about
-  `DIGEST_MEMO_BYTES` of pages in all): a LOOKUP of a tail and the insert of the same
-  pages (or of a prefix or an extension of them)
-  then hash each page once.
+  The chain runs in native code (`unicache_fsm._pagechain`, built with the package
+  where a C compiler is found; SHA-NI where the CPU has it) when `NATIVE_CHAIN` is
+  true, else page by page in Python: the same digests either way. Chains hashed
+  lately are remembered (up to `DIGEST_MEMO_SIZE` pages and about `DIGEST_MEMO_BYTES`
+  of pages in all): a LOOKUP of a tail and the insert of the same pages (or of a
+  prefix or an extension of them) then hash each page once. ``native=False`` is the
+  reference: page by page in Python, no memo.
   `prior_digest(prior)` -> the raw digest of a hex key or seed (b"" for None).
 
 Bad input raises a typed error, all under `HashError`: `InvalidTokenError` (a token
@@ -51,6 +54,7 @@ __all__ = [
     "DIGEST_MEMO_BYTES",
     "DIGEST_MEMO_SIZE",
     "NAMESPACE_TAG",
+    "NATIVE_CHAIN",
     "HashError",
     "InvalidPriorHashError",
     "InvalidTokenError",
@@ -110,6 +114,18 @@ def _pick_sha256() -> Callable[[bytes], hashlib._Hash]:
 
 _sha256 = _pick_sha256()
 _openssl_sha256 = hashlib.sha256
+
+_NativeChain = Callable[[bytes, int, bytes, int, int], list[bytes]]
+_native_chain: _NativeChain | None
+try:
+    from unicache_fsm._pagechain import chain_digests as _native_chain
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native_chain = None
+
+NATIVE_CHAIN: bool = _native_chain is not None
+"""Whether `page_digests` hashes a chain in native code (``unicache_fsm._pagechain``:
+one call per chain instead of one SHA-256 call per page; optional, see setup.py)."""
+
 #: the longest SHA-256 input that fits one compressed block (64 bytes, less the padding)
 _ONE_BLOCK = 55
 
@@ -293,14 +309,23 @@ def page_hashes(tokens: Sequence[int], page_size: int, prior: str | None = None)
     return [d.hex() for d in page_digests(packed, page_size, prev)]
 
 
-def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[bytes]:
+def page_digests(
+    packed: bytes, page_size: int, prior: bytes = b"", *, native: bool = True
+) -> list[bytes]:
     """The raw digest of each full page of `packed` (`pack_tokens` output), chained:
     page i hashes on page i-1's digest, page 0 on `prior` (b"" at a chain head, else
-    the raw digest of the page before). ``d.hex()`` is the page's key."""
+    the raw digest of the page before). ``d.hex()`` is the page's key.
+
+    Hashed in native code when `NATIVE_CHAIN`, else in Python; `native` False: the
+    reference, page by page in Python and not memoized."""
     stride = 4 * page_size
     end = len(packed) // stride * stride
     if not end:
         return []
+    if not native:
+        out: list[bytes] = []
+        _python_chain(packed, stride, bytes(prior), 0, end, out)
+        return out
     if type(prior) is not bytes:
         prior = bytes(prior)  # a bytearray (or view) would make the memo's key unhashable
     # A chain is usually hashed twice (a LOOKUP of a request's tail, then the insert of
@@ -312,7 +337,7 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
     head = prior + packed[:stride]
     seen = memo.get(head)
     done = 0
-    out: list[bytes] = []
+    out = []
     if seen is not None:
         known, digests = seen
         if len(known) >= end:
@@ -322,20 +347,11 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
             done = len(known)
             out = list(digests)
             prior = digests[-1]
-    # one block a page (the prior digest and up to 5 tokens): the built-in module's
-    # cheaper call wins; from two blocks on, OpenSSL's faster compression does
-    sha256 = _sha256 if 32 + stride <= _ONE_BLOCK else _openssl_sha256
-    append = out.append
-    # one SHA-256 per page is inherent to a chain; the loop does nothing else: the
-    # pages come cut by one `struct` call per `_SPLIT_PAGES`, and each page goes in
-    # by `update` (no concatenated copy of the prior digest and the page)
-    for at in range(done, end, _SPLIT_PAGES * stride):
-        pages = min(_SPLIT_PAGES, (end - at) // stride)
-        for page in _page_splitter(pages, stride)(packed, at):
-            h = sha256(prior)
-            h.update(page)
-            prior = h.digest()
-            append(prior)
+    if _native_chain is not None:
+        fresh = _native_chain(packed, stride, prior, done, end)
+        out = out + fresh if out else fresh
+    else:
+        _python_chain(packed, stride, prior, done, end, out)
     global _memo_pages, _memo_bytes
     size = len(head) + end + 32 * len(out)  # the key, the pages kept and their digests
     if _memo_pages + len(out) > DIGEST_MEMO_SIZE or _memo_bytes + size > DIGEST_MEMO_BYTES:
@@ -346,6 +362,26 @@ def page_digests(packed: bytes, page_size: int, prior: bytes = b"") -> list[byte
         _memo_pages += len(out)
         _memo_bytes += size
     return out
+
+
+def _python_chain(
+    packed: bytes, stride: int, prior: bytes, start: int, end: int, out: list[bytes]
+) -> None:
+    """Append the chained digest of each page of ``packed[start:end]`` to `out`."""
+    # one block a page (the prior digest and up to 5 tokens): the built-in module's
+    # cheaper call wins; from two blocks on, OpenSSL's faster compression does
+    sha256 = _sha256 if 32 + stride <= _ONE_BLOCK else _openssl_sha256
+    append = out.append
+    # one SHA-256 per page is inherent to a chain; the loop does nothing else: the
+    # pages come cut by one `struct` call per `_SPLIT_PAGES`, and each page goes in
+    # by `update` (no concatenated copy of the prior digest and the page)
+    for at in range(start, end, _SPLIT_PAGES * stride):
+        pages = min(_SPLIT_PAGES, (end - at) // stride)
+        for page in _page_splitter(pages, stride)(packed, at):
+            h = sha256(prior)
+            h.update(page)
+            prior = h.digest()
+            append(prior)
 
 
 #: `page_digests`' memo: the SHA-256 input of a chain's first page (the prior digest +
