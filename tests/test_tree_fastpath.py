@@ -12,6 +12,8 @@ from array import array
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unicache_fsm.hashing import (
     InvalidTokenError,
@@ -24,7 +26,7 @@ from unicache_fsm.pools import PagedAllocator
 from unicache_fsm.pools.errors import PoolError
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig, TreeError
 from unicache_fsm.tree.node import TreeNode
-from unicache_fsm.tree.walk import packed_common_len
+from unicache_fsm.tree.walk import TokenKey, pack_key, packed_common_len
 
 
 def serve(tree: RadixTree, key: tuple[int, ...]) -> None:
@@ -389,3 +391,25 @@ def test_large_duplicate_inserts_check_and_free_like_the_plain_tensor(
         alloc.free(fresh)
         tree.check()
     assert results[0] == results[1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    tokens=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=200),
+    as_token_key=st.booleans(),
+)
+def test_int64_packing_is_native_int64s(tokens: list[int], as_token_key: bool) -> None:
+    """A hashing-off tree packs keys as native int64 (`pack_key(key, "q")`), one
+    `struct` call: the bytes of an int64 array of the tokens, for a tuple or a
+    `TokenKey` alike."""
+    key = TokenKey(tokens) if as_token_key else tuple(tokens)
+    assert pack_key(key, "q") == array("q", tokens).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("key", "index"), [((1, 2**63), 1), ((-(2**63) - 1,), 0), ((3, 1.5), 1), ((None,), 0)]
+)
+def test_int64_packing_names_the_token_that_does_not_fit(key: tuple[int, ...], index: int) -> None:
+    with pytest.raises(InvalidTokenError) as info:
+        pack_key(key, "q")
+    assert info.value.index == index

@@ -24,8 +24,9 @@ Pure functions over nodes and tuples: no tree state, no residency.
 from __future__ import annotations
 
 import contextlib
-from array import array
-from collections.abc import Iterable
+import functools
+import struct
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -46,12 +47,19 @@ def child_key(
     return (namespace, page) if parent.parent is None else page
 
 
+@functools.lru_cache(maxsize=512)
+def _i64_packer(n: int) -> Callable[..., bytes]:
+    """`struct` packer of `n` native int64s (one C loop over a tuple; array('q') walks a
+    tuple subclass such as `TokenKey` item by item, several times slower)."""
+    return struct.Struct(f"={n}q").pack
+
+
 def pack_key(key: tuple[int, ...], fmt: str) -> bytes:
     if fmt == "I":
         return hashing.pack_tokens(key)  # u32 little-endian, typed error on a bad token
     try:
-        return array("q", key).tobytes()
-    except (OverflowError, TypeError) as exc:
+        return _i64_packer(len(key))(*key)
+    except (OverflowError, TypeError, struct.error) as exc:
         for index, token in enumerate(key):
             if not hasattr(token, "__index__") or not _I64[0] <= token.__index__() < _I64[1]:
                 msg = f"token {token!r} at index {index} is not a 64-bit integer"
