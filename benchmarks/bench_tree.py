@@ -41,6 +41,7 @@ from pathlib import Path
 import attrs
 import torch
 
+from unicache_fsm import hashing as page_chain
 from unicache_fsm.console import print_table
 from unicache_fsm.pools import PagedAllocator
 from unicache_fsm.tree import EvictParams, InsertParams, RadixTree, TreeConfig
@@ -245,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"bench_tree: torch {torch.__version__}, {threads} CPU threads; {num:,} requests = "
         f"one of {NUM_PROMPTS} shared {PROMPT_LEN}-token prompts + {UNIQUE_LEN} unique tokens; "
-        f"slot ownership check {'off' if args.no_slot_check else 'on'}"
+        f"slot ownership check {'off' if args.no_slot_check else 'on'}; page chain "
+        f"{page_chain.CHAIN_IMPLEMENTATION}"
     )
     check = not args.no_slot_check
     print()
@@ -362,14 +364,19 @@ def vs_sglang(args: argparse.Namespace) -> int:
     hashing = args.hashing == "on"
     if args.cpu_time:
         vs.CLOCK[0] = time.process_time
-    problem = vs.hashes_agree(sg, 16) if hashing else None
+    problem = (vs.hashes_agree(sg, 16) or vs.hashes_agree(sg, 1)) if hashing else None
     if problem is not None:
         print(f"bench_tree --vs-sglang: hashing is not equal on both sides: {problem}")
         return 1
     quick = args.quick
     rounds = args.rounds or (2 if quick else 3)
     req = args.requests or (300 if quick else 1_500)
-    how = "ON on every side (SGLang: tree_core.enable_storage)" if hashing else "OFF on every side"
+    how = (
+        "ON on every side (SGLang: tree_core.enable_storage; the project's chain: "
+        f"{page_chain.CHAIN_IMPLEMENTATION})"
+        if hashing
+        else "OFF on every side"
+    )
     print(
         f"bench_tree --vs-sglang: SGLang {vs.SGLANG_VERSION}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} CPU threads; {rust_note}; page hashing "

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from unicache_fsm.fsm.errors import UnicacheFsmError
 
 __all__ = [
+    "CHAIN_IMPLEMENTATION",
     "DIGEST_MEMO_BYTES",
     "DIGEST_MEMO_SIZE",
     "NAMESPACE_TAG",
@@ -118,13 +119,19 @@ _openssl_sha256 = hashlib.sha256
 _NativeChain = Callable[[bytes, int, bytes, int, int], list[bytes]]
 _native_chain: _NativeChain | None
 try:
+    from unicache_fsm._pagechain import HARDWARE_SHA as _HARDWARE_SHA
     from unicache_fsm._pagechain import chain_digests as _native_chain
 except ImportError:  # pragma: no cover - built without a C compiler
-    _native_chain = None
+    _native_chain, _HARDWARE_SHA = None, False
 
 NATIVE_CHAIN: bool = _native_chain is not None
 """Whether `page_digests` hashes a chain in native code (``unicache_fsm._pagechain``:
 one call per chain instead of one SHA-256 call per page; optional, see setup.py)."""
+
+CHAIN_IMPLEMENTATION: str = (
+    ("native, SHA-NI" if _HARDWARE_SHA else "native, portable C") if NATIVE_CHAIN else "Python"
+)
+"""What hashes page chains here, in words (benchmarks print it beside their figures)."""
 
 #: the longest SHA-256 input that fits one compressed block (64 bytes, less the padding)
 _ONE_BLOCK = 55
