@@ -163,3 +163,20 @@ def test_long_chains_hashed_at_once_on_threads() -> None:
     for t in threads:
         t.join()
     assert got == want
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("prior", [b"x", b"x" * 31, b"x" * 33, bytearray(16)])
+def test_a_prior_digest_of_the_wrong_length_is_refused_on_both_paths(
+    native: bool, prior: bytes
+) -> None:
+    with pytest.raises(hashing.InvalidPriorHashError) as info:
+        page_digests(pack_tokens([1, 2, 3, 4]), 2, prior, native=native)
+    assert info.value.prior == bytes(prior)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("page_size", [0, -1, 1.0, True])
+def test_a_bad_page_size_is_refused_on_both_paths(native: bool, page_size: object) -> None:
+    with pytest.raises(hashing.PageSizeError):
+        page_digests(pack_tokens([1, 2, 3, 4]), page_size, b"", native=native)  # type: ignore[arg-type]

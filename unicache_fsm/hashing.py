@@ -324,17 +324,27 @@ def page_digests(
     the raw digest of the page before). ``d.hex()`` is the page's key.
 
     Hashed in native code when `NATIVE_CHAIN`, else in Python; `native` False: the
-    reference, page by page in Python and not memoized."""
+    reference, page by page in Python and not memoized. `PageSizeError` for a page
+    size below 1, `InvalidPriorHashError` for a prior that is neither b"" nor 32 bytes.
+    """
+    if type(page_size) is not int or page_size < 1:
+        _check_page_size(page_size)
+    if type(prior) is not bytes:
+        prior = bytes(prior)  # a bytearray (or view) would make the memo's key unhashable
+    if len(prior) not in (0, 32):
+        msg = (
+            f"prior digest of {len(prior)} bytes: pass b'' at a chain head or the raw "
+            "32-byte digest of the page before (prior_digest(key) of a hex key)"
+        )
+        raise InvalidPriorHashError(msg, prior=prior)
     stride = 4 * page_size
     end = len(packed) // stride * stride
     if not end:
         return []
     if not native:
         out: list[bytes] = []
-        _python_chain(packed, stride, bytes(prior), 0, end, out)
+        _python_chain(packed, stride, prior, 0, end, out)
         return out
-    if type(prior) is not bytes:
-        prior = bytes(prior)  # a bytearray (or view) would make the memo's key unhashable
     # A chain is usually hashed twice (a LOOKUP of a request's tail, then the insert of
     # the same pages, or every rank of a group): the chains hashed lately are kept by
     # (prior, first page), so a chain that repeats or extends one of them is recalled,
