@@ -2,11 +2,13 @@
 
 - The machine specs live in ``specs/`` at the top of the checkout and ship inside the
   wheel as ``unicache_fsm/specs`` (`unicache_fsm.fsm.loader.specs_dir` finds either).
-- ``unicache_fsm._pagechain`` (C, `unicache_fsm/_pagechain.c`): the SHA-256 page chain
-  of `unicache_fsm.hashing` in one native call. It is optional: where no C compiler is
-  found the build goes on without it, and `unicache_fsm.hashing` computes the same
-  digests in Python (`hashing.NATIVE_CHAIN` says which one runs).
-  ``UNICACHE_FSM_NO_NATIVE=1`` in the environment builds without it.
+- Two optional C extensions, each the native form of one hot path that also runs in
+  Python: ``unicache_fsm._pagechain`` (`unicache_fsm/_pagechain.c`), the SHA-256 page
+  chain of `unicache_fsm.hashing` in one call (`hashing.NATIVE_CHAIN` says which one
+  runs); ``unicache_fsm._pagecheck`` (`unicache_fsm/_pagecheck.c`), the live-page check
+  of `unicache_fsm.pools.paged` (`paged.NATIVE_CHECK`). Where no C compiler is found
+  the build goes on without them and the same results come from Python;
+  ``UNICACHE_FSM_NO_NATIVE=1`` in the environment builds without them.
 """
 
 import os
@@ -22,11 +24,12 @@ setup(
     include_package_data=False,  # exactly the package data above (not the C source)
     ext_modules=[
         Extension(
-            "unicache_fsm._pagechain",
-            ["unicache_fsm/_pagechain.c"],
+            f"unicache_fsm.{name}",
+            [f"unicache_fsm/{name}.c"],
             extra_compile_args=["-O3"],
             optional=True,
         )
+        for name in ("_pagechain", "_pagecheck")
     ]
     if NATIVE
     else [],

@@ -41,8 +41,8 @@ PY="${PYTHON:-python3}"
 # build lies on local disk, so nothing pulls a CUDA build.
 "$PY" -m pip install -qq -c constraints.txt "torch==2.13.0"
 "$PY" -m pip install -qq -c constraints.txt -e ".[dev]"
-# the native page-hash chain is optional for users (no compiler: the same digests in
-# Python); here the tests require it (tests/test_pagechain.py)
+# the native extensions (page-hash chain, live-page check) are optional for users (no
+# compiler: the same answers from Python); here the tests require them
 export UNICACHE_FSM_REQUIRE_NATIVE=1
 
 # The SGLang oracle venv (scripts/sglang_env.sh: mostly downloads and one C++ build)

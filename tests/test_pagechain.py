@@ -38,11 +38,14 @@ def hashlib_chain(data: bytes, stride: int, prior: bytes) -> list[bytes]:
     return out
 
 
-def test_the_native_chain_is_built_where_required() -> None:
+def test_the_native_extensions_are_built_where_required() -> None:
     if os.environ.get("UNICACHE_FSM_REQUIRE_NATIVE") != "1":
         pytest.skip("UNICACHE_FSM_REQUIRE_NATIVE is not set (scripts/test.sh sets it)")
+    from unicache_fsm.pools import paged
+
     assert hashing.NATIVE_CHAIN
     assert _pagechain is not None
+    assert paged.NATIVE_CHECK
 
 
 def test_golden_vectors_on_both_paths() -> None:

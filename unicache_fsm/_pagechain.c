@@ -273,6 +273,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_pagechain",
     "The SHA-256 page chain of unicache_fsm.hashing, in native code.", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__pagechain(void) {

@@ -25,10 +25,17 @@ cost: same checks, same errors; at P = 1 past that, up to `NUMPY_SLOTS` slots,
 which names the culprits. On CPU, pops and pushes also go through NumPy views of
 the stack and of that bytearray (made once, and again for a deep copy over the copy's
 own memory), not torch ops.
+
+Where the optional C extension ``unicache_fsm._pagecheck`` was built (`NATIVE_CHECK`),
+a CPU slot tensor's live-page check (`live_page_ids`, and `live_pages` on the list path)
+runs first in one native call over the same flag bytes; it answers the page ids when
+every check holds, and anything it refuses goes to the paths above, which name the
+culprits. The same answers either way (tests/test_pagecheck.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
@@ -53,7 +60,18 @@ from unicache_fsm.pools.slots import (
     preview,
 )
 
-__all__ = ["NUMPY_SLOTS", "PagedAllocator"]
+__all__ = ["NATIVE_CHECK", "NUMPY_SLOTS", "PagedAllocator"]
+
+_NativeCheck = Callable[[Any, int, int, bytearray], "list[int] | None"]
+_native_live_page_ids: _NativeCheck | None
+try:
+    from unicache_fsm._pagecheck import live_page_ids as _native_live_page_ids
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native_live_page_ids = None
+
+NATIVE_CHECK: bool = _native_live_page_ids is not None
+"""Whether CPU live-page checks run first in native code (``unicache_fsm._pagecheck``);
+read at each call, so a test may turn it off to run the Python paths alone."""
 
 #: At P = 1 on CPU, `live_page_ids` checks up to this many slots (past `SMALL_SLOTS`)
 #: over a sorted NumPy copy, a few fixed-cost calls, instead of the torch reductions
@@ -329,7 +347,14 @@ class PagedAllocator:
         caller that keeps books by page id (the tree's owned-page set)."""
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self._free_flags is not None:
+        flags = self._free_flags
+        if flags is not None:
+            native = _native_live_page_ids if NATIVE_CHECK else None
+            if native is not None:
+                layout = self._layout
+                ids = native(numpy_view(t), layout.page_size, layout.num_pages, flags)
+                if ids is not None:
+                    return ids
             n = t.numel()
             if codec.checks_in_python(n):
                 return self._live_page_list(t, what=what, freeing=False)
@@ -383,6 +408,12 @@ class PagedAllocator:
         and the bytearray `_is_free` views (same checks, same errors)."""
         flags = self._free_flags
         assert flags is not None, "the Python path needs the CPU bytearray flags"
+        native = _native_live_page_ids if NATIVE_CHECK else None
+        if native is not None:
+            layout = self._layout
+            ids = native(numpy_view(t), layout.page_size, layout.num_pages, flags)
+            if ids is not None:
+                return ids
         page_ids = self._codec.page_list(t, what)
         if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)

@@ -1,0 +1,162 @@
+"""The native live-page check (`unicache_fsm._pagecheck`) against its definition and
+against the allocator's Python paths.
+
+`PagedAllocator.live_page_ids` / `live_pages` run the native check first where it was
+built (`paged.NATIVE_CHECK`) and fall back to the Python paths for anything it refuses.
+Here the native function is held to a plain definition (whole pages, inside the pool,
+allocated, named once) on drawn slot lists, with the flag bytes it marks while it runs
+left as they were; and the allocator answers, or raises, the same with the native check
+on and off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unicache_fsm.pools import PagedAllocator, paged
+from unicache_fsm.pools.errors import (
+    DuplicatePagesError,
+    ForeignSlotsError,
+    PoolError,
+    SlotsNotAllocatedError,
+    UnalignedSlotsError,
+)
+
+try:
+    from unicache_fsm import _pagecheck
+except ImportError:  # pragma: no cover - built without a C compiler
+    _pagecheck = None  # type: ignore[assignment]
+
+needs_native = pytest.mark.skipif(_pagecheck is None, reason="the native check was not built")
+
+
+def definition(slots: list[int], p: int, num_pages: int, free: set[int]) -> list[int] | None:
+    if len(slots) % p:
+        return None
+    ids = []
+    for i in range(0, len(slots), p):
+        page = slots[i : i + p]
+        k, r = divmod(page[0], p)
+        if r or page != list(range(page[0], page[0] + p)) or not 1 <= k <= num_pages:
+            return None
+        ids.append(k)
+    if free.intersection(ids) or len(set(ids)) != len(ids):
+        return None
+    return ids
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[PagedAllocator, list[int]]:
+    p = draw(st.sampled_from([1, 2, 4, 16]), label="page size")
+    num_pages = draw(st.integers(1, 24), label="pages")
+    alloc = PagedAllocator(num_pages * p, p)
+    taken = alloc.alloc(draw(st.integers(0, num_pages), label="allocated pages") * p)
+    assert taken is not None
+    if taken.numel():
+        ids = [s // p for s in taken[::p].tolist()]
+        back = draw(st.lists(st.sampled_from(ids), unique=True), label="freed")
+        if back:
+            alloc.free(torch.tensor([k * p + o for k in back for o in range(p)]))
+    pages = draw(st.lists(st.integers(-2, num_pages + 2), max_size=8), label="pages named")
+    slots = [k * p + o for k in pages for o in range(p)]
+    if slots and draw(st.booleans(), label="break one slot"):
+        at = draw(st.integers(0, len(slots) - 1))
+        slots[at] += draw(st.sampled_from([-1, 1, p, -(2**40), 2**40]))
+    if slots and draw(st.booleans(), label="drop the last slot"):
+        slots.pop()
+    return alloc, slots
+
+
+def free_set(alloc: PagedAllocator) -> set[int]:
+    return set(alloc.free_page_ids().tolist())
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(case=cases())
+def test_native_check_is_the_definition_and_leaves_the_flags(
+    case: tuple[PagedAllocator, list[int]],
+) -> None:
+    assert _pagecheck is not None
+    alloc, slots = case
+    flags = alloc._free_flags  # the allocator's own flag bytes (what the native call marks)
+    assert flags is not None
+    before = bytes(flags)
+    t = torch.tensor(slots, dtype=torch.int64)
+    got = _pagecheck.live_page_ids(t.numpy(), alloc.page_size, alloc.size // alloc.page_size, flags)
+    assert got == definition(slots, alloc.page_size, alloc.size // alloc.page_size, free_set(alloc))
+    assert bytes(flags) == before
+
+
+def outcome(alloc: PagedAllocator, t: torch.Tensor) -> Any:
+    try:
+        return alloc.live_page_ids(t, "slots")
+    except PoolError as exc:
+        return type(exc), str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=cases())
+def test_the_allocator_answers_alike_with_the_native_check_on_and_off(
+    case: tuple[PagedAllocator, list[int]],
+) -> None:
+    alloc, slots = case
+    t = torch.tensor(slots, dtype=torch.int64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paged, "NATIVE_CHECK", False)
+        python = outcome(alloc, t)
+    assert outcome(alloc, t) == python
+    if not isinstance(python, list):
+        assert python[0] in {  # the Python paths name the culprit
+            SlotsNotAllocatedError,
+            DuplicatePagesError,
+            UnalignedSlotsError,
+            ForeignSlotsError,
+        }
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_strided_negative_bit_and_empty_slot_tensors(p: int) -> None:
+    """A strided view (NumPy hands the native call no contiguous buffer), a tensor with
+    a negative bit (read through a resolved copy) and an empty tensor answer as the
+    Python paths do."""
+    alloc = PagedAllocator(64 * p, p)
+    slots = alloc.alloc(8 * p)
+    assert slots is not None
+    spread = torch.stack([slots, torch.zeros_like(slots)], dim=1).reshape(-1)[::2]
+    negated = torch._neg_view(-slots)
+    for t in (spread, negated, slots[:0]):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(paged, "NATIVE_CHECK", False)
+            python = outcome(alloc, t)
+        assert outcome(alloc, t) == python
+    assert outcome(alloc, spread) == list(range(1, 9))
+    assert outcome(alloc, negated) == list(range(1, 9))
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ((torch.zeros(4, dtype=torch.int64).numpy(), 0, 4, bytearray(5)), ValueError),
+        ((torch.zeros(4, dtype=torch.int64).numpy(), 1, 8, bytearray(5)), ValueError),
+        ((torch.zeros(4, dtype=torch.int64).numpy(), 1, 4, b"\x00" * 5), BufferError),
+        (("1234", 1, 4, bytearray(5)), TypeError),
+    ],
+)
+def test_native_refuses_bad_arguments(args: tuple[Any, ...], error: type[Exception]) -> None:
+    assert _pagecheck is not None
+    with pytest.raises(error):
+        _pagecheck.live_page_ids(*args)
+
+
+@needs_native
+def test_native_answers_none_for_slots_that_are_not_int64() -> None:
+    assert _pagecheck is not None
+    for t in (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1.0, 2.0])):
+        assert _pagecheck.live_page_ids(t.numpy(), 1, 4, bytearray(5)) is None

@@ -1,0 +1,140 @@
+/*
+ * unicache_fsm._pagecheck: the live-page check of unicache_fsm.pools.paged, in one call.
+ *
+ * live_page_ids(slots, page_size, num_pages, free_flags) -> list[int] | None
+ *
+ *   `slots` is a C-contiguous buffer of int64 slot ids (a NumPy view of a CPU slot
+ *   tensor); `free_flags` the allocator's writable flag bytes (flags[k] is 1 while
+ *   page k is free, 0 while it is handed out; num_pages + 1 of them). Returns the page
+ *   id of each page of `slots`, in order, when every check holds:
+ *
+ *     - the slots are whole pages: a multiple of `page_size` long, each group of
+ *       `page_size` is k*P, k*P+1, ..., k*P+P-1;
+ *     - every page id k is inside 1 .. num_pages;
+ *     - no page is free (flags[k] == 0);
+ *     - no page is named twice.
+ *
+ *   Otherwise None, and nothing changed: the caller's Python path then finds the
+ *   culprits and raises its typed error. A buffer that is not C-contiguous int64 also
+ *   gives None; an object that is no buffer raises TypeError, read-only flags
+ *   BufferError. Duplicates are found by marking each page's flag byte (2) and clearing
+ *   the marks before returning; the GIL is held throughout, so no other code sees them.
+ *
+ * The same checks, in the same order of precedence for the answer (any failure: None),
+ * as PagedAllocator's list path; tests/test_pagecheck.py holds the two side by side.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SEEN 2
+
+static PyObject *live_page_ids(PyObject *self, PyObject *args) {
+    PyObject *slots_obj, *flags_obj;
+    Py_ssize_t page_size, num_pages;
+    Py_buffer slots, flags;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OnnO:live_page_ids", &slots_obj, &page_size, &num_pages,
+                          &flags_obj))
+        return NULL;
+    if (page_size < 1 || num_pages < 0) {
+        PyErr_Format(PyExc_ValueError, "page_size must be >= 1 and num_pages >= 0, got %zd, %zd",
+                     page_size, num_pages);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) return NULL;
+    if (flags.len < num_pages + 1) {
+        PyBuffer_Release(&flags);
+        PyErr_Format(PyExc_ValueError, "free_flags holds %zd bytes, fewer than num_pages + 1",
+                     flags.len);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(slots_obj, &slots, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&flags);
+        if (!PyObject_CheckBuffer(slots_obj)) return NULL; /* not a buffer: TypeError */
+        PyErr_Clear(); /* a buffer, not a contiguous one: the caller's own path decides */
+        Py_RETURN_NONE;
+    }
+    const char *fmt = slots.format ? slots.format : "B";
+    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@') fmt++;
+    int int64 = slots.itemsize == 8 && (fmt[0] == 'q' || fmt[0] == 'l') && fmt[1] == '\0';
+    Py_ssize_t n = int64 ? slots.len / 8 : -1;
+    if (n < 0 || n % page_size) {
+        PyBuffer_Release(&slots);
+        PyBuffer_Release(&flags);
+        Py_RETURN_NONE;
+    }
+    const int64_t *s = (const int64_t *)slots.buf;
+    uint8_t *f = (uint8_t *)flags.buf;
+    Py_ssize_t pages = n / page_size, marked = 0;
+    int64_t stack_ids[256];
+    int64_t *ids = pages <= 256 ? stack_ids : PyMem_Malloc(sizeof(int64_t) * (size_t)pages);
+    PyObject *result = NULL;
+    if (!ids) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < pages && ok; i++) {
+        const int64_t *page = s + i * page_size;
+        int64_t first = page[0];
+        if (first < page_size || first % page_size) {
+            ok = 0;
+            break;
+        }
+        int64_t k = first / page_size;
+        if (k > num_pages) {
+            ok = 0;
+            break;
+        }
+        for (Py_ssize_t j = 1; j < page_size; j++) {
+            if (page[j] != first + j) {
+                ok = 0;
+                break;
+            }
+        }
+        if (!ok || f[k] != 0) { /* free (1) or named before in this call (SEEN) */
+            ok = 0;
+            break;
+        }
+        f[k] = SEEN;
+        ids[marked++] = k;
+    }
+    for (Py_ssize_t i = 0; i < marked; i++) f[ids[i]] = 0; /* every mark cleared */
+    if (!ok) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    result = PyList_New(pages);
+    if (!result) goto done;
+    for (Py_ssize_t i = 0; i < pages; i++) {
+        PyObject *k = PyLong_FromLongLong(ids[i]);
+        if (!k) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, k);
+    }
+done:
+    if (ids && ids != stack_ids) PyMem_Free(ids);
+    PyBuffer_Release(&slots);
+    PyBuffer_Release(&flags);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"live_page_ids", live_page_ids, METH_VARARGS,
+     "live_page_ids(slots, page_size, num_pages, free_flags) -> list[int] | None\n\n"
+     "The page ids of whole, allocated, distinct pages of int64 slots; None otherwise."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_pagecheck",
+    "The live-page check of unicache_fsm.pools.paged, in native code.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__pagecheck(void) { return PyModule_Create(&module); }
