@@ -22,6 +22,12 @@
  *
  * The same checks, in the same order of precedence for the answer (any failure: None),
  * as PagedAllocator's list path; tests/test_pagecheck.py holds the two side by side.
+ *
+ * any_flagged(flags, ids) -> bool; set_flags(flags, ids, value) -> None
+ *
+ *   Per-page flag bytes read and written by a list of page ids in one call
+ *   (`unicache_fsm.pools.pageflags.PageFlags`); an id outside the bytes raises
+ *   IndexError, and set_flags then changes nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -124,10 +130,71 @@ done:
     return result;
 }
 
+/* k of ids[i] as a page index into `len` flag bytes, or -1 with IndexError/TypeError set */
+static Py_ssize_t flag_index(PyObject *id, Py_ssize_t len) {
+    Py_ssize_t k = PyNumber_AsSsize_t(id, PyExc_IndexError);
+    if (k == -1 && PyErr_Occurred()) return -1;
+    if (k < 0 || k >= len) {
+        PyErr_Format(PyExc_IndexError, "page id %zd outside the %zd flag bytes", k, len);
+        return -1;
+    }
+    return k;
+}
+
+static PyObject *any_flagged(PyObject *self, PyObject *args) {
+    PyObject *flags_obj, *ids;
+    Py_buffer flags;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!:any_flagged", &flags_obj, &PyList_Type, &ids)) return NULL;
+    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *f = (const uint8_t *)flags.buf;
+    int found = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids); i++) {
+        Py_ssize_t k = flag_index(PyList_GET_ITEM(ids, i), flags.len);
+        if (k < 0) {
+            PyBuffer_Release(&flags);
+            return NULL;
+        }
+        if (f[k]) {
+            found = 1;
+            break;
+        }
+    }
+    PyBuffer_Release(&flags);
+    return PyBool_FromLong(found);
+}
+
+static PyObject *set_flags(PyObject *self, PyObject *args) {
+    PyObject *flags_obj, *ids;
+    int value;
+    Py_buffer flags;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!p:set_flags", &flags_obj, &PyList_Type, &ids, &value))
+        return NULL;
+    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) return NULL;
+    uint8_t *f = (uint8_t *)flags.buf;
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    for (Py_ssize_t i = 0; i < n; i++) { /* every id checked before any flag changes */
+        if (flag_index(PyList_GET_ITEM(ids, i), flags.len) < 0) {
+            PyBuffer_Release(&flags);
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        f[PyNumber_AsSsize_t(PyList_GET_ITEM(ids, i), NULL)] = (uint8_t)value;
+    PyBuffer_Release(&flags);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"live_page_ids", live_page_ids, METH_VARARGS,
      "live_page_ids(slots, page_size, num_pages, free_flags) -> list[int] | None\n\n"
      "The page ids of whole, allocated, distinct pages of int64 slots; None otherwise."},
+    {"any_flagged", any_flagged, METH_VARARGS,
+     "any_flagged(flags, ids: list[int]) -> bool\n\nIs flags[k] non-zero for some k of ids?"},
+    {"set_flags", set_flags, METH_VARARGS,
+     "set_flags(flags, ids: list[int], value: bool) -> None\n\n"
+     "flags[k] = value for every k of ids (every id checked first: IndexError, nothing set)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,8 +6,8 @@ Tree hooks:
 - `check_insert` — with `TreeConfig.check_slots`, refuse caller slots (at or past
   `prev_prefix_len`) whose pages the tree already owns (`OwnedSlotsError`): adopted
   under another key, two nodes would share them; freed as duplicates, the tree would
-  lose them. The component keeps the set of pages it owns for it (`take_slots` /
-  `drop_slots`).
+  lose them. The component keeps a flag per page it owns for it (`PageFlags`;
+  `take_slots` / `drop_slots`).
 - `adopt` — the node takes the caller's FULL slots for its span (a copy, never a view
   of the caller's tensor); the range is recorded as adopted.
 - `overlap` — the node keeps its slots; unless another component settled the node,
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from unicache_fsm.pools.paged import PagedAllocator
+from unicache_fsm.pools.pageflags import PageFlags
 from unicache_fsm.pools.room import alloc_making_room
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import (
@@ -71,9 +72,14 @@ class FullComponent(TreeComponent):
 
     def __init__(self, tree: RadixTree) -> None:
         super().__init__(tree)
-        # the FULL pages the tree holds (on some node); None without checks. A Python
-        # set: an insert touches a few pages, and a set lookup beats a tensor gather
-        self.owned: set[int] | None = set() if tree.config.check_slots else None
+        # the FULL pages the tree holds (on some node); None without checks. One flag
+        # byte per page id (`PageFlags`): an insert reads and marks a few pages by one
+        # call each, and a growing tree never rehashes its books as a set would
+        self.owned: PageFlags | None = None
+        if tree.config.check_slots:
+            alloc = tree.allocator
+            size = alloc.full_size if isinstance(alloc, SWAAllocator) else alloc.size
+            self.owned = PageFlags(size // alloc.page_size)
         # the page ids of the last checked insert's caller slots (params, from, ids),
         # reused when that insert adopts them: one conversion per insert, not two
         self._checked: tuple[InsertParams, int, list[int]] | None = None
@@ -95,9 +101,9 @@ class FullComponent(TreeComponent):
         prev = params.prev_prefix_len
         pages = self._page_ids(tail) if tail_pages is None else tail_pages
         self._checked = (params, prev, pages)
-        if owned.isdisjoint(pages):
+        if not owned.any_of(pages):
             return
-        bad = sorted(owned.intersection(pages))
+        bad = owned.marked_of(pages)
         holders = [
             n.id
             for n in self.tree.nodes()
@@ -115,7 +121,7 @@ class FullComponent(TreeComponent):
     ) -> None:
         node.data[FULL] = slots
         if self.owned is not None:
-            self.owned.update(self._page_ids(slots) if page_ids is None else page_ids)
+            self.owned.mark(self._page_ids(slots) if page_ids is None else page_ids)
 
     def drop_slots(self, node: TreeNode) -> torch.Tensor:
         return self._drop(node)[0]
@@ -126,7 +132,7 @@ class FullComponent(TreeComponent):
         if self.owned is None:
             return slots, None
         ids = self._page_ids(slots)
-        self.owned.difference_update(ids)
+        self.owned.clear(ids)
         return slots, ids
 
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
@@ -142,9 +148,9 @@ class FullComponent(TreeComponent):
         if owned is not None:
             if checked is not None and checked[0] is ctx.params and start >= checked[1]:
                 p, first = self.page_size, checked[1]
-                owned.update(checked[2][(start - first) // p : (end - first) // p])
+                owned.mark(checked[2][(start - first) // p : (end - first) // p])
             else:
-                owned.update(self._page_ids(slots))
+                owned.mark(self._page_ids(slots))
         ctx.result.record_adopted_range(FULL, start, end)
         return node
 
@@ -191,8 +197,9 @@ class FullComponent(TreeComponent):
         )
         if self.owned is not None:
             held = set(page_ids(owned, self.page_size))
-            if self.owned != held:
-                wrong = sorted(self.owned ^ held)[:10]
+            books = set(self.owned.marked())
+            if books != held:
+                wrong = sorted(books ^ held)[:10]
                 findings.append(f"FULL: the ownership map disagrees with the nodes on {wrong}")
 
     # -- linker hooks --------------------------------------------------------------------

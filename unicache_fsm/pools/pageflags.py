@@ -1,0 +1,90 @@
+"""Per-page flag bytes: one byte per page id, read and written by lists of ids.
+
+- `PageFlags(num_pages)` — flags for page ids 0 .. num_pages, all clear. Fixed size:
+  marking never reallocates (a set of page ids rehashes as it grows, every element at
+  once, which a tree that keeps growing pays again and again).
+- `any_of(ids)` -> whether some id of the list is marked; `marked_of(ids)` -> the
+  marked ones (sorted, once each).
+- `mark(ids)` / `clear(ids)` — set / clear the flag of every id in the list.
+- `marked()` -> every marked id, ascending.
+
+Ids must lie in 0 .. num_pages: an id outside raises `IndexError` and changes nothing.
+Where the optional C extension ``unicache_fsm._pagecheck`` was built, each call over a
+list is one native call; otherwise the same in Python (`operator.itemgetter` to read,
+a loop to write). `tests/test_pageflags.py` holds both to a set of ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import itemgetter
+
+import numpy as np
+
+__all__ = ["PageFlags"]
+
+_native_any: Callable[[bytearray, list[int]], bool] | None
+_native_set: Callable[[bytearray, list[int], bool], None] | None
+try:
+    from unicache_fsm._pagecheck import any_flagged as _native_any
+    from unicache_fsm._pagecheck import set_flags as _native_set
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native_any = _native_set = None
+
+
+class PageFlags:
+    """See the module docstring. `native` False runs the Python forms (tests)."""
+
+    __slots__ = ("_any", "_flags", "_set")
+
+    def __init__(self, num_pages: int, *, native: bool = True) -> None:
+        if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0:
+            msg = f"num_pages must be an int >= 0, got {num_pages!r}"
+            raise ValueError(msg)
+        self._flags = bytearray(num_pages + 1)
+        use = native and _native_any is not None and _native_set is not None
+        self._any = _native_any if use else None
+        self._set = _native_set if use else None
+
+    @property
+    def num_pages(self) -> int:
+        return len(self._flags) - 1
+
+    def _check(self, ids: list[int]) -> None:
+        top = len(self._flags)
+        if ids and (min(ids) < 0 or max(ids) >= top):
+            bad = next(k for k in ids if not 0 <= k < top)
+            msg = f"page id {bad} outside the {top} flag bytes"
+            raise IndexError(msg)
+
+    def any_of(self, ids: list[int]) -> bool:
+        if self._any is not None:
+            return self._any(self._flags, ids)
+        self._check(ids)
+        if len(ids) > 1:
+            return any(itemgetter(*ids)(self._flags))
+        return bool(ids) and bool(self._flags[ids[0]])
+
+    def marked_of(self, ids: list[int]) -> list[int]:
+        self._check(ids)
+        flags = self._flags
+        return sorted({k for k in ids if flags[k]})
+
+    def mark(self, ids: list[int]) -> None:
+        self._write(ids, True)
+
+    def clear(self, ids: list[int]) -> None:
+        self._write(ids, False)
+
+    def _write(self, ids: list[int], value: bool) -> None:
+        if self._set is not None:
+            self._set(self._flags, ids, value)
+            return
+        self._check(ids)
+        flags, byte = self._flags, int(value)
+        for k in ids:
+            flags[k] = byte
+
+    def marked(self) -> list[int]:
+        ids: list[int] = np.flatnonzero(np.frombuffer(self._flags, dtype=np.uint8)).tolist()
+        return ids
