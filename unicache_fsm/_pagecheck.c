@@ -130,9 +130,13 @@ done:
     return result;
 }
 
-/* k of ids[i] as a page index into `len` flag bytes, or -1 with IndexError/TypeError set */
-static Py_ssize_t flag_index(PyObject *id, Py_ssize_t len) {
+/* ids[i] as a page index into `len` flag bytes, or -1 with an error set (a strong
+ * reference is held across the conversion: an __index__ may change the list) */
+static Py_ssize_t flag_index(PyObject *ids, Py_ssize_t i, Py_ssize_t len) {
+    PyObject *id = PyList_GET_ITEM(ids, i);
+    Py_INCREF(id);
     Py_ssize_t k = PyNumber_AsSsize_t(id, PyExc_IndexError);
+    Py_DECREF(id);
     if (k == -1 && PyErr_Occurred()) return -1;
     if (k < 0 || k >= len) {
         PyErr_Format(PyExc_IndexError, "page id %zd outside the %zd flag bytes", k, len);
@@ -150,7 +154,7 @@ static PyObject *any_flagged(PyObject *self, PyObject *args) {
     const uint8_t *f = (const uint8_t *)flags.buf;
     int found = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids); i++) {
-        Py_ssize_t k = flag_index(PyList_GET_ITEM(ids, i), flags.len);
+        Py_ssize_t k = flag_index(ids, i, flags.len);
         if (k < 0) {
             PyBuffer_Release(&flags);
             return NULL;
@@ -172,18 +176,30 @@ static PyObject *set_flags(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!p:set_flags", &flags_obj, &PyList_Type, &ids, &value))
         return NULL;
     if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) return NULL;
-    uint8_t *f = (uint8_t *)flags.buf;
-    Py_ssize_t n = PyList_GET_SIZE(ids);
-    for (Py_ssize_t i = 0; i < n; i++) { /* every id checked before any flag changes */
-        if (flag_index(PyList_GET_ITEM(ids, i), flags.len) < 0) {
-            PyBuffer_Release(&flags);
-            return NULL;
+    Py_ssize_t stack_at[256], *at = stack_at, n = 0;
+    PyObject *result = NULL;
+    if (PyList_GET_SIZE(ids) > 256) {
+        at = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)PyList_GET_SIZE(ids));
+        if (!at) {
+            PyErr_NoMemory();
+            goto done;
         }
     }
-    for (Py_ssize_t i = 0; i < n; i++)
-        f[PyNumber_AsSsize_t(PyList_GET_ITEM(ids, i), NULL)] = (uint8_t)value;
+    /* every id converted and checked before any flag changes */
+    Py_ssize_t room = PyList_GET_SIZE(ids);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids) && n < room; i++) {
+        Py_ssize_t k = flag_index(ids, i, flags.len);
+        if (k < 0) goto done;
+        at[n++] = k;
+    }
+    uint8_t *f = (uint8_t *)flags.buf;
+    for (Py_ssize_t i = 0; i < n; i++) f[at[i]] = (uint8_t)value;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (at != stack_at) PyMem_Free(at);
     PyBuffer_Release(&flags);
-    Py_RETURN_NONE;
+    return result;
 }
 
 static PyMethodDef methods[] = {
