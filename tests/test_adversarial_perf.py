@@ -142,8 +142,10 @@ def test_page_digests_takes_a_bytearray_or_memoryview_prior() -> None:
     prior = hashlib.sha256(b"seed").digest()
     want = hashing.page_digests(packed, 4, prior)
     assert want[0] == hashlib.sha256(prior + packed[:16]).digest()
-    assert hashing.page_digests(packed, 4, bytearray(prior)) == want
-    assert hashing.page_digests(packed, 4, memoryview(prior)) == want  # type: ignore[arg-type]
+    for native in (True, False):
+        assert hashing.page_digests(packed, 4, bytearray(prior), native=native) == want
+        view = memoryview(prior)
+        assert hashing.page_digests(packed, 4, view, native=native) == want  # type: ignore[arg-type]
 
 
 # -- page_digests' memo: bounded in bytes, whatever the page size ---------------------------
@@ -156,7 +158,7 @@ def test_page_digests_memo_stays_a_few_mib_at_large_page_sizes() -> None:
     try:
         for i in range(hashing.DIGEST_MEMO_SIZE // 4):
             prior = hashlib.sha256(i.to_bytes(4, "little")).digest()  # a chain per call
-            assert len(hashing.page_digests(packed, p, prior)) == 4
+            assert len(hashing.page_digests(packed, p, prior, native=False)) == 4
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -389,8 +389,10 @@ def test_page_digests_memo_gives_the_chained_sha256(monkeypatch: pytest.MonkeyPa
             for start in range(0, len(packed) // (4 * p) * 4 * p, 4 * p):
                 prev = hashlib.sha256(prev + packed[start : start + 4 * p]).digest()
                 want.append(prev)
-            assert hashing.page_digests(packed, p, prior) == want  # computed or recalled
-            assert hashing.page_digests(packed, p, prior) == want  # recalled
+            # the memo is the Python path's (native=False); the native chain has none
+            for native in (False, True):
+                assert hashing.page_digests(packed, p, prior, native=native) == want
+            assert hashing.page_digests(packed, p, prior, native=False) == want  # recalled
 
 
 # -- same_kv: NumPy's comparison against torch.equal of the bytes ---------------------------

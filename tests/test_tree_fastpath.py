@@ -238,9 +238,11 @@ def test_page_digests_recalls_prefixes_and_extensions_as_sha256_computes_them(
             for chain_prior in (prior, b""):
                 packed = pack_tokens(tokens)
                 want = reference(packed, p, chain_prior)
-                got = page_digests(packed, p, chain_prior)
+                # the memo is the Python path's (native=False); the native chain has none
+                got = page_digests(packed, p, chain_prior, native=False)
                 assert got == want
                 got.append(b"caller's")  # the caller's list: the memo is not changed
+                assert page_digests(packed, p, chain_prior, native=False) == want
                 assert page_digests(packed, p, chain_prior) == want
 
 

@@ -22,11 +22,11 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
   in one call: the tree packs a key once and keeps raw digests, hex only on demand.
   The chain runs in native code (`unicache_fsm._pagechain`, built with the package
   where a C compiler is found; SHA-NI where the CPU has it) when `NATIVE_CHAIN` is
-  true, else page by page in Python: the same digests either way. Chains hashed
-  lately are remembered (up to `DIGEST_MEMO_SIZE` pages and about `DIGEST_MEMO_BYTES`
-  of pages in all): a LOOKUP of a tail and the insert of the same pages (or of a
-  prefix or an extension of them) then hash each page once. ``native=False`` is the
-  reference: page by page in Python, no memo.
+  true, else page by page in Python (``native=False`` forces it): the same digests
+  either way. The Python path remembers the chains it hashed lately (up to
+  `DIGEST_MEMO_SIZE` pages and about `DIGEST_MEMO_BYTES` of pages in all): a LOOKUP
+  of a tail and the insert of the same pages (or of a prefix or an extension of
+  them) then hash each page once.
   `prior_digest(prior)` -> the raw digest of a hex key or seed (b"" for None).
 
 Bad input raises a typed error, all under `HashError`: `InvalidTokenError` (a token
@@ -323,8 +323,8 @@ def page_digests(
     page i hashes on page i-1's digest, page 0 on `prior` (b"" at a chain head, else
     the raw digest of the page before). ``d.hex()`` is the page's key.
 
-    Hashed in native code when `NATIVE_CHAIN`, else in Python; `native` False: the
-    reference, page by page in Python and not memoized. `PageSizeError` for a page
+    Hashed in one native call when `NATIVE_CHAIN` (and `native`); otherwise page by
+    page in Python, with the memo of chains hashed lately. `PageSizeError` for a page
     size below 1, `InvalidPriorHashError` for a prior that is neither b"" nor 32 bytes.
     """
     if type(page_size) is not int or page_size < 1:
@@ -341,20 +341,20 @@ def page_digests(
     end = len(packed) // stride * stride
     if not end:
         return []
-    if not native:
-        out: list[bytes] = []
-        _python_chain(packed, stride, prior, 0, end, out)
-        return out
-    # A chain is usually hashed twice (a LOOKUP of a request's tail, then the insert of
-    # the same pages, or every rank of a group): the chains hashed lately are kept by
-    # (prior, first page), so a chain that repeats or extends one of them is recalled,
-    # not rehashed: one dict lookup per call, not one per page. A pure function of its
-    # input, so the memo cannot go stale.
+    if native and _native_chain is not None:
+        # natively a page costs about 0.1 us: the memo's bookkeeping would cost more
+        # than the pages it saves, so every call hashes
+        return _native_chain(packed, stride, prior, 0, end)
+    # In Python a page costs about 0.3 us, and a chain is usually hashed twice (a
+    # LOOKUP of a request's tail, then the insert of the same pages, or every rank of
+    # a group): the chains hashed lately are kept by (prior, first page), so a chain
+    # that repeats or extends one of them is recalled, not rehashed: one dict lookup
+    # per call, not one per page. A pure function of its input: never stale.
     memo = _CHAINS
     head = prior + packed[:stride]
     seen = memo.get(head)
     done = 0
-    out = []
+    out: list[bytes] = []
     if seen is not None:
         known, digests = seen
         if len(known) >= end:
@@ -364,11 +364,7 @@ def page_digests(
             done = len(known)
             out = list(digests)
             prior = digests[-1]
-    if _native_chain is not None:
-        fresh = _native_chain(packed, stride, prior, done, end)
-        out = out + fresh if out else fresh
-    else:
-        _python_chain(packed, stride, prior, done, end, out)
+    _python_chain(packed, stride, prior, done, end, out)
     global _memo_pages, _memo_bytes
     size = len(head) + end + 32 * len(out)  # the key, the pages kept and their digests
     if _memo_pages + len(out) > DIGEST_MEMO_SIZE or _memo_bytes + size > DIGEST_MEMO_BYTES:
@@ -401,10 +397,10 @@ def _python_chain(
             append(prior)
 
 
-#: `page_digests`' memo: the SHA-256 input of a chain's first page (the prior digest +
-#: the page) -> (the chain's packed pages, their digests); cleared when the chains kept
-#: hold more than `DIGEST_MEMO_SIZE` pages or `DIGEST_MEMO_BYTES` of pages and digests
-#: (a few MiB at most, whatever the page size).
+#: the memo of `page_digests`' Python path: the SHA-256 input of a chain's first page
+#: (the prior digest + the page) -> (the chain's packed pages, their digests); cleared
+#: when the chains kept hold more than `DIGEST_MEMO_SIZE` pages or `DIGEST_MEMO_BYTES`
+#: of pages and digests (a few MiB at most, whatever the page size).
 _CHAINS: dict[bytes, tuple[bytes, tuple[bytes, ...]]] = {}
 _memo_pages = 0
 _memo_bytes = 0
