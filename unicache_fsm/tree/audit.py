@@ -54,14 +54,18 @@ def page_ids(slots: Sequence[torch.Tensor], page_size: int) -> list[int]:
 
 
 def check_conservation(
-    what: str, owned: Sequence[int], allocated: torch.Tensor, findings: list[str]
+    what: str,
+    owned: Sequence[int],
+    allocated: torch.Tensor | Sequence[int],
+    findings: list[str],
 ) -> None:
-    """Pages owned (tree + outside) against the allocator's allocated pages."""
+    """Pages owned (tree + outside) against the allocator's allocated pages (a tensor,
+    or Python ints: `allocated_page_list`)."""
     own = set(owned)
     if len(own) != len(owned):
         twice = sorted(k for k, c in Counter(owned).items() if c > 1)
         findings.append(f"{what}: pages owned twice: {twice[:10]}")
-    alloc = set(allocated.cpu().tolist())
+    alloc = set(allocated.cpu().tolist() if isinstance(allocated, torch.Tensor) else allocated)
     if own - alloc:
         findings.append(f"{what}: owned pages the allocator calls free: {sorted(own - alloc)[:10]}")
     if alloc - own:
@@ -170,12 +174,16 @@ def _check_node(
 
 
 def audit(
-    tree: RadixTree, outside: Mapping[ComponentType, Sequence[torch.Tensor]] | None = None
+    tree: RadixTree,
+    outside: Mapping[ComponentType, Sequence[torch.Tensor]] | None = None,
+    nodes: Sequence[TreeNode] | None = None,
 ) -> None:
-    """Audit `tree`; `outside` holds, per component, slots legitimately held outside it."""
+    """Audit `tree`; `outside` holds, per component, slots legitimately held outside it;
+    `nodes` is ``list(tree.nodes())`` when the caller listed them for this audit."""
     outside = outside or {}
     findings: list[str] = []
-    nodes = list(tree.nodes())
+    if nodes is None:
+        nodes = list(tree.nodes())
     if tree.node_count != len(nodes):
         findings.append(f"node count {tree.node_count} != {len(nodes)} nodes in the tree")
     filed = {(stamp, nid) for stamp, nid, _ in tree.evict_heap}
@@ -189,6 +197,6 @@ def audit(
         c.audit_pool(nodes, outside.get(c.component_type, ()), findings)
     if tree.host_allocator is not None:
         host_pages = page_ids(host, tree.page_size)
-        check_conservation("host", host_pages, tree.host_allocator.allocated_page_ids(), findings)
+        check_conservation("host", host_pages, tree.host_allocator.allocated_page_list(), findings)
     if findings:
         raise TreeConsistencyError(findings)

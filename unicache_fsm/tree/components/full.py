@@ -186,7 +186,7 @@ class FullComponent(TreeComponent):
         check_conservation(
             "FULL",
             page_ids([*owned, *outside], self.page_size),
-            self.tree.allocator.allocated_page_ids(),
+            self.tree.allocator.allocated_page_list(),
             findings,
         )
         if self.owned is not None:

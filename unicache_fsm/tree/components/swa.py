@@ -333,7 +333,7 @@ class SwaComponent(TreeComponent):
         check_conservation(
             "SWA",
             page_ids([*owned, *outside], self.page_size),
-            self.allocator.swa_allocated_page_ids(),
+            self.allocator.swa_allocated_page_list(),
             findings,
         )
         in_tree = set(nodes)
