@@ -33,7 +33,7 @@ and adds:
 
 from __future__ import annotations
 
-import operator
+import collections
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -69,12 +69,6 @@ class _Entry:
     header: PageHeader
     row: int
     parent: _Ident | None
-
-
-#: (header.pool, header.key) and the row of an entry, read in C
-_HEADER_IDENT = operator.attrgetter("header.pool", "header.key")
-_ROW = operator.attrgetter("row")
-_FIRST = operator.itemgetter(0)
 
 
 class _Slab:
@@ -244,28 +238,15 @@ class MemoryStore(BaseStore["_Entry"]):
         """Raise AssertionError if the store's books disagree with each other."""
         super().check_invariants()
         with self._lock:
-            # each entry's header names its ident, no two entries of a pool share a row,
-            # no entry sits on a free row: C-level passes over the books (attribute
-            # getters, one set), a Python loop only to name a culprit
-            pages = self._pages
-            entries = pages.values()
-            named = list(map(_HEADER_IDENT, entries))
-            if named != list(pages) or not set(map(type, map(_FIRST, named))) <= {PoolName}:
-                bad = next(
-                    i for i, n in zip(pages, named, strict=True) if i != n or i[0] is not n[0]
-                )
-                raise AssertionError(f"{bad}: its header names {pages[bad].header}")
-            rows = list(map(_ROW, entries))
-            if len(set(zip(map(_FIRST, pages), rows, strict=True))) != len(rows):
-                seen: set[tuple[PoolName, int]] = set()
-                for (pool, _), row in zip(pages, rows, strict=True):
-                    assert (pool, row) not in seen, f"row {row} shared"
-                    seen.add((pool, row))
-            for pool, slab in self._slabs.items():
-                taken = [r for (p, _), r in zip(pages, rows, strict=True) if p is pool]
-                if any(map(slab.free.__getitem__, taken)):
-                    bad = next(i for i, e in pages.items() if i[0] is pool and slab.free[e.row])
-                    raise AssertionError(f"{bad} on free row")
+            rows: dict[PoolName, set[int]] = collections.defaultdict(set)
+            slabs = self._slabs
+            for ident, entry in self._pages.items():
+                pool, header, row = ident[0], entry.header, entry.row
+                assert header.pool is pool and header.key == ident[1]
+                taken = rows[pool]
+                assert row not in taken, f"row {row} shared"
+                taken.add(row)
+                assert not slabs[pool].free[row], f"{ident} on free row"
             kept = [(i, e) for i, e in self._rejected if self._pages.get(i) is e]
             assert not kept, f"{len(kept)} page(s) failed verification but are still stored"
             self._rejected.clear()

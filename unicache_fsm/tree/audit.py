@@ -25,7 +25,7 @@ Findings (each reported with the node id, all at once):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -99,6 +99,35 @@ def _chain(prior: bytes, packed: bytes, page_size: int) -> list[bytes]:
     return got
 
 
+#: a key's packed forms by the key tuple's identity: id(key) -> (key, format, packed in
+#: the tree's format, u32-packed or None until asked). A tuple cannot change, and the
+#: entry holds the tuple itself, so its id cannot be reused while the entry lives: an
+#: audit after every step packs only keys it has not seen. Cleared when full.
+_PACKED: dict[int, tuple[tuple[int, ...], str, bytes, list[bytes]]] = {}
+_PACKED_MAX = 1 << 14
+
+
+def _packed(key: tuple[int, ...], fmt: str) -> tuple[bytes, Callable[[], bytes]]:
+    """`walk.pack_key(key, fmt)`, and a getter of ``hashing.pack_tokens(key)`` (the
+    same bytes when `fmt` is ``"I"``), remembered by the key's identity."""
+    entry = _PACKED.get(id(key))
+    if entry is None or entry[0] is not key or entry[1] != fmt:
+        packed = pack_key(key, fmt)
+        entry = (key, fmt, packed, [packed] if fmt == "I" else [])
+        if type(key) is tuple:  # (anything else might change in place: not remembered)
+            if len(_PACKED) >= _PACKED_MAX:
+                _PACKED.clear()
+            _PACKED[id(key)] = entry
+    u32s = entry[3]
+
+    def u32() -> bytes:
+        if not u32s:
+            u32s.append(hashing.pack_tokens(key))
+        return u32s[0]
+
+    return entry[2], u32
+
+
 def _check_node(
     tree: RadixTree,
     node: TreeNode,
@@ -108,69 +137,67 @@ def _check_node(
 ) -> None:
     p = tree.page_size
     parent = node.parent
-    nid = f"node {node.id}"
     if parent is None:
-        findings.append(f"{nid}: no parent but reachable")
+        findings.append(f"node {node.id}: no parent but reachable")
         return
     if not node.key or len(node.key) % p:
-        findings.append(f"{nid}: key of {len(node.key)} tokens is not whole pages")
+        findings.append(f"node {node.id}: key of {len(node.key)} tokens is not whole pages")
     expected_key = child_key(parent, node.key, 0, node.namespace, p)
     if parent.children.get(expected_key) is not node:
-        findings.append(f"{nid}: not filed under its first page in node {parent.id}")
+        findings.append(f"node {node.id}: not filed under its first page in node {parent.id}")
     if node.start != parent.end:
-        findings.append(f"{nid}: starts at {node.start}, parent ends at {parent.end}")
+        findings.append(f"node {node.id}: starts at {node.start}, parent ends at {parent.end}")
     if parent.parent is not None and parent.namespace != node.namespace:
-        findings.append(f"{nid}: namespace differs from its parent's")
+        findings.append(f"node {node.id}: namespace differs from its parent's")
     n = len(node.key)
     backbone = node.data.get(tree.backbone_type)
     if node.device_resident:
         if backbone is None or backbone.numel() != n:
-            findings.append(f"{nid}: resident without {n} backbone slots")
+            findings.append(f"node {node.id}: resident without {n} backbone slots")
         if parent.parent is not None and not parent.device_resident:
-            findings.append(f"{nid}: device child of non-device parent {parent.id}")
+            findings.append(f"node {node.id}: device child of non-device parent {parent.id}")
     elif node.evicted:
         if node.data:
-            findings.append(f"{nid}: evicted but holds device slots")
+            findings.append(f"node {node.id}: evicted but holds device slots")
         if not node.backuped:
-            findings.append(f"{nid}: evicted without a host copy")
+            findings.append(f"node {node.id}: evicted without a host copy")
     else:
-        findings.append(f"{nid}: in the tree in residency {node.residency!r}")
+        findings.append(f"node {node.id}: in the tree in residency {node.residency!r}")
     if node.backuped != (node.host is not None):
-        findings.append(f"{nid}: backed-up state disagrees with host slots")
+        findings.append(f"node {node.id}: backed-up state disagrees with host slots")
     if node.host is not None and node.host.numel() != n:
-        findings.append(f"{nid}: {node.host.numel()} host slots for {n} tokens")
+        findings.append(f"node {node.id}: {node.host.numel()} host slots for {n} tokens")
     if node.backuped and parent.parent is not None and not parent.backuped:
-        findings.append(f"{nid}: backed up under un-backed parent {parent.id}")
+        findings.append(f"node {node.id}: backed up under un-backed parent {parent.id}")
     ticket = node.pending_offload
     if node.offloading != (ticket is not None and not ticket.finished and node in ticket.publish):
-        findings.append(f"{nid}: offloading state disagrees with its ticket {ticket!r}")
+        findings.append(f"node {node.id}: offloading state disagrees with its ticket {ticket!r}")
     if node.lock_ref < 0:
-        findings.append(f"{nid}: negative lock_ref {node.lock_ref}")
+        findings.append(f"node {node.id}: negative lock_ref {node.lock_ref}")
     child_locks = sum(c.lock_ref for c in node.children.values())
     if node.lock_ref < child_locks:
-        findings.append(f"{nid}: lock_ref {node.lock_ref} < its children's {child_locks}")
+        findings.append(f"node {node.id}: lock_ref {node.lock_ref} < its children's {child_locks}")
     foreign = sorted(k.name for k in node.data if k not in kinds)
     if foreign:
-        findings.append(f"{nid}: slots of {foreign} without that component in the tree")
+        findings.append(f"node {node.id}: slots of {foreign} without that component in the tree")
     for c in tree.components:
         c.audit_node(node, findings)
     if tree.evictable_leaf(node) and (node.last_access, node.id) not in filed:
-        findings.append(f"{nid}: an evictable leaf missing from the eviction heap")
+        findings.append(f"node {node.id}: an evictable leaf missing from the eviction heap")
     fmt = tree.key_format
-    packed = pack_key(node.key, fmt)
+    packed, u32 = _packed(node.key, fmt)
     if node.packed != packed:
-        findings.append(f"{nid}: packed key disagrees with its key")
+        findings.append(f"node {node.id}: packed key disagrees with its key")
     if node.digests is not None:
         if parent.parent is not None and parent.digests is None:
-            findings.append(f"{nid}: hashed under an unhashed parent")
+            findings.append(f"node {node.id}: hashed under an unhashed parent")
             return
         if parent.parent is None:
             prior = hashing.prior_digest(node.namespace)
         else:
             prior = parent.digests[-1] if parent.digests else b""
-        u32 = packed if fmt == "I" else hashing.pack_tokens(node.key)
-        if node.digests != _chain(prior, u32, p):
-            findings.append(f"{nid}: page hashes do not chain from its parent")
+        if node.digests != _chain(prior, u32(), p):
+            findings.append(f"node {node.id}: page hashes do not chain from its parent")
 
 
 def audit(
