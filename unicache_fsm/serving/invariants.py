@@ -21,9 +21,10 @@ function lists them itself).
 - `no_concurrent_offloads(tree)` — a node is in at most one pending offload, and is
   ``offloading`` exactly while it is.
 - `stored_pages_landed(tree, landed)` — every page of every node marked stored was
-  acknowledged by the store at some time (`StoreLedger.landed`): no node claims KV
-  that never landed. Holds whatever the store dropped since, so it runs with
-  capacity-limited stores and needs no LOOKUP to demote stale flags first.
+  acknowledged by the store at some time (`StoreLedger.landed`, or the set
+  `StoreLedger.acknowledged`): no node claims KV that never landed. Holds whatever
+  the store dropped since, so it runs with capacity-limited stores and needs no
+  LOOKUP to demote stale flags first.
 - `stored_pages_present(tree, store, kv_keys=...)` — no node marked stored lacks a page
   in the store now (only where the store loses nothing on its own); `kv_keys` is an
   optional snapshot of the store's KV keys taken for this audit, asked instead of
@@ -55,6 +56,7 @@ int64 tensor occurs in another (`torch.isin(...).all()`, by a NumPy mark table o
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -231,13 +233,24 @@ def stored_pages_present(
 
 def stored_pages_landed(
     tree: RadixTree,
-    landed: Callable[[PoolName, str], bool],
+    landed: Callable[[PoolName, str], bool]
+    | set[tuple[PoolName, str]]
+    | frozenset[tuple[PoolName, str]],
     *,
     nodes: Sequence[TreeNode] | None = None,
 ) -> None:
+    """No node marked stored has a page the store never acknowledged. `landed` answers
+    whether it acknowledged ``(pool, key)`` (`StoreLedger.landed`), or is the set of
+    those pairs (`StoreLedger.acknowledged`: one C-level inclusion per node)."""
+    kv = PoolName.KV
     for n in _listed(tree, nodes):
         if n.external_cache_stored and n.hashes is not None:
-            never = [h for h in n.hashes if not landed(PoolName.KV, h)]
+            if isinstance(landed, (set, frozenset)):
+                if landed.issuperset(zip(itertools.repeat(kv), n.hashes)):
+                    continue
+                never = [h for h in n.hashes if (kv, h) not in landed]
+            else:
+                never = [h for h in n.hashes if not landed(kv, h)]
             if never:
                 detail = (
                     f"node {n.id} is stored, but the store never acknowledged {len(never)} "

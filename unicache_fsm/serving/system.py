@@ -576,7 +576,7 @@ class System:
         inv.no_concurrent_offloads(tree, nodes=nodes)
         inv.lock_balance(tree, self.lock_holders(), nodes=nodes)
         inv.nothing_in_flight_evicted(tree, linker)
-        inv.stored_pages_landed(tree, self.ledger.landed, nodes=nodes)
+        inv.stored_pages_landed(tree, self.ledger.acknowledged, nodes=nodes)
         # a MemoryStore's `contains` answers from the books `stored_keys` lists
         kv_keys = None
         if isinstance(self.backend, MemoryStore) and (self.check_stored or self.check_chains):
