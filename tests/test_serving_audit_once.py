@@ -69,7 +69,7 @@ def test_a_page_gone_from_the_store_since_the_last_audit_is_seen(swa: bool) -> N
     s = _served(swa)
     node = _stored(s)
     assert isinstance(s.backend, MemoryStore)
-    assert s.backend.evict([node.hashes[-1]], PoolName.KV) == 1  # type: ignore[index]
+    assert s.backend.evict([node.hashes[-1]], PoolName.KV) == 1
     assert _violated(s) == "stored pages present"
 
 
@@ -167,7 +167,7 @@ def test_allocated_page_list_is_allocated_page_ids(pages: int) -> None:
     assert alloc.allocated_page_list() == alloc.allocated_page_ids().tolist() == []
     taken = [alloc.alloc(6), alloc.alloc(4), alloc.alloc(2)]
     assert all(t is not None for t in taken)
-    alloc.free(taken[1])  # type: ignore[arg-type]
+    alloc.free(taken[1])
     want = alloc.allocated_page_ids().tolist()
     assert alloc.allocated_page_list() == want and len(want) == 4
     assert all(type(k) is int for k in alloc.allocated_page_list())
@@ -185,16 +185,16 @@ def test_the_store_books_check_still_sees_drift() -> None:
     s = _served(False)
     store = s.memory
     store.check_invariants()
-    children: collections.Counter = store._children  # noqa: SLF001 (the test tampers)
+    children: collections.Counter = store._children  # the test tampers with the books
     parent = next(iter(children))
     children[parent] += 1
     with pytest.raises(AssertionError, match="children counts drifted"):
         store.check_invariants()
     children[parent] -= 1
-    children[("kv", "0" * 64)] = 0  # type: ignore[index]  # a zero count is no drift
+    children[("kv", "0" * 64)] = 0  # a zero count is no drift
     store.check_invariants()
-    del children[("kv", "0" * 64)]  # type: ignore[arg-type]
-    leaves = store._leaves  # noqa: SLF001
+    del children[("kv", "0" * 64)]
+    leaves = store._leaves
     leaf, _ = leaves.popitem(last=False)
     with pytest.raises(AssertionError, match="leaf set drifted"):
         store.check_invariants()

@@ -20,6 +20,11 @@ Findings (each reported with the node id, all at once):
   component's, `TreeComponent.audit_pool`, and the host's), with no slot owned twice.
 
 `page_ids` and `check_conservation` are the helpers components audit their pools with.
+
+Cost: one pass over the nodes (a caller that listed them for its own checks passes the
+list: `RadixTree.check(nodes=...)`), each node's key packed once per key object (a
+bounded memo by the tuple's identity: an audit after every step packs only new keys)
+and its hash chain recomputed only for keys not seen before (`_chain`).
 """
 
 from __future__ import annotations
