@@ -17,10 +17,11 @@ from collections.abc import Callable
 import pytest
 
 from unicache_fsm.pools import PagedAllocator, SWAAllocator
-from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.serving import invariants as inv
 from unicache_fsm.serving.system import System
 from unicache_fsm.store.memory import MemoryStore
+from unicache_fsm.tree.errors import TreeError
 from unicache_fsm.tree.node import TreeNode
 
 
@@ -200,3 +201,21 @@ def test_the_store_books_check_still_sees_drift() -> None:
         store.check_invariants()
     leaves[leaf] = None
     store.check_invariants()
+
+
+def test_the_tree_audit_still_names_lock_and_component_findings() -> None:
+    """The tree audit's lock and foreign-component findings (checked only where a node
+    has children, or data of a kind the tree lacks) still fire."""
+    s = _served(False)
+    parent = next(n for n in s.tree.nodes() if n.children)
+    child = next(iter(parent.children.values()))
+    child.lock_ref += 1
+    with pytest.raises(TreeError, match="< its children's"):
+        s.tree.check()
+    child.lock_ref -= 1
+    leaf = next(n for n in s.tree.nodes() if not n.children)
+    leaf.data[ComponentType.SWA] = leaf.data[ComponentType.FULL]
+    with pytest.raises(TreeError, match=r"slots of \['SWA'\] without that component"):
+        s.tree.check()
+    del leaf.data[ComponentType.SWA]
+    s.tree.check()

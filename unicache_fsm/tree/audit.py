@@ -179,11 +179,13 @@ def _check_node(
         findings.append(f"node {node.id}: offloading state disagrees with its ticket {ticket!r}")
     if node.lock_ref < 0:
         findings.append(f"node {node.id}: negative lock_ref {node.lock_ref}")
-    child_locks = sum(c.lock_ref for c in node.children.values())
-    if node.lock_ref < child_locks:
-        findings.append(f"node {node.id}: lock_ref {node.lock_ref} < its children's {child_locks}")
-    foreign = sorted(k.name for k in node.data if k not in kinds)
-    if foreign:
+    if node.children:  # (a leaf's children hold no locks)
+        child_locks = sum(c.lock_ref for c in node.children.values())
+        if node.lock_ref < child_locks:
+            detail = f"lock_ref {node.lock_ref} < its children's {child_locks}"
+            findings.append(f"node {node.id}: {detail}")
+    if not kinds.issuperset(node.data):
+        foreign = sorted(k.name for k in node.data if k not in kinds)
         findings.append(f"node {node.id}: slots of {foreign} without that component in the tree")
     for c in tree.components:
         c.audit_node(node, findings)
