@@ -20,6 +20,7 @@ from unicache_fsm.pools import PagedAllocator, SWAAllocator
 from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.serving import invariants as inv
 from unicache_fsm.serving.system import System
+from unicache_fsm.store.errors import StoreClosedError
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.tree.errors import TreeError
 from unicache_fsm.tree.node import TreeNode
@@ -219,3 +220,13 @@ def test_the_tree_audit_still_names_lock_and_component_findings() -> None:
         s.tree.check()
     del leaf.data[ComponentType.SWA]
     s.tree.check()
+
+
+def test_an_audit_of_a_closed_store_still_raises_the_stores_error() -> None:
+    """The snapshot path still asks the store one page itself: a closed store answers
+    with its own error, as it did when every page was asked."""
+    s = _served(False)
+    _stored(s)
+    s.store.close()
+    with pytest.raises(StoreClosedError):
+        s.audit()

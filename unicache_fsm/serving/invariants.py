@@ -217,10 +217,14 @@ def stored_pages_present(
     instead of `store.contains` (one C-level set inclusion per node, not a call per
     page through every layer around the store)."""
     kv = PoolName.KV
+    asked = False
     for n in _listed(tree, nodes):
-        if n.external_cache_stored and n.hashes is not None:
-            hashes = n.hashes
+        hashes = n.hashes if n.external_cache_stored else None
+        if hashes is not None:
             if kv_keys is not None:
+                if not asked and hashes:  # one page asked of the store itself: a store
+                    asked = True  # that cannot answer (closed) raises as it always did
+                    store.contains(kv, hashes[0])
                 if kv_keys.issuperset(hashes):
                     continue
                 missing = [h for h in hashes if h not in kv_keys]
@@ -244,13 +248,14 @@ def stored_pages_landed(
     those pairs (`StoreLedger.acknowledged`: one C-level inclusion per node)."""
     kv = PoolName.KV
     for n in _listed(tree, nodes):
-        if n.external_cache_stored and n.hashes is not None:
+        hashes = n.hashes if n.external_cache_stored else None
+        if hashes is not None:
             if isinstance(landed, (set, frozenset)):
-                if landed.issuperset(zip(itertools.repeat(kv), n.hashes)):
+                if landed.issuperset(zip(itertools.repeat(kv), hashes)):
                     continue
-                never = [h for h in n.hashes if (kv, h) not in landed]
+                never = [h for h in hashes if (kv, h) not in landed]
             else:
-                never = [h for h in n.hashes if not landed(kv, h)]
+                never = [h for h in hashes if not landed(kv, h)]
             if never:
                 detail = (
                     f"node {n.id} is stored, but the store never acknowledged {len(never)} "
