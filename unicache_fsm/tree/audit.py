@@ -105,24 +105,30 @@ def _chain(prior: bytes, packed: bytes, page_size: int) -> list[bytes]:
 
 
 #: a key's packed forms by the key tuple's identity: id(key) -> (key, format, packed in
-#: the tree's format, u32-packed or None until asked). A tuple cannot change, and the
-#: entry holds the tuple itself, so its id cannot be reused while the entry lives: an
-#: audit after every step packs only keys it has not seen. Cleared when full.
+#: the tree's format, u32-packed once asked). A tuple cannot change, and the entry
+#: holds the tuple itself, so its id cannot be reused while the entry lives: an audit
+#: after every step packs only keys it has not seen. Cleared when it holds
+#: `_PACKED_MAX` keys or `_PACKED_TOKENS` tokens (it keeps keys of dead nodes alive).
 _PACKED: dict[int, tuple[tuple[int, ...], str, bytes, list[bytes]]] = {}
 _PACKED_MAX = 1 << 14
+_PACKED_TOKENS = 1 << 21
+_packed_tokens = 0
 
 
 def _packed(key: tuple[int, ...], fmt: str) -> tuple[bytes, Callable[[], bytes]]:
     """`walk.pack_key(key, fmt)`, and a getter of ``hashing.pack_tokens(key)`` (the
     same bytes when `fmt` is ``"I"``), remembered by the key's identity."""
+    global _packed_tokens
     entry = _PACKED.get(id(key))
     if entry is None or entry[0] is not key or entry[1] != fmt:
         packed = pack_key(key, fmt)
         entry = (key, fmt, packed, [packed] if fmt == "I" else [])
         if type(key) is tuple:  # (anything else might change in place: not remembered)
-            if len(_PACKED) >= _PACKED_MAX:
+            if len(_PACKED) >= _PACKED_MAX or _packed_tokens + len(key) > _PACKED_TOKENS:
                 _PACKED.clear()
+                _packed_tokens = 0
             _PACKED[id(key)] = entry
+            _packed_tokens += len(key)
     u32s = entry[3]
 
     def u32() -> bytes:
