@@ -11,7 +11,8 @@ Lifecycle primitives, in the order a caller uses them:
   one page ``[k*P, ..., k*P + P - 1]``). A page that is already free, or named twice in
   the call, raises `DoubleFreeError`; freeing is never idempotent.
 - `available_size()` -> free tokens (free pages x P).
-- `free_page_ids()` / `allocated_page_ids()` -> sorted snapshots, for checks and tests.
+- `free_page_ids()` / `allocated_page_ids()` -> sorted snapshots, for checks and tests
+  (`allocated_page_list()`: the same ids as Python ints, for audits).
 
 Every call does O(pages in the call) tensor work and no Python loop per page or token:
 the free pages sit in a stack tensor (`_free_stack[:_num_free]`, allocation pops from the
@@ -211,9 +212,18 @@ class PagedAllocator:
         """Sorted ids of the pages currently handed out (a copy)."""
         flags = self._free_flags
         if flags is not None and len(flags) <= SMALL_SLOTS:
-            taken = [k for k in range(1, len(flags)) if not flags[k]]
-            return int64_tensor(taken, self._device)
+            return int64_tensor(self.allocated_page_list(), self._device)
         return torch.nonzero(~self._is_free[1:]).view(-1) + 1
+
+    def allocated_page_list(self) -> list[int]:
+        """`allocated_page_ids` as a list of Python ints (for an audit that compares
+        them as a set: on CPU read from the flags directly, no tensor in between)."""
+        flags = self._free_flags
+        if flags is None:
+            return self.allocated_page_ids().tolist()
+        if len(flags) <= SMALL_SLOTS:
+            return [k for k in range(1, len(flags)) if not flags[k]]
+        return (np.flatnonzero(~self._flags_np[1:]) + 1).tolist()
 
     def __repr__(self) -> str:
         return (

@@ -127,6 +127,14 @@ class SWAAllocator:
     def swa_allocated_page_ids(self) -> torch.Tensor:
         return self._swa.allocated_page_ids()
 
+    def allocated_page_list(self) -> list[int]:
+        """`allocated_page_ids` as Python ints (`PagedAllocator.allocated_page_list`)."""
+        return self._full.allocated_page_list()
+
+    def swa_allocated_page_list(self) -> list[int]:
+        """`swa_allocated_page_ids` as Python ints."""
+        return self._swa.allocated_page_list()
+
     def __repr__(self) -> str:
         return (
             f"SWAAllocator(full_size={self.full_size}, swa_size={self.swa_size}, "

@@ -2,7 +2,11 @@
 so `simulate`'s audits and the fuzzing kit's) runs, and that tests and users call.
 
 Each function checks one invariant of ``docs/contract.md`` and raises `InvariantViolation`
-(an `AssertionError`) naming the invariant and the culprit; it changes nothing.
+(an `AssertionError`) naming the invariant and the culprit; it changes nothing. Those
+that look at every node take a keyword `nodes`: the tree's nodes as the caller listed
+them (``list(tree.nodes())``) in the same audit, with nothing changed since, so that
+one audit walks the tree once (`System.audit` lists them once per audit; default: each
+function lists them itself).
 
 - `slot_conservation(tree, outside_full, outside_swa)` — free ⊎ tree-owned ⊎ held
   outside = capacity, per pool, no slot owned twice; includes the tree's own audit
@@ -17,11 +21,14 @@ Each function checks one invariant of ``docs/contract.md`` and raises `Invariant
 - `no_concurrent_offloads(tree)` — a node is in at most one pending offload, and is
   ``offloading`` exactly while it is.
 - `stored_pages_landed(tree, landed)` — every page of every node marked stored was
-  acknowledged by the store at some time (`StoreLedger.landed`): no node claims KV
-  that never landed. Holds whatever the store dropped since, so it runs with
-  capacity-limited stores and needs no LOOKUP to demote stale flags first.
-- `stored_pages_present(tree, store)` — no node marked stored lacks a page in the
-  store now (only where the store loses nothing on its own).
+  acknowledged by the store at some time (`StoreLedger.landed`, or the set
+  `StoreLedger.acknowledged`): no node claims KV that never landed. Holds whatever
+  the store dropped since, so it runs with capacity-limited stores and needs no
+  LOOKUP to demote stale flags first.
+- `stored_pages_present(tree, store, kv_keys=...)` — no node marked stored lacks a page
+  in the store now (only where the store loses nothing on its own); `kv_keys` is an
+  optional snapshot of the store's KV keys taken for this audit, asked instead of
+  `store.contains`.
 - `store_chains_whole(tree, held, stale, restored)` — where a stored node hangs below
   a stored parent, the store does not hold the child's first KV page without the
   parent's last one: capacity eviction shrinks chains from their end, not at the seam
@@ -49,6 +56,7 @@ int64 tensor occurs in another (`torch.isin(...).all()`, by a NumPy mark table o
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -98,24 +106,33 @@ class InvariantViolation(UnicacheFsmError, AssertionError):
 
 
 def _tree_findings(
-    tree: RadixTree, outside: dict[ComponentType, Sequence[torch.Tensor]] | None = None
+    tree: RadixTree,
+    outside: dict[ComponentType, Sequence[torch.Tensor]] | None = None,
+    nodes: Sequence[TreeNode] | None = None,
 ) -> tuple[str, ...]:
     try:
-        tree.check(outside)
+        tree.check(outside, nodes=nodes)
     except TreeConsistencyError as exc:
         return exc.findings
     return ()
+
+
+def _listed(tree: RadixTree, nodes: Sequence[TreeNode] | None) -> Sequence[TreeNode]:
+    """`nodes` when the caller listed the tree's nodes already, else a fresh listing."""
+    return list(tree.nodes()) if nodes is None else nodes
 
 
 def slot_conservation(
     tree: RadixTree,
     outside_full: Sequence[torch.Tensor] = (),
     outside_swa: Sequence[torch.Tensor] = (),
+    *,
+    nodes: Sequence[TreeNode] | None = None,
 ) -> None:
-    findings = _tree_findings(tree, {FULL: outside_full, SWA: outside_swa})
+    nodes = _listed(tree, nodes)
+    findings = _tree_findings(tree, {FULL: outside_full, SWA: outside_swa}, nodes)
     if findings:
         raise InvariantViolation("slot conservation", "; ".join(findings[:8]))
-    nodes = list(tree.nodes())
     alloc = tree.allocator
     owned = sum(int(f.numel()) for n in nodes if (f := n.slots(FULL)) is not None)
     held = sum(int(t.numel()) for t in outside_full)
@@ -132,11 +149,11 @@ def slot_conservation(
             raise InvariantViolation("slot conservation", detail)
 
 
-def mapping_consistency(tree: RadixTree) -> None:
+def mapping_consistency(tree: RadixTree, *, nodes: Sequence[TreeNode] | None = None) -> None:
     alloc = tree.allocator
     if not isinstance(alloc, SWAAllocator):
         return
-    for n in tree.nodes():
+    for n in _listed(tree, nodes):
         full, swa = n.slots(FULL), n.slots(SWA)
         if full is None:
             continue
@@ -153,13 +170,17 @@ def hash_chain(tree: RadixTree) -> None:
         raise InvariantViolation("hash chain", "; ".join(bad[:8]))
 
 
-def lock_balance(tree: RadixTree, holders: Iterable[TreeNode]) -> None:
+def lock_balance(
+    tree: RadixTree, holders: Iterable[TreeNode], *, nodes: Sequence[TreeNode] | None = None
+) -> None:
     expected: collections.Counter[int] = collections.Counter()
     for anchor in holders:
         for n in anchor.path_from_root():
             expected[n.id] += 1
     wrong = {
-        n.id: (n.lock_ref, expected[n.id]) for n in tree.nodes() if n.lock_ref != expected[n.id]
+        n.id: (n.lock_ref, expected[n.id])
+        for n in _listed(tree, nodes)
+        if n.lock_ref != expected[n.id]
     }
     if wrong:
         raise InvariantViolation("lock balance", f"lock_ref (actual, accounted) by node: {wrong}")
@@ -174,8 +195,8 @@ def nothing_in_flight_evicted(tree: RadixTree, linker: ExternalLinker) -> None:
             raise InvariantViolation("nothing in flight evicted", detail)
 
 
-def no_concurrent_offloads(tree: RadixTree) -> None:
-    for n in tree.nodes():
+def no_concurrent_offloads(tree: RadixTree, *, nodes: Sequence[TreeNode] | None = None) -> None:
+    for n in _listed(tree, nodes):
         ticket = n.pending_offload
         listed = ticket is not None and not ticket.finished and n in ticket.publish
         if n.offloading != listed:
@@ -183,19 +204,58 @@ def no_concurrent_offloads(tree: RadixTree) -> None:
             raise InvariantViolation("no concurrent offloads", detail)
 
 
-def stored_pages_present(tree: RadixTree, store: ExternalStore) -> None:
-    for n in tree.nodes():
-        if n.external_cache_stored and n.hashes is not None:
-            missing = [h for h in n.hashes if not store.contains(PoolName.KV, h)]
+def stored_pages_present(
+    tree: RadixTree,
+    store: ExternalStore,
+    *,
+    kv_keys: frozenset[str] | set[str] | None = None,
+    nodes: Sequence[TreeNode] | None = None,
+) -> None:
+    """No node marked stored lacks a page in `store` now. `kv_keys`, where given, is
+    the set of KV page keys the store holds now (one snapshot of its books taken for
+    this check, where they answer `contains` exactly: e.g. a `MemoryStore`'s), asked
+    instead of `store.contains` (one C-level set inclusion per node, not a call per
+    page through every layer around the store)."""
+    kv = PoolName.KV
+    asked = False
+    for n in _listed(tree, nodes):
+        hashes = n.hashes if n.external_cache_stored else None
+        if hashes is not None:
+            if kv_keys is not None:
+                if not asked and hashes:  # one page asked of the store itself: a store
+                    asked = True  # that cannot answer (closed) raises as it always did
+                    store.contains(kv, hashes[0])
+                if kv_keys.issuperset(hashes):
+                    continue
+                missing = [h for h in hashes if h not in kv_keys]
+            else:
+                missing = [h for h in hashes if not store.contains(kv, h)]
             if missing:
                 detail = f"node {n.id} is stored but the store lacks {len(missing)} of its pages"
                 raise InvariantViolation("stored pages present", detail)
 
 
-def stored_pages_landed(tree: RadixTree, landed: Callable[[PoolName, str], bool]) -> None:
-    for n in tree.nodes():
-        if n.external_cache_stored and n.hashes is not None:
-            never = [h for h in n.hashes if not landed(PoolName.KV, h)]
+def stored_pages_landed(
+    tree: RadixTree,
+    landed: Callable[[PoolName, str], bool]
+    | set[tuple[PoolName, str]]
+    | frozenset[tuple[PoolName, str]],
+    *,
+    nodes: Sequence[TreeNode] | None = None,
+) -> None:
+    """No node marked stored has a page the store never acknowledged. `landed` answers
+    whether it acknowledged ``(pool, key)`` (`StoreLedger.landed`), or is the set of
+    those pairs (`StoreLedger.acknowledged`: one C-level inclusion per node)."""
+    kv = PoolName.KV
+    for n in _listed(tree, nodes):
+        hashes = n.hashes if n.external_cache_stored else None
+        if hashes is not None:
+            if isinstance(landed, (set, frozenset)):
+                if landed.issuperset(zip(itertools.repeat(kv), hashes)):
+                    continue
+                never = [h for h in hashes if (kv, h) not in landed]
+            else:
+                never = [h for h in hashes if not landed(kv, h)]
             if never:
                 detail = (
                     f"node {n.id} is stored, but the store never acknowledged {len(never)} "
@@ -219,22 +279,28 @@ def store_chains_whole(
     held: Callable[[PoolName, str], bool],
     stale: Collection[str] = frozenset(),
     restored: Collection[str] = frozenset(),
+    *,
+    nodes: Sequence[TreeNode] | None = None,
 ) -> None:
-    for n in tree.nodes():
+    for n in _listed(tree, nodes):
         parent = n.parent
         if (
             parent is None
             or parent.parent is None
             or not (n.external_cache_stored and parent.external_cache_stored)
-            or not n.hashes
-            or not parent.hashes
-            or parent.hashes[-1] in stale  # gone before: the child's page came back later
-            or n.hashes[0] in restored  # stored again as a link page over a missing prefix
+            or not n.digests
+            or not parent.digests
         ):
+            continue
+        # (the two hashes read: the child's first page and the parent's last one)
+        first, last = n.digests[0].hex(), parent.digests[-1].hex()
+        if last in stale or first in restored:
+            # gone before: the child's page came back later; or stored again as a link
+            # page over a missing prefix
             continue
         # two stored nodes offloaded apart: the child's first page is linked to the
         # parent's last page, so capacity eviction cannot take the parent's end first
-        if held(PoolName.KV, n.hashes[0]) and not held(PoolName.KV, parent.hashes[-1]):
+        if held(PoolName.KV, first) and not held(PoolName.KV, last):
             detail = (
                 f"node {parent.id}'s last page is gone but its stored child {n.id}'s first "
                 "page is still held: a hole in the middle of a chain, not a shorter chain"
@@ -323,6 +389,7 @@ def resident_kv_matches(
     *,
     swa_kv: KVPool | None = None,
     expected_swa: Callable[[tuple[int, ...], int], torch.Tensor] | None = None,
+    nodes: Sequence[TreeNode] | None = None,
 ) -> None:
     """Every device-resident node's FULL (and live SWA) bytes are `expected` of its key.
 
@@ -332,7 +399,7 @@ def resident_kv_matches(
     """
     full_nodes: list[tuple[TreeNode, torch.Tensor]] = []
     swa_nodes: list[tuple[TreeNode, torch.Tensor]] = []
-    for n in tree.nodes():
+    for n in _listed(tree, nodes):
         full = n.slots(FULL)
         if not n.device_resident or full is None:
             continue

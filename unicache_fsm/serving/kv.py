@@ -137,7 +137,7 @@ def same_kv(a: torch.Tensor, b: torch.Tensor) -> bool:
         and not (a.requires_grad or b.requires_grad)
     ):
         # NumPy views of both (no torch call past `numpy()`), compared as raw bytes
-        return bool(np.array_equal(_raw(numpy_view(a)), _raw(numpy_view(b))))
+        return _same_bytes(numpy_view(a), numpy_view(b))
     # (a negative bit resolved first: torch will not reinterpret such a tensor's bytes)
     x = a.resolve_neg().contiguous().view(-1).view(torch.uint8)
     y = b.resolve_neg().contiguous().view(-1).view(torch.uint8)
@@ -179,14 +179,25 @@ def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch
     pages = _cpu_pages(pool, ids)
     if pages is None or not want.is_cpu or want.dtype != pool.dtype or want.requires_grad:
         return same_kv(pool.read_pages(ids), want)
-    words = _raw(numpy_view(want))  # (a copy when `want` has a negative bit)
+    if want.dim() != 3 or want.shape[1:] != (pool.num_layers, pool.width):
+        return False
+    wanted = numpy_view(want)  # (a copy when `want` has a negative bit)
     held = pool.page_bytes()[pages]
-    return (
-        want.shape[1:] == (pool.num_layers, pool.width)
-        and want.dim() == 3
-        and held.nbytes == words.nbytes
-        and bool(np.array_equal(_raw(held), words))
-    )
+    if held.nbytes != wanted.nbytes:
+        return False
+    return _same_bytes(held, wanted)
+
+
+#: up to this many bytes a comparison copies both sides out (`tobytes`, a memcmp):
+#: a fraction of `np.array_equal`'s fixed cost; past it, that vectorised loop
+_SMALL_BYTES = 1 << 14
+
+
+def _same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two arrays of the same byte count hold the same bytes in C order."""
+    if x.nbytes <= _SMALL_BYTES:
+        return x.tobytes() == y.tobytes()
+    return bool(np.array_equal(_raw(x), _raw(y)))
 
 
 def _cpu_pages(pool: KVPool, ids: torch.Tensor) -> np.ndarray | None:

@@ -531,47 +531,74 @@ class System:
         ]
         return [*self.linker.locks_held(), *self.locks, *handed]
 
-    def _held_now(self) -> Callable[[PoolName, str], bool]:
+    def _held_now(self, kv_keys: frozenset[str] | None = None) -> Callable[[PoolName, str], bool]:
         """Whether the store holds a page, as one consistent view: a snapshot of the
         backend's books where it keeps them (a background worker may evict between two
         `contains` calls: a chain's end, then its start, reads as a hole), else `contains`.
+        A pool's keys are listed when first asked about (`kv_keys`: the KV pool's,
+        listed already in this audit).
         """
         stored_keys = getattr(self.backend, "stored_keys", None)
         if not callable(stored_keys):
             return self.store.contains
-        snapshot = {pool: frozenset(stored_keys(pool)) for pool in PoolName}
-        return lambda pool, key: key in snapshot[pool]
+        snapshot: dict[PoolName, frozenset[str]] = {}
+        if kv_keys is not None:
+            snapshot[PoolName.KV] = kv_keys
+
+        def held(pool: PoolName, key: str) -> bool:
+            keys = snapshot.get(pool)
+            if keys is None:
+                keys = snapshot[pool] = frozenset(stored_keys(pool))
+            return key in keys
+
+        return held
 
     def audit(self) -> None:
         """Check every invariant of the system (`serving.invariants`); raise
-        `InvariantViolation` naming the invariant and the culprit."""
+        `InvariantViolation` naming the invariant and the culprit.
+
+        One audit lists the tree's nodes once, and every node-level check reads that
+        list (nothing changes the tree while it runs). Where the backend is a
+        `MemoryStore` (whose `contains` answers from its books), "stored pages present"
+        asks one snapshot of its keys, the same view the chain check reads, instead of
+        a `contains` call per page through the ledger and the fault injector; other
+        stores are asked page by page as before.
+        """
         self.audits += 1
         tree, linker = self.tree, self.linker
+        nodes = list(tree.nodes())
         full_out, swa_out = linker.reserved_slots()
         for req in self.requests.values():
             full, swa = req.outside_slots()
             full_out += full
             swa_out += swa
-        inv.slot_conservation(tree, full_out, swa_out)
-        inv.no_concurrent_offloads(tree)
-        inv.lock_balance(tree, self.lock_holders())
+        inv.slot_conservation(tree, full_out, swa_out, nodes=nodes)
+        inv.no_concurrent_offloads(tree, nodes=nodes)
+        inv.lock_balance(tree, self.lock_holders(), nodes=nodes)
         inv.nothing_in_flight_evicted(tree, linker)
-        inv.stored_pages_landed(tree, self.ledger.landed)
+        inv.stored_pages_landed(tree, self.ledger.acknowledged, nodes=nodes)
+        # a MemoryStore's `contains` answers from the books `stored_keys` lists
+        kv_keys = None
+        if isinstance(self.backend, MemoryStore) and (self.check_stored or self.check_chains):
+            kv_keys = frozenset(self.backend.stored_keys(PoolName.KV))
         if self.check_stored:
-            inv.stored_pages_present(tree, self.store)
+            inv.stored_pages_present(tree, self.store, kv_keys=kv_keys, nodes=nodes)
         if self.check_chains:
-            held = self._held_now()
-            inv.store_chains_whole(tree, held, stale=self._stale, restored=self._restored_links)
+            held = self._held_now(kv_keys)
+            inv.store_chains_whole(
+                tree, held, stale=self._stale, restored=self._restored_links, nodes=nodes
+            )
             # pages seen missing (in the same view of the store) under a node still marked
             # stored: a later re-store of a page after them (a link page) is no hole made
             # by capacity eviction
-            self._stale |= {
-                h
-                for n in tree.nodes()
-                if n.external_cache_stored
-                for h in (n.hashes or ())
-                if not held(PoolName.KV, h)
-            }
+            for n in nodes:
+                hashes = n.hashes if n.external_cache_stored else None
+                if not hashes:
+                    continue
+                if kv_keys is not None:  # (the same view `held` reads, as one set)
+                    self._stale.update(set(hashes).difference(kv_keys))
+                else:
+                    self._stale.update(h for h in hashes if not held(PoolName.KV, h))
         check = getattr(self.backend, "check_invariants", None)
         if callable(check):
             check()  # the backend's own books, when it keeps any
@@ -581,6 +608,7 @@ class System:
             self.expected,
             swa_kv=self.swa_kv,
             expected_swa=lambda key, start: self.expected(key, start, swa=True),
+            nodes=nodes,
         )
 
     def assert_quiet(self) -> None:

@@ -43,6 +43,7 @@ and bytes move outside it, by one thread at a time (the worker, or the caller of
 from __future__ import annotations
 
 import collections
+import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -464,12 +465,12 @@ class BaseStore(Generic[E]):
         with self._lock:
             if self.capacity_pages is not None:
                 assert len(self._pages) <= self.capacity_pages, "over capacity"
-            children = collections.Counter(  # counted in C (`Counter(iterable)`)
-                parent for entry in self._pages.values() if (parent := entry.parent) is not None
-            )
+            # counted in C (`Counter(iterable)` over a C-level attribute getter): every
+            # count is positive, so the leaves are the pages no entry names as parent
+            children = collections.Counter(map(_PARENT, self._pages.values()))
+            children.pop(None, None)
             assert _same_counts(children, self._children), "children counts drifted"
-            leaves = {i for i in self._pages if not children.get(i)}
-            assert leaves == set(self._leaves), "leaf set drifted"
+            assert self._leaves.keys() == self._pages.keys() - children.keys(), "leaf set drifted"
             pinned = collections.Counter(
                 (ct.pool, k)
                 for record in (*self._queued.values(), *self._started_loads())
@@ -699,5 +700,12 @@ class BaseStore(Generic[E]):
 
 def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
     """`Counter(a) == Counter(b)` (a missing key counts 0) by one dict comparison of
-    the non-zero counts (`Counter.__eq__` is a Python loop over both)."""
+    the non-zero counts (`Counter.__eq__` is a Python loop over both); two dicts equal
+    as plain dicts (C-level `dict.__eq__`, the usual case) answer without filtering."""
+    if isinstance(a, dict) and isinstance(b, dict) and dict.__eq__(a, b) is True:
+        return True
     return {k: n for k, n in a.items() if n} == {k: n for k, n in b.items() if n}
+
+
+#: an entry's chain parent (`Entry.parent`), read in C
+_PARENT = operator.attrgetter("parent")

@@ -239,11 +239,14 @@ class MemoryStore(BaseStore["_Entry"]):
         super().check_invariants()
         with self._lock:
             rows: dict[PoolName, set[int]] = collections.defaultdict(set)
+            slabs = self._slabs
             for ident, entry in self._pages.items():
-                assert entry.header.pool is ident[0] and entry.header.key == ident[1]
-                assert entry.row not in rows[ident[0]], f"row {entry.row} shared"
-                rows[ident[0]].add(entry.row)
-                assert not self._slabs[ident[0]].free[entry.row], f"{ident} on free row"
+                pool, header, row = ident[0], entry.header, entry.row
+                assert header.pool is pool and header.key == ident[1]
+                taken = rows[pool]
+                assert row not in taken, f"row {row} shared"
+                taken.add(row)
+                assert not slabs[pool].free[row], f"{ident} on free row"
             kept = [(i, e) for i, e in self._rejected if self._pages.get(i) is e]
             assert not kept, f"{len(kept)} page(s) failed verification but are still stored"
             self._rejected.clear()

@@ -20,12 +20,17 @@ Findings (each reported with the node id, all at once):
   component's, `TreeComponent.audit_pool`, and the host's), with no slot owned twice.
 
 `page_ids` and `check_conservation` are the helpers components audit their pools with.
+
+Cost: one pass over the nodes (a caller that listed them for its own checks passes the
+list: `RadixTree.check(nodes=...)`), each node's key packed once per key object (a
+bounded memo by the tuple's identity: an audit after every step packs only new keys)
+and its hash chain recomputed only for keys not seen before (`_chain`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,14 +59,18 @@ def page_ids(slots: Sequence[torch.Tensor], page_size: int) -> list[int]:
 
 
 def check_conservation(
-    what: str, owned: Sequence[int], allocated: torch.Tensor, findings: list[str]
+    what: str,
+    owned: Sequence[int],
+    allocated: torch.Tensor | Sequence[int],
+    findings: list[str],
 ) -> None:
-    """Pages owned (tree + outside) against the allocator's allocated pages."""
+    """Pages owned (tree + outside) against the allocator's allocated pages (a tensor,
+    or Python ints: `allocated_page_list`)."""
     own = set(owned)
     if len(own) != len(owned):
         twice = sorted(k for k, c in Counter(owned).items() if c > 1)
         findings.append(f"{what}: pages owned twice: {twice[:10]}")
-    alloc = set(allocated.cpu().tolist())
+    alloc = set(allocated.cpu().tolist() if isinstance(allocated, torch.Tensor) else allocated)
     if own - alloc:
         findings.append(f"{what}: owned pages the allocator calls free: {sorted(own - alloc)[:10]}")
     if alloc - own:
@@ -95,6 +104,41 @@ def _chain(prior: bytes, packed: bytes, page_size: int) -> list[bytes]:
     return got
 
 
+#: a key's packed forms by the key tuple's identity: id(key) -> (key, format, packed in
+#: the tree's format, u32-packed once asked). A tuple cannot change, and the entry
+#: holds the tuple itself, so its id cannot be reused while the entry lives: an audit
+#: after every step packs only keys it has not seen. Cleared when it holds
+#: `_PACKED_MAX` keys or `_PACKED_TOKENS` tokens (it keeps keys of dead nodes alive).
+_PACKED: dict[int, tuple[tuple[int, ...], str, bytes, list[bytes]]] = {}
+_PACKED_MAX = 1 << 14
+_PACKED_TOKENS = 1 << 21
+_packed_tokens = 0
+
+
+def _packed(key: tuple[int, ...], fmt: str) -> tuple[bytes, Callable[[], bytes]]:
+    """`walk.pack_key(key, fmt)`, and a getter of ``hashing.pack_tokens(key)`` (the
+    same bytes when `fmt` is ``"I"``), remembered by the key's identity."""
+    global _packed_tokens
+    entry = _PACKED.get(id(key))
+    if entry is None or entry[0] is not key or entry[1] != fmt:
+        packed = pack_key(key, fmt)
+        entry = (key, fmt, packed, [packed] if fmt == "I" else [])
+        if type(key) is tuple:  # (anything else might change in place: not remembered)
+            if len(_PACKED) >= _PACKED_MAX or _packed_tokens + len(key) > _PACKED_TOKENS:
+                _PACKED.clear()
+                _packed_tokens = 0
+            _PACKED[id(key)] = entry
+            _packed_tokens += len(key)
+    u32s = entry[3]
+
+    def u32() -> bytes:
+        if not u32s:
+            u32s.append(hashing.pack_tokens(key))
+        return u32s[0]
+
+    return entry[2], u32
+
+
 def _check_node(
     tree: RadixTree,
     node: TreeNode,
@@ -104,78 +148,82 @@ def _check_node(
 ) -> None:
     p = tree.page_size
     parent = node.parent
-    nid = f"node {node.id}"
     if parent is None:
-        findings.append(f"{nid}: no parent but reachable")
+        findings.append(f"node {node.id}: no parent but reachable")
         return
     if not node.key or len(node.key) % p:
-        findings.append(f"{nid}: key of {len(node.key)} tokens is not whole pages")
+        findings.append(f"node {node.id}: key of {len(node.key)} tokens is not whole pages")
     expected_key = child_key(parent, node.key, 0, node.namespace, p)
     if parent.children.get(expected_key) is not node:
-        findings.append(f"{nid}: not filed under its first page in node {parent.id}")
+        findings.append(f"node {node.id}: not filed under its first page in node {parent.id}")
     if node.start != parent.end:
-        findings.append(f"{nid}: starts at {node.start}, parent ends at {parent.end}")
+        findings.append(f"node {node.id}: starts at {node.start}, parent ends at {parent.end}")
     if parent.parent is not None and parent.namespace != node.namespace:
-        findings.append(f"{nid}: namespace differs from its parent's")
+        findings.append(f"node {node.id}: namespace differs from its parent's")
     n = len(node.key)
     backbone = node.data.get(tree.backbone_type)
     if node.device_resident:
         if backbone is None or backbone.numel() != n:
-            findings.append(f"{nid}: resident without {n} backbone slots")
+            findings.append(f"node {node.id}: resident without {n} backbone slots")
         if parent.parent is not None and not parent.device_resident:
-            findings.append(f"{nid}: device child of non-device parent {parent.id}")
+            findings.append(f"node {node.id}: device child of non-device parent {parent.id}")
     elif node.evicted:
         if node.data:
-            findings.append(f"{nid}: evicted but holds device slots")
+            findings.append(f"node {node.id}: evicted but holds device slots")
         if not node.backuped:
-            findings.append(f"{nid}: evicted without a host copy")
+            findings.append(f"node {node.id}: evicted without a host copy")
     else:
-        findings.append(f"{nid}: in the tree in residency {node.residency!r}")
+        findings.append(f"node {node.id}: in the tree in residency {node.residency!r}")
     if node.backuped != (node.host is not None):
-        findings.append(f"{nid}: backed-up state disagrees with host slots")
+        findings.append(f"node {node.id}: backed-up state disagrees with host slots")
     if node.host is not None and node.host.numel() != n:
-        findings.append(f"{nid}: {node.host.numel()} host slots for {n} tokens")
+        findings.append(f"node {node.id}: {node.host.numel()} host slots for {n} tokens")
     if node.backuped and parent.parent is not None and not parent.backuped:
-        findings.append(f"{nid}: backed up under un-backed parent {parent.id}")
+        findings.append(f"node {node.id}: backed up under un-backed parent {parent.id}")
     ticket = node.pending_offload
     if node.offloading != (ticket is not None and not ticket.finished and node in ticket.publish):
-        findings.append(f"{nid}: offloading state disagrees with its ticket {ticket!r}")
+        findings.append(f"node {node.id}: offloading state disagrees with its ticket {ticket!r}")
     if node.lock_ref < 0:
-        findings.append(f"{nid}: negative lock_ref {node.lock_ref}")
-    child_locks = sum(c.lock_ref for c in node.children.values())
-    if node.lock_ref < child_locks:
-        findings.append(f"{nid}: lock_ref {node.lock_ref} < its children's {child_locks}")
-    foreign = sorted(k.name for k in node.data if k not in kinds)
-    if foreign:
-        findings.append(f"{nid}: slots of {foreign} without that component in the tree")
+        findings.append(f"node {node.id}: negative lock_ref {node.lock_ref}")
+    if node.children:  # (a leaf's children hold no locks)
+        child_locks = sum(c.lock_ref for c in node.children.values())
+        if node.lock_ref < child_locks:
+            detail = f"lock_ref {node.lock_ref} < its children's {child_locks}"
+            findings.append(f"node {node.id}: {detail}")
+    if not kinds.issuperset(node.data):
+        foreign = sorted(k.name for k in node.data if k not in kinds)
+        findings.append(f"node {node.id}: slots of {foreign} without that component in the tree")
     for c in tree.components:
         c.audit_node(node, findings)
     if tree.evictable_leaf(node) and (node.last_access, node.id) not in filed:
-        findings.append(f"{nid}: an evictable leaf missing from the eviction heap")
+        findings.append(f"node {node.id}: an evictable leaf missing from the eviction heap")
     fmt = tree.key_format
-    packed = pack_key(node.key, fmt)
+    packed, u32 = _packed(node.key, fmt)
     if node.packed != packed:
-        findings.append(f"{nid}: packed key disagrees with its key")
+        findings.append(f"node {node.id}: packed key disagrees with its key")
     if node.digests is not None:
         if parent.parent is not None and parent.digests is None:
-            findings.append(f"{nid}: hashed under an unhashed parent")
+            findings.append(f"node {node.id}: hashed under an unhashed parent")
             return
         if parent.parent is None:
             prior = hashing.prior_digest(node.namespace)
         else:
             prior = parent.digests[-1] if parent.digests else b""
-        u32 = packed if fmt == "I" else hashing.pack_tokens(node.key)
-        if node.digests != _chain(prior, u32, p):
-            findings.append(f"{nid}: page hashes do not chain from its parent")
+        if node.digests != _chain(prior, u32(), p):
+            findings.append(f"node {node.id}: page hashes do not chain from its parent")
 
 
 def audit(
-    tree: RadixTree, outside: Mapping[ComponentType, Sequence[torch.Tensor]] | None = None
+    tree: RadixTree,
+    outside: Mapping[ComponentType, Sequence[torch.Tensor]] | None = None,
+    nodes: Sequence[TreeNode] | None = None,
 ) -> None:
-    """Audit `tree`; `outside` holds, per component, slots legitimately held outside it."""
+    """Audit `tree`; `outside` holds, per component, slots legitimately held outside it;
+    `nodes` is ``list(tree.nodes())`` when the caller listed them for this audit."""
     outside = outside or {}
     findings: list[str] = []
-    nodes = list(tree.nodes())
+    if nodes is None:
+        nodes = list(tree.nodes())
     if tree.node_count != len(nodes):
         findings.append(f"node count {tree.node_count} != {len(nodes)} nodes in the tree")
     filed = {(stamp, nid) for stamp, nid, _ in tree.evict_heap}
@@ -189,6 +237,6 @@ def audit(
         c.audit_pool(nodes, outside.get(c.component_type, ()), findings)
     if tree.host_allocator is not None:
         host_pages = page_ids(host, tree.page_size)
-        check_conservation("host", host_pages, tree.host_allocator.allocated_page_ids(), findings)
+        check_conservation("host", host_pages, tree.host_allocator.allocated_page_list(), findings)
     if findings:
         raise TreeConsistencyError(findings)

@@ -452,12 +452,20 @@ class RadixTree(HostTier, Offloads):
         return torch.cat(parts) if parts else self._empty
 
     # -- audit -------------------------------------------------------------------------
-    def check(self, outside: Mapping[ComponentType, Sequence[torch.Tensor]] | None = None) -> None:
+    def check(
+        self,
+        outside: Mapping[ComponentType, Sequence[torch.Tensor]] | None = None,
+        *,
+        nodes: Sequence[TreeNode] | None = None,
+    ) -> None:
         """Audit the whole tree; raise `TreeConsistencyError` listing every finding.
 
         `outside` holds, per component, slots legitimately held outside the tree
         (requests' private KV, reserved loads); with them, slot conservation is exact.
+        `nodes`, where given, is ``list(self.nodes())`` taken by the caller for this
+        same audit with nothing changed since (one walk serves a caller's other checks
+        too); by default the audit lists them itself.
         """
         from unicache_fsm.tree.audit import audit
 
-        audit(self, outside)
+        audit(self, outside, nodes)

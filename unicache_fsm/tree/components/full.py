@@ -189,14 +189,15 @@ class FullComponent(TreeComponent):
         self, nodes: Sequence[TreeNode], outside: Sequence[torch.Tensor], findings: list[str]
     ) -> None:
         owned = [s for n in nodes if (s := n.data.get(FULL)) is not None]
+        in_tree = page_ids(owned, self.page_size)
         check_conservation(
             "FULL",
-            page_ids([*owned, *outside], self.page_size),
-            self.tree.allocator.allocated_page_ids(),
+            in_tree + page_ids(outside, self.page_size),
+            self.tree.allocator.allocated_page_list(),
             findings,
         )
         if self.owned is not None:
-            held = set(page_ids(owned, self.page_size))
+            held = set(in_tree)
             books = set(self.owned.marked())
             if books != held:
                 wrong = sorted(books ^ held)[:10]

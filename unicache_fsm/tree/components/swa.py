@@ -284,17 +284,17 @@ class SwaComponent(TreeComponent):
 
     # -- audit ----------------------------------------------------------------------------
     def audit_node(self, node: TreeNode, findings: list[str]) -> None:
-        nid = f"node {node.id}"
         swa, full = node.data.get(SWA), node.data.get(FULL)
         live = _live(node)
         if live != (swa is not None):
-            findings.append(f"{nid}: SWA region {node.residency!r} disagrees with its SWA slots")
+            detail = f"SWA region {node.residency!r} disagrees with its SWA slots"
+            findings.append(f"node {node.id}: {detail}")
         if live != (node in self.lru):
-            findings.append(f"{nid}: SWA LRU membership disagrees with its region")
+            findings.append(f"node {node.id}: SWA LRU membership disagrees with its region")
         if self.lock_count.get(node, 0) > node.lock_ref:
-            findings.append(f"{nid}: SWA lock count above its lock_ref {node.lock_ref}")
+            findings.append(f"node {node.id}: SWA lock count above its lock_ref {node.lock_ref}")
         if swa is not None and (full is None or swa.numel() != len(node.key)):
-            findings.append(f"{nid}: SWA data without matching FULL data")
+            findings.append(f"node {node.id}: SWA data without matching FULL data")
         # the mapping of its FULL slots is audited with every node's at once (audit_pool)
 
     def _audit_mapping(self, nodes: Sequence[TreeNode], findings: list[str]) -> None:
@@ -333,7 +333,7 @@ class SwaComponent(TreeComponent):
         check_conservation(
             "SWA",
             page_ids([*owned, *outside], self.page_size),
-            self.allocator.swa_allocated_page_ids(),
+            self.allocator.swa_allocated_page_list(),
             findings,
         )
         in_tree = set(nodes)
