@@ -19,6 +19,18 @@ same median ratio of this process's CPU time (`time.process_time`: all its threa
 and system; the Redis server's time is not in it), which moves less than wall time when
 other programs share the machine.
 
+The memory-store table primes every case: each timed run comes right after an untimed
+run of the same case (its setup before both), store after store, gather after gather.
+After each call, torch's OpenMP workers spin on the cores for several milliseconds of
+CPU before they sleep (libgomp's default wait policy); whatever runs next on a 2-core
+machine shares a core with that spin, while a torch call that runs next finds its
+workers awake. Unprimed, the rotation times the store's operation right after a torch
+baseline in every round (the baselines follow the store in some rounds only), so the
+store pays for the baseline's spin and torch never does. Primed, each side is timed
+after its own previous run: torch's calls keep the spin that serves them, and no case
+pays for another's. ``--unprimed`` times each case right after the one before, as
+before.
+
 Memory store, against plain torch copies of the same bytes:
 
 - ``vs gather/scatter``: ``torch.index_select(pages, 0, ids, out=buf)`` (the pool ->
@@ -90,10 +102,14 @@ KV = PoolName.KV
 class Rounds:
     """Interleaved timing: every round runs each case once (after its untimed setup),
     in an order rotated by one each round, so drift of a shared machine falls on all
-    cases alike; ratios are taken within a round, then summarised across rounds."""
+    cases alike; ratios are taken within a round, then summarised across rounds. With
+    `primed`, each timed run comes right after an untimed run of the same case (its
+    setup before both), so that no case is timed while the one before it still holds
+    the machine."""
 
-    def __init__(self, repeats: int) -> None:
+    def __init__(self, repeats: int, *, primed: bool = False) -> None:
         self.repeats = repeats
+        self.primed = primed
         self.cpu: list[list[float]] = []
         """CPU seconds (``time.process_time``: every thread of this process, user and
         system) per round of each case of the last `run`."""
@@ -110,6 +126,9 @@ class Rounds:
             for k in range(len(cases)):
                 i = (k + r) % len(cases)
                 fn, setup = cases[i]
+                if self.primed:
+                    setup()
+                    fn()
                 setup()
                 c0 = time.process_time()
                 t0 = time.perf_counter()
@@ -153,7 +172,13 @@ Row = tuple[str, float, float, float, Ratio, Ratio]
 
 
 def bench(
-    *, page_size: int, num_layers: int, width: int, batch_pages: int, rounds: int
+    *,
+    page_size: int,
+    num_layers: int,
+    width: int,
+    batch_pages: int,
+    rounds: int,
+    primed: bool = True,
 ) -> list[Row]:
     """Memory store: (operation, MiB, GB/s, gather/scatter GB/s, vs gather/scatter, vs copy_)."""
     p = page_size
@@ -213,7 +238,7 @@ def bench(
         pass
 
     nbytes = batch_pages * pool.page_nbytes
-    timer = Rounds(rounds)
+    timer = Rounds(rounds, primed=primed)
     out: list[Row] = []
     ours, base, copy = timer.run(
         [(do_offload, evict_all), (gather, nothing), (contiguous, nothing)]
@@ -501,6 +526,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--dir", type=Path, default=None, help="where the file store benchmark writes"
     )
     parser.add_argument("--rounds", type=int, default=0, help="interleaved rounds (0: default)")
+    parser.add_argument(
+        "--unprimed",
+        action="store_true",
+        help="memory store: time each case right after the one before (not after itself)",
+    )
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(backends) - {"memory", "file", "redis"})
@@ -527,9 +557,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(P={shape['page_size']}, {shape['num_layers']} layers x {shape['width']} fp16)"
     )
     if "memory" in backends:
-        rows = bench(rounds=rounds, **shape)
+        rows = bench(rounds=rounds, primed=not args.unprimed, **shape)
         print_table(
-            f"memory store, {pages}, checksummed",
+            f"memory store, {pages}, checksummed"
+            + (", unprimed" if args.unprimed else ", each case primed"),
             ("operation", "MiB", "GB/s", "torch GB/s", "vs gather/scatter", "spread", "vs copy_"),
             [
                 (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))

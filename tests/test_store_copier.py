@@ -2,7 +2,10 @@
 land the same bytes and checksums as one thread; a bad page in any chunk fails its load,
 with no slot written outside the load's own and nothing else lost; an exception on a pool thread
 fails the offload or load it belongs to (``last_error`` set) and leaves the store
-working; `close()` joins the threads.
+working; `close()` joins the threads. An offload's checksum is the one of the bytes as
+they landed in the store, piece by piece: stored bytes changed right after their piece
+was hashed fail the load of their page, and a pool page changed between a piece's copy
+and its hash leaves a page stored as copied, which loads whole.
 
 The store contract runs once more (`TestMemoryStoreThreadedCopies`) with every call
 threaded and every page a chunk of its own (`PARALLEL_BYTES` and `CHUNK_BYTES`
@@ -13,16 +16,19 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 import test_store_memory
 from test_store_memory import KV, Rig, kv_lookup, load_now, offload_now
 from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.store import MemoryStore, StoreConfigError
+from unicache_fsm.store import checksum as checksum_module
 from unicache_fsm.store import copier as copier_module
 from unicache_fsm.store.checksum import PIECE_BYTES, copy_checksum, page_checksum
 from unicache_fsm.store.copier import CHUNK_BYTES, PARALLEL_BYTES, PageCopier
@@ -317,6 +323,121 @@ def test_close_joins_the_stores_copy_threads(big: BigRig) -> None:
     assert torch.equal(twin_rig.read(KV, dst), big.read(KV, src))
     twin.close()
     assert not (_copy_threads() - before)
+
+
+# -- what an offload's checksum covers: the bytes that landed, piece by piece ------------
+
+
+class PieceRig(Rig):
+    """A `Rig` whose pages are three `PIECE_BYTES` pieces (P=4, 2 layers, fp16)."""
+
+    WIDTH = 3 * PIECE_BYTES // (Rig.P * Rig.LAYERS * 2)
+
+    def __init__(self) -> None:
+        super().__init__(pages=16)
+
+
+class _Hooked:
+    """Stands in for the `xxhash` module inside `unicache_fsm.store.checksum`: its
+    streaming XXH3 states call ``before(page, piece, buffer)`` and ``after(...)``
+    around each piece they hash (`buffer`: the piece's landed bytes; `page`: how many
+    states were made before this one, the page's place in a one-worker call)."""
+
+    def __init__(self, before: Callable[..., None], after: Callable[..., None]) -> None:
+        self.before, self.after = before, after
+        self.pages = 0
+
+    def xxh3_64(self) -> _HookedState:
+        self.pages += 1
+        return _HookedState(self, self.pages - 1)
+
+
+class _HookedState:
+    def __init__(self, hooks: _Hooked, page: int) -> None:
+        self.hooks, self.page, self.pieces = hooks, page, 0
+        self.state = xxhash.xxh3_64()
+
+    def update(self, buffer: memoryview) -> None:
+        self.hooks.before(self.page, self.pieces, buffer)
+        self.state.update(buffer)
+        self.hooks.after(self.page, self.pieces, buffer)
+        self.pieces += 1
+
+    def intdigest(self) -> int:
+        return self.state.intdigest()
+
+
+def _nothing(*_: object) -> None:
+    pass
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_stored_bytes_changed_after_their_piece_was_hashed_are_caught_on_load(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """A stored piece corrupted right after it was hashed, while the rest of its page (and
+    other pages) are still being copied, fails the load of that page, as corruption of
+    stored bytes always did: the checksum is the one of the bytes as they landed."""
+    rig = PieceRig()
+    n = 6
+    keys, src = rig.chain(n), rig.fill(KV, n)
+    assert rig.pools[KV].page_nbytes == 3 * PIECE_BYTES
+    store = _store(rig, threads)
+    done = threading.Lock()
+
+    def corrupt(page: int, piece: int, buffer: memoryview) -> None:
+        if piece == 0 and done.acquire(blocking=False):  # the first piece hashed, once
+            buffer[7] ^= 0x01
+
+    monkeypatch.setattr(checksum_module, "xxhash", _Hooked(_nothing, corrupt))
+    assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    monkeypatch.undo()
+    stored = [store.stored_bytes(KV, k) for k in keys]
+    sources = rig.read(KV, src).view(torch.uint8).view(n, -1)
+    changed = [i for i, row in enumerate(stored) if not torch.equal(row, sources[i])]
+    assert len(changed) == 1  # one stored page differs from its source: the corrupted one
+    bad = changed[0]
+    dst = rig.alloc(KV, n)
+    assert not load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+    assert store.rejected_pages == 1
+    assert [store.contains(KV, k) for k in keys] == [i < bad for i in range(n)]
+    if bad:  # the pages before it still load whole
+        assert load_now(store, "ok", [PoolTransfer(KV, dst[: bad * rig.P], keys[:bad])])
+        assert torch.equal(rig.read(KV, dst[: bad * rig.P]), rig.read(KV, src[: bad * rig.P]))
+    store.check_invariants()
+    store.close()
+
+
+def test_a_source_changed_between_a_pieces_copy_and_its_hash_is_stored_as_copied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The checksum is taken of the bytes that landed in the store, not of the pool page
+    read again: a pool page written (against the protocol) between the copy of a piece and
+    its hash leaves the store a page whose checksum matches what it holds, which loads
+    whole, as copied."""
+    rig = PieceRig()
+    n = 4
+    keys, src = rig.chain(n), rig.fill(KV, n)
+    before = rig.read(KV, src).clone()
+    pool = rig.pools[KV]
+    page_rows = pool.page_bytes()
+    first = [int(s) // rig.P for s in src[:: rig.P]]  # pool page id of each page
+    store = _store(rig, 1)
+
+    def overwrite_source(page: int, piece: int, buffer: memoryview) -> None:
+        if page == 2 and piece == 1:  # the piece landed, not hashed yet: its source changes
+            page_rows[first[page], piece * PIECE_BYTES : (piece + 1) * PIECE_BYTES] ^= 0xFF
+
+    monkeypatch.setattr(checksum_module, "xxhash", _Hooked(overwrite_source, _nothing))
+    assert offload_now(store, [PoolTransfer(KV, src, keys)])
+    monkeypatch.undo()
+    assert not torch.equal(rig.read(KV, src), before)  # the pool page did change
+    dst = rig.alloc(KV, n)
+    assert load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(rig.read(KV, dst), before)  # what was copied, checked whole
+    assert store.rejected_pages == 0
+    store.check_invariants()
+    store.close()
 
 
 # -- the contract, every call threaded -----------------------------------------------------
