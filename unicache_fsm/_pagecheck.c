@@ -26,8 +26,9 @@
  * any_flagged(flags, ids) -> bool; set_flags(flags, ids, value) -> None
  *
  *   Per-page flag bytes read and written by a list of page ids in one call
- *   (`unicache_fsm.pools.pageflags.PageFlags`); an id outside the bytes raises
- *   IndexError, and set_flags then changes nothing.
+ *   (`unicache_fsm.pools.pageflags.PageFlags`); every id is converted and checked
+ *   first: one outside the bytes raises IndexError, one that is no integer TypeError
+ *   (any_flagged also past a flagged id), and set_flags then changes nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -153,16 +154,15 @@ static PyObject *any_flagged(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_SIMPLE) < 0) return NULL;
     const uint8_t *f = (const uint8_t *)flags.buf;
     int found = 0;
+    /* every id checked, also past the first flagged one: a bad id is refused wherever it
+     * stands, as the Python form does */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids); i++) {
         Py_ssize_t k = flag_index(ids, i, flags.len);
         if (k < 0) {
             PyBuffer_Release(&flags);
             return NULL;
         }
-        if (f[k]) {
-            found = 1;
-            break;
-        }
+        found |= f[k] != 0;
     }
     PyBuffer_Release(&flags);
     return PyBool_FromLong(found);
