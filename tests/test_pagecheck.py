@@ -24,6 +24,7 @@ from unicache_fsm.pools.errors import (
     ForeignSlotsError,
     PoolError,
     SlotsNotAllocatedError,
+    TensorTypeError,
     UnalignedSlotsError,
 )
 
@@ -160,3 +161,22 @@ def test_native_answers_none_for_slots_that_are_not_int64() -> None:
     assert _pagecheck is not None
     for t in (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1.0, 2.0])):
         assert _pagecheck.live_page_ids(t.numpy(), 1, 4, bytearray(5)) is None
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_sparse_slot_tensor_is_a_typed_error(native: bool) -> None:
+    """A sparse int64 slot tensor raised a bare RuntimeError on the Python paths (no
+    storage) and a TypeError on the native one (NumPy cannot view it); now
+    TensorTypeError naming the layout on both, nothing changed."""
+    alloc = PagedAllocator(64 * 2, 2)
+    slots = alloc.alloc(8)
+    assert slots is not None
+    before = alloc.free_page_ids().tolist()
+    sparse = slots.to_sparse()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paged, "NATIVE_CHECK", native)
+        for call in (alloc.live_page_ids, alloc.check_live, alloc.free):
+            with pytest.raises(TensorTypeError, match="layout") as info:
+                call(sparse)
+            assert info.value.got == torch.sparse_coo
+    assert alloc.free_page_ids().tolist() == before
