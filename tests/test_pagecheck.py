@@ -11,6 +11,9 @@ on and off.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -180,3 +183,28 @@ def test_a_sparse_slot_tensor_is_a_typed_error(native: bool) -> None:
                 call(sparse)
             assert info.value.got == torch.sparse_coo
     assert alloc.free_page_ids().tolist() == before
+
+
+@needs_native
+def test_a_page_count_at_the_top_of_the_range_is_refused_not_read_past_the_flags() -> None:
+    """``num_pages + 1`` overflowed at num_pages = 2**63 - 1, so two flag bytes passed the
+    length check and page ids far past them were read and marked (a crash). Run in a
+    child process, so that a regression fails this test instead of killing the run."""
+    probe = textwrap.dedent(
+        """
+        import numpy as np
+        from unicache_fsm import _pagecheck
+        for slots in ([2, 3], [10**12]):
+            flags = bytearray(2)
+            try:
+                _pagecheck.live_page_ids(np.array(slots, dtype=np.int64), 1, 2**63 - 1, flags)
+            except ValueError as exc:
+                assert "fewer than num_pages + 1" in str(exc), exc
+            else:
+                raise SystemExit("accepted")
+            assert flags == bytearray(2)
+        print("refused")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "refused"), done.stderr[-2000:]

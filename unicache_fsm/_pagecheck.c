@@ -51,7 +51,7 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) return NULL;
-    if (flags.len < num_pages + 1) {
+    if (num_pages >= flags.len) { /* fewer than num_pages + 1 bytes (which could overflow) */
         PyBuffer_Release(&flags);
         PyErr_Format(PyExc_ValueError, "free_flags holds %zd bytes, fewer than num_pages + 1",
                      flags.len);
