@@ -91,7 +91,9 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
             break;
         }
         int64_t k = first / page_size;
-        if (k > num_pages) {
+        /* (k > num_pages, and a page whose last slot would pass INT64_MAX: first + j must
+         * not overflow below) */
+        if (k > num_pages || first > INT64_MAX - (page_size - 1)) {
             ok = 0;
             break;
         }
