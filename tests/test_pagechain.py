@@ -212,3 +212,16 @@ def test_packed_tokens_of_any_buffer_are_hashed_by_their_bytes(native: bool) -> 
     assert page_digests(spread, 4, native=native) == want  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="packed"):
         page_digests("x" * 64, 4, native=native)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bytearray_changed_after_a_call_is_hashed_anew(native: bool) -> None:
+    """The Python path's memo kept the caller's bytearray itself as a chain's pages, so
+    after the caller changed it in place the next call found "the same" pages and
+    answered the old digests. The pages are copied to bytes first."""
+    packed = bytearray(pack_tokens(list(range(32))))
+    first = page_digests(packed, 4, native=native)
+    assert first == hashlib_chain(bytes(packed), 16, b"")
+    packed[-1] ^= 0xFF  # the last page changes; the first page (the memo's key) does not
+    assert page_digests(packed, 4, native=native) == hashlib_chain(bytes(packed), 16, b"")
+    assert page_digests(packed, 4, native=native)[-1] != first[-1]
