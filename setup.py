@@ -8,7 +8,9 @@
   runs); ``unicache_fsm._pagecheck`` (`unicache_fsm/_pagecheck.c`), the live-page check
   of `unicache_fsm.pools.paged` (`paged.NATIVE_CHECK`). Where no C compiler is found
   the build goes on without them and the same results come from Python;
-  ``UNICACHE_FSM_NO_NATIVE=1`` in the environment builds without them.
+  ``UNICACHE_FSM_NO_NATIVE=1`` in the environment builds without them. (An editable
+  install keeps extensions built in place before, ``unicache_fsm/*.so``, and they still
+  load: delete them to run the Python paths.)
 """
 
 import os

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import zipfile
 from pathlib import Path
@@ -50,11 +51,9 @@ def test_fsm_namespace_is_locked() -> None:
         assert hasattr(unicache_fsm.fsm, name), name
 
 
-@pytest.mark.slow
-def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
-    out = tmp_path / "wheel"
-    # built from a clean copy: setuptools builds in the tree it is given, and a build/
-    # left in the checkout would feed stale files to later builds
+def clean_copy(tmp_path: Path) -> Path:
+    """The checkout copied without build outputs (setuptools builds in the tree it is
+    given, and a build/ or an in-place extension would feed stale files to a build)."""
     src = tmp_path / "src"
     shutil.copytree(
         ROOT,
@@ -65,6 +64,62 @@ def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
             ".venv*", "*.so", "out",
         ),
     )  # fmt: skip
+    return src
+
+
+def wheel_names(project: Path | str, out: Path, env: dict[str, str] | None = None) -> list[str]:
+    """Build a wheel of `project` (a tree or an sdist) into `out`; its file names."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(project)],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    (wheel,) = out.glob("unicache_fsm-*.whl")
+    return zipfile.ZipFile(wheel).namelist()
+
+
+@pytest.mark.slow
+def test_a_wheel_builds_without_a_c_compiler(tmp_path: Path) -> None:
+    """The extensions are optional: with no working C compiler (CC=/bin/false) the
+    build goes on and the wheel holds the package without them (the Python paths)."""
+    names = wheel_names(
+        clean_copy(tmp_path), tmp_path / "wheel", {**os.environ, "CC": "/bin/false"}
+    )
+    assert "unicache_fsm/hashing.py" in names and "unicache_fsm/pools/pageflags.py" in names
+    assert "unicache_fsm/specs/offload.toml" in names
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".c"))]
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_the_c_sources_and_builds_the_extensions(tmp_path: Path) -> None:
+    """An sdist holds the C sources, their stubs and the specs, and a wheel built from
+    it has the extensions (where a compiler is: required in CI)."""
+    src, dist = clean_copy(tmp_path), tmp_path / "dist"
+    build = f"from setuptools import build_meta; print(build_meta.build_sdist({str(dist)!r}))"
+    done = subprocess.run(
+        [sys.executable, "-c", build], cwd=src, check=True, capture_output=True, text=True
+    )
+    sdist = dist / done.stdout.strip().splitlines()[-1]
+    with tarfile.open(sdist) as tar:
+        members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
+    for native in ("_pagechain", "_pagecheck"):
+        assert {f"unicache_fsm/{native}.c", f"unicache_fsm/{native}.pyi"} <= members
+    assert {"setup.py", "pyproject.toml", "specs/offload.toml"} <= members
+    assert not [m for m in members if m.endswith(".so")]
+    names = wheel_names(sdist, tmp_path / "wheel")
+    assert "unicache_fsm/specs/offload.toml" in names
+    if os.environ.get("UNICACHE_FSM_REQUIRE_NATIVE") == "1":  # CI: a compiler is there
+        for native in ("_pagechain", "_pagecheck"):
+            assert [n for n in names if n.startswith(f"unicache_fsm/{native}.") and ".so" in n]
+
+
+@pytest.mark.slow
+def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
+    out = tmp_path / "wheel"
+    # built from a clean copy: setuptools builds in the tree it is given, and a build/
+    # left in the checkout would feed stale files to later builds
+    src = clean_copy(tmp_path)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
         check=True,

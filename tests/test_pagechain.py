@@ -183,3 +183,45 @@ def test_a_prior_digest_of_the_wrong_length_is_refused_on_both_paths(
 def test_a_bad_page_size_is_refused_on_both_paths(native: bool, page_size: object) -> None:
     with pytest.raises(hashing.PageSizeError):
         page_digests(pack_tokens([1, 2, 3, 4]), page_size, b"", native=native)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("prior", [0, 32, None, "ab" * 32, [0] * 32])
+def test_a_prior_that_is_no_bytes_is_refused_on_both_paths(native: bool, prior: object) -> None:
+    """``bytes(32)`` is 32 zero bytes: an int prior was hashed as a digest of zeros (and 0
+    as a chain head) instead of being refused."""
+    with pytest.raises(hashing.InvalidPriorHashError, match="bytes-like") as info:
+        page_digests(pack_tokens([1, 2, 3, 4]), 2, prior, native=native)  # type: ignore[arg-type]
+    assert info.value.prior is prior
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_packed_tokens_of_any_buffer_are_hashed_by_their_bytes(native: bool) -> None:
+    """An array('I') or a cast memoryview of the packed tokens hashes as its bytes (its
+    len() counts items, not bytes: only a quarter of the pages were hashed), and a
+    non-contiguous view as the bytes it shows."""
+    import array
+
+    tokens = list(range(64))
+    packed = pack_tokens(tokens)
+    want = page_digests(packed, 4, native=native)
+    assert len(want) == 16
+    for same in (array.array("I", tokens), memoryview(packed).cast("I"), bytearray(packed)):
+        assert page_digests(same, 4, native=native) == want  # type: ignore[arg-type]
+    spread = memoryview(bytes(b for b in packed for _ in (0, 1)))[::2]
+    assert page_digests(spread, 4, native=native) == want  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="packed"):
+        page_digests("x" * 64, 4, native=native)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bytearray_changed_after_a_call_is_hashed_anew(native: bool) -> None:
+    """The Python path's memo kept the caller's bytearray itself as a chain's pages, so
+    after the caller changed it in place the next call found "the same" pages and
+    answered the old digests. The pages are copied to bytes first."""
+    packed = bytearray(pack_tokens(list(range(32))))
+    first = page_digests(packed, 4, native=native)
+    assert first == hashlib_chain(bytes(packed), 16, b"")
+    packed[-1] ^= 0xFF  # the last page changes; the first page (the memo's key) does not
+    assert page_digests(packed, 4, native=native) == hashlib_chain(bytes(packed), 16, b"")
+    assert page_digests(packed, 4, native=native)[-1] != first[-1]

@@ -11,6 +11,9 @@ on and off.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -24,6 +27,7 @@ from unicache_fsm.pools.errors import (
     ForeignSlotsError,
     PoolError,
     SlotsNotAllocatedError,
+    TensorTypeError,
     UnalignedSlotsError,
 )
 
@@ -160,3 +164,47 @@ def test_native_answers_none_for_slots_that_are_not_int64() -> None:
     assert _pagecheck is not None
     for t in (torch.tensor([1, 2], dtype=torch.int32), torch.tensor([1.0, 2.0])):
         assert _pagecheck.live_page_ids(t.numpy(), 1, 4, bytearray(5)) is None
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_sparse_slot_tensor_is_a_typed_error(native: bool) -> None:
+    """A sparse int64 slot tensor raised a bare RuntimeError on the Python paths (no
+    storage) and a TypeError on the native one (NumPy cannot view it); now
+    TensorTypeError naming the layout on both, nothing changed."""
+    alloc = PagedAllocator(64 * 2, 2)
+    slots = alloc.alloc(8)
+    assert slots is not None
+    before = alloc.free_page_ids().tolist()
+    sparse = slots.to_sparse()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paged, "NATIVE_CHECK", native)
+        for call in (alloc.live_page_ids, alloc.check_live, alloc.free):
+            with pytest.raises(TensorTypeError, match="layout") as info:
+                call(sparse)
+            assert info.value.got == torch.sparse_coo
+    assert alloc.free_page_ids().tolist() == before
+
+
+@needs_native
+def test_a_page_count_at_the_top_of_the_range_is_refused_not_read_past_the_flags() -> None:
+    """``num_pages + 1`` overflowed at num_pages = 2**63 - 1, so two flag bytes passed the
+    length check and page ids far past them were read and marked (a crash). Run in a
+    child process, so that a regression fails this test instead of killing the run."""
+    probe = textwrap.dedent(
+        """
+        import numpy as np
+        from unicache_fsm import _pagecheck
+        for slots in ([2, 3], [10**12]):
+            flags = bytearray(2)
+            try:
+                _pagecheck.live_page_ids(np.array(slots, dtype=np.int64), 1, 2**63 - 1, flags)
+            except ValueError as exc:
+                assert "fewer than num_pages + 1" in str(exc), exc
+            else:
+                raise SystemExit("accepted")
+            assert flags == bytearray(2)
+        print("refused")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "refused"), done.stderr[-2000:]

@@ -38,7 +38,7 @@ def test_an_id_outside_the_flags_raises_and_changes_nothing(native: bool, bad: i
     flags.mark([3])
     for op in (flags.mark, flags.clear, flags.any_of, flags.marked_of):
         with pytest.raises(IndexError):
-            op([5, bad, 7])  # type: ignore[operator]
+            op([5, bad, 7])
     assert flags.marked() == [3]
 
 
@@ -56,3 +56,43 @@ def test_a_deep_copy_keeps_its_own_flags() -> None:
     twin.mark([5])
     assert flags.marked() == [1, 2]
     assert twin.marked() == [2, 5]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("bad", [-1, NUM_PAGES + 1, 2**70, "4", 2.0, None])
+def test_a_bad_id_after_a_marked_one_is_still_refused(native: bool, bad: object) -> None:
+    """`any_of` checks every id, not only those before the first marked one: the native
+    form stopped at the first hit and answered True where the Python form raised."""
+    flags = PageFlags(NUM_PAGES, native=native)
+    flags.mark([5])
+    with pytest.raises((IndexError, TypeError)) as raised:
+        flags.any_of([5, bad])  # type: ignore[list-item]
+    assert isinstance(raised.value, IndexError) == isinstance(bad, int)
+    assert flags.marked() == [5]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("bad", ["4", 2.0, None, object()])
+def test_an_id_that_is_no_integer_is_refused_before_any_flag_changes(
+    native: bool, bad: object
+) -> None:
+    """A non-integer id after good ones: TypeError and no flag written (the Python form
+    set the ids before it and then raised)."""
+    flags = PageFlags(NUM_PAGES, native=native)
+    flags.mark([3])
+    for op in (flags.mark, flags.clear):
+        with pytest.raises(TypeError):
+            op([1, 3, bad, 7])  # type: ignore[list-item]
+        assert flags.marked() == [3]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_ids_may_come_as_any_sequence_on_both_forms(native: bool) -> None:
+    """A tuple or range of ids works on both forms (the native form took lists only)."""
+    flags = PageFlags(NUM_PAGES, native=native)
+    flags.mark((1, 2))
+    flags.mark(range(4, 6))
+    assert flags.any_of((2,))
+    assert not flags.any_of((3, 7))
+    flags.clear((1,))
+    assert flags.marked() == [2, 4, 5]

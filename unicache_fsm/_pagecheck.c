@@ -26,8 +26,9 @@
  * any_flagged(flags, ids) -> bool; set_flags(flags, ids, value) -> None
  *
  *   Per-page flag bytes read and written by a list of page ids in one call
- *   (`unicache_fsm.pools.pageflags.PageFlags`); an id outside the bytes raises
- *   IndexError, and set_flags then changes nothing.
+ *   (`unicache_fsm.pools.pageflags.PageFlags`); every id is converted and checked
+ *   first: one outside the bytes raises IndexError, one that is no integer TypeError
+ *   (any_flagged also past a flagged id), and set_flags then changes nothing.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,7 +51,7 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) return NULL;
-    if (flags.len < num_pages + 1) {
+    if (num_pages >= flags.len) { /* fewer than num_pages + 1 bytes (which could overflow) */
         PyBuffer_Release(&flags);
         PyErr_Format(PyExc_ValueError, "free_flags holds %zd bytes, fewer than num_pages + 1",
                      flags.len);
@@ -90,7 +91,9 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
             break;
         }
         int64_t k = first / page_size;
-        if (k > num_pages) {
+        /* (k > num_pages, and a page whose last slot would pass INT64_MAX: first + j must
+         * not overflow below) */
+        if (k > num_pages || first > INT64_MAX - (page_size - 1)) {
             ok = 0;
             break;
         }
@@ -153,16 +156,15 @@ static PyObject *any_flagged(PyObject *self, PyObject *args) {
     if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_SIMPLE) < 0) return NULL;
     const uint8_t *f = (const uint8_t *)flags.buf;
     int found = 0;
+    /* every id checked, also past the first flagged one: a bad id is refused wherever it
+     * stands, as the Python form does */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids); i++) {
         Py_ssize_t k = flag_index(ids, i, flags.len);
         if (k < 0) {
             PyBuffer_Release(&flags);
             return NULL;
         }
-        if (f[k]) {
-            found = 1;
-            break;
-        }
+        found |= f[k] != 0;
     }
     PyBuffer_Release(&flags);
     return PyBool_FromLong(found);

@@ -324,13 +324,17 @@ def page_digests(
     the raw digest of the page before). ``d.hex()`` is the page's key.
 
     Hashed in one native call when `NATIVE_CHAIN` (and `native`); otherwise page by
-    page in Python, with the memo of chains hashed lately. `PageSizeError` for a page
-    size below 1, `InvalidPriorHashError` for a prior that is neither b"" nor 32 bytes.
+    page in Python, with the memo of chains hashed lately. `packed` and `prior` may be
+    any bytes-like objects (read by their bytes). `PageSizeError` for a page size below
+    1, `InvalidPriorHashError` for a prior that is not bytes-like or neither b"" nor 32
+    bytes, TypeError for packed tokens that are not bytes-like.
     """
     if type(page_size) is not int or page_size < 1:
         _check_page_size(page_size)
     if type(prior) is not bytes:
-        prior = bytes(prior)  # a bytearray (or view) would make the memo's key unhashable
+        prior = _prior_bytes(prior)
+    if type(packed) is not bytes:
+        packed = _packed_bytes(packed)
     if len(prior) not in (0, 32):
         msg = (
             f"prior digest of {len(prior)} bytes: pass b'' at a chain head or the raw "
@@ -375,6 +379,29 @@ def page_digests(
         _memo_pages += len(out)
         _memo_bytes += size
     return out
+
+
+def _prior_bytes(prior: object) -> bytes:
+    """A bytes-like `prior` as bytes (a bytearray or view would make the memo's key
+    unhashable); anything else (``bytes(32)`` is 32 zero bytes) InvalidPriorHashError."""
+    try:
+        return bytes(memoryview(prior))  # type: ignore[arg-type]
+    except TypeError:
+        msg = (
+            f"prior digest must be bytes-like (b'' at a chain head or a raw 32-byte "
+            f"digest), got {type(prior).__name__}"
+        )
+        raise InvalidPriorHashError(msg, prior=prior) from None
+
+
+def _packed_bytes(packed: object) -> bytes:
+    """A bytes-like `packed` as its bytes (an array('I') or a cast view counts items in
+    its len(), not bytes); anything else TypeError."""
+    try:
+        return bytes(memoryview(packed))  # type: ignore[arg-type]
+    except TypeError:
+        msg = f"packed tokens must be bytes-like (pack_tokens output), got {type(packed).__name__}"
+        raise TypeError(msg) from None
 
 
 def _python_chain(

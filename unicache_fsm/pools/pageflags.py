@@ -8,7 +8,10 @@
 - `mark(ids)` / `clear(ids)` — set / clear the flag of every id in the list.
 - `marked()` -> every marked id, ascending.
 
-Ids must lie in 0 .. num_pages: an id outside raises `IndexError` and changes nothing.
+Ids come as a list (any other iterable is copied into one first) and must be integers
+(`TypeError` otherwise) in 0 .. num_pages (`IndexError` otherwise); every id is checked
+before any flag is read or written, so a refused call changes nothing and `any_of`
+refuses a bad id even after a marked one.
 Where the optional C extension ``unicache_fsm._pagecheck`` was built, each call over a
 list is one native call; otherwise the same in Python (`operator.itemgetter` to read,
 a loop to write). `tests/test_pageflags.py` holds both to a set of ids.
@@ -16,8 +19,8 @@ a loop to write). `tests/test_pageflags.py` holds both to a set of ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from operator import itemgetter
+from collections.abc import Callable, Iterable
+from operator import index, itemgetter
 
 import numpy as np
 
@@ -50,39 +53,40 @@ class PageFlags:
     def num_pages(self) -> int:
         return len(self._flags) - 1
 
-    def _check(self, ids: list[int]) -> None:
+    def _check(self, ids: Iterable[int]) -> list[int]:
+        """`ids` as a list of ints, each inside the flags; else TypeError / IndexError."""
+        keys = list(map(index, ids))
         top = len(self._flags)
-        if ids and (min(ids) < 0 or max(ids) >= top):
-            bad = next(k for k in ids if not 0 <= k < top)
+        if keys and (min(keys) < 0 or max(keys) >= top):
+            bad = next(k for k in keys if not 0 <= k < top)
             msg = f"page id {bad} outside the {top} flag bytes"
             raise IndexError(msg)
+        return keys
 
-    def any_of(self, ids: list[int]) -> bool:
+    def any_of(self, ids: Iterable[int]) -> bool:
         if self._any is not None:
-            return self._any(self._flags, ids)
-        self._check(ids)
-        if len(ids) > 1:
-            return any(itemgetter(*ids)(self._flags))
-        return bool(ids) and bool(self._flags[ids[0]])
+            return self._any(self._flags, ids if type(ids) is list else list(ids))
+        keys = self._check(ids)
+        if len(keys) > 1:
+            return any(itemgetter(*keys)(self._flags))
+        return bool(keys) and bool(self._flags[keys[0]])
 
-    def marked_of(self, ids: list[int]) -> list[int]:
-        self._check(ids)
+    def marked_of(self, ids: Iterable[int]) -> list[int]:
         flags = self._flags
-        return sorted({k for k in ids if flags[k]})
+        return sorted({k for k in self._check(ids) if flags[k]})
 
-    def mark(self, ids: list[int]) -> None:
+    def mark(self, ids: Iterable[int]) -> None:
         self._write(ids, True)
 
-    def clear(self, ids: list[int]) -> None:
+    def clear(self, ids: Iterable[int]) -> None:
         self._write(ids, False)
 
-    def _write(self, ids: list[int], value: bool) -> None:
+    def _write(self, ids: Iterable[int], value: bool) -> None:
         if self._set is not None:
-            self._set(self._flags, ids, value)
+            self._set(self._flags, ids if type(ids) is list else list(ids), value)
             return
-        self._check(ids)
         flags, byte = self._flags, int(value)
-        for k in ids:
+        for k in self._check(ids):
             flags[k] = byte
 
     def marked(self) -> list[int]:

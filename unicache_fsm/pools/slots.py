@@ -134,7 +134,8 @@ class SlotCodec:
         return self._device
 
     def check_index_tensor(self, t: object, what: str) -> torch.Tensor:
-        """`t` itself if it is a 1-D int64 tensor on this pool's device; else a typed error."""
+        """`t` itself if it is a dense 1-D int64 tensor on this pool's device; else a typed
+        error."""
         name = self._layout.name
         if not isinstance(t, torch.Tensor):
             msg = (
@@ -148,6 +149,12 @@ class SlotCodec:
                 f"convert with .to(torch.int64)"
             )
             raise TensorTypeError(msg, what=what, got=t.dtype, expected=torch.int64)
+        if t.layout != torch.strided:  # a sparse tensor has no memory to view or index
+            msg = (
+                f"pool {name!r}: {what} must be a dense (strided) tensor, got layout "
+                f"{t.layout}; convert it with .to_dense()"
+            )
+            raise TensorTypeError(msg, what=what, got=t.layout, expected=torch.strided)
         if t.device != self._device:
             msg = (
                 f"pool {name!r}: {what} is on {t.device} but the pool lives on "
