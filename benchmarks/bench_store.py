@@ -557,8 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "memory" in backends:
         rows = bench(rounds=rounds, primed=args.primed, **shape)
         print_table(
-            f"memory store, {pages}, checksummed"
-            + (", each case primed" if args.primed else ""),
+            f"memory store, {pages}, checksummed" + (", each case primed" if args.primed else ""),
             ("operation", "MiB", "GB/s", "torch GB/s", "vs gather/scatter", "spread", "vs copy_"),
             [
                 (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))

@@ -359,12 +359,9 @@ class PagedAllocator:
         t = codec.check_index_tensor(slots, what)
         flags = self._free_flags
         if flags is not None:
-            native = _native_live_page_ids if NATIVE_CHECK else None
-            if native is not None:
-                layout = self._layout
-                ids = native(numpy_view(t), layout.page_size, layout.num_pages, flags)
-                if ids is not None:
-                    return ids
+            ids = self._native_page_ids(t)
+            if ids is not None:
+                return ids
             n = t.numel()
             if codec.checks_in_python(n):
                 return self._live_page_list(t, what=what, freeing=False)
@@ -413,17 +410,24 @@ class PagedAllocator:
             self._raise_not_live(pages, what=what, freeing=freeing)
         return pages
 
+    def _native_page_ids(self, t: torch.Tensor) -> list[int] | None:
+        """The native check's page ids of a CPU slot tensor; None where it is not built
+        or turned off (`NATIVE_CHECK`), or refuses (the Python paths name why)."""
+        native = _native_live_page_ids if NATIVE_CHECK else None
+        flags = self._free_flags
+        if native is None or flags is None:
+            return None
+        layout = self._layout
+        return native(numpy_view(t), layout.page_size, layout.num_pages, flags)
+
     def _live_page_list(self, t: torch.Tensor, *, what: str, freeing: bool) -> list[int]:
         """`live_pages` for a small slot tensor on CPU, checked in Python over `tolist()`
         and the bytearray `_is_free` views (same checks, same errors)."""
         flags = self._free_flags
         assert flags is not None, "the Python path needs the CPU bytearray flags"
-        native = _native_live_page_ids if NATIVE_CHECK else None
-        if native is not None:
-            layout = self._layout
-            ids = native(numpy_view(t), layout.page_size, layout.num_pages, flags)
-            if ids is not None:
-                return ids
+        ids = self._native_page_ids(t)
+        if ids is not None:
+            return ids
         page_ids = self._codec.page_list(t, what)
         if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
