@@ -37,7 +37,6 @@ culprits. The same answers either way (tests/test_pagecheck.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -53,6 +52,7 @@ from unicache_fsm.pools.errors import (
     TensorTypeError,
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
+from unicache_fsm.pools.pageflags import any_set
 from unicache_fsm.pools.slots import (
     SMALL_SLOTS,
     SlotCodec,
@@ -78,16 +78,6 @@ read at each call, so a test may turn it off to run the Python paths alone."""
 #: over a sorted NumPy copy, a few fixed-cost calls, instead of the torch reductions
 #: and `unique` of the tensor path.
 NUMPY_SLOTS = 1 << 16
-
-
-def _any_flagged(flags: bytearray, page_ids: list[int]) -> bool:
-    """Is ``flags[k]`` set for some `k` of `page_ids` (ids already range-checked)?
-
-    One `itemgetter` call gathers every flag in C (a third of the time of a Python
-    call per id, which `map(flags.__getitem__, ...)` makes)."""
-    if len(page_ids) > 1:
-        return any(itemgetter(*page_ids)(flags))
-    return bool(page_ids) and bool(flags[page_ids[0]])
 
 
 class PagedAllocator:
@@ -327,7 +317,7 @@ class PagedAllocator:
             pages = torch.tensor(page_ids, dtype=torch.int64, device=self._device)
             self.free(self._codec.to_slots(pages))
             return
-        if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
+        if any_set(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=True)
         self.release_page_ids(page_ids)
@@ -399,7 +389,12 @@ class PagedAllocator:
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
         if self._free_flags is not None and codec.checks_in_python(t.numel()):
-            page_ids = self._live_page_list(t, what=what, freeing=freeing)
+            native = self._native_page_ids(t)
+            page_ids = (
+                native
+                if native is not None
+                else self._live_page_list(t, what=what, freeing=freeing)
+            )
             if self._layout.page_size == 1:
                 return t
             return int64_tensor(page_ids, self._device)
@@ -425,11 +420,8 @@ class PagedAllocator:
         and the bytearray `_is_free` views (same checks, same errors)."""
         flags = self._free_flags
         assert flags is not None, "the Python path needs the CPU bytearray flags"
-        ids = self._native_page_ids(t)
-        if ids is not None:
-            return ids
         page_ids = self._codec.page_list(t, what)
-        if _any_flagged(flags, page_ids) or len(set(page_ids)) != len(page_ids):
+        if any_set(flags, page_ids) or len(set(page_ids)) != len(page_ids):
             pages = torch.tensor(page_ids, dtype=torch.int64)
             self._raise_not_live(pages, what=what, freeing=freeing)
         return page_ids

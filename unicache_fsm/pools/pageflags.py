@@ -7,6 +7,8 @@
   marked ones (sorted, once each).
 - `mark(ids)` / `clear(ids)` — set / clear the flag of every id in the list.
 - `marked()` -> every marked id, ascending.
+- `any_set(flags, ids)` — the Python read over any flag bytearray, for ids already
+  checked (the allocator's free flags use it too).
 
 Ids come as a list (any other iterable is copied into one first) and must be integers
 (`TypeError` otherwise) in 0 .. num_pages (`IndexError` otherwise); every id is checked
@@ -24,7 +26,7 @@ from operator import index, itemgetter
 
 import numpy as np
 
-__all__ = ["PageFlags"]
+__all__ = ["PageFlags", "any_set"]
 
 _native_any: Callable[[bytearray, list[int]], bool] | None
 _native_set: Callable[[bytearray, list[int], bool], None] | None
@@ -33,6 +35,16 @@ try:
     from unicache_fsm._pagecheck import set_flags as _native_set
 except ImportError:  # pragma: no cover - built without a C compiler
     _native_any = _native_set = None
+
+
+def any_set(flags: bytearray, ids: list[int]) -> bool:
+    """Is ``flags[k]`` set for some `k` of `ids` (ids already checked to lie inside)?
+
+    One `itemgetter` call gathers every flag in C (a third of the time of a Python call
+    per id, which `map(flags.__getitem__, ...)` makes)."""
+    if len(ids) > 1:
+        return any(itemgetter(*ids)(flags))
+    return bool(ids) and bool(flags[ids[0]])
 
 
 class PageFlags:
@@ -66,10 +78,7 @@ class PageFlags:
     def any_of(self, ids: Iterable[int]) -> bool:
         if self._any is not None:
             return self._any(self._flags, ids if type(ids) is list else list(ids))
-        keys = self._check(ids)
-        if len(keys) > 1:
-            return any(itemgetter(*keys)(self._flags))
-        return bool(keys) and bool(self._flags[keys[0]])
+        return any_set(self._flags, self._check(ids))
 
     def marked_of(self, ids: Iterable[int]) -> list[int]:
         flags = self._flags
