@@ -31,7 +31,7 @@ setup(
             extra_compile_args=["-O3"],
             optional=True,
         )
-        for name in ("_pagechain", "_pagecheck")
+        for name in ("_pagechain", "_pagecheck", "_pagecopy")
     ]
     if NATIVE
     else [],

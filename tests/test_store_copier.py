@@ -151,7 +151,7 @@ def test_an_exception_on_a_pool_thread_is_raised_by_the_call(
     src = _rows(PAGES, PAGE, 4)
     dst = np.zeros_like(src)
     copier = PageCopier(2)
-    _fail_on_pool_thread(monkeypatch, "copy_checksum", RuntimeError("boom on a pool thread"))
+    _fail_on_pool_thread(monkeypatch, "copy_checksums", RuntimeError("boom on a pool thread"))
     with pytest.raises(RuntimeError, match="boom on a pool thread"):
         copier.copy_checksummed(dst, list(range(PAGES)), src, list(range(PAGES)))
     monkeypatch.undo()
@@ -272,7 +272,7 @@ def test_an_exception_on_a_pool_thread_fails_only_its_offload(
     keys, src = big.chain(PAGES), big.fill(KV, PAGES)
     store = _store(big, 2)
     error = RuntimeError("offload worker failed")
-    _fail_on_pool_thread(monkeypatch, "copy_checksum", error)
+    _fail_on_pool_thread(monkeypatch, "copy_checksums", error)
     assert not offload_now(store, [PoolTransfer(KV, src, keys)])
     assert store.last_error is error
     assert store.num_pages == 0 and not any(store.contains(KV, k) for k in keys)
@@ -292,7 +292,7 @@ def test_an_exception_on_a_pool_thread_fails_its_load_and_drops_nothing(
     store = _store(big, 2)
     assert offload_now(store, [PoolTransfer(KV, src, keys)])
     error = RuntimeError("load worker failed")
-    _fail_on_pool_thread(monkeypatch, "copy_checksum", error)
+    _fail_on_pool_thread(monkeypatch, "copy_checksums", error)
     dst = big.alloc(KV, PAGES)
     before = big.pools[KV].data.clone()
     assert not load_now(store, "r", [PoolTransfer(KV, dst, keys)])
@@ -326,6 +326,11 @@ def test_close_joins_the_stores_copy_threads(big: BigRig) -> None:
 
 
 # -- what an offload's checksum covers: the bytes that landed, piece by piece ------------
+
+
+# (The native copy hashes each stripe from the register it stores, so no byte can change
+# between the two; these tests pin the same contract on the Python path, the one whose
+# copy and hash are two steps.)
 
 
 class PieceRig(Rig):
@@ -389,6 +394,7 @@ def test_stored_bytes_changed_after_their_piece_was_hashed_are_caught_on_load(
         if piece == 0 and done.acquire(blocking=False):  # the first piece hashed, once
             buffer[7] ^= 0x01
 
+    monkeypatch.setattr(checksum_module, "NATIVE_COPY", False)  # the piece-by-piece path
     monkeypatch.setattr(checksum_module, "xxhash", _Hooked(_nothing, corrupt))
     assert offload_now(store, [PoolTransfer(KV, src, keys)])
     monkeypatch.undo()
@@ -428,6 +434,7 @@ def test_a_source_changed_between_a_pieces_copy_and_its_hash_is_stored_as_copied
         if page == 2 and piece == 1:  # the piece landed, not hashed yet: its source changes
             page_rows[first[page], piece * PIECE_BYTES : (piece + 1) * PIECE_BYTES] ^= 0xFF
 
+    monkeypatch.setattr(checksum_module, "NATIVE_COPY", False)  # the piece-by-piece path
     monkeypatch.setattr(checksum_module, "xxhash", _Hooked(overwrite_source, _nothing))
     assert offload_now(store, [PoolTransfer(KV, src, keys)])
     monkeypatch.undo()

@@ -15,6 +15,22 @@
   (XXH3's streaming form, the same value) right after it lands, while it is still in
   the core's cache, so a copy and its checksum cost one pass over memory, not two.
   Both the copy and the hash release the GIL while they run.
+- `copy_checksums(dst, dst_rows, src, src_rows) -> list[int]` — `copy_checksum` of
+  ``dst[dst_rows[i]]`` and ``src[src_rows[i]]`` for each i (2-D uint8 NumPy arrays of
+  one row length; rows inside their arrays, no destination row overlapping its source
+  row), the checksums in order: the form `unicache_fsm.store.copier` calls, a chunk of
+  pages at a time.
+
+Native copies: where the optional extension ``unicache_fsm._pagecopy`` is built (setup.py)
+and `NATIVE_COPY` is true, pages of more than 240 bytes whose source and destination
+are C-contiguous move in native code, many pages in one call with the GIL released:
+each 64-byte stripe is read once, folded into XXH3's state and stored from the same
+register (AVX2 where the CPU has it; large aligned pages with streaming stores, which
+skip reading the destination first), so the checksum is of the bytes as stored, as in
+the piece-by-piece Python path. The values are XXH3-64's, the same as the Python path's
+(the native XXH3 is checked against the `xxhash` package in the tests). Other pages
+(short, strided), and every page when the extension is absent or `NATIVE_COPY` is set
+false, take the Python path above. `COPY_IMPLEMENTATION` says which runs, in words.
 
 XXH3 is not a cryptographic hash: it detects torn, partial, damaged and misplaced pages,
 not a party that forges pages on purpose (whoever can write the store can write a page
@@ -24,15 +40,43 @@ header (`unicache_fsm.store.pageformat`); the memory store keeps it beside the p
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import xxhash
 
-__all__ = ["PIECE_BYTES", "copy_checksum", "page_checksum", "page_checksums"]
+__all__ = [
+    "COPY_IMPLEMENTATION",
+    "NATIVE_COPY",
+    "PIECE_BYTES",
+    "copy_checksum",
+    "copy_checksums",
+    "page_checksum",
+    "page_checksums",
+]
 
 _XXH3 = xxhash.xxh3_64_intdigest
+
+_NativeRows = Callable[[Any, list[int], Any, list[int], int], list[int]]
+_native_rows: _NativeRows | None
+try:
+    from unicache_fsm._pagecopy import HARDWARE_AVX2 as _HARDWARE_AVX2
+    from unicache_fsm._pagecopy import SHORT_MAX as _SHORT_MAX
+    from unicache_fsm._pagecopy import copy_rows as _native_rows
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native_rows, _HARDWARE_AVX2, _SHORT_MAX = None, False, 0
+
+NATIVE_COPY: bool = _native_rows is not None
+"""Whether `copy_checksum` and `copy_checksums` move contiguous pages of more than 240
+bytes in native code (``unicache_fsm._pagecopy``; optional, see setup.py). Read at each
+call: setting it false (the tests do) runs the Python path."""
+
+COPY_IMPLEMENTATION: str = (
+    ("native, AVX2" if _HARDWARE_AVX2 else "native, portable C") if _native_rows else "Python"
+)
+"""What copies and checksums pages here, in words (benchmarks print it)."""
 
 #: bytes `copy_checksum` copies and hashes at a time (source and destination of one
 #: piece together fit a core's L2 cache with room to spare)
@@ -59,6 +103,9 @@ def copy_checksum(dst: Any, src: Any) -> int:
     if dst.shape != src.shape:
         msg = f"copy_checksum: destination of {dst.shape} bytes for a source of {src.shape}"
         raise ValueError(msg)
+    if _native(dst, src, n):
+        assert _native_rows is not None
+        return _native_rows(dst, [0], src, [0], n)[0]
     if n <= PIECE_BYTES:
         dst[...] = src
         return _XXH3(_landed(dst))
@@ -68,6 +115,35 @@ def copy_checksum(dst: Any, src: Any) -> int:
         piece[...] = src[at : at + PIECE_BYTES]
         state.update(_landed(piece))
     return state.intdigest()
+
+
+def copy_checksums(
+    dst: Any, dst_rows: Sequence[int], src: Any, src_rows: Sequence[int]
+) -> list[int]:
+    """``copy_checksum(dst[dst_rows[i]], src[src_rows[i]])`` for each i (2-D uint8 NumPy
+    arrays, rows inside them, as many of each), in one native call where it can."""
+    n = src.shape[1]
+    if dst.shape[1] != n or len(dst_rows) != len(src_rows):
+        msg = (
+            f"copy_checksums: {len(src_rows)} source row(s) of {n} bytes into "
+            f"{len(dst_rows)} destination row(s) of {dst.shape[1]} bytes"
+        )
+        raise ValueError(msg)
+    if _native(dst, src, n):
+        assert _native_rows is not None
+        return _native_rows(dst, list(dst_rows), src, list(src_rows), n)
+    return [copy_checksum(dst[d], src[s]) for d, s in zip(dst_rows, src_rows, strict=True)]
+
+
+def _native(dst: Any, src: Any, n: int) -> bool:
+    """Whether pages of `n` bytes of the arrays `dst` and `src` go to the native copy."""
+    return (
+        NATIVE_COPY
+        and n > _SHORT_MAX
+        and dst.flags.c_contiguous
+        and dst.flags.writeable
+        and src.flags.c_contiguous
+    )
 
 
 def _landed(a: Any) -> Any:

@@ -6,7 +6,8 @@ store's slab, a CPU pool's `page_bytes()`), named by row index:
 
 - `copy_checksummed(dst, dst_rows, src, src_rows) -> list[int]` — ``dst[dst_rows[i]] =
   src[src_rows[i]]`` for every i, returning each page's `page_checksum`, taken piece by
-  piece as the page lands (`copy_checksum`): one pass over memory for both. An
+  piece as the page lands (`copy_checksums`, a chunk of pages in one call: native code
+  where the extension is built): one pass over memory for both. An
   offload checksums what it stores this way; a load compares what lands in its slots
   with the stored checksums.
 - `close()` — join the pool threads (a second call is a no-op). A closed copier still
@@ -17,8 +18,9 @@ and up to ``workers - 1`` pool threads each take the next chunk until none is le
 thread slowed by a busy machine does less and none waits for a fixed share. ``workers``
 is `threads`, or, when that is None, `torch.get_num_threads()` at the call (as many
 workers as torch's own copies use; one torch thread, one worker); a call of fewer than
-`PARALLEL_BYTES` bytes, or of one chunk, runs on the calling thread alone. NumPy's copy
-and XXH3 release the GIL while they run, so the workers move bytes at the same time.
+`PARALLEL_BYTES` bytes, or of one chunk, runs on the calling thread alone. The native
+copy, NumPy's copy and XXH3 release the GIL while they run, so the workers move bytes at
+the same time.
 Rows of one call must be inside their arrays and must not overlap (every destination
 row once, none a source row of the same array), else `ValueError` naming them, before
 anything is written.
@@ -47,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from unicache_fsm.store.checksum import copy_checksum
+from unicache_fsm.store.checksum import copy_checksums
 from unicache_fsm.store.errors import StoreConfigError
 
 __all__ = ["CHUNK_BYTES", "PARALLEL_BYTES", "PageCopier", "check_threads"]
@@ -107,8 +109,7 @@ class PageCopier:
         sums = [0] * n
 
         def work(start: int, stop: int) -> None:
-            for i in range(start, stop):
-                sums[i] = copy_checksum(dst[dst_rows[i]], src[src_rows[i]])
+            sums[start:stop] = copy_checksums(dst, dst_rows[start:stop], src, src_rows[start:stop])
 
         self._each_chunk(n, src.shape[1], work)
         return sums

@@ -1,0 +1,397 @@
+/*
+ * unicache_fsm._pagecopy: page copies fused with their XXH3-64 checksum, in one call.
+ *
+ * xxh3_64(data, hardware=True) -> int
+ *
+ *   XXH3-64 (seed 0, the default secret) of the bytes of `data`, a C-contiguous buffer
+ *   of more than SHORT_MAX (240) bytes, as an unsigned 64-bit int: the value of
+ *   xxhash.xxh3_64_intdigest(data). Shorter inputs take other paths of XXH3 that are
+ *   not written here (ValueError: unicache_fsm.store.checksum hashes them with the
+ *   xxhash package; pages are large).
+ *
+ * copy_rows(dst, dst_rows, src, src_rows, row_bytes, hardware=True) -> list[int]
+ *
+ *   For each i: the `row_bytes` bytes of row src_rows[i] of `src` (the bytes at
+ *   src_rows[i] * row_bytes) copied to row dst_rows[i] of `dst`, and their XXH3-64, in
+ *   one pass: each 64-byte stripe is read once, folded into the hash state and stored
+ *   to the destination. `dst` is a writable C-contiguous buffer, `src` a C-contiguous
+ *   buffer, both whole multiples of row_bytes (> 240). Errors (the buffers untouched):
+ *   TypeError for a buffer of the wrong kind or a row that is not an int; ValueError for
+ *   row lists of different lengths, a row outside its buffer, a destination row that
+ *   overlaps its source row in memory, or a bad row_bytes. Destination rows named twice
+ *   are not detected (the caller's check). The copies run with the GIL released: other
+ *   threads may call at the same time on other rows.
+ *
+ *   Destinations aligned to 32 bytes of pages of STREAM_MIN_BYTES or more are written
+ *   with non-temporal (streaming) stores on the AVX2 path: a page that large is not read
+ *   again soon, and a streaming store skips reading the destination's line first.
+ *
+ * hardware=False forces the portable path even where the CPU has AVX2 (the tests run
+ * both). HARDWARE_AVX2: whether this build and CPU have the AVX2 path (CPUID, at import).
+ *
+ * XXH3 is written here from its published specification (Yann Collet's xxHash, doc/
+ * xxhash_spec.md, "XXH3 Algorithm Overview", inputs of more than 240 bytes): stripes of
+ * 64 bytes accumulated into eight 64-bit lanes, a scramble after each block of 16
+ * stripes, the last stripe at the input's end, the lanes merged and avalanched. The
+ * tests compare every value with the xxhash package.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_X86_AVX2 1
+#include <immintrin.h>
+#else
+#define HAVE_X86_AVX2 0
+#endif
+
+#define SHORT_MAX 240
+#define STRIPE 64
+#define SECRET_SIZE 192
+#define STRIPES_PER_BLOCK ((SECRET_SIZE - STRIPE) / 8) /* 16 */
+#define BLOCK (STRIPE * STRIPES_PER_BLOCK)               /* 1024 bytes */
+#define LASTACC_START 7
+#define MERGEACCS_START 11
+/* pages written with streaming stores from this size on (smaller ones may be read soon) */
+#define STREAM_MIN_BYTES (64 << 10)
+
+static const uint64_t PRIME32_1 = 0x9E3779B1U;
+static const uint64_t PRIME32_2 = 0x85EBCA77U;
+static const uint64_t PRIME32_3 = 0xC2B2AE3DU;
+static const uint64_t PRIME64_1 = 0x9E3779B185EBCA87ULL;
+static const uint64_t PRIME64_2 = 0xC2B2AE3D27D4EB4FULL;
+static const uint64_t PRIME64_3 = 0x165667B19E3779F9ULL;
+static const uint64_t PRIME64_4 = 0x85EBCA77C2B2AE63ULL;
+static const uint64_t PRIME64_5 = 0x27D4EB2F165667C5ULL;
+
+/* the default secret of the specification */
+static const uint8_t SECRET[SECRET_SIZE] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+static inline uint64_t read64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8); /* little-endian: x86-64, and every CPU this package is built for */
+    return v;
+}
+
+static inline uint64_t mul128_fold64(uint64_t a, uint64_t b) {
+    __uint128_t product = (__uint128_t)a * b;
+    return (uint64_t)product ^ (uint64_t)(product >> 64);
+}
+
+static inline uint64_t avalanche(uint64_t h) {
+    h ^= h >> 37;
+    h *= 0x165667919E3779F9ULL;
+    return h ^ (h >> 32);
+}
+
+static void init_acc(uint64_t acc[8]) {
+    acc[0] = PRIME32_3;
+    acc[1] = PRIME64_1;
+    acc[2] = PRIME64_2;
+    acc[3] = PRIME64_3;
+    acc[4] = PRIME64_4;
+    acc[5] = PRIME32_2;
+    acc[6] = PRIME64_5;
+    acc[7] = PRIME32_1;
+}
+
+static uint64_t merge(const uint64_t acc[8], size_t n) {
+    const uint8_t *key = SECRET + MERGEACCS_START;
+    uint64_t result = (uint64_t)n * PRIME64_1;
+    for (int i = 0; i < 4; i++)
+        result += mul128_fold64(acc[2 * i] ^ read64(key + 16 * i), acc[2 * i + 1] ^ read64(key + 16 * i + 8));
+    return avalanche(result);
+}
+
+/* One pass over n (> SHORT_MAX) bytes of src: the XXH3-64 of them, and, where dst is
+ * not NULL, the bytes stored to dst (not overlapping src). */
+typedef uint64_t (*pass_fn)(uint8_t *dst, const uint8_t *src, size_t n);
+
+/* -- portable ------------------------------------------------------------------------- */
+
+static inline void accumulate_portable(uint64_t acc[8], const uint8_t *in, const uint8_t *key) {
+    for (int i = 0; i < 8; i++) {
+        uint64_t data = read64(in + 8 * i);
+        uint64_t mixed = data ^ read64(key + 8 * i);
+        acc[i ^ 1] += data;
+        acc[i] += (mixed & 0xFFFFFFFFULL) * (mixed >> 32);
+    }
+}
+
+static inline void scramble_portable(uint64_t acc[8]) {
+    const uint8_t *key = SECRET + SECRET_SIZE - STRIPE;
+    for (int i = 0; i < 8; i++) {
+        uint64_t a = acc[i];
+        a ^= a >> 47;
+        a ^= read64(key + 8 * i);
+        acc[i] = a * PRIME32_1;
+    }
+}
+
+static uint64_t pass_portable(uint8_t *dst, const uint8_t *src, size_t n) {
+    uint64_t acc[8];
+    init_acc(acc);
+    size_t blocks = (n - 1) / BLOCK, at = 0;
+    for (size_t b = 0; b < blocks; b++) {
+        for (int s = 0; s < STRIPES_PER_BLOCK; s++, at += STRIPE) {
+            accumulate_portable(acc, src + at, SECRET + 8 * s);
+            if (dst) memcpy(dst + at, src + at, STRIPE);
+        }
+        scramble_portable(acc);
+    }
+    size_t stripes = ((n - 1) - at) / STRIPE;
+    for (size_t s = 0; s < stripes; s++, at += STRIPE) {
+        accumulate_portable(acc, src + at, SECRET + 8 * s);
+        if (dst) memcpy(dst + at, src + at, STRIPE);
+    }
+    if (dst) memcpy(dst + at, src + at, n - at); /* the tail: 1 .. 64 bytes */
+    accumulate_portable(acc, src + n - STRIPE, SECRET + SECRET_SIZE - STRIPE - LASTACC_START);
+    return merge(acc, n);
+}
+
+/* -- AVX2 ----------------------------------------------------------------------------- */
+
+#if HAVE_X86_AVX2
+
+#define AVX2 __attribute__((target("avx2")))
+
+AVX2 static inline __m256i accumulate_avx2(__m256i acc, __m256i data, const uint8_t *key) {
+    __m256i mixed = _mm256_xor_si256(data, _mm256_loadu_si256((const __m256i *)key));
+    /* lane i: (low 32 bits of mixed) * (high 32 bits), plus the data of lane i ^ 1 */
+    __m256i product = _mm256_mul_epu32(mixed, _mm256_srli_epi64(mixed, 32));
+    __m256i swapped = _mm256_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+    return _mm256_add_epi64(acc, _mm256_add_epi64(product, swapped));
+}
+
+AVX2 static inline __m256i scramble_avx2(__m256i acc, const uint8_t *key) {
+    const __m256i prime = _mm256_set1_epi64x((long long)PRIME32_1);
+    acc = _mm256_xor_si256(acc, _mm256_srli_epi64(acc, 47));
+    acc = _mm256_xor_si256(acc, _mm256_loadu_si256((const __m256i *)key));
+    __m256i low = _mm256_mul_epu32(acc, prime);
+    __m256i high = _mm256_mul_epu32(_mm256_srli_epi64(acc, 32), prime);
+    return _mm256_add_epi64(low, _mm256_slli_epi64(high, 32));
+}
+
+/* STORE: 0 no destination, 1 regular stores, 2 streaming stores (dst aligned to 32) */
+#define STRIPE_AVX2(STORE, at, key)                                                       \
+    do {                                                                                  \
+        __m256i d0 = _mm256_loadu_si256((const __m256i *)(src + (at)));                   \
+        __m256i d1 = _mm256_loadu_si256((const __m256i *)(src + (at) + 32));              \
+        a0 = accumulate_avx2(a0, d0, (key));                                              \
+        a1 = accumulate_avx2(a1, d1, (key) + 32);                                         \
+        if ((STORE) == 1) {                                                               \
+            _mm256_storeu_si256((__m256i *)(dst + (at)), d0);                             \
+            _mm256_storeu_si256((__m256i *)(dst + (at) + 32), d1);                        \
+        } else if ((STORE) == 2) {                                                        \
+            _mm256_stream_si256((__m256i *)(dst + (at)), d0);                             \
+            _mm256_stream_si256((__m256i *)(dst + (at) + 32), d1);                        \
+        }                                                                                 \
+    } while (0)
+
+#define PASS_AVX2(NAME, STORE)                                                            \
+    AVX2 static uint64_t NAME(uint8_t *dst, const uint8_t *src, size_t n) {               \
+        uint64_t acc[8];                                                                  \
+        init_acc(acc);                                                                    \
+        __m256i a0 = _mm256_loadu_si256((const __m256i *)acc);                            \
+        __m256i a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));                      \
+        size_t blocks = (n - 1) / BLOCK, at = 0;                                          \
+        for (size_t b = 0; b < blocks; b++) {                                             \
+            for (int s = 0; s < STRIPES_PER_BLOCK; s++, at += STRIPE)                     \
+                STRIPE_AVX2(STORE, at, SECRET + 8 * s);                                   \
+            a0 = scramble_avx2(a0, SECRET + SECRET_SIZE - STRIPE);                        \
+            a1 = scramble_avx2(a1, SECRET + SECRET_SIZE - STRIPE + 32);                   \
+        }                                                                                 \
+        size_t stripes = ((n - 1) - at) / STRIPE;                                         \
+        for (size_t s = 0; s < stripes; s++, at += STRIPE)                                \
+            STRIPE_AVX2(STORE, at, SECRET + 8 * s);                                       \
+        if ((STORE) == 2) _mm_sfence();                                                   \
+        if ((STORE) != 0) memcpy(dst + at, src + at, n - at);                             \
+        STRIPE_AVX2(0, n - STRIPE, SECRET + SECRET_SIZE - STRIPE - LASTACC_START);        \
+        _mm256_storeu_si256((__m256i *)acc, a0);                                          \
+        _mm256_storeu_si256((__m256i *)(acc + 4), a1);                                    \
+        return merge(acc, n);                                                             \
+    }
+
+PASS_AVX2(hash_avx2, 0)
+PASS_AVX2(copy_avx2, 1)
+PASS_AVX2(stream_avx2, 2)
+
+AVX2 static uint64_t pass_avx2(uint8_t *dst, const uint8_t *src, size_t n) {
+    if (!dst) return hash_avx2(dst, src, n);
+    if (n >= STREAM_MIN_BYTES && ((uintptr_t)dst & 31) == 0) return stream_avx2(dst, src, n);
+    return copy_avx2(dst, src, n);
+}
+
+#endif /* HAVE_X86_AVX2 */
+
+static pass_fn hardware_pass = NULL; /* set at import where the CPU has AVX2 */
+
+static pass_fn pick(int hardware) { return hardware && hardware_pass ? hardware_pass : pass_portable; }
+
+/* -- Python ---------------------------------------------------------------------------- */
+
+static PyObject *py_xxh3_64(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"data", "hardware", NULL};
+    Py_buffer data;
+    int hardware = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|p:xxh3_64", keywords, &data, &hardware))
+        return NULL;
+    if (data.len <= SHORT_MAX) {
+        PyErr_Format(PyExc_ValueError, "xxh3_64: %zd bytes; this path hashes more than %d",
+                     data.len, SHORT_MAX);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    pass_fn pass = pick(hardware);
+    uint64_t h;
+    Py_BEGIN_ALLOW_THREADS
+    h = pass(NULL, (const uint8_t *)data.buf, (size_t)data.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* the rows of `seq` as byte offsets into a buffer of `count` rows of `row_bytes`
+ * (NULL and an exception when one is not an int or outside) */
+static Py_ssize_t *row_offsets(PyObject *seq, Py_ssize_t n, Py_ssize_t count, Py_ssize_t row_bytes,
+                               const char *side) {
+    Py_ssize_t *out = PyMem_Malloc(n ? (size_t)n * sizeof(Py_ssize_t) : 1);
+    if (!out) return (Py_ssize_t *)PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyLong_Check(item) || PyBool_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "copy_rows: %s row %zd is a %.80s, not an int", side, i,
+                         Py_TYPE(item)->tp_name);
+            PyMem_Free(out);
+            return NULL;
+        }
+        Py_ssize_t row = PyLong_AsSsize_t(item);
+        if (row == -1 && PyErr_Occurred()) PyErr_Clear();
+        if (row < 0 || row >= count) {
+            PyErr_Format(PyExc_ValueError, "copy_rows: %s row %R outside 0 .. %zd", side, item,
+                         count - 1);
+            PyMem_Free(out);
+            return NULL;
+        }
+        out[i] = row * row_bytes;
+    }
+    return out;
+}
+
+static PyObject *py_copy_rows(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"dst", "dst_rows", "src", "src_rows", "row_bytes", "hardware", NULL};
+    Py_buffer dst = {0}, src = {0};
+    PyObject *dst_rows, *src_rows, *dst_seq = NULL, *src_seq = NULL, *result = NULL;
+    Py_ssize_t row_bytes, *dst_at = NULL, *src_at = NULL;
+    uint64_t *sums = NULL;
+    int hardware = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "w*Oy*On|p:copy_rows", keywords, &dst, &dst_rows,
+                                     &src, &src_rows, &row_bytes, &hardware))
+        return NULL;
+    if (row_bytes <= SHORT_MAX || dst.len % row_bytes || src.len % row_bytes) {
+        PyErr_Format(PyExc_ValueError,
+                     "copy_rows: row_bytes %zd must exceed %d and divide both buffers (%zd and %zd "
+                     "bytes)",
+                     row_bytes, SHORT_MAX, dst.len, src.len);
+        goto done;
+    }
+    dst_seq = PySequence_Fast(dst_rows, "copy_rows: dst_rows must be a sequence of ints");
+    if (!dst_seq) goto done;
+    src_seq = PySequence_Fast(src_rows, "copy_rows: src_rows must be a sequence of ints");
+    if (!src_seq) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(src_seq);
+    if (PySequence_Fast_GET_SIZE(dst_seq) != n) {
+        PyErr_Format(PyExc_ValueError, "copy_rows: %zd source row(s) for %zd destination row(s)", n,
+                     PySequence_Fast_GET_SIZE(dst_seq));
+        goto done;
+    }
+    dst_at = row_offsets(dst_seq, n, dst.len / row_bytes, row_bytes, "destination");
+    if (!dst_at) goto done;
+    src_at = row_offsets(src_seq, n, src.len / row_bytes, row_bytes, "source");
+    if (!src_at) goto done;
+    uint8_t *d = (uint8_t *)dst.buf;
+    const uint8_t *s = (const uint8_t *)src.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (d + dst_at[i] < s + src_at[i] + row_bytes && s + src_at[i] < d + dst_at[i] + row_bytes) {
+            PyErr_Format(PyExc_ValueError,
+                         "copy_rows: destination row %zd overlaps source row %zd in memory",
+                         dst_at[i] / row_bytes, src_at[i] / row_bytes);
+            goto done;
+        }
+    }
+    sums = PyMem_Malloc(n ? (size_t)n * sizeof(uint64_t) : 1);
+    if (!sums) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    pass_fn pass = pick(hardware);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) sums[i] = pass(d + dst_at[i], s + src_at[i], (size_t)row_bytes);
+    Py_END_ALLOW_THREADS
+    result = PyList_New(n);
+    if (!result) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(sums[i]);
+        if (!v) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+done:
+    PyMem_Free(sums);
+    PyMem_Free(dst_at);
+    PyMem_Free(src_at);
+    Py_XDECREF(dst_seq);
+    Py_XDECREF(src_seq);
+    if (dst.obj) PyBuffer_Release(&dst);
+    if (src.obj) PyBuffer_Release(&src);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"xxh3_64", (PyCFunction)(void (*)(void))py_xxh3_64, METH_VARARGS | METH_KEYWORDS,
+     "xxh3_64(data, hardware=True) -> int\n\n"
+     "XXH3-64 (seed 0) of a C-contiguous buffer of more than 240 bytes."},
+    {"copy_rows", (PyCFunction)(void (*)(void))py_copy_rows, METH_VARARGS | METH_KEYWORDS,
+     "copy_rows(dst, dst_rows, src, src_rows, row_bytes, hardware=True) -> list[int]\n\n"
+     "Copy row src_rows[i] of src to row dst_rows[i] of dst, each with its XXH3-64, in one "
+     "pass; the GIL is released while the bytes move."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_pagecopy",
+    "Page copies fused with their XXH3-64 checksum (see unicache_fsm.store.checksum).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__pagecopy(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+#if HAVE_X86_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) hardware_pass = pass_avx2;
+#endif
+    if (PyModule_AddIntConstant(m, "SHORT_MAX", SHORT_MAX) < 0 ||
+        PyModule_AddObject(m, "HARDWARE_AVX2", PyBool_FromLong(hardware_pass != NULL)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
