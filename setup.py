@@ -2,11 +2,13 @@
 
 - The machine specs live in ``specs/`` at the top of the checkout and ship inside the
   wheel as ``unicache_fsm/specs`` (`unicache_fsm.fsm.loader.specs_dir` finds either).
-- Two optional C extensions, each the native form of one hot path that also runs in
+- Three optional C extensions, each the native form of one hot path that also runs in
   Python: ``unicache_fsm._pagechain`` (`unicache_fsm/_pagechain.c`), the SHA-256 page
   chain of `unicache_fsm.hashing` in one call (`hashing.NATIVE_CHAIN` says which one
   runs); ``unicache_fsm._pagecheck`` (`unicache_fsm/_pagecheck.c`), the live-page check
-  of `unicache_fsm.pools.paged` (`paged.NATIVE_CHECK`). Where no C compiler is found
+  of `unicache_fsm.pools.paged` (`paged.NATIVE_CHECK`); ``unicache_fsm._pagecopy``
+  (`unicache_fsm/_pagecopy.c`), the page copies fused with their XXH3-64 checksum of
+  `unicache_fsm.store.checksum` (`checksum.NATIVE_COPY`). Where no C compiler is found
   the build goes on without them and the same results come from Python;
   ``UNICACHE_FSM_NO_NATIVE=1`` in the environment builds without them. (An editable
   install keeps extensions built in place before, ``unicache_fsm/*.so``, and they still

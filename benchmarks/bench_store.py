@@ -87,6 +87,7 @@ from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools import KVPool, PagedAllocator
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.store import MemoryStore
+from unicache_fsm.store.checksum import COPY_IMPLEMENTATION
 from unicache_fsm.store.file import FileStore
 from unicache_fsm.store.pageformat import HEADER_SIZE
 from unicache_fsm.store.protocol import ExternalStore
@@ -557,7 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "memory" in backends:
         rows = bench(rounds=rounds, primed=args.primed, **shape)
         print_table(
-            f"memory store, {pages}, checksummed" + (", each case primed" if args.primed else ""),
+            f"memory store, {pages}, checksummed (copy: {COPY_IMPLEMENTATION})"
+            + (", each case primed" if args.primed else ""),
             ("operation", "MiB", "GB/s", "torch GB/s", "vs gather/scatter", "spread", "vs copy_"),
             [
                 (n, f"{m:.0f}", f"{g:.2f}", f"{b:.2f}", str(r), r.spread, str(c))

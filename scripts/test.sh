@@ -41,7 +41,7 @@ PY="${PYTHON:-python3}"
 # build lies on local disk, so nothing pulls a CUDA build.
 "$PY" -m pip install -qq -c constraints.txt "torch==2.13.0"
 "$PY" -m pip install -qq -c constraints.txt -e ".[dev]"
-# the native extensions (page-hash chain, live-page check) are optional for users (no
+# the native extensions (page-hash chain, live-page check, page copy) are optional for users (no
 # compiler: the same answers from Python); here the tests require them
 export UNICACHE_FSM_REQUIRE_NATIVE=1
 

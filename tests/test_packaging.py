@@ -103,14 +103,14 @@ def test_the_sdist_carries_the_c_sources_and_builds_the_extensions(tmp_path: Pat
     sdist = dist / done.stdout.strip().splitlines()[-1]
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
-    for native in ("_pagechain", "_pagecheck"):
+    for native in ("_pagechain", "_pagecheck", "_pagecopy"):
         assert {f"unicache_fsm/{native}.c", f"unicache_fsm/{native}.pyi"} <= members
     assert {"setup.py", "pyproject.toml", "specs/offload.toml"} <= members
     assert not [m for m in members if m.endswith(".so")]
     names = wheel_names(sdist, tmp_path / "wheel")
     assert "unicache_fsm/specs/offload.toml" in names
     if os.environ.get("UNICACHE_FSM_REQUIRE_NATIVE") == "1":  # CI: a compiler is there
-        for native in ("_pagechain", "_pagecheck"):
+        for native in ("_pagechain", "_pagecheck", "_pagecopy"):
             assert [n for n in names if n.startswith(f"unicache_fsm/{native}.") and ".so" in n]
 
 
@@ -135,7 +135,7 @@ def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
     )
     assert "unicache_fsm/py.typed" in names
     assert not [n for n in names if n.endswith(".c")]  # the sources stay in the sdist
-    for native in ("_pagechain", "_pagecheck"):
+    for native in ("_pagechain", "_pagecheck", "_pagecopy"):
         assert f"unicache_fsm/{native}.pyi" in names
         if os.environ.get("UNICACHE_FSM_REQUIRE_NATIVE") == "1":  # CI: a compiler is there
             assert [n for n in names if n.startswith(f"unicache_fsm/{native}.") and ".so" in n]
@@ -155,8 +155,9 @@ def test_specs_ship_inside_a_non_editable_wheel(tmp_path: Path) -> None:
         assert all(bundled_spec(n).name == n for n in names)
         from unicache_fsm import hashing
         from unicache_fsm.pools import paged
+        from unicache_fsm.store import checksum
         if {os.environ.get("UNICACHE_FSM_REQUIRE_NATIVE") == "1"!r}:
-            assert hashing.NATIVE_CHAIN and paged.NATIVE_CHECK
+            assert hashing.NATIVE_CHAIN and paged.NATIVE_CHECK and checksum.NATIVE_COPY
         print(",".join(names))
         """
     )

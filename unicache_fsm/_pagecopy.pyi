@@ -1,0 +1,17 @@
+# The native fused page copy and XXH3-64 (unicache_fsm/_pagecopy.c); optional: see
+# unicache_fsm.store.checksum.
+
+from typing import Any
+
+HARDWARE_AVX2: bool
+SHORT_MAX: int
+
+def xxh3_64(data: Any, hardware: bool = True) -> int: ...
+def copy_rows(
+    dst: Any,
+    dst_rows: Any,
+    src: Any,
+    src_rows: Any,
+    row_bytes: int,
+    hardware: bool = True,
+) -> list[int]: ...
