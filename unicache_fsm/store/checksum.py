@@ -21,6 +21,11 @@
   row), the checksums in order: the form `unicache_fsm.store.copier` calls, a chunk of
   pages at a time.
 
+Errors: `ValueError` for arrays of unequal page lengths or row counts, before anything
+is written. The native path also refuses, with `ValueError` before writing, a row
+outside its array or a destination row overlapping its source row; the Python path
+takes those as given (the copier checks its rows first).
+
 Native copies: where the optional extension ``unicache_fsm._pagecopy`` is built (setup.py)
 and `NATIVE_COPY` is true, pages of more than 240 bytes whose source and destination
 are C-contiguous move in native code, many pages in one call with the GIL released:
