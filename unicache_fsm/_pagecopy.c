@@ -82,9 +82,13 @@ static const uint8_t SECRET[SECRET_SIZE] = {
     0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
 };
 
+/* the little-endian 64-bit value at p, on any CPU */
 static inline uint64_t read64(const uint8_t *p) {
     uint64_t v;
-    memcpy(&v, p, 8); /* little-endian: x86-64, and every CPU this package is built for */
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
     return v;
 }
 
