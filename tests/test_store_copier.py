@@ -3,9 +3,11 @@ land the same bytes and checksums as one thread; a bad page in any chunk fails i
 with no slot written outside the load's own and nothing else lost; an exception on a pool thread
 fails the offload or load it belongs to (``last_error`` set) and leaves the store
 working; `close()` joins the threads. An offload's checksum is the one of the bytes as
-they landed in the store, piece by piece: stored bytes changed right after their piece
-was hashed fail the load of their page, and a pool page changed between a piece's copy
-and its hash leaves a page stored as copied, which loads whole.
+they landed in the store, piece by piece on the Python path (these two tests turn the
+native copy off, which hashes each stripe from the register it stores): stored bytes
+changed right after their piece was hashed fail the load of their page, and a pool page
+changed between a piece's copy and its hash leaves a page stored as copied, which loads
+whole.
 
 The store contract runs once more (`TestMemoryStoreThreadedCopies`) with every call
 threaded and every page a chunk of its own (`PARALLEL_BYTES` and `CHUNK_BYTES`

@@ -5,11 +5,11 @@ the large pages of a CPU pool.
 store's slab, a CPU pool's `page_bytes()`), named by row index:
 
 - `copy_checksummed(dst, dst_rows, src, src_rows) -> list[int]` — ``dst[dst_rows[i]] =
-  src[src_rows[i]]`` for every i, returning each page's `page_checksum`, taken piece by
-  piece as the page lands (`copy_checksums`, a chunk of pages in one call: native code
-  where the extension is built): one pass over memory for both. An
-  offload checksums what it stores this way; a load compares what lands in its slots
-  with the stored checksums.
+  src[src_rows[i]]`` for every i, returning each page's `page_checksum`, taken of the
+  bytes as they land (`unicache_fsm.store.checksum.copy_checksums`, a chunk of pages in
+  one call: native code, stripe by stripe, where the extension is built; else piece by
+  piece): one pass over memory for both. An offload checksums what it stores this way;
+  a load compares what lands in its slots with the stored checksums.
 - `close()` — join the pool threads (a second call is a no-op). A closed copier still
   works, on the calling thread alone.
 
@@ -20,8 +20,7 @@ is `threads`, or, when that is None, `torch.get_num_threads()` at the call (as m
 workers as torch's own copies use; one torch thread, one worker); a call of fewer than
 `PARALLEL_BYTES` bytes, or of one chunk, runs on the calling thread alone. The native
 copy, NumPy's copy and XXH3 release the GIL while they run, so the workers move bytes at
-the same time.
-Rows of one call must be inside their arrays and must not overlap (every destination
+the same time. Rows of one call must be inside their arrays and must not overlap (every destination
 row once, none a source row of the same array), else `ValueError` naming them, before
 anything is written.
 
