@@ -167,17 +167,19 @@ class RadixTree(HostTier, Offloads):
             self._packed_key = key
         return self._packed
 
-    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> list[bytes] | None:
-        """The raw page digests of a new child of `parent` whose packed key is `packed`."""
+    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> bytes | None:
+        """The raw page digests (`TreeNode.digest_bytes`) of a new child of `parent` whose
+        packed key is `packed`."""
         if not self.config.hash_pages:
             return None
         if parent.parent is None:
             prior = hashing.prior_digest(ns)
         else:
-            if not parent.digests:
+            above = parent.digest_bytes
+            if not above:
                 return None
-            prior = parent.digests[-1]
-        return hashing.page_digests(packed, self.page_size, prior)
+            prior = above[-32:]
+        return hashing.page_digest_bytes(packed, self.page_size, prior)
 
     # -- match -------------------------------------------------------------------------
     def match_prefix(
@@ -321,7 +323,7 @@ class RadixTree(HostTier, Offloads):
                 start=pos,
                 parent=node,
                 namespace=ns,
-                digests=self._digests_for(node, own, ns),
+                digest_bytes=self._digests_for(node, own, ns),
                 packed=own,
                 last_access=self.clock + 1,
             )
@@ -383,7 +385,7 @@ class RadixTree(HostTier, Offloads):
                 if (
                     threshold is not None
                     and node.hit_count >= threshold
-                    and node.digests is not None
+                    and node.digest_bytes is not None
                     and not node.external_cache_stored
                     and not node.offloading
                     and node.id not in chosen
@@ -409,7 +411,7 @@ class RadixTree(HostTier, Offloads):
             parent=parent,
             namespace=node.namespace,
             host=None if node.host is None else node.host[:k],
-            digests=None if node.digests is None else node.digests[:pages],
+            digest_bytes=None if node.digest_bytes is None else node.digest_bytes[: 32 * pages],
             packed=node.packed[: k * self.key_width],
             lock_ref=node.lock_ref,
             hit_count=node.hit_count,
@@ -429,8 +431,8 @@ class RadixTree(HostTier, Offloads):
         node.start += k
         if node.host is not None:
             node.host = node.host[k:]
-        if node.digests is not None:
-            node.digests = node.digests[pages:]
+        if node.digest_bytes is not None:
+            node.digest_bytes = node.digest_bytes[32 * pages :]
         node.packed = node.packed[k * self.key_width :]
         node.parent = top
         self.link(node)
