@@ -49,6 +49,7 @@ from unicache_fsm.pools.errors import (
     ForeignSlotsError,
     NotPageMultipleError,
     SlotsNotAllocatedError,
+    TensorShapeError,
     TensorTypeError,
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
@@ -342,16 +343,26 @@ class PagedAllocator:
         """
         self.live_page_ids(slots, what)
 
-    def live_page_ids(self, slots: object, what: str = "slots") -> list[int]:
-        """`check_live`, returning the page id of each page of `slots` (in order), for a
-        caller that keeps books by page id (the tree's owned-page set)."""
+    def live_page_ids(self, slots: object, what: str = "slots", start: int = 0) -> list[int]:
+        """`check_live` of ``slots[start:]``, returning the page id of each of its pages
+        (in order), for a caller that keeps books by page id (the tree's owned pages).
+        `start` (0 .. ``len(slots)``, else `TensorShapeError`) spares a caller holding a
+        whole tensor a slice of it: the tree checks an insert's value past its prefix."""
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
+        if start:
+            n = t.numel()
+            if type(start) is not int or not 0 <= start <= n:
+                msg = f"pool {self.name!r}: {what}: start {start!r} outside 0 .. {n}"
+                raise TensorShapeError(msg, what=what, got=(n,), expected=(-1,))
         flags = self._free_flags
         if flags is not None:
-            ids = self._native_page_ids(t)
+            ids = self._native_page_ids(t, start)
             if ids is not None:
                 return ids
+        if start:
+            t = t[start:]
+        if flags is not None:
             n = t.numel()
             if codec.checks_in_python(n):
                 return self._live_page_list(t, what=what, freeing=False)
@@ -405,15 +416,17 @@ class PagedAllocator:
             self._raise_not_live(pages, what=what, freeing=freeing)
         return pages
 
-    def _native_page_ids(self, t: torch.Tensor) -> list[int] | None:
-        """The native check's page ids of a CPU slot tensor; None where it is not built
-        or turned off (`NATIVE_CHECK`), or refuses (the Python paths name why)."""
+    def _native_page_ids(self, t: torch.Tensor, start: int = 0) -> list[int] | None:
+        """The native check's page ids of a CPU slot tensor from `start` on; None where it
+        is not built or turned off (`NATIVE_CHECK`), or refuses (the Python paths name
+        why)."""
         native = _native_live_page_ids if NATIVE_CHECK else None
         flags = self._free_flags
         if native is None or flags is None:
             return None
         layout = self._layout
-        return native(numpy_view(t), layout.page_size, layout.num_pages, flags)
+        view = numpy_view(t)
+        return native(view[start:] if start else view, layout.page_size, layout.num_pages, flags)
 
     def _live_page_list(self, t: torch.Tensor, *, what: str, freeing: bool) -> list[int]:
         """`live_pages` for a small slot tensor on CPU, checked in Python over `tolist()`

@@ -242,10 +242,10 @@ class RadixTree(HostTier, Offloads):
         return MatchResult(end.start + len(end.key), end, bk, self.device, host_len, host_node)
 
     # -- insert ------------------------------------------------------------------------
-    def _check_insert(self, params: InsertParams) -> tuple[torch.Tensor, list[int] | None]:
-        """Validate an insert (a typed error, nothing changed); return the caller's
-        slots from `prev_prefix_len` on (the tail the tree may take) and, when checked
-        (`TreeConfig.check_slots`), their page ids."""
+    def _check_insert(self, params: InsertParams) -> list[int] | None:
+        """Validate an insert (a typed error, nothing changed); return, when checked
+        (`TreeConfig.check_slots`), the page ids of the caller's slots from
+        `prev_prefix_len` on (the tail the tree may take)."""
         key, value = params.key, params.value
         n, p = len(key), self.page_size
         if n % p:
@@ -272,24 +272,23 @@ class RadixTree(HostTier, Offloads):
                 if v % p:
                     check_aligned(what, v, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
-        tail = value[prev:] if prev else value
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids
-            tail_pages = self.allocator.live_page_ids(tail, "insert value")
+            tail_pages = self.allocator.live_page_ids(value, "insert value", prev)
         self._pack(key)  # token errors must come before any change
         if params.namespace is not None and self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
-            c.check_insert(params, tail, tail_pages)
-        return tail, tail_pages
+            c.check_insert(params, tail_pages)
+        return tail_pages
 
     def insert(self, params: InsertParams) -> InsertResult:
-        tail, tail_pages = self._check_insert(params)
+        tail_pages = self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
         packed, width = self._pack(key), self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
-        ctx = InsertContext(params, value, result, tail, tail_pages)
+        ctx = InsertContext(params, value, result, tail_pages)
         components, overlap_order = self.components, self._overlap_order
         walked: list[TreeNode] = []
         node, pos = self.root, 0
