@@ -130,9 +130,10 @@ def test_the_allocator_answers_alike_with_the_native_check_on_and_off(
 def test_a_start_offset_checks_the_slots_past_it_as_a_slice_would(
     case: tuple[PagedAllocator, list[int]], data: st.DataObject
 ) -> None:
-    """``live_page_ids(t, what, start)`` answers (ids or the same typed error) as
-    ``live_page_ids(t[start:], what)``, with the native check on and off: the tree
-    checks an insert's value past its prefix without slicing it."""
+    """``live_page_ids(t, what, start)`` and ``live_page_array`` answer (ids or the same
+    typed error) as ``live_page_ids(t[start:], what)``, with the native check on and
+    off: the tree checks an insert's value past its prefix without slicing it, and
+    keeps the ids as one array."""
     alloc, slots = case
     t = torch.tensor([*range(10**6, 10**6 + 8), *slots], dtype=torch.int64)  # a head
     start = data.draw(st.sampled_from([0, 8, len(t)]), label="start")
@@ -143,10 +144,18 @@ def test_a_start_offset_checks_the_slots_past_it_as_a_slice_would(
         except PoolError as exc:
             return type(exc), str(exc)
 
+    def as_array(alloc: PagedAllocator) -> Any:
+        try:
+            return alloc.live_page_array(t, "slots", start).tolist()
+        except PoolError as exc:
+            return type(exc), str(exc)
+
     for native in (True, False):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(paged, "NATIVE_CHECK", native)
-            assert with_start(alloc) == outcome(alloc, t[start:]), (native, start)
+            want = outcome(alloc, t[start:])
+            assert with_start(alloc) == want, (native, start)
+            assert as_array(alloc) == want, (native, start)  # the ids as array('q')
 
 
 @pytest.mark.parametrize("start", [-1, 9, 2.5, "1"])

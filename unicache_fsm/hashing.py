@@ -280,7 +280,7 @@ def _first_bad_token(seq: Sequence[object]) -> tuple[int, object]:
     raise AssertionError("array('I') rejected a sequence whose every token is valid")
 
 
-def _check_page_size(page_size: int) -> None:
+def _check_page_size(page_size: object) -> None:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         msg = f"page_size must be an int >= 1, got {page_size!r}"
         raise PageSizeError(msg, page_size=page_size)

@@ -41,8 +41,8 @@ class TreeNode:
     hash): one object per node that the garbage collector never visits, where a list
     would hold one object per page for it to visit on every collection. `digests` is
     them as a fresh list of 32-byte digests, `hashes` as hex (the page keys a store
-    files), `last_digest()` the last one. `lock_ref` counts the locks on paths through this node; `last_access` is
-    its stamp on the tree's LRU clock.
+    files), `last_digest()` the last one. `lock_ref` counts the locks on paths through
+    this node; `last_access` is its stamp on the tree's LRU clock.
     """
 
     id: int

@@ -37,6 +37,7 @@ Not thread-safe: one scheduler thread owns the tree.
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -242,7 +243,7 @@ class RadixTree(HostTier, Offloads):
         return MatchResult(end.start + len(end.key), end, bk, self.device, host_len, host_node)
 
     # -- insert ------------------------------------------------------------------------
-    def _check_insert(self, params: InsertParams) -> list[int] | None:
+    def _check_insert(self, params: InsertParams) -> array[int] | None:
         """Validate an insert (a typed error, nothing changed); return, when checked
         (`TreeConfig.check_slots`), the page ids of the caller's slots from
         `prev_prefix_len` on (the tail the tree may take)."""
@@ -274,7 +275,7 @@ class RadixTree(HostTier, Offloads):
         # the slots the tree may take must be the caller's: whole, allocated pages
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids
-            tail_pages = self.allocator.live_page_ids(value, "insert value", prev)
+            tail_pages = self.allocator.live_page_array(value, "insert value", prev)
         self._pack(key)  # token errors must come before any change
         if params.namespace is not None and self.config.hash_pages:
             hashing.check_prior(params.namespace)

@@ -105,7 +105,7 @@ class InsertContext:
     params: InsertParams
     value: torch.Tensor
     result: InsertResult
-    tail_pages: list[int] | None = None
+    tail_pages: Sequence[int] | None = None
     to_free: list[torch.Tensor | tuple[int, int]] = attrs.field(factory=list)
     settled: bool = False
 
@@ -206,7 +206,7 @@ class TreeComponent(abc.ABC):
         return False
 
     # -- tree hooks ----------------------------------------------------------------------
-    def check_insert(self, params: InsertParams, tail_pages: list[int] | None = None) -> None:
+    def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
         return None
 
     def take_slots(

@@ -82,7 +82,7 @@ class FullComponent(TreeComponent):
             self.owned = PageFlags(size // alloc.page_size)
         # the page ids of the last checked insert's caller slots (params, from, ids),
         # reused when that insert adopts them: one conversion per insert, not two
-        self._checked: tuple[InsertParams, int, list[int]] | None = None
+        self._checked: tuple[InsertParams, int, Sequence[int]] | None = None
 
     # -- tree hooks ----------------------------------------------------------------------
     def _page_ids(self, slots: torch.Tensor) -> list[int]:
@@ -91,7 +91,7 @@ class FullComponent(TreeComponent):
         values: list[int] = slots.tolist()
         return values if p == 1 else [s // p for s in values[::p]]
 
-    def check_insert(self, params: InsertParams, tail_pages: list[int] | None = None) -> None:
+    def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
         owned = self.owned
         if owned is None:
             self._checked = None
