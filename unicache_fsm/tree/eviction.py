@@ -77,8 +77,8 @@ class Eviction(TreeState):
     def evictable_leaf(self, node: TreeNode) -> bool:
         if node.residency not in _MAY_LOSE_DEVICE_COPY or node.lock_ref or node.parent is None:
             return False
-        for child in node.children.values():  # (a loop: no generator per call, and a
-            if child.residency in RESIDENT:  # matched prefix's first child usually ends it)
+        for child in node.children.values():  # noqa: SIM110 - a loop: no generator per call
+            if child.residency in RESIDENT:  # (a matched prefix's first child ends it)
                 return False
         return True
 
