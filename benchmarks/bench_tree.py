@@ -369,7 +369,7 @@ def vs_sglang(args: argparse.Namespace) -> int:
         print(f"bench_tree --vs-sglang: hashing is not equal on both sides: {problem}")
         return 1
     quick = args.quick
-    rounds = args.rounds or (2 if quick else 3)
+    rounds = args.rounds or (2 if quick else 5)
     req = args.requests or (300 if quick else 1_500)
     how = (
         "ON on every side (SGLang: tree_core.enable_storage; the project's chain: "

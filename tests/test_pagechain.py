@@ -80,6 +80,10 @@ def test_every_length_around_the_block_boundaries(hardware: bool) -> None:
         for prior in (b"", hashlib.sha256(bytes([stride])).digest()):
             got = _pagechain.chain_digests(data, stride, prior, 0, 3 * stride, hardware)
             assert got == hashlib_chain(data[: 3 * stride], stride, prior), (stride, len(prior))
+            joined = _pagechain.chain_digests(
+                data, stride, prior, 0, 3 * stride, hardware, joined=True
+            )
+            assert joined == b"".join(got), (stride, len(prior))
 
 
 @needs_native

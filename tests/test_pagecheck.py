@@ -27,6 +27,7 @@ from unicache_fsm.pools.errors import (
     ForeignSlotsError,
     PoolError,
     SlotsNotAllocatedError,
+    TensorShapeError,
     TensorTypeError,
     UnalignedSlotsError,
 )
@@ -122,6 +123,49 @@ def test_the_allocator_answers_alike_with_the_native_check_on_and_off(
             UnalignedSlotsError,
             ForeignSlotsError,
         }
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=cases(), data=st.data())
+def test_a_start_offset_checks_the_slots_past_it_as_a_slice_would(
+    case: tuple[PagedAllocator, list[int]], data: st.DataObject
+) -> None:
+    """``live_page_ids(t, what, start)`` and ``live_page_array`` answer (ids or the same
+    typed error) as ``live_page_ids(t[start:], what)``, with the native check on and
+    off: the tree checks an insert's value past its prefix without slicing it, and
+    keeps the ids as one array."""
+    alloc, slots = case
+    t = torch.tensor([*range(10**6, 10**6 + 8), *slots], dtype=torch.int64)  # a head
+    start = data.draw(st.sampled_from([0, 8, len(t)]), label="start")
+
+    def with_start(alloc: PagedAllocator) -> Any:
+        try:
+            return alloc.live_page_ids(t, "slots", start)
+        except PoolError as exc:
+            return type(exc), str(exc)
+
+    def as_array(alloc: PagedAllocator) -> Any:
+        try:
+            return alloc.live_page_array(t, "slots", start).tolist()
+        except PoolError as exc:
+            return type(exc), str(exc)
+
+    for native in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(paged, "NATIVE_CHECK", native)
+            want = outcome(alloc, t[start:])
+            assert with_start(alloc) == want, (native, start)
+            assert as_array(alloc) == want, (native, start)  # the ids as array('q')
+
+
+@pytest.mark.parametrize("start", [-1, 9, 2.5, "1"])
+def test_a_start_outside_the_slots_is_a_typed_error(start: Any) -> None:
+    alloc = PagedAllocator(64, 1)
+    t = alloc.alloc(8)
+    assert t is not None
+    with pytest.raises(TensorShapeError, match="start"):
+        alloc.live_page_ids(t, "slots", start)
+    assert alloc.live_page_ids(t, "slots", 8) == []
 
 
 @pytest.mark.parametrize("p", [1, 4])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -10,16 +11,27 @@ from hypothesis import strategies as st
 
 from unicache_fsm.pools.pageflags import PageFlags
 
+try:
+    from unicache_fsm import _pagecheck
+except ImportError:  # pragma: no cover - built without a C compiler
+    _pagecheck = None  # type: ignore[assignment]
+
 NUM_PAGES = 40
 ids = st.lists(st.integers(0, NUM_PAGES), max_size=12)
 
 
+@pytest.mark.parametrize("as_array", [False, True])
 @pytest.mark.parametrize("native", [True, False])
 @settings(max_examples=150, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from(["mark", "clear", "ask"]), ids), max_size=20))
-def test_flags_behave_as_a_set_of_ids(native: bool, steps: list[tuple[str, list[int]]]) -> None:
+def test_flags_behave_as_a_set_of_ids(
+    native: bool, as_array: bool, steps: list[tuple[str, list[int]]]
+) -> None:
+    """Ids as a list or as an ``array('q')`` (what the tree keeps of an insert's tail,
+    read in place by the native form)."""
     flags, model = PageFlags(NUM_PAGES, native=native), set[int]()
-    for op, batch in steps:
+    for op, ids_list in steps:
+        batch: list[int] | array[int] = array("q", ids_list) if as_array else ids_list
         if op == "mark":
             flags.mark(batch)
             model.update(batch)
@@ -39,7 +51,31 @@ def test_an_id_outside_the_flags_raises_and_changes_nothing(native: bool, bad: i
     for op in (flags.mark, flags.clear, flags.any_of, flags.marked_of):
         with pytest.raises(IndexError):
             op([5, bad, 7])
+        if bad < 2**63:  # (an int64 array cannot hold the others)
+            with pytest.raises(IndexError):
+                op(array("q", [5, bad, 7]))
     assert flags.marked() == [3]
+
+
+def test_the_native_calls_take_int64_buffers_only() -> None:
+    """A buffer of another item type is a TypeError naming its format, and nothing
+    changes; ids that are neither a list nor a buffer are a TypeError too."""
+    if _pagecheck is None:
+        pytest.skip("the native check was not built")
+    flags = bytearray(NUM_PAGES + 1)
+    for bad in (array("i", [1, 2]), bytearray(16), array("d", [1.0])):
+        with pytest.raises(TypeError, match="int64"):
+            _pagecheck.set_flags(flags, bad, True)
+        with pytest.raises(TypeError, match="int64"):
+            _pagecheck.any_flagged(flags, bad)
+    for bad in ((1, 2), None, 3):
+        with pytest.raises(TypeError, match="list or an int64 buffer"):
+            _pagecheck.set_flags(flags, bad, True)
+    assert flags == bytearray(NUM_PAGES + 1)
+    _pagecheck.set_flags(flags, array("q", [2, 5]), True)
+    assert _pagecheck.any_flagged(flags, array("q", [5]))
+    assert not _pagecheck.any_flagged(flags, array("q", []))
+    assert [k for k, f in enumerate(flags) if f] == [2, 5]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])

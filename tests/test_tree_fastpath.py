@@ -7,6 +7,7 @@ else than the plain definition it replaces.
 
 from __future__ import annotations
 
+import gc
 import random
 from array import array
 
@@ -16,8 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unicache_fsm.hashing import (
+    InvalidPriorHashError,
     InvalidTokenError,
+    PageSizeError,
     pack_tokens,
+    page_digest_bytes,
     page_digests,
     page_hashes,
     prior_digest,
@@ -78,6 +82,39 @@ def test_page_digests_are_the_page_hashes_raw() -> None:
     digests = page_digests(pack_tokens(tokens), 4, prior_digest(seed))
     assert [d.hex() for d in digests] == page_hashes(tokens, 4, seed)
     assert page_digests(pack_tokens(tokens[:3]), 4) == []
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_page_digest_bytes_are_the_page_digests_end_to_end(native: bool) -> None:
+    rng = random.Random(4)
+    for page_size in (1, 3, 16):
+        tokens = [rng.randrange(0, 1 << 32) for _ in range(5 * page_size + page_size // 2)]
+        packed, prior = pack_tokens(tokens), prior_digest("cd" * 32)
+        joined = page_digest_bytes(packed, page_size, prior, native=native)
+        assert joined == b"".join(page_digests(packed, page_size, prior, native=False))
+        assert len(joined) == 32 * 5
+    assert page_digest_bytes(pack_tokens([1, 2]), 4, native=native) == b""
+    with pytest.raises(InvalidPriorHashError):
+        page_digest_bytes(pack_tokens([1, 2, 3, 4]), 4, b"short", native=native)
+    with pytest.raises(PageSizeError):
+        page_digest_bytes(pack_tokens([1, 2, 3, 4]), 0, native=native)
+
+
+def test_a_node_keeps_its_digests_in_one_bytes_object_and_lists_them() -> None:
+    tree = RadixTree(PagedAllocator(64, 4))
+    key = tuple(range(1, 13))
+    serve(tree, key)
+    (node,) = [n for n in tree.nodes() if n.parent is not None]
+    assert isinstance(node.digest_bytes, bytes) and len(node.digest_bytes) == 3 * 32
+    assert node.digests == [node.digest_bytes[i : i + 32] for i in (0, 32, 64)]
+    assert node.hashes == page_hashes(key, 4) == [d.hex() for d in node.digests]
+    assert node.last_digest() == node.digests[-1] and node.last_hash() == node.hashes[-1]
+    assert not gc.is_tracked(node.digest_bytes)  # nothing per page for a collection to visit
+    tree.split(node, 4)  # each half keeps its own pages' digests
+    top = node.parent
+    assert top is not None and top.digests is not None and node.digests is not None
+    assert [d.hex() for d in top.digests + node.digests] == page_hashes(key, 4)
+    tree.check()
 
 
 @pytest.mark.parametrize("hash_pages", [True, False])
@@ -316,14 +353,14 @@ def test_audit_memo_stays_within_its_byte_bound_and_still_checks_hashes(
         serve(tree, tuple(range(i, i + 8192)))
         tree.check()
         held = sum(
-            len(prior) + len(packed) + 32 * len(got)
+            len(prior) + len(packed) + len(got)
             for (prior, packed, _), got in audit_mod._CHAINS.items()
         )
         assert held <= bound
     # the memo still answers the chain the key hashes to: a wrong digest is caught
     (node,) = [n for n in tree.nodes() if n.parent is not None]
-    assert node.digests is not None
-    node.digests = [bytes(32), *node.digests[1:]]
+    assert node.digest_bytes is not None
+    node.digest_bytes = bytes(32) + node.digest_bytes[32:]
     with pytest.raises(TreeError, match="page hashes do not chain"):
         tree.check()
 

@@ -204,15 +204,16 @@ static void hash_chain(compress_fn compress, const uint8_t *data, size_t stride,
 }
 
 static PyObject *chain_digests(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"data", "stride", "prior", "start", "end", "hardware", NULL};
+    static char *keywords[] = {"data",  "stride",   "prior",  "start",
+                               "end",   "hardware", "joined", NULL};
     Py_buffer data, prior;
     Py_ssize_t stride, start, end;
-    int hardware = 1;
+    int hardware = 1, joined = 0;
     PyObject *result = NULL;
     uint8_t *digests = NULL;
     (void)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*ny*nn|p:chain_digests", keywords, &data,
-                                     &stride, &prior, &start, &end, &hardware))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*ny*nn|pp:chain_digests", keywords, &data,
+                                     &stride, &prior, &start, &end, &hardware, &joined))
         return NULL;
     if (stride < 1) {
         PyErr_Format(PyExc_ValueError, "stride must be >= 1, got %zd", stride);
@@ -233,10 +234,16 @@ static PyObject *chain_digests(PyObject *self, PyObject *args, PyObject *kwargs)
     compress_fn compress = hardware && hardware_compress ? hardware_compress : compress_portable;
     uint8_t first_prior[32];
     memcpy(first_prior, prior.buf, (size_t)prior.len);
-    digests = PyMem_RawMalloc(pages ? 32 * pages : 1);
-    if (!digests) {
-        PyErr_NoMemory();
-        goto done;
+    if (joined) { /* one bytes object of 32 * pages bytes, hashed in place */
+        result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(32 * pages));
+        if (!result) goto done;
+        digests = (uint8_t *)PyBytes_AS_STRING(result);
+    } else {
+        digests = PyMem_RawMalloc(pages ? 32 * pages : 1);
+        if (!digests) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
     const uint8_t *from = (const uint8_t *)data.buf + start;
     if (pages >= RELEASE_GIL_PAGES) {
@@ -245,6 +252,10 @@ static PyObject *chain_digests(PyObject *self, PyObject *args, PyObject *kwargs)
         Py_END_ALLOW_THREADS
     } else {
         hash_chain(compress, from, (size_t)stride, pages, first_prior, (size_t)prior.len, digests);
+    }
+    if (joined) {
+        digests = NULL; /* the result's own buffer: not freed below */
+        goto done;
     }
     result = PyList_New((Py_ssize_t)pages);
     if (!result) goto done;
@@ -265,8 +276,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"chain_digests", (PyCFunction)(void (*)(void))chain_digests, METH_VARARGS | METH_KEYWORDS,
-     "chain_digests(data, stride, prior, start, end, hardware=True) -> list[bytes]\n\n"
-     "The chained SHA-256 digest of each stride-byte page of data[start:end]."},
+     "chain_digests(data, stride, prior, start, end, hardware=True, joined=False)\n"
+     "    -> list[bytes] | bytes\n\n"
+     "The chained SHA-256 digest of each stride-byte page of data[start:end]: a list of\n"
+     "32-byte digests, or with joined=True one bytes object of them end to end."},
     {NULL, NULL, 0, NULL},
 };
 

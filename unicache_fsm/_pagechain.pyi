@@ -1,7 +1,10 @@
 # The native page-hash chain (unicache_fsm/_pagechain.c); optional: see unicache_fsm.hashing.
 
+from typing import Literal, overload
+
 HARDWARE_SHA: bool
 
+@overload
 def chain_digests(
     data: bytes | bytearray | memoryview,
     stride: int,
@@ -9,4 +12,16 @@ def chain_digests(
     start: int,
     end: int,
     hardware: bool = True,
+    joined: Literal[False] = False,
 ) -> list[bytes]: ...
+@overload
+def chain_digests(
+    data: bytes | bytearray | memoryview,
+    stride: int,
+    prior: bytes,
+    start: int,
+    end: int,
+    hardware: bool = True,
+    *,
+    joined: Literal[True],
+) -> bytes: ...

@@ -1,12 +1,14 @@
 /*
  * unicache_fsm._pagecheck: the live-page check of unicache_fsm.pools.paged, in one call.
  *
- * live_page_ids(slots, page_size, num_pages, free_flags) -> list[int] | None
+ * live_page_ids(slots, page_size, num_pages, free_flags, packed=False)
+ *     -> list[int] | bytes | None
  *
  *   `slots` is a C-contiguous buffer of int64 slot ids (a NumPy view of a CPU slot
  *   tensor); `free_flags` the allocator's writable flag bytes (flags[k] is 1 while
  *   page k is free, 0 while it is handed out; num_pages + 1 of them). Returns the page
- *   id of each page of `slots`, in order, when every check holds:
+ *   id of each page of `slots`, in order, when every check holds (with packed=True as
+ *   one bytes object of native int64 ids, 8 bytes an id: no int object per page):
  *
  *     - the slots are whole pages: a multiple of `page_size` long, each group of
  *       `page_size` is k*P, k*P+1, ..., k*P+P-1;
@@ -25,10 +27,12 @@
  *
  * any_flagged(flags, ids) -> bool; set_flags(flags, ids, value) -> None
  *
- *   Per-page flag bytes read and written by a list of page ids in one call
+ *   Per-page flag bytes read and written by a list of page ids, or a C-contiguous
+ *   buffer of native int64 ids (an array('q')), in one call
  *   (`unicache_fsm.pools.pageflags.PageFlags`); every id is converted and checked
  *   first: one outside the bytes raises IndexError, one that is no integer TypeError
- *   (any_flagged also past a flagged id), and set_flags then changes nothing.
+ *   (any_flagged also past a flagged id), and set_flags then changes nothing. Any
+ *   other object is a TypeError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,9 +45,10 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
     PyObject *slots_obj, *flags_obj;
     Py_ssize_t page_size, num_pages;
     Py_buffer slots, flags;
+    int packed = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OnnO:live_page_ids", &slots_obj, &page_size, &num_pages,
-                          &flags_obj))
+    if (!PyArg_ParseTuple(args, "OnnO|p:live_page_ids", &slots_obj, &page_size, &num_pages,
+                          &flags_obj, &packed))
         return NULL;
     if (page_size < 1 || num_pages < 0) {
         PyErr_Format(PyExc_ValueError, "page_size must be >= 1 and num_pages >= 0, got %zd, %zd",
@@ -116,6 +121,10 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
         Py_INCREF(result);
         goto done;
     }
+    if (packed) {
+        result = PyBytes_FromStringAndSize((const char *)ids, (Py_ssize_t)sizeof(int64_t) * pages);
+        goto done;
+    }
     result = PyList_New(pages);
     if (!result) goto done;
     for (Py_ssize_t i = 0; i < pages; i++) {
@@ -133,12 +142,56 @@ done:
     return result;
 }
 
+/* Page ids: a list of ints, or a buffer of native int64 (ids_open fills `view`, whose
+ * buf is NULL for a list; ids_close releases it). */
+static int ids_open(PyObject *ids, Py_buffer *view) {
+    view->buf = NULL;
+    view->obj = NULL;
+    if (PyList_Check(ids)) return 0;
+    if (!PyObject_CheckBuffer(ids)) {
+        PyErr_Format(PyExc_TypeError, "page ids must be a list or an int64 buffer, got %.100s",
+                     Py_TYPE(ids)->tp_name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(ids, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    const char *fmt = view->format ? view->format : "B";
+    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@') fmt++;
+    if (view->itemsize != 8 || (fmt[0] != 'q' && fmt[0] != 'l') || fmt[1] != '\0') {
+        PyErr_Format(PyExc_TypeError, "page id buffer must hold int64 ('q'), got format '%s'",
+                     view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        view->buf = NULL;
+        view->obj = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static void ids_close(Py_buffer *view) {
+    if (view->obj) PyBuffer_Release(view);
+}
+
+static Py_ssize_t ids_count(PyObject *ids, const Py_buffer *view) {
+    return view->obj ? view->len / 8 : PyList_GET_SIZE(ids);
+}
+
 /* ids[i] as a page index into `len` flag bytes, or -1 with an error set (a strong
  * reference is held across the conversion: an __index__ may change the list) */
-static Py_ssize_t flag_index(PyObject *ids, Py_ssize_t i, Py_ssize_t len) {
+static Py_ssize_t flag_index(PyObject *ids, const Py_buffer *view, Py_ssize_t i,
+                             Py_ssize_t len) {
+    Py_ssize_t k;
+    if (view->obj) {
+        int64_t v = ((const int64_t *)view->buf)[i];
+        if (v < 0 || v >= (int64_t)len) {
+            PyErr_Format(PyExc_IndexError, "page id %lld outside the %zd flag bytes",
+                         (long long)v, len);
+            return -1;
+        }
+        return (Py_ssize_t)v;
+    }
     PyObject *id = PyList_GET_ITEM(ids, i);
     Py_INCREF(id);
-    Py_ssize_t k = PyNumber_AsSsize_t(id, PyExc_IndexError);
+    k = PyNumber_AsSsize_t(id, PyExc_IndexError);
     Py_DECREF(id);
     if (k == -1 && PyErr_Occurred()) return -1;
     if (k < 0 || k >= len) {
@@ -150,23 +203,30 @@ static Py_ssize_t flag_index(PyObject *ids, Py_ssize_t i, Py_ssize_t len) {
 
 static PyObject *any_flagged(PyObject *self, PyObject *args) {
     PyObject *flags_obj, *ids;
-    Py_buffer flags;
+    Py_buffer flags, view;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO!:any_flagged", &flags_obj, &PyList_Type, &ids)) return NULL;
-    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_SIMPLE) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "OO:any_flagged", &flags_obj, &ids)) return NULL;
+    if (ids_open(ids, &view) < 0) return NULL;
+    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_SIMPLE) < 0) {
+        ids_close(&view);
+        return NULL;
+    }
     const uint8_t *f = (const uint8_t *)flags.buf;
     int found = 0;
     /* every id checked, also past the first flagged one: a bad id is refused wherever it
-     * stands, as the Python form does */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids); i++) {
-        Py_ssize_t k = flag_index(ids, i, flags.len);
+     * stands, as the Python form does (a list's length is read each time round: an
+     * __index__ may shorten it) */
+    for (Py_ssize_t i = 0; i < ids_count(ids, &view); i++) {
+        Py_ssize_t k = flag_index(ids, &view, i, flags.len);
         if (k < 0) {
             PyBuffer_Release(&flags);
+            ids_close(&view);
             return NULL;
         }
         found |= f[k] != 0;
     }
     PyBuffer_Release(&flags);
+    ids_close(&view);
     return PyBool_FromLong(found);
 }
 
@@ -175,22 +235,27 @@ static PyObject *set_flags(PyObject *self, PyObject *args) {
     int value;
     Py_buffer flags;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO!p:set_flags", &flags_obj, &PyList_Type, &ids, &value))
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "OOp:set_flags", &flags_obj, &ids, &value)) return NULL;
+    if (ids_open(ids, &view) < 0) return NULL;
+    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) {
+        ids_close(&view);
         return NULL;
-    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) return NULL;
+    }
     Py_ssize_t stack_at[256], *at = stack_at, n = 0;
     PyObject *result = NULL;
-    if (PyList_GET_SIZE(ids) > 256) {
-        at = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)PyList_GET_SIZE(ids));
+    Py_ssize_t room = ids_count(ids, &view);
+    if (room > 256) {
+        at = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)room);
         if (!at) {
             PyErr_NoMemory();
             goto done;
         }
     }
-    /* every id converted and checked before any flag changes */
-    Py_ssize_t room = PyList_GET_SIZE(ids);
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ids) && n < room; i++) {
-        Py_ssize_t k = flag_index(ids, i, flags.len);
+    /* every id converted and checked before any flag changes (no more than `room`: an
+     * __index__ may grow the list) */
+    for (Py_ssize_t i = 0; i < ids_count(ids, &view) && n < room; i++) {
+        Py_ssize_t k = flag_index(ids, &view, i, flags.len);
         if (k < 0) goto done;
         at[n++] = k;
     }
@@ -201,17 +266,21 @@ static PyObject *set_flags(PyObject *self, PyObject *args) {
 done:
     if (at != stack_at) PyMem_Free(at);
     PyBuffer_Release(&flags);
+    ids_close(&view);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"live_page_ids", live_page_ids, METH_VARARGS,
-     "live_page_ids(slots, page_size, num_pages, free_flags) -> list[int] | None\n\n"
-     "The page ids of whole, allocated, distinct pages of int64 slots; None otherwise."},
+     "live_page_ids(slots, page_size, num_pages, free_flags, packed=False)\n"
+     "    -> list[int] | bytes | None\n\n"
+     "The page ids of whole, allocated, distinct pages of int64 slots (packed: as native\n"
+     "int64 bytes); None otherwise."},
     {"any_flagged", any_flagged, METH_VARARGS,
-     "any_flagged(flags, ids: list[int]) -> bool\n\nIs flags[k] non-zero for some k of ids?"},
+     "any_flagged(flags, ids: list[int] | int64 buffer) -> bool\n\n"
+     "Is flags[k] non-zero for some k of ids?"},
     {"set_flags", set_flags, METH_VARARGS,
-     "set_flags(flags, ids: list[int], value: bool) -> None\n\n"
+     "set_flags(flags, ids: list[int] | int64 buffer, value: bool) -> None\n\n"
      "flags[k] = value for every k of ids (every id checked first: IndexError, nothing set)."},
     {NULL, NULL, 0, NULL},
 };

@@ -19,7 +19,9 @@ namespace (the seed), so the keys are a chain of SHA-256 digests:
 - `pack_tokens(tokens)` -> the tokens as u32 little-endian bytes (what a page hash
   covers); `page_digests(packed, page_size, prior_digest)` -> the raw 32-byte digest of
   each full page of packed tokens, chained from `prior_digest` (b"" at a chain head),
-  in one call: the tree packs a key once and keeps raw digests, hex only on demand.
+  in one call: the tree packs a key once and keeps raw digests, hex only on demand;
+  `page_digest_bytes(...)` -> the same digests end to end in one bytes object (what a
+  tree node keeps: one object per node, not one per page).
   The chain runs in native code (`unicache_fsm._pagechain`, built with the package
   where a C compiler is found; SHA-NI where the CPU has it) when `NATIVE_CHAIN` is
   true, else page by page in Python (``native=False`` forces it): the same digests
@@ -47,6 +49,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
 
@@ -65,6 +68,7 @@ __all__ = [
     "check_tokens",
     "namespace_seed",
     "pack_tokens",
+    "page_digest_bytes",
     "page_digests",
     "page_hash",
     "page_hashes",
@@ -116,8 +120,7 @@ def _pick_sha256() -> Callable[[bytes], hashlib._Hash]:
 _sha256 = _pick_sha256()
 _openssl_sha256 = hashlib.sha256
 
-_NativeChain = Callable[[bytes, int, bytes, int, int], list[bytes]]
-_native_chain: _NativeChain | None
+_native_chain: Callable[..., Any] | None  # `_pagechain.chain_digests` (two result types)
 try:
     from unicache_fsm._pagechain import HARDWARE_SHA as _HARDWARE_SHA
     from unicache_fsm._pagechain import chain_digests as _native_chain
@@ -277,7 +280,7 @@ def _first_bad_token(seq: Sequence[object]) -> tuple[int, object]:
     raise AssertionError("array('I') rejected a sequence whose every token is valid")
 
 
-def _check_page_size(page_size: int) -> None:
+def _check_page_size(page_size: object) -> None:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         msg = f"page_size must be an int >= 1, got {page_size!r}"
         raise PageSizeError(msg, page_size=page_size)
@@ -316,6 +319,42 @@ def page_hashes(tokens: Sequence[int], page_size: int, prior: str | None = None)
     return [d.hex() for d in page_digests(packed, page_size, prev)]
 
 
+def _chain_args(packed: object, page_size: object, prior: object) -> tuple[bytes, bytes, int, int]:
+    """`page_digests`' arguments checked: (packed, prior, page stride in bytes, bytes of
+    whole pages); the typed errors its docstring names."""
+    if type(page_size) is not int or page_size < 1:
+        _check_page_size(page_size)
+    assert isinstance(page_size, int)
+    if type(prior) is not bytes:
+        prior = _prior_bytes(prior)
+    if type(packed) is not bytes:
+        packed = _packed_bytes(packed)
+    assert isinstance(prior, bytes) and isinstance(packed, bytes)
+    if len(prior) not in (0, 32):
+        msg = (
+            f"prior digest of {len(prior)} bytes: pass b'' at a chain head or the raw "
+            "32-byte digest of the page before (prior_digest(key) of a hex key)"
+        )
+        raise InvalidPriorHashError(msg, prior=prior)
+    stride = 4 * page_size
+    return packed, prior, stride, len(packed) // stride * stride
+
+
+def page_digest_bytes(
+    packed: bytes, page_size: int, prior: bytes = b"", *, native: bool = True
+) -> bytes:
+    """`page_digests` end to end in one bytes object (32 bytes a page, in page order):
+    what a tree node keeps. One object, not one per page, and none that the garbage
+    collector has to visit. Same arguments, same errors."""
+    packed, prior, stride, end = _chain_args(packed, page_size, prior)
+    if not end:
+        return b""
+    if native and _native_chain is not None:
+        joined: bytes = _native_chain(packed, stride, prior, 0, end, joined=True)
+        return joined
+    return b"".join(page_digests(packed, page_size, prior, native=False))
+
+
 def page_digests(
     packed: bytes, page_size: int, prior: bytes = b"", *, native: bool = True
 ) -> list[bytes]:
@@ -329,26 +368,14 @@ def page_digests(
     1, `InvalidPriorHashError` for a prior that is not bytes-like or neither b"" nor 32
     bytes, TypeError for packed tokens that are not bytes-like.
     """
-    if type(page_size) is not int or page_size < 1:
-        _check_page_size(page_size)
-    if type(prior) is not bytes:
-        prior = _prior_bytes(prior)
-    if type(packed) is not bytes:
-        packed = _packed_bytes(packed)
-    if len(prior) not in (0, 32):
-        msg = (
-            f"prior digest of {len(prior)} bytes: pass b'' at a chain head or the raw "
-            "32-byte digest of the page before (prior_digest(key) of a hex key)"
-        )
-        raise InvalidPriorHashError(msg, prior=prior)
-    stride = 4 * page_size
-    end = len(packed) // stride * stride
+    packed, prior, stride, end = _chain_args(packed, page_size, prior)
     if not end:
         return []
     if native and _native_chain is not None:
         # natively a page costs about 0.1 us: the memo's bookkeeping would cost more
         # than the pages it saves, so every call hashes
-        return _native_chain(packed, stride, prior, 0, end)
+        chain: list[bytes] = _native_chain(packed, stride, prior, 0, end)
+        return chain
     # In Python a page costs about 0.3 us, and a chain is usually hashed twice (a
     # LOOKUP of a request's tail, then the insert of the same pages, or every rank of
     # a group): the chains hashed lately are kept by (prior, first page), so a chain

@@ -616,7 +616,7 @@ class ExternalLinker:
             parent is None
             or parent.parent is None
             or not parent.device_resident
-            or not parent.digests  # (its hashes, without spelling them all in hex)
+            or not parent.digest_bytes  # (its hashes, without spelling them all in hex)
             or parent.slots(self.components[0].component_type) is None  # the backbone
         ):
             return None

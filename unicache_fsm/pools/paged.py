@@ -36,8 +36,9 @@ culprits. The same answers either way (tests/test_pagecheck.py).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from unicache_fsm.pools.errors import (
     ForeignSlotsError,
     NotPageMultipleError,
     SlotsNotAllocatedError,
+    TensorShapeError,
     TensorTypeError,
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
@@ -63,8 +65,8 @@ from unicache_fsm.pools.slots import (
 
 __all__ = ["NATIVE_CHECK", "NUMPY_SLOTS", "PagedAllocator"]
 
-_NativeCheck = Callable[[Any, int, int, bytearray], "list[int] | None"]
-_native_live_page_ids: _NativeCheck | None
+# `_pagecheck.live_page_ids`: a list of ids, or with packed=True their int64 bytes
+_native_live_page_ids: Callable[..., Any] | None
 try:
     from unicache_fsm._pagecheck import live_page_ids as _native_live_page_ids
 except ImportError:  # pragma: no cover - built without a C compiler
@@ -342,16 +344,47 @@ class PagedAllocator:
         """
         self.live_page_ids(slots, what)
 
-    def live_page_ids(self, slots: object, what: str = "slots") -> list[int]:
-        """`check_live`, returning the page id of each page of `slots` (in order), for a
-        caller that keeps books by page id (the tree's owned-page set)."""
-        codec = self._codec
-        t = codec.check_index_tensor(slots, what)
-        flags = self._free_flags
-        if flags is not None:
-            ids = self._native_page_ids(t)
+    def live_page_ids(self, slots: object, what: str = "slots", start: int = 0) -> list[int]:
+        """`check_live` of ``slots[start:]``, returning the page id of each of its pages
+        (in order), for a caller that keeps books by page id (the tree's owned pages).
+        `start` (0 .. ``len(slots)``, else `TensorShapeError`) spares a caller holding a
+        whole tensor a slice of it: the tree checks an insert's value past its prefix."""
+        t = self._checked_from(slots, what, start)
+        if self._free_flags is not None:
+            ids = self._native_page_ids(t, start)
             if ids is not None:
                 return ids
+        return self._live_id_list(t[start:] if start else t, what)
+
+    def live_page_array(self, slots: object, what: str = "slots", start: int = 0) -> array[int]:
+        """`live_page_ids` as an ``array('q')``: one object, no int object per page (the
+        native check writes the ids straight into it), for a caller that keeps the ids
+        a while (the tree, an insert's tail); the same checks and errors."""
+        t = self._checked_from(slots, what, start)
+        ids = array("q")
+        if self._free_flags is not None:
+            packed = self._native_page_ids(t, start, packed=True)
+            if packed is not None:
+                ids.frombytes(packed)
+                return ids
+        ids.fromlist(self._live_id_list(t[start:] if start else t, what))
+        return ids
+
+    def _checked_from(self, slots: object, what: str, start: int) -> torch.Tensor:
+        """`slots` checked as a slot tensor of this pool's, with `start` inside it."""
+        t = self._codec.check_index_tensor(slots, what)
+        if start:
+            n = t.numel()
+            if type(start) is not int or not 0 <= start <= n:
+                msg = f"pool {self.name!r}: {what}: start {start!r} outside 0 .. {n}"
+                raise TensorShapeError(msg, what=what, got=(n,), expected=(-1,))
+        return t
+
+    def _live_id_list(self, t: torch.Tensor, what: str) -> list[int]:
+        """`live_page_ids` of a checked slot tensor by the Python paths (which name the
+        culprits of anything the native check refused)."""
+        codec, flags = self._codec, self._free_flags
+        if flags is not None:
             n = t.numel()
             if codec.checks_in_python(n):
                 return self._live_page_list(t, what=what, freeing=False)
@@ -405,15 +438,32 @@ class PagedAllocator:
             self._raise_not_live(pages, what=what, freeing=freeing)
         return pages
 
-    def _native_page_ids(self, t: torch.Tensor) -> list[int] | None:
-        """The native check's page ids of a CPU slot tensor; None where it is not built
-        or turned off (`NATIVE_CHECK`), or refuses (the Python paths name why)."""
+    @overload
+    def _native_page_ids(
+        self, t: torch.Tensor, start: int = 0, *, packed: Literal[False] = False
+    ) -> list[int] | None: ...
+    @overload
+    def _native_page_ids(
+        self, t: torch.Tensor, start: int = 0, *, packed: Literal[True]
+    ) -> bytes | None: ...
+    def _native_page_ids(
+        self, t: torch.Tensor, start: int = 0, *, packed: bool = False
+    ) -> list[int] | bytes | None:
+        """The native check's page ids of a CPU slot tensor from `start` on (`packed`: as
+        native int64 bytes); None where it is not built or turned off (`NATIVE_CHECK`),
+        or refuses (the Python paths name why)."""
         native = _native_live_page_ids if NATIVE_CHECK else None
         flags = self._free_flags
         if native is None or flags is None:
             return None
         layout = self._layout
-        return native(numpy_view(t), layout.page_size, layout.num_pages, flags)
+        view = numpy_view(t)
+        if start:
+            view = view[start:]
+        ids: list[int] | bytes | None = native(
+            view, layout.page_size, layout.num_pages, flags, packed
+        )
+        return ids
 
     def _live_page_list(self, t: torch.Tensor, *, what: str, freeing: bool) -> list[int]:
         """`live_pages` for a small slot tensor on CPU, checked in Python over `tolist()`

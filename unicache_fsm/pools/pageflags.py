@@ -10,17 +10,19 @@
 - `any_set(flags, ids)` — the Python read over any flag bytearray, for ids already
   checked (the allocator's free flags use it too).
 
-Ids come as a list (any other iterable is copied into one first) and must be integers
+Ids come as a list or an ``array('q')`` (any other iterable is copied into a list first;
+an array is read in place, no int object per id) and must be integers
 (`TypeError` otherwise) in 0 .. num_pages (`IndexError` otherwise); every id is checked
 before any flag is read or written, so a refused call changes nothing and `any_of`
 refuses a bad id even after a marked one.
 Where the optional C extension ``unicache_fsm._pagecheck`` was built, each call over a
-list is one native call; otherwise the same in Python (`operator.itemgetter` to read,
+list or an array is one native call; otherwise the same in Python (`operator.itemgetter` to read,
 a loop to write). `tests/test_pageflags.py` holds both to a set of ids.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable
 from operator import index, itemgetter
 
@@ -28,8 +30,8 @@ import numpy as np
 
 __all__ = ["PageFlags", "any_set"]
 
-_native_any: Callable[[bytearray, list[int]], bool] | None
-_native_set: Callable[[bytearray, list[int], bool], None] | None
+_native_any: Callable[[bytearray, list[int] | array[int]], bool] | None
+_native_set: Callable[[bytearray, list[int] | array[int], bool], None] | None
 try:
     from unicache_fsm._pagecheck import any_flagged as _native_any
     from unicache_fsm._pagecheck import set_flags as _native_set
@@ -77,7 +79,7 @@ class PageFlags:
 
     def any_of(self, ids: Iterable[int]) -> bool:
         if self._any is not None:
-            return self._any(self._flags, ids if type(ids) is list else list(ids))
+            return self._any(self._flags, _as_native_ids(ids))
         return any_set(self._flags, self._check(ids))
 
     def marked_of(self, ids: Iterable[int]) -> list[int]:
@@ -92,7 +94,7 @@ class PageFlags:
 
     def _write(self, ids: Iterable[int], value: bool) -> None:
         if self._set is not None:
-            self._set(self._flags, ids if type(ids) is list else list(ids), value)
+            self._set(self._flags, _as_native_ids(ids), value)
             return
         flags, byte = self._flags, int(value)
         for k in self._check(ids):
@@ -101,3 +103,11 @@ class PageFlags:
     def marked(self) -> list[int]:
         ids: list[int] = np.flatnonzero(np.frombuffer(self._flags, dtype=np.uint8)).tolist()
         return ids
+
+
+def _as_native_ids(ids: Iterable[int]) -> list[int] | array[int]:
+    """`ids` as the native calls take them: a list or an ``array('q')`` as it is, any
+    other iterable copied into a list."""
+    if type(ids) is list or (type(ids) is array and ids.typecode == "q"):
+        return ids
+    return list(ids)

@@ -36,6 +36,8 @@ all work is vectorised over the pages of the call.
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from unicache_fsm.pools.errors import LengthMismatchError
@@ -198,9 +200,18 @@ class SWAAllocator:
         """Raise a typed error unless `full_slots` are whole, distinct, allocated FULL pages."""
         self._full.check_live(full_slots, what)
 
-    def live_page_ids(self, full_slots: object, what: str = "full_slots") -> list[int]:
-        """`check_live`, returning the FULL page id of each page of `full_slots`."""
-        return self._full.live_page_ids(full_slots, what)
+    def live_page_ids(
+        self, full_slots: object, what: str = "full_slots", start: int = 0
+    ) -> list[int]:
+        """`check_live` of ``full_slots[start:]``, returning the FULL page id of each of
+        its pages (`PagedAllocator.live_page_ids`)."""
+        return self._full.live_page_ids(full_slots, what, start)
+
+    def live_page_array(
+        self, full_slots: object, what: str = "full_slots", start: int = 0
+    ) -> array[int]:
+        """`live_page_ids` as an ``array('q')`` (`PagedAllocator.live_page_array`)."""
+        return self._full.live_page_array(full_slots, what, start)
 
     # -- frees -------------------------------------------------------------------------
 

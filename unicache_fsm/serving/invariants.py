@@ -288,12 +288,12 @@ def store_chains_whole(
             parent is None
             or parent.parent is None
             or not (n.external_cache_stored and parent.external_cache_stored)
-            or not n.digests
-            or not parent.digests
+            or not n.digest_bytes
+            or not parent.digest_bytes
         ):
             continue
         # (the two hashes read: the child's first page and the parent's last one)
-        first, last = n.digests[0].hex(), parent.digests[-1].hex()
+        first, last = n.digest_bytes[:32].hex(), parent.digest_bytes[-32:].hex()
         if last in stale or first in restored:
             # gone before: the child's page came back later; or stored again as a link
             # page over a missing prefix

@@ -81,20 +81,20 @@ def check_conservation(
 #: arguments, remembered so an audit after every step re-hashes only new keys; cleared
 #: when it holds `_CHAINS_MAX` chains or `_CHAINS_BYTES` of keys and digests (a key is a
 #: node's whole packed key, so long keys would otherwise grow it without bound)
-_CHAINS: dict[tuple[bytes, bytes, int], list[bytes]] = {}
+_CHAINS: dict[tuple[bytes, bytes, int], bytes] = {}
 _CHAINS_MAX = 1 << 16
 _CHAINS_BYTES = 32 << 20
 _chains_bytes = 0
 
 
-def _chain(prior: bytes, packed: bytes, page_size: int) -> list[bytes]:
-    """`hashing.page_digests(packed, page_size, prior)`, memoized (bounded)."""
+def _chain(prior: bytes, packed: bytes, page_size: int) -> bytes:
+    """`hashing.page_digest_bytes(packed, page_size, prior)`, memoized (bounded)."""
     global _chains_bytes
     key = (prior, packed, page_size)
     got = _CHAINS.get(key)
     if got is None:
-        got = hashing.page_digests(packed, page_size, prior)
-        size = len(prior) + len(packed) + 32 * len(got)
+        got = hashing.page_digest_bytes(packed, page_size, prior)
+        size = len(prior) + len(packed) + len(got)
         if len(_CHAINS) >= _CHAINS_MAX or _chains_bytes + size > _CHAINS_BYTES:
             _CHAINS.clear()
             _chains_bytes = 0
@@ -201,15 +201,15 @@ def _check_node(
     packed, u32 = _packed(node.key, fmt)
     if node.packed != packed:
         findings.append(f"node {node.id}: packed key disagrees with its key")
-    if node.digests is not None:
-        if parent.parent is not None and parent.digests is None:
+    if node.digest_bytes is not None:
+        if parent.parent is not None and parent.digest_bytes is None:
             findings.append(f"node {node.id}: hashed under an unhashed parent")
             return
         if parent.parent is None:
             prior = hashing.prior_digest(node.namespace)
         else:
-            prior = parent.digests[-1] if parent.digests else b""
-        if node.digests != _chain(prior, u32(), p):
+            prior = parent.digest_bytes[-32:] if parent.digest_bytes else b""
+        if node.digest_bytes != _chain(prior, u32(), p):
             findings.append(f"node {node.id}: page hashes do not chain from its parent")
 
 

@@ -75,15 +75,12 @@ class Eviction(TreeState):
         return None
 
     def evictable_leaf(self, node: TreeNode) -> bool:
-        return (
-            node.residency in _MAY_LOSE_DEVICE_COPY
-            and node.lock_ref == 0
-            and node.parent is not None
-            and (
-                not node.children
-                or not any(c.residency in RESIDENT for c in node.children.values())
-            )
-        )
+        if node.residency not in _MAY_LOSE_DEVICE_COPY or node.lock_ref or node.parent is None:
+            return False
+        for child in node.children.values():  # noqa: SIM110 - a loop: no generator per call
+            if child.residency in RESIDENT:  # (a matched prefix's first child ends it)
+                return False
+        return True
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Free at least the requested tokens per component, where the tree can."""

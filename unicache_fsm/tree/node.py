@@ -36,10 +36,13 @@ class TreeNode:
     the key (the root holds none; an evicted node none; a component whose region says
     it is gone — an SWA tombstone — none). `host` holds the host-pool slots of the
     backup tier. `packed` is the key as the tree compares it (its tokens packed in one
-    fixed-width format per tree, `walk.pack_key`). `digests` has one raw page digest
-    per page (None when the tree does not hash); `hashes` is their hex (the page keys
-    a store files). `lock_ref` counts the locks on paths through this node; `last_access` is
-    its stamp on the tree's LRU clock.
+    fixed-width format per tree, `walk.pack_key`). `digest_bytes` holds one raw 32-byte
+    page digest per page, end to end in one bytes object (None when the tree does not
+    hash): one object per node that the garbage collector never visits, where a list
+    would hold one object per page for it to visit on every collection. `digests` is
+    them as a fresh list of 32-byte digests, `hashes` as hex (the page keys a store
+    files), `last_digest()` the last one. `lock_ref` counts the locks on paths through
+    this node; `last_access` is its stamp on the tree's LRU clock.
     """
 
     id: int
@@ -50,7 +53,7 @@ class TreeNode:
     children: dict[Any, TreeNode] = attrs.field(factory=dict)
     data: dict[ComponentType, torch.Tensor] = attrs.field(factory=dict)
     host: torch.Tensor | None = None
-    digests: list[bytes] | None = None
+    digest_bytes: bytes | None = None
     packed: bytes = b""
     lock_ref: int = 0
     hit_count: int = 0
@@ -91,16 +94,33 @@ class TreeNode:
         return self.data.get(component)
 
     @property
+    def digests(self) -> list[bytes] | None:
+        """One raw 32-byte digest per page (None when the tree does not hash); a fresh
+        list cut from `digest_bytes`."""
+        blob = self.digest_bytes
+        if blob is None:
+            return None
+        return [blob[i : i + 32] for i in range(0, len(blob), 32)]
+
+    @property
     def hashes(self) -> list[str] | None:
         """One hex page key per page (None when the tree does not hash); a fresh list."""
-        digests = self.digests
-        return None if digests is None else [d.hex() for d in digests]
+        blob = self.digest_bytes
+        if blob is None:
+            return None
+        text = blob.hex()
+        return [text[i : i + 64] for i in range(0, len(text), 64)]
+
+    def last_digest(self) -> bytes | None:
+        """The raw digest of this node's last page (the prior of the next page), or None
+        when the node has no digests (the tree does not hash, or no pages)."""
+        blob = self.digest_bytes
+        return blob[-32:] if blob else None
 
     def last_hash(self) -> str | None:
         """The hash of this node's last page (the anchor for the next page), or None."""
-        if not self.digests:
-            return None
-        return self.digests[-1].hex()
+        last = self.last_digest()
+        return None if last is None else last.hex()
 
     def path_from_root(self) -> list[TreeNode]:
         """This node and its ancestors below the root, root-first."""

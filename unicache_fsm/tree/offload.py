@@ -87,7 +87,7 @@ class Offloads(Locks):
             problem = None
             if not node.device_resident:
                 problem = "it is not device-resident"
-            elif node.digests is None:  # (`hashes` would spell them all in hex)
+            elif node.digest_bytes is None:
                 problem = "it has no page hashes (the tree was built with hash_pages=False)"
             elif node.external_cache_stored or node.offloading:
                 problem = "it is already stored or offloading"

@@ -37,6 +37,7 @@ Not thread-safe: one scheduler thread owns the tree.
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -167,17 +168,19 @@ class RadixTree(HostTier, Offloads):
             self._packed_key = key
         return self._packed
 
-    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> list[bytes] | None:
-        """The raw page digests of a new child of `parent` whose packed key is `packed`."""
+    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> bytes | None:
+        """The raw page digests (`TreeNode.digest_bytes`) of a new child of `parent` whose
+        packed key is `packed`."""
         if not self.config.hash_pages:
             return None
         if parent.parent is None:
             prior = hashing.prior_digest(ns)
         else:
-            if not parent.digests:
+            above = parent.digest_bytes
+            if not above:
                 return None
-            prior = parent.digests[-1]
-        return hashing.page_digests(packed, self.page_size, prior)
+            prior = above[-32:]
+        return hashing.page_digest_bytes(packed, self.page_size, prior)
 
     # -- match -------------------------------------------------------------------------
     def match_prefix(
@@ -240,10 +243,10 @@ class RadixTree(HostTier, Offloads):
         return MatchResult(end.start + len(end.key), end, bk, self.device, host_len, host_node)
 
     # -- insert ------------------------------------------------------------------------
-    def _check_insert(self, params: InsertParams) -> tuple[torch.Tensor, list[int] | None]:
-        """Validate an insert (a typed error, nothing changed); return the caller's
-        slots from `prev_prefix_len` on (the tail the tree may take) and, when checked
-        (`TreeConfig.check_slots`), their page ids."""
+    def _check_insert(self, params: InsertParams) -> array[int] | None:
+        """Validate an insert (a typed error, nothing changed); return, when checked
+        (`TreeConfig.check_slots`), the page ids of the caller's slots from
+        `prev_prefix_len` on (the tail the tree may take)."""
         key, value = params.key, params.value
         n, p = len(key), self.page_size
         if n % p:
@@ -270,24 +273,23 @@ class RadixTree(HostTier, Offloads):
                 if v % p:
                     check_aligned(what, v, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
-        tail = value[prev:] if prev else value
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids
-            tail_pages = self.allocator.live_page_ids(tail, "insert value")
+            tail_pages = self.allocator.live_page_array(value, "insert value", prev)
         self._pack(key)  # token errors must come before any change
         if params.namespace is not None and self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
-            c.check_insert(params, tail, tail_pages)
-        return tail, tail_pages
+            c.check_insert(params, tail_pages)
+        return tail_pages
 
     def insert(self, params: InsertParams) -> InsertResult:
-        tail, tail_pages = self._check_insert(params)
+        tail_pages = self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
         packed, width = self._pack(key), self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
-        ctx = InsertContext(params, value, result, tail, tail_pages)
+        ctx = InsertContext(params, value, result, tail_pages)
         components, overlap_order = self.components, self._overlap_order
         walked: list[TreeNode] = []
         node, pos = self.root, 0
@@ -321,7 +323,7 @@ class RadixTree(HostTier, Offloads):
                 start=pos,
                 parent=node,
                 namespace=ns,
-                digests=self._digests_for(node, own, ns),
+                digest_bytes=self._digests_for(node, own, ns),
                 packed=own,
                 last_access=self.clock + 1,
             )
@@ -383,7 +385,7 @@ class RadixTree(HostTier, Offloads):
                 if (
                     threshold is not None
                     and node.hit_count >= threshold
-                    and node.digests is not None
+                    and node.digest_bytes is not None
                     and not node.external_cache_stored
                     and not node.offloading
                     and node.id not in chosen
@@ -409,7 +411,7 @@ class RadixTree(HostTier, Offloads):
             parent=parent,
             namespace=node.namespace,
             host=None if node.host is None else node.host[:k],
-            digests=None if node.digests is None else node.digests[:pages],
+            digest_bytes=None if node.digest_bytes is None else node.digest_bytes[: 32 * pages],
             packed=node.packed[: k * self.key_width],
             lock_ref=node.lock_ref,
             hit_count=node.hit_count,
@@ -429,8 +431,8 @@ class RadixTree(HostTier, Offloads):
         node.start += k
         if node.host is not None:
             node.host = node.host[k:]
-        if node.digests is not None:
-            node.digests = node.digests[pages:]
+        if node.digest_bytes is not None:
+            node.digest_bytes = node.digest_bytes[32 * pages :]
         node.packed = node.packed[k * self.key_width :]
         node.parent = top
         self.link(node)

@@ -10,10 +10,11 @@ Tree hooks, in the order a tree uses them:
 
 - `enabled(allocator, config)` (classmethod) — whether a tree built with these gets
   the component; `TreeError` for half a configuration.
-- `check_insert(params, tail, tail_pages)` — refuse an insert (typed error) before
-  the tree changes; `tail` is the caller's slots from `prev_prefix_len` on, and
-  `tail_pages` their page ids once the tree checked them as whole, allocated pages
-  (`TreeConfig.check_slots`; None without the check).
+- `check_insert(params, tail_pages)` — refuse an insert (typed error) before the
+  tree changes; `tail_pages` are the page ids of the caller's slots from
+  `prev_prefix_len` on (``params.value[params.prev_prefix_len:]``, the tail) once the
+  tree checked them as whole, allocated pages (`TreeConfig.check_slots`; None
+  without the check).
 - `take_slots(node, slots)` / `drop_slots(node)` — set / remove this component's
   slots on a node, keeping the component's own books (FULL: which pages the tree
   owns). Every write of a node's `data` entry goes through them.
@@ -91,9 +92,9 @@ class InsertContext:
     """What the insert hooks share about one insert walk.
 
     `value` is the caller's backbone slots aligned with the key (token i's slot at
-    index i); `tail` is `value` from `prev_prefix_len` on (the slots the insert
-    checked; a view of `value`); `tail_pages` their page ids when the insert checked
-    them (`TreeConfig.check_slots`), else None. `to_free` collects the caller's slots
+    index i); `tail_pages` the page ids of its tail, `value` from `prev_prefix_len` on
+    (the slots the insert checked), when the insert checked them
+    (`TreeConfig.check_slots`), else None. `to_free` collects the caller's slots
     the tree does not take, each a tensor or a token span ``(start, end)`` of `value`
     (a span costs no slice of `value` until it is freed), freed once, in order, after
     the walk, through the tree's allocator, which frees their mapped peers with them;
@@ -104,8 +105,7 @@ class InsertContext:
     params: InsertParams
     value: torch.Tensor
     result: InsertResult
-    tail: torch.Tensor
-    tail_pages: list[int] | None = None
+    tail_pages: Sequence[int] | None = None
     to_free: list[torch.Tensor | tuple[int, int]] = attrs.field(factory=list)
     settled: bool = False
 
@@ -206,9 +206,7 @@ class TreeComponent(abc.ABC):
         return False
 
     # -- tree hooks ----------------------------------------------------------------------
-    def check_insert(
-        self, params: InsertParams, tail: torch.Tensor, tail_pages: list[int] | None = None
-    ) -> None:
+    def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
         return None
 
     def take_slots(

@@ -82,7 +82,7 @@ class FullComponent(TreeComponent):
             self.owned = PageFlags(size // alloc.page_size)
         # the page ids of the last checked insert's caller slots (params, from, ids),
         # reused when that insert adopts them: one conversion per insert, not two
-        self._checked: tuple[InsertParams, int, list[int]] | None = None
+        self._checked: tuple[InsertParams, int, Sequence[int]] | None = None
 
     # -- tree hooks ----------------------------------------------------------------------
     def _page_ids(self, slots: torch.Tensor) -> list[int]:
@@ -91,15 +91,13 @@ class FullComponent(TreeComponent):
         values: list[int] = slots.tolist()
         return values if p == 1 else [s // p for s in values[::p]]
 
-    def check_insert(
-        self, params: InsertParams, tail: torch.Tensor, tail_pages: list[int] | None = None
-    ) -> None:
+    def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
         owned = self.owned
         if owned is None:
             self._checked = None
             return
         prev = params.prev_prefix_len
-        pages = self._page_ids(tail) if tail_pages is None else tail_pages
+        pages = self._page_ids(params.value[prev:]) if tail_pages is None else tail_pages
         self._checked = (params, prev, pages)
         if not owned.any_of(pages):
             return
@@ -138,11 +136,8 @@ class FullComponent(TreeComponent):
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         start = node.start
         end = start + len(node.key)
-        value = ctx.value
-        if start == ctx.params.prev_prefix_len and end == value.numel():
-            slots = ctx.tail.clone()  # the whole checked tail (no second slice)
-        else:
-            slots = value[start:end].clone()
+        # one copy of the span, no view of it first (a slice and a clone are two calls)
+        slots = ctx.value.narrow_copy(0, start, end - start)
         node.data[FULL] = slots
         owned, checked = self.owned, self._checked
         if owned is not None:
