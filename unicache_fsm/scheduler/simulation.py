@@ -249,10 +249,11 @@ class Simulation:
             if len(live) + admitted >= self.config.max_batch:
                 break
             spec = queue[0][1]
-            if len(spec.tokens) > budget:
+            need = len(spec.prompt) + len(spec.output)  # len(spec.tokens), not built
+            if need > budget:
                 break  # first come, first served: wait for room
             heapq.heappop(queue)
-            budget -= len(spec.tokens)
+            budget -= need
             del self.waiting[spec.rid]
             admitted += 1
             before = self.host.load_back(spec.prompt, spec.namespace) if self.host else None
