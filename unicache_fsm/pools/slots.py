@@ -216,6 +216,19 @@ class SlotCodec:
             self._raise_bad_slots(slots, what)
         return pages
 
+    def page_ids_and_list(self, slots: torch.Tensor, what: str) -> tuple[torch.Tensor, list[int]]:
+        """`to_pages(slots)` and the same ids as `page_list` gives them, from one decode
+        on `page_list`'s paths (meant for <= `SMALL_SLOTS`; the same checks, the same
+        errors): a caller that needs both builds neither from the other."""
+        p = self._layout.page_size
+        n = slots.numel()
+        self._check_length(n, what)
+        if p > 1 and n >= NUMPY_PAGES * p and slots.device.type == "cpu":
+            pages, ids = self._numpy_pages(slots, what)
+            return torch.from_numpy(pages), ids
+        ids = self.page_list(slots, what)
+        return int64_tensor(ids, self._device), ids
+
     def _numpy_page_list(self, slots: torch.Tensor, what: str) -> list[int]:
         """`page_list` of a CPU slot tensor at P > 1, checked with NumPy over its memory:
         the same checks (whole pages, inside 1 .. num_pages), the same errors."""
