@@ -99,6 +99,10 @@ def test_small_and_tensor_paths_agree(page_size: int, monkeypatch: pytest.Monkey
                     _outcome(lambda t=t: alloc.live_pages(t, what="slots", freeing=False)),
                     _outcome(lambda t=t: alloc.live_pages(t, what="slots", freeing=True)),
                     _outcome(lambda t=t: alloc.codec.to_pages(t, "slots")),
+                    _outcome(lambda t=t: alloc.codec.page_ids_and_list(t, "slots")[0]),
+                    _outcome(
+                        lambda t=t: torch.tensor(alloc.codec.page_ids_and_list(t, "slots")[1])
+                    ),
                     slots.SlotCodec.has_duplicates(t),
                     alloc.allocated_page_ids().tolist(),
                 )
@@ -106,6 +110,7 @@ def test_small_and_tensor_paths_agree(page_size: int, monkeypatch: pytest.Monkey
             assert alloc.allocated_page_ids().tolist() == before
         assert results[0] == results[1] == results[2], t.tolist()  # list, NumPy, tensor
         assert results[0][1] == results[0][2]  # live_page_ids: live_pages' ids, as a list
+        assert results[0][4] == results[0][5] == results[0][6]  # to_pages, both halves
         errors.add(results[0][0][0])
     expected = {"ok", "SlotsNotAllocatedError", "DuplicatePagesError", "ForeignSlotsError"}
     expected |= {"UnalignedSlotsError"} if page_size > 1 else set()

@@ -407,6 +407,14 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="skip the throwaway run of a few requests before the timed one (by default "
+        "the wall time leaves out the process's one-time costs: torch and NumPy entry "
+        "points bound on first call, generated code compiled; see scheduler.warm_up)",
+    )
+    p.add_argument(
         "--audit-every",
         type=int,
         default=None,
@@ -443,7 +451,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     import torch
 
     from unicache_fsm.console import print_table, progress
-    from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation
+    from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation, warm_up
     from unicache_fsm.tree.residency import ExecutorKind
 
     config = SimConfig(
@@ -474,6 +482,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
             timeline=args.report is not None,
             workload_progress=generated,
         )
+    if args.warm_up:  # after the config passed its checks, before the clock
+        warm_up(config)
     with progress("serving requests", len(sim.specs)) as served:
         report = sim.run(progress=served)
     coverage = Coverage.from_counter(sim.counter)

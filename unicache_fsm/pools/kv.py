@@ -47,7 +47,7 @@ from unicache_fsm.pools.errors import (
 )
 from unicache_fsm.pools.layout import PageLayout, resolve_device
 from unicache_fsm.pools.paged import PagedAllocator
-from unicache_fsm.pools.slots import SlotCodec, int64_tensor, preview
+from unicache_fsm.pools.slots import SlotCodec, preview
 
 #: CPU pages at least this large are copied one memcpy per page (a Python step per page
 #: then costs little next to the bytes; smaller pages move faster in one torch op).
@@ -217,11 +217,10 @@ class KVPool:
         t = codec.check_index_tensor(slots, what)
         if self.page_size > 1 and codec.checks_in_python(t.numel()):
             # small: decode to page ids once, check them in Python (`to_pages`' own path)
-            ids = codec.page_list(t, what)
+            pages, ids = codec.page_ids_and_list(t, what)
             if len(set(ids)) == len(ids):
-                self.write_page_ids(int64_tensor(ids, self._device), data)
+                self.write_page_ids(pages, data)
                 return
-            pages = int64_tensor(ids, self._device)
         else:
             pages = codec.to_pages(t, what)
         if SlotCodec.has_duplicates(pages):

@@ -216,9 +216,28 @@ class SlotCodec:
             self._raise_bad_slots(slots, what)
         return pages
 
+    def page_ids_and_list(self, slots: torch.Tensor, what: str) -> tuple[torch.Tensor, list[int]]:
+        """`to_pages(slots)` and the same ids as `page_list` gives them, from one decode
+        on `page_list`'s paths (meant for <= `SMALL_SLOTS`; the same checks, the same
+        errors): a caller that needs both builds neither from the other."""
+        p = self._layout.page_size
+        n = slots.numel()
+        self._check_length(n, what)
+        if p > 1 and n >= NUMPY_PAGES * p and slots.device.type == "cpu":
+            pages, ids = self._numpy_pages(slots, what)
+            return torch.from_numpy(pages), ids
+        ids = self.page_list(slots, what)
+        return int64_tensor(ids, self._device), ids
+
     def _numpy_page_list(self, slots: torch.Tensor, what: str) -> list[int]:
         """`page_list` of a CPU slot tensor at P > 1, checked with NumPy over its memory:
         the same checks (whole pages, inside 1 .. num_pages), the same errors."""
+        return self._numpy_pages(slots, what)[1]
+
+    def _numpy_pages(self, slots: torch.Tensor, what: str) -> tuple[np.ndarray, list[int]]:
+        """The page ids of a non-empty CPU slot tensor at P > 1 as a fresh NumPy array
+        and as a list, checked as `page_list` checks them (whole pages, inside
+        1 .. num_pages; else its errors)."""
         layout = self._layout
         p = layout.page_size
         pages = whole_page_ids(numpy_view(slots), p)
@@ -227,7 +246,7 @@ class SlotCodec:
         page_ids: list[int] = pages.tolist()  # (the range check runs over the short list)
         if min(page_ids) < 1 or max(page_ids) > layout.num_pages:
             self._raise_bad_slots(slots, what)
-        return page_ids
+        return pages, page_ids
 
     def to_pages(self, slots: torch.Tensor, what: str) -> torch.Tensor:
         """The page id of each whole page in `slots` (validated 1-D int64 on our device)."""
@@ -238,6 +257,10 @@ class SlotCodec:
         if n == 0:
             return slots
         if p > 1 and self.checks_in_python(n):  # at P = 1 the tensor path is two reductions
+            if n >= NUMPY_PAGES * p and slots.device.type == "cpu":
+                # `page_list`'s NumPy path, its array handed over as the tensor (a fresh
+                # array: `whole_page_ids` divides into a new one), not rebuilt from the list
+                return torch.from_numpy(self._numpy_pages(slots, what)[0])
             return int64_tensor(self.page_list(slots, what), self._device)
         if p == 1:
             pages = slots
@@ -295,6 +318,10 @@ class SlotCodec:
         p = self._layout.page_size
         if p == 1:
             return pages.clone()
+        if pages.device.type == "cpu" and pages.dtype == torch.int64 and pages.dim() == 1:
+            # the same values by NumPy over the ids' memory: a fresh array, half the
+            # cost of the broadcast torch.add at the sizes an allocation asks for
+            return torch.from_numpy((numpy_view(pages)[:, None] * p + _offsets_np(p, p)).ravel())
         return torch.add(self._offsets, pages.unsqueeze(1), alpha=p).view(-1)
 
     @staticmethod

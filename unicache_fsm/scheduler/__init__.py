@@ -13,6 +13,7 @@ from unicache_fsm.scheduler.simulation import (
     SimConfigError,
     Simulation,
     SimulationStalledError,
+    warm_up,
 )
 from unicache_fsm.scheduler.workloads import WORKLOADS, RequestSpec, make_workload
 
@@ -25,4 +26,5 @@ __all__ = [
     "Simulation",
     "SimulationStalledError",
     "make_workload",
+    "warm_up",
 ]
