@@ -287,3 +287,28 @@ def test_copy_checksums_refuses_unequal_rows() -> None:
     with pytest.raises(ValueError, match="299 bytes"):
         checksum.copy_checksums(np.zeros((4, 299), dtype=np.uint8), [0], src, [0])
     assert not dst.any()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-if-built", "python"])
+@pytest.mark.parametrize("side", ["destination", "source"])
+def test_copies_refuse_arrays_that_are_not_bytes(
+    monkeypatch: pytest.MonkeyPatch, native: bool, side: str
+) -> None:
+    """A uint16 array (rows of 600 bytes that the native copy, reading bytes, would cut
+    as rows of 300) is a TypeError naming its side on either path, before any write."""
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    wide = (np.arange(4 * 300) % 251).astype(np.uint16).reshape(4, 300)
+    byte_rows = _bytes(4 * 300, 12).reshape(4, 300)
+    dst, src = (
+        (np.zeros_like(wide), byte_rows)
+        if side == "destination"
+        else (
+            np.zeros((4, 300), dtype=np.uint8),
+            wide,
+        )
+    )
+    with pytest.raises(TypeError, match=f"{side} holds uint16"):
+        checksum.copy_checksums(dst, [1, 3], src, [2, 0])
+    with pytest.raises(TypeError, match=f"{side} holds uint16"):
+        checksum.copy_checksum(dst[1], src[2])
+    assert not dst.any()

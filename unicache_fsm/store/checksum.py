@@ -21,8 +21,9 @@
   row), the checksums in order: the form `unicache_fsm.store.copier` calls, a chunk of
   pages at a time.
 
-Errors: `ValueError` for arrays of unequal page lengths or row counts, before anything
-is written. The native path also refuses, with `ValueError` before writing, a row
+Errors: `TypeError` naming the side for an array that is not uint8 (the native copy
+moves bytes, so another dtype's rows would be cut at the wrong places), `ValueError` for
+arrays of unequal page lengths or row counts, both before anything is written. The native path also refuses, with `ValueError` before writing, a row
 outside its array or a destination row overlapping its source row; the Python path
 takes those as given (the copier checks its rows first).
 
@@ -104,6 +105,7 @@ def page_checksums(pages: torch.Tensor) -> list[int]:
 def copy_checksum(dst: Any, src: Any) -> int:
     """Copy `src` into `dst` (1-D uint8 NumPy arrays of one length, not overlapping) and
     return `page_checksum` of the bytes, each piece hashed while it is in cache."""
+    _check_bytes(dst, src, "copy_checksum")
     n = src.shape[0]
     if dst.shape != src.shape:
         msg = f"copy_checksum: destination of {dst.shape} bytes for a source of {src.shape}"
@@ -127,6 +129,7 @@ def copy_checksums(
 ) -> list[int]:
     """``copy_checksum(dst[dst_rows[i]], src[src_rows[i]])`` for each i (2-D uint8 NumPy
     arrays, rows inside them, as many of each), in one native call where it can."""
+    _check_bytes(dst, src, "copy_checksums")
     n = src.shape[1]
     if dst.shape[1] != n or len(dst_rows) != len(src_rows):
         msg = (
@@ -138,6 +141,14 @@ def copy_checksums(
         assert _native_rows is not None
         return _native_rows(dst, list(dst_rows), src, list(src_rows), n)
     return [copy_checksum(dst[d], src[s]) for d, s in zip(dst_rows, src_rows, strict=True)]
+
+
+def _check_bytes(dst: Any, src: Any, call: str) -> None:
+    """TypeError naming the side unless both arrays hold uint8 (page bytes)."""
+    for side, a in (("destination", dst), ("source", src)):
+        if a.dtype != np.uint8:
+            msg = f"{call}: the {side} holds {a.dtype}, not the uint8 bytes of pages"
+            raise TypeError(msg)
 
 
 def _native(dst: Any, src: Any, n: int) -> bool:
