@@ -23,9 +23,10 @@
 
 Errors: `TypeError` naming the side for an array that is not uint8 (the native copy
 moves bytes, so another dtype's rows would be cut at the wrong places), `ValueError` for
-arrays of unequal page lengths or row counts, both before anything is written. The native path also refuses, with `ValueError` before writing, a row
-outside its array or a destination row overlapping its source row; the Python path
-takes those as given (the copier checks its rows first).
+arrays of unequal page lengths or row counts, both before anything is written. The
+native path also refuses, with `ValueError` before writing, a row outside its array or
+a destination row overlapping its source row; the Python path takes those as given
+(the copier checks its rows first).
 
 Native copies: where the optional extension ``unicache_fsm._pagecopy`` is built (setup.py)
 and `NATIVE_COPY` is true, pages of more than 240 bytes whose source and destination
