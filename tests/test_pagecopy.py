@@ -312,3 +312,28 @@ def test_copies_refuse_arrays_that_are_not_bytes(
     with pytest.raises(TypeError, match=f"{side} holds uint16"):
         checksum.copy_checksum(dst[1], src[2])
     assert not dst.any()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-if-built", "python"])
+def test_copy_checksums_read_numpy_integer_rows_by_value(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Rows as a NumPy array or NumPy integers copy as the same ints do on both paths
+    (the native copy refused them, the Python path took them); a bool row is a
+    TypeError naming it on both, before any write."""
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    src = _bytes(4 * 300, 13).reshape(4, 300)
+    want = [xxhash.xxh3_64_intdigest(src[2]), xxhash.xxh3_64_intdigest(src[0])]
+    for dst_rows, src_rows in (
+        (np.array([1, 3]), np.array([2, 0], dtype=np.uint32)),
+        ([np.int64(1), np.int64(3)], [np.int32(2), 0]),
+    ):
+        dst = np.zeros((4, 300), dtype=np.uint8)
+        assert checksum.copy_checksums(dst, dst_rows, src, src_rows) == want
+        assert np.array_equal(dst[[1, 3]], src[[2, 0]]) and not dst[[0, 2]].any()
+    dst = np.zeros((4, 300), dtype=np.uint8)
+    with pytest.raises(TypeError, match="source row 1 is a bool"):
+        checksum.copy_checksums(dst, [1, 3], src, [2, True])
+    with pytest.raises(TypeError, match="destination row 0 is a float"):
+        checksum.copy_checksums(dst, [1.0, 3], src, [2, 0])
+    assert not dst.any()

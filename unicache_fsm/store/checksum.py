@@ -21,6 +21,9 @@
   row), the checksums in order: the form `unicache_fsm.store.copier` calls, a chunk of
   pages at a time.
 
+Rows are ints, NumPy integers or integer arrays (read by value on either path; a bool
+or a non-integer row is a `TypeError` naming it).
+
 Errors: `TypeError` naming the side for an array that is not uint8 (the native copy
 moves bytes, so another dtype's rows would be cut at the wrong places), `ValueError` for
 arrays of unequal page lengths or row counts, both before anything is written. The
@@ -47,6 +50,7 @@ header (`unicache_fsm.store.pageformat`); the memory store keeps it beside the p
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -138,10 +142,29 @@ def copy_checksums(
             f"{len(dst_rows)} destination row(s) of {dst.shape[1]} bytes"
         )
         raise ValueError(msg)
+    dst_rows, src_rows = _int_rows(dst_rows, "destination"), _int_rows(src_rows, "source")
     if _native(dst, src, n):
         assert _native_rows is not None
-        return _native_rows(dst, list(dst_rows), src, list(src_rows), n)
+        return _native_rows(dst, dst_rows, src, src_rows, n)
     return [copy_checksum(dst[d], src[s]) for d, s in zip(dst_rows, src_rows, strict=True)]
+
+
+def _int_rows(rows: Any, side: str) -> list[int]:
+    """`rows` as a list of ints (NumPy integers and arrays read by value; one path
+    takes what the other does), else TypeError naming the row (a bool too: NumPy would
+    read it as a mask)."""
+    if type(rows) is list and all(type(r) is int for r in rows):
+        return rows
+    if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu":
+        listed: list[int] = rows.tolist()
+        return listed
+    out = []
+    for i, r in enumerate(rows):
+        if isinstance(r, (bool, np.bool_)) or not hasattr(type(r), "__index__"):
+            msg = f"copy_checksums: {side} row {i} is a {type(r).__name__}, not an integer"
+            raise TypeError(msg)
+        out.append(operator.index(r))
+    return out
 
 
 def _check_bytes(dst: Any, src: Any, call: str) -> None:

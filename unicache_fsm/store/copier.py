@@ -236,7 +236,7 @@ def _rows_sharing_memory(
     the arrays may be different views of one buffer (a row index of one is then not
     the same memory as that index of the other). Rows of one array span equal lengths,
     so the source row starting last before a destination row ends is the one to test."""
-    if not dst_rows or not src_rows or dst.shape[1] == 0:
+    if len(dst_rows) == 0 or len(src_rows) == 0 or dst.shape[1] == 0:
         return []
     dst_lo, dst_hi = _row_spans(dst, dst_rows)
     src_lo, src_hi = _row_spans(src, src_rows)
