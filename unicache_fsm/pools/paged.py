@@ -349,8 +349,8 @@ class PagedAllocator:
         """`check_live` of ``slots[start:]``, returning the page id of each of its pages
         (in order), for a caller that keeps books by page id (the tree's owned pages).
         `start` (an integer, of any integer type but bool, in 0 .. ``len(slots)``, else
-        `TensorShapeError`) spares a caller holding a
-        whole tensor a slice of it: the tree checks an insert's value past its prefix."""
+        `TensorShapeError`) spares a caller holding a whole tensor a slice of it: the
+        tree checks an insert's value past its prefix."""
         t, start = self._checked_from(slots, what, start)
         if self._free_flags is not None:
             ids = self._native_page_ids(t, start)
