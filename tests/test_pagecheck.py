@@ -16,6 +16,7 @@ import sys
 import textwrap
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -158,13 +159,15 @@ def test_a_start_offset_checks_the_slots_past_it_as_a_slice_would(
             assert as_array(alloc) == want, (native, start)  # the ids as array('q')
 
 
-@pytest.mark.parametrize("start", [-1, 9, 2.5, "1"])
+@pytest.mark.parametrize("start", [-1, 9, 2.5, "1", None, False, 0.0, ""])
 def test_a_start_outside_the_slots_is_a_typed_error(start: Any) -> None:
     alloc = PagedAllocator(64, 1)
     t = alloc.alloc(8)
     assert t is not None
     with pytest.raises(TensorShapeError, match="start"):
         alloc.live_page_ids(t, "slots", start)
+    with pytest.raises(TensorShapeError, match="start"):
+        alloc.live_page_array(t, "slots", start)
     assert alloc.live_page_ids(t, "slots", 8) == []
 
 
@@ -252,3 +255,16 @@ def test_a_page_count_at_the_top_of_the_range_is_refused_not_read_past_the_flags
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert (done.returncode, done.stdout.strip()) == (0, "refused"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("start", [0, 4, 8])
+def test_a_start_of_another_integer_type_is_its_value(start: int) -> None:
+    """A NumPy integer start (an insert's ``prev_prefix_len`` may be one) checks the
+    slots past it as the same int does, on both ids forms."""
+    alloc = PagedAllocator(64, 4)
+    t = alloc.alloc(8)
+    assert t is not None
+    want = alloc.live_page_ids(t, "slots", start)
+    assert want == [s // 4 for s in t[start::4].tolist()]
+    assert alloc.live_page_ids(t, "slots", np.int64(start)) == want
+    assert alloc.live_page_array(t, "slots", np.int64(start)).tolist() == want

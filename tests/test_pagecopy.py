@@ -287,3 +287,53 @@ def test_copy_checksums_refuses_unequal_rows() -> None:
     with pytest.raises(ValueError, match="299 bytes"):
         checksum.copy_checksums(np.zeros((4, 299), dtype=np.uint8), [0], src, [0])
     assert not dst.any()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-if-built", "python"])
+@pytest.mark.parametrize("side", ["destination", "source"])
+def test_copies_refuse_arrays_that_are_not_bytes(
+    monkeypatch: pytest.MonkeyPatch, native: bool, side: str
+) -> None:
+    """A uint16 array (rows of 600 bytes that the native copy, reading bytes, would cut
+    as rows of 300) is a TypeError naming its side on either path, before any write."""
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    wide = (np.arange(4 * 300) % 251).astype(np.uint16).reshape(4, 300)
+    byte_rows = _bytes(4 * 300, 12).reshape(4, 300)
+    dst, src = (
+        (np.zeros_like(wide), byte_rows)
+        if side == "destination"
+        else (
+            np.zeros((4, 300), dtype=np.uint8),
+            wide,
+        )
+    )
+    with pytest.raises(TypeError, match=f"{side} holds uint16"):
+        checksum.copy_checksums(dst, [1, 3], src, [2, 0])
+    with pytest.raises(TypeError, match=f"{side} holds uint16"):
+        checksum.copy_checksum(dst[1], src[2])
+    assert not dst.any()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-if-built", "python"])
+def test_copy_checksums_read_numpy_integer_rows_by_value(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Rows as a NumPy array or NumPy integers copy as the same ints do on both paths
+    (the native copy refused them, the Python path took them); a bool row is a
+    TypeError naming it on both, before any write."""
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    src = _bytes(4 * 300, 13).reshape(4, 300)
+    want = [xxhash.xxh3_64_intdigest(src[2]), xxhash.xxh3_64_intdigest(src[0])]
+    for dst_rows, src_rows in (
+        (np.array([1, 3]), np.array([2, 0], dtype=np.uint32)),
+        ([np.int64(1), np.int64(3)], [np.int32(2), 0]),
+    ):
+        dst = np.zeros((4, 300), dtype=np.uint8)
+        assert checksum.copy_checksums(dst, dst_rows, src, src_rows) == want
+        assert np.array_equal(dst[[1, 3]], src[[2, 0]]) and not dst[[0, 2]].any()
+    dst = np.zeros((4, 300), dtype=np.uint8)
+    with pytest.raises(TypeError, match="source row 1 is a bool"):
+        checksum.copy_checksums(dst, [1, 3], src, [2, True])
+    with pytest.raises(TypeError, match="destination row 0 is a float"):
+        checksum.copy_checksums(dst, [1.0, 3], src, [2, 0])
+    assert not dst.any()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from array import array
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,7 +64,8 @@ def test_the_native_calls_take_int64_buffers_only() -> None:
     if _pagecheck is None:
         pytest.skip("the native check was not built")
     flags = bytearray(NUM_PAGES + 1)
-    for bad in (array("i", [1, 2]), bytearray(16), array("d", [1.0])):
+    strided = np.arange(8, dtype=np.int64)[::2]  # int64, but not one C-contiguous run
+    for bad in (array("i", [1, 2]), bytearray(16), array("d", [1.0]), strided):
         with pytest.raises(TypeError, match="int64"):
             _pagecheck.set_flags(flags, bad, True)
         with pytest.raises(TypeError, match="int64"):

@@ -462,3 +462,71 @@ class TestMemoryStoreThreadedCopies(test_store_memory.TestMemoryStoreLargePages)
     def _every_call_threaded(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(copier_module, "PARALLEL_BYTES", 0)
         monkeypatch.setattr(copier_module, "CHUNK_BYTES", 1)
+
+
+# -- rows of two views of one buffer ------------------------------------------------------
+
+
+def _shifted_views() -> tuple[Any, Any, Any]:
+    """A buffer of 10 rows (row k full of byte k), and two views of it one row apart:
+    destination row i is buffer row i, source row i is buffer row i + 1."""
+    base = np.repeat(np.arange(10, dtype=np.uint8), 256).reshape(10, 256)
+    return base, base[:-1], base[1:]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-if-built", "python"])
+@pytest.mark.parametrize(
+    ("dst_rows", "src_rows", "named"),
+    [
+        ([3], [2], "3 with 2"),  # buffer row 3 onto itself
+        ([2, 7], [4, 1], "2 with 1"),  # buffer row 2 written, then read for row 7
+    ],
+)
+def test_refuses_rows_of_views_that_share_memory(
+    monkeypatch: pytest.MonkeyPatch,
+    native: bool,
+    dst_rows: list[int],
+    src_rows: list[int],
+    named: str,
+) -> None:
+    """Rows compared by address, not by index: two views of one buffer at different
+    offsets name one buffer row by different indices. Refused on both paths, with the
+    pair named, before any byte moves (the native copy refused only a pair whose own
+    rows overlapped, after earlier chunks had landed; the Python path copied in order,
+    so a later page read what an earlier one wrote)."""
+    monkeypatch.setattr(checksum_module, "NATIVE_COPY", native and checksum_module.NATIVE_COPY)
+    base, dst, src = _shifted_views()
+    before = base.copy()
+    with pytest.raises(ValueError, match=f"share memory.*{named}"):
+        PageCopier(1).copy_checksummed(dst, dst_rows, src, src_rows)
+    assert np.array_equal(base, before)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-if-built", "python"])
+def test_copies_rows_of_views_that_do_not_share_memory(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """Same indices, different memory: destination row 1 (buffer row 1) from source row
+    1 (buffer row 2) is a copy, not a row onto itself."""
+    monkeypatch.setattr(checksum_module, "NATIVE_COPY", native and checksum_module.NATIVE_COPY)
+    base, dst, src = _shifted_views()
+    sums = PageCopier(1).copy_checksummed(dst, [1, 0], src, [1, 8])
+    assert base[:, 0].tolist() == [9, 2, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert sums == [page_checksum(bytes([2]) * 256), page_checksum(bytes([9]) * 256)]
+
+
+def test_refuses_views_sharing_memory_before_any_chunk_lands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two workers, a chunk a page: the refusal comes before the first chunk is copied
+    (the native copy's own check refused the second chunk after the first had landed)."""
+    monkeypatch.setattr(copier_module, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(copier_module, "CHUNK_BYTES", 256)
+    base, dst, src = _shifted_views()
+    before = base.copy()
+    copier = PageCopier(2)
+    with pytest.raises(ValueError) as info:
+        copier.copy_checksummed(dst, [0, 3], src, [4, 2])  # buffer row 3 onto itself
+    copier.close()
+    assert np.array_equal(base, before)
+    assert "share memory" in str(info.value) and "3 with 2" in str(info.value)

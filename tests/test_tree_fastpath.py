@@ -11,6 +11,7 @@ import gc
 import random
 from array import array
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -452,3 +453,17 @@ def test_int64_packing_names_the_token_that_does_not_fit(key: tuple[int, ...], i
     with pytest.raises(InvalidTokenError) as info:
         pack_key(key, "q")
     assert info.value.index == index
+
+
+def test_an_insert_takes_a_numpy_integer_prev_prefix_len() -> None:
+    """The slot check past the prefix reads ``prev_prefix_len`` by its value, whatever
+    its integer type (a NumPy integer was refused as a start "outside" the slots)."""
+    tree = RadixTree(PagedAllocator(64, 4))
+    a, b = tree.allocator.alloc(4), tree.allocator.alloc(4)
+    assert a is not None and b is not None
+    tree.insert(InsertParams(key=[0, 1, 2, 3], value=a))
+    got = tree.insert(
+        InsertParams(key=list(range(8)), value=torch.cat([a, b]), prev_prefix_len=np.int64(4))
+    )
+    assert got.prefix_len == 4
+    assert tree.match_prefix(list(range(8))).prefix_len == 8

@@ -153,7 +153,19 @@ static int ids_open(PyObject *ids, Py_buffer *view) {
                      Py_TYPE(ids)->tp_name);
         return -1;
     }
-    if (PyObject_GetBuffer(ids, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (PyObject_GetBuffer(ids, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        /* a strided array (NumPy: ValueError, others BufferError): the wrong kind of ids */
+        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "page id buffer must be a C-contiguous int64 buffer, got a %.100s that "
+                         "is not",
+                         Py_TYPE(ids)->tp_name);
+        }
+        view->buf = NULL;
+        view->obj = NULL;
+        return -1;
+    }
     const char *fmt = view->format ? view->format : "B";
     if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@') fmt++;
     if (view->itemsize != 8 || (fmt[0] != 'q' && fmt[0] != 'l') || fmt[1] != '\0') {

@@ -36,6 +36,7 @@ culprits. The same answers either way (tests/test_pagecheck.py).
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Callable
 from typing import Any, Literal, overload
@@ -347,9 +348,10 @@ class PagedAllocator:
     def live_page_ids(self, slots: object, what: str = "slots", start: int = 0) -> list[int]:
         """`check_live` of ``slots[start:]``, returning the page id of each of its pages
         (in order), for a caller that keeps books by page id (the tree's owned pages).
-        `start` (0 .. ``len(slots)``, else `TensorShapeError`) spares a caller holding a
-        whole tensor a slice of it: the tree checks an insert's value past its prefix."""
-        t = self._checked_from(slots, what, start)
+        `start` (an integer, of any integer type but bool, in 0 .. ``len(slots)``, else
+        `TensorShapeError`) spares a caller holding a whole tensor a slice of it: the
+        tree checks an insert's value past its prefix."""
+        t, start = self._checked_from(slots, what, start)
         if self._free_flags is not None:
             ids = self._native_page_ids(t, start)
             if ids is not None:
@@ -360,7 +362,7 @@ class PagedAllocator:
         """`live_page_ids` as an ``array('q')``: one object, no int object per page (the
         native check writes the ids straight into it), for a caller that keeps the ids
         a while (the tree, an insert's tail); the same checks and errors."""
-        t = self._checked_from(slots, what, start)
+        t, start = self._checked_from(slots, what, start)
         ids = array("q")
         if self._free_flags is not None:
             packed = self._native_page_ids(t, start, packed=True)
@@ -370,15 +372,24 @@ class PagedAllocator:
         ids.fromlist(self._live_id_list(t[start:] if start else t, what))
         return ids
 
-    def _checked_from(self, slots: object, what: str, start: int) -> torch.Tensor:
-        """`slots` checked as a slot tensor of this pool's, with `start` inside it."""
+    def _checked_from(self, slots: object, what: str, start: object) -> tuple[torch.Tensor, int]:
+        """`slots` checked as a slot tensor of this pool's, and `start` as an index inside
+        it: an int, or an integer of another type (a NumPy integer: an insert's
+        ``prev_prefix_len`` may be one), not a bool; else `TensorShapeError`."""
         t = self._codec.check_index_tensor(slots, what)
+        if type(start) is not int:  # (None, False, 0.0 are not a start of 0)
+            at = None if isinstance(start, bool) else _as_index(start)
+            if at is None:
+                n = t.numel()
+                msg = f"pool {self.name!r}: {what}: start {start!r} is not an integer index"
+                raise TensorShapeError(msg, what=what, got=(n,), expected=(-1,))
+            start = at
         if start:
             n = t.numel()
-            if type(start) is not int or not 0 <= start <= n:
+            if not 0 <= start <= n:
                 msg = f"pool {self.name!r}: {what}: start {start!r} outside 0 .. {n}"
                 raise TensorShapeError(msg, what=what, got=(n,), expected=(-1,))
-        return t
+        return t, start
 
     def _live_id_list(self, t: torch.Tensor, what: str) -> list[int]:
         """`live_page_ids` of a checked slot tensor by the Python paths (which name the
@@ -502,3 +513,11 @@ class PagedAllocator:
             raise DoubleFreeError(msg, pool=name, pages=dup)
         msg = f"pool {name!r}: {what} names page(s) {preview(dup)} more than once; pass each once"
         raise DuplicatePagesError(msg, pool=name, pages=dup)
+
+
+def _as_index(value: object) -> int | None:
+    """`value` as an int by its ``__index__`` (an integer of any type), else None."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None

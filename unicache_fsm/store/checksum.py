@@ -21,10 +21,15 @@
   row), the checksums in order: the form `unicache_fsm.store.copier` calls, a chunk of
   pages at a time.
 
-Errors: `ValueError` for arrays of unequal page lengths or row counts, before anything
-is written. The native path also refuses, with `ValueError` before writing, a row
-outside its array or a destination row overlapping its source row; the Python path
-takes those as given (the copier checks its rows first).
+Rows are ints, NumPy integers or integer arrays (read by value on either path; a bool
+or a non-integer row is a `TypeError` naming it).
+
+Errors: `TypeError` naming the side for an array that is not uint8 (the native copy
+moves bytes, so another dtype's rows would be cut at the wrong places), `ValueError` for
+arrays of unequal page lengths or row counts, both before anything is written. The
+native path also refuses, with `ValueError` before writing, a row outside its array or
+a destination row overlapping its source row; the Python path takes those as given
+(the copier checks its rows first).
 
 Native copies: where the optional extension ``unicache_fsm._pagecopy`` is built (setup.py)
 and `NATIVE_COPY` is true, pages of more than 240 bytes whose source and destination
@@ -45,6 +50,7 @@ header (`unicache_fsm.store.pageformat`); the memory store keeps it beside the p
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -104,6 +110,7 @@ def page_checksums(pages: torch.Tensor) -> list[int]:
 def copy_checksum(dst: Any, src: Any) -> int:
     """Copy `src` into `dst` (1-D uint8 NumPy arrays of one length, not overlapping) and
     return `page_checksum` of the bytes, each piece hashed while it is in cache."""
+    _check_bytes(dst, src, "copy_checksum")
     n = src.shape[0]
     if dst.shape != src.shape:
         msg = f"copy_checksum: destination of {dst.shape} bytes for a source of {src.shape}"
@@ -127,6 +134,7 @@ def copy_checksums(
 ) -> list[int]:
     """``copy_checksum(dst[dst_rows[i]], src[src_rows[i]])`` for each i (2-D uint8 NumPy
     arrays, rows inside them, as many of each), in one native call where it can."""
+    _check_bytes(dst, src, "copy_checksums")
     n = src.shape[1]
     if dst.shape[1] != n or len(dst_rows) != len(src_rows):
         msg = (
@@ -134,10 +142,37 @@ def copy_checksums(
             f"{len(dst_rows)} destination row(s) of {dst.shape[1]} bytes"
         )
         raise ValueError(msg)
+    dst_rows, src_rows = _int_rows(dst_rows, "destination"), _int_rows(src_rows, "source")
     if _native(dst, src, n):
         assert _native_rows is not None
-        return _native_rows(dst, list(dst_rows), src, list(src_rows), n)
+        return _native_rows(dst, dst_rows, src, src_rows, n)
     return [copy_checksum(dst[d], src[s]) for d, s in zip(dst_rows, src_rows, strict=True)]
+
+
+def _int_rows(rows: Any, side: str) -> list[int]:
+    """`rows` as a list of ints (NumPy integers and arrays read by value; one path
+    takes what the other does), else TypeError naming the row (a bool too: NumPy would
+    read it as a mask)."""
+    if type(rows) is list and all(type(r) is int for r in rows):
+        return rows
+    if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu":
+        listed: list[int] = rows.tolist()
+        return listed
+    out = []
+    for i, r in enumerate(rows):
+        if isinstance(r, (bool, np.bool_)) or not hasattr(type(r), "__index__"):
+            msg = f"copy_checksums: {side} row {i} is a {type(r).__name__}, not an integer"
+            raise TypeError(msg)
+        out.append(operator.index(r))
+    return out
+
+
+def _check_bytes(dst: Any, src: Any, call: str) -> None:
+    """TypeError naming the side unless both arrays hold uint8 (page bytes)."""
+    for side, a in (("destination", dst), ("source", src)):
+        if a.dtype != np.uint8:
+            msg = f"{call}: the {side} holds {a.dtype}, not the uint8 bytes of pages"
+            raise TypeError(msg)
 
 
 def _native(dst: Any, src: Any, n: int) -> bool:

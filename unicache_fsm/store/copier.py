@@ -20,9 +20,10 @@ is `threads`, or, when that is None, `torch.get_num_threads()` at the call (as m
 workers as torch's own copies use; one torch thread, one worker); a call of fewer than
 `PARALLEL_BYTES` bytes, or of one chunk, runs on the calling thread alone. The native
 copy, NumPy's copy and XXH3 release the GIL while they run, so the workers move bytes at
-the same time. Rows of one call must be inside their arrays and must not overlap (every destination
-row once, none a source row of the same array), else `ValueError` naming them, before
-anything is written.
+the same time. Rows of one call must be inside their arrays and must not overlap (every
+destination row once, none sharing memory with a source row: compared by address, a row
+by the span from its first byte to its last, so two views of one buffer are caught
+whatever their offsets), else `ValueError` naming them, before anything is written.
 
 Failures: an exception in any worker stops the others before their next chunk; the
 call returns only once every worker has stopped, and raises the exception (the calling
@@ -191,7 +192,7 @@ class PageCopier:
 
 def _check_pair(dst: Any, dst_rows: Sequence[int], src: Any, src_rows: Sequence[int]) -> int:
     """The number of pages of a copy (ValueError when the two sides disagree, a row is
-    outside its array, a destination row repeats or is a source row of the same array)."""
+    outside its array, a destination row repeats or shares memory with a source row)."""
     if len(dst_rows) != len(src_rows) or dst.shape[1] != src.shape[1]:
         msg = (
             f"page copy: {len(src_rows)} source row(s) of {src.shape[1]} bytes into "
@@ -209,8 +210,38 @@ def _check_pair(dst: Any, dst_rows: Sequence[int], src: Any, src_rows: Sequence[
         msg = f"page copy: destination row(s) {twice[:8]} named more than once"
         raise ValueError(msg)
     if np.may_share_memory(dst, src):
-        met = sorted(seen.intersection(src_rows))
+        met = _rows_sharing_memory(dst, dst_rows, src, src_rows)
         if met:
-            msg = f"page copy: destination row(s) {met[:8]} are source rows of the same pages"
+            pairs = ", ".join(f"{d} with {s}" for d, s in met[:8])
+            msg = (
+                f"page copy: destination row(s) share memory with source row(s) "
+                f"(destination with source: {pairs})"
+            )
             raise ValueError(msg)
     return len(src_rows)
+
+
+def _row_spans(pages: Any, rows: Sequence[int]) -> tuple[Any, Any]:
+    """The byte addresses ``[lo, hi)`` spanned by each named row of the 2-D array
+    `pages` (rows inside it), from its first byte to its last whatever the strides."""
+    at = pages.__array_interface__["data"][0] + np.asarray(rows, dtype=np.int64) * pages.strides[0]
+    extent = (pages.shape[1] - 1) * pages.strides[1]
+    return at + min(0, extent), at + max(0, extent) + pages.itemsize
+
+
+def _rows_sharing_memory(
+    dst: Any, dst_rows: Sequence[int], src: Any, src_rows: Sequence[int]
+) -> list[tuple[int, int]]:
+    """(destination row, source row) pairs whose bytes overlap in memory, by address:
+    the arrays may be different views of one buffer (a row index of one is then not
+    the same memory as that index of the other). Rows of one array span equal lengths,
+    so the source row starting last before a destination row ends is the one to test."""
+    if len(dst_rows) == 0 or len(src_rows) == 0 or dst.shape[1] == 0:
+        return []
+    dst_lo, dst_hi = _row_spans(dst, dst_rows)
+    src_lo, src_hi = _row_spans(src, src_rows)
+    order = np.argsort(src_lo, kind="stable")
+    src_lo, src_hi = src_lo[order], src_hi[order]
+    k = np.searchsorted(src_lo, dst_hi, side="left") - 1
+    hit = (k >= 0) & (src_hi[np.maximum(k, 0)] > dst_lo)
+    return [(dst_rows[i], src_rows[order[k[i]]]) for i in np.flatnonzero(hit).tolist()]
