@@ -99,6 +99,56 @@ def test_native_check_is_the_definition_and_leaves_the_flags(
     assert bytes(flags) == before
 
 
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(case=cases(), pad=st.integers(0, 3), packed=st.booleans())
+def test_native_check_by_address_answers_as_by_buffer(
+    case: tuple[PagedAllocator, list[int]], pad: int, packed: bool
+) -> None:
+    """`live_page_ids_at` over a tensor's memory (a view with a storage offset too)
+    answers what `live_page_ids` answers over its NumPy view, and leaves the flags."""
+    assert _pagecheck is not None
+    alloc, slots = case
+    flags = alloc._free_flags
+    assert flags is not None
+    before = bytes(flags)
+    t = torch.tensor([7] * pad + slots, dtype=torch.int64)[pad:]  # storage offset `pad`
+    p, num_pages = alloc.page_size, alloc.size // alloc.page_size
+    want = _pagecheck.live_page_ids(t.numpy(), p, num_pages, flags, packed)
+    got = _pagecheck.live_page_ids_at(t.data_ptr(), t.numel(), p, num_pages, flags, packed)
+    assert got == want
+    assert bytes(flags) == before
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("address", "count"),
+    [(0, 4), (8, -1), (12, 4), (2**64 - 4, 4)],
+)
+def test_native_check_by_address_refuses_a_null_misaligned_or_negative_span(
+    address: int, count: int
+) -> None:
+    assert _pagecheck is not None
+    flags = bytearray(9)
+    with pytest.raises(ValueError, match="address"):
+        _pagecheck.live_page_ids_at(address, count, 1, 8, flags)
+    assert flags == bytearray(9)
+
+
+@needs_native
+def test_native_check_by_address_reads_nothing_for_no_slots_or_a_partial_page() -> None:
+    """An empty span is no pages (its address is never read, even null); a span that
+    is not a whole number of pages is refused (None) before any slot is read."""
+    assert _pagecheck is not None
+    flags = bytearray(9)
+    assert _pagecheck.live_page_ids_at(0, 0, 4, 8, flags) == []
+    assert _pagecheck.live_page_ids_at(0, 0, 4, 8, flags, True) == b""
+    t = torch.arange(4, 7, dtype=torch.int64)
+    assert _pagecheck.live_page_ids_at(t.data_ptr(), 3, 4, 8, flags) is None
+    with pytest.raises(ValueError, match="page_size"):
+        _pagecheck.live_page_ids_at(t.data_ptr(), 3, 0, 8, flags)
+
+
 def outcome(alloc: PagedAllocator, t: torch.Tensor) -> Any:
     try:
         return alloc.live_page_ids(t, "slots")

@@ -21,18 +21,18 @@ NUM_PAGES = 40
 ids = st.lists(st.integers(0, NUM_PAGES), max_size=12)
 
 
-@pytest.mark.parametrize("as_array", [False, True])
+@pytest.mark.parametrize("as_array", ["", "q", "i", "L"])
 @pytest.mark.parametrize("native", [True, False])
 @settings(max_examples=150, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from(["mark", "clear", "ask"]), ids), max_size=20))
 def test_flags_behave_as_a_set_of_ids(
-    native: bool, as_array: bool, steps: list[tuple[str, list[int]]]
+    native: bool, as_array: str, steps: list[tuple[str, list[int]]]
 ) -> None:
     """Ids as a list or as an ``array('q')`` (what the tree keeps of an insert's tail,
-    read in place by the native form)."""
+    read in place by the native form), or an array of another type code (copied)."""
     flags, model = PageFlags(NUM_PAGES, native=native), set[int]()
     for op, ids_list in steps:
-        batch: list[int] | array[int] = array("q", ids_list) if as_array else ids_list
+        batch: list[int] | array[int] = array(as_array, ids_list) if as_array else ids_list
         if op == "mark":
             flags.mark(batch)
             model.update(batch)

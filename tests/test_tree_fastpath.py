@@ -94,6 +94,16 @@ def test_page_digest_bytes_are_the_page_digests_end_to_end(native: bool) -> None
         joined = page_digest_bytes(packed, page_size, prior, native=native)
         assert joined == b"".join(page_digests(packed, page_size, prior, native=False))
         assert len(joined) == 32 * 5
+        # bytes-like inputs of other types, and a chain head, take the checked path
+        for head in (prior, b""):
+            want = page_digest_bytes(packed, page_size, head, native=native)
+            for kind in (bytearray, memoryview):
+                got = page_digest_bytes(kind(packed), page_size, kind(head), native=native)
+                assert got == want
+    with pytest.raises(PageSizeError):
+        page_digest_bytes(pack_tokens([1, 2, 3, 4]), True, native=native)  # type: ignore[arg-type]
+    with pytest.raises(InvalidPriorHashError):
+        page_digest_bytes(pack_tokens([1, 2, 3, 4]), 4, b"x" * 33, native=native)
     assert page_digest_bytes(pack_tokens([1, 2]), 4, native=native) == b""
     with pytest.raises(InvalidPriorHashError):
         page_digest_bytes(pack_tokens([1, 2, 3, 4]), 4, b"short", native=native)

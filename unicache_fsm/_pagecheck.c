@@ -25,6 +25,14 @@
  * The same checks, in the same order of precedence for the answer (any failure: None),
  * as PagedAllocator's list path; tests/test_pagecheck.py holds the two side by side.
  *
+ * live_page_ids_at(address, count, page_size, num_pages, free_flags, packed=False)
+ *
+ *   The same over `count` int64 slots at a raw address: a C-contiguous CPU tensor's
+ *   data_ptr(), without the NumPy view (`Tensor.numpy()` costs more than the check
+ *   itself at an insert's few pages). The caller guarantees that `count` int64 values
+ *   are readable there and stay alive through the call (it holds the tensor); the
+ *   address must be non-null and 8-byte aligned, else ValueError.
+ *
  * any_flagged(flags, ids) -> bool; set_flags(flags, ids, value) -> None
  *
  *   Per-page flag bytes read and written by a list of page ids, or a C-contiguous
@@ -41,6 +49,28 @@
 
 #define SEEN 2
 
+/* page_size and num_pages in range, and the flag buffer (writable, num_pages + 1 bytes
+ * or more) opened into `flags`; else -1 with an error set and nothing held. */
+static int open_flags(Py_ssize_t page_size, Py_ssize_t num_pages, PyObject *flags_obj,
+                      Py_buffer *flags) {
+    if (page_size < 1 || num_pages < 0) {
+        PyErr_Format(PyExc_ValueError, "page_size must be >= 1 and num_pages >= 0, got %zd, %zd",
+                     page_size, num_pages);
+        return -1;
+    }
+    if (PyObject_GetBuffer(flags_obj, flags, PyBUF_WRITABLE) < 0) return -1;
+    if (num_pages >= flags->len) { /* fewer than num_pages + 1 bytes (which could overflow) */
+        PyBuffer_Release(flags);
+        PyErr_Format(PyExc_ValueError, "free_flags holds %zd bytes, fewer than num_pages + 1",
+                     flags->len);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *check_pages(const int64_t *s, Py_ssize_t n, Py_ssize_t page_size,
+                             Py_ssize_t num_pages, uint8_t *f, int packed);
+
 static PyObject *live_page_ids(PyObject *self, PyObject *args) {
     PyObject *slots_obj, *flags_obj;
     Py_ssize_t page_size, num_pages;
@@ -50,18 +80,7 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OnnO|p:live_page_ids", &slots_obj, &page_size, &num_pages,
                           &flags_obj, &packed))
         return NULL;
-    if (page_size < 1 || num_pages < 0) {
-        PyErr_Format(PyExc_ValueError, "page_size must be >= 1 and num_pages >= 0, got %zd, %zd",
-                     page_size, num_pages);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(flags_obj, &flags, PyBUF_WRITABLE) < 0) return NULL;
-    if (num_pages >= flags.len) { /* fewer than num_pages + 1 bytes (which could overflow) */
-        PyBuffer_Release(&flags);
-        PyErr_Format(PyExc_ValueError, "free_flags holds %zd bytes, fewer than num_pages + 1",
-                     flags.len);
-        return NULL;
-    }
+    if (open_flags(page_size, num_pages, flags_obj, &flags) < 0) return NULL;
     if (PyObject_GetBuffer(slots_obj, &slots, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyBuffer_Release(&flags);
         if (!PyObject_CheckBuffer(slots_obj)) return NULL; /* not a buffer: TypeError */
@@ -77,8 +96,47 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
         PyBuffer_Release(&flags);
         Py_RETURN_NONE;
     }
-    const int64_t *s = (const int64_t *)slots.buf;
-    uint8_t *f = (uint8_t *)flags.buf;
+    PyObject *result =
+        check_pages((const int64_t *)slots.buf, n, page_size, num_pages, flags.buf, packed);
+    PyBuffer_Release(&slots);
+    PyBuffer_Release(&flags);
+    return result;
+}
+
+static PyObject *live_page_ids_at(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    Py_ssize_t count, page_size, num_pages;
+    PyObject *flags_obj;
+    Py_buffer flags;
+    int packed = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KnnnO|p:live_page_ids_at", &address, &count, &page_size,
+                          &num_pages, &flags_obj, &packed))
+        return NULL;
+    if (count < 0 || (count && (address == 0 || address % sizeof(int64_t)))) {
+        PyErr_Format(PyExc_ValueError,
+                     "live_page_ids_at needs a non-null, 8-byte aligned address and a count "
+                     ">= 0, got %llu, %zd",
+                     address, count);
+        return NULL;
+    }
+    if (open_flags(page_size, num_pages, flags_obj, &flags) < 0) return NULL;
+    PyObject *result;
+    if (count % page_size) {
+        result = Py_None;
+        Py_INCREF(result);
+    } else {
+        result = check_pages((const int64_t *)(uintptr_t)address, count, page_size, num_pages,
+                             flags.buf, packed);
+    }
+    PyBuffer_Release(&flags);
+    return result;
+}
+
+/* The checks over n (a multiple of page_size) int64 slots at s, against flag bytes f
+ * (num_pages + 1 of them, or more): the answer of live_page_ids. */
+static PyObject *check_pages(const int64_t *s, Py_ssize_t n, Py_ssize_t page_size,
+                             Py_ssize_t num_pages, uint8_t *f, int packed) {
     Py_ssize_t pages = n / page_size, marked = 0;
     int64_t stack_ids[256];
     int64_t *ids = pages <= 256 ? stack_ids : PyMem_Malloc(sizeof(int64_t) * (size_t)pages);
@@ -137,8 +195,6 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
     }
 done:
     if (ids && ids != stack_ids) PyMem_Free(ids);
-    PyBuffer_Release(&slots);
-    PyBuffer_Release(&flags);
     return result;
 }
 
@@ -288,6 +344,11 @@ static PyMethodDef methods[] = {
      "    -> list[int] | bytes | None\n\n"
      "The page ids of whole, allocated, distinct pages of int64 slots (packed: as native\n"
      "int64 bytes); None otherwise."},
+    {"live_page_ids_at", live_page_ids_at, METH_VARARGS,
+     "live_page_ids_at(address, count, page_size, num_pages, free_flags, packed=False)\n"
+     "    -> list[int] | bytes | None\n\n"
+     "live_page_ids over `count` int64 slots at a raw address (a contiguous CPU tensor's\n"
+     "data_ptr(), which the caller keeps alive)."},
     {"any_flagged", any_flagged, METH_VARARGS,
      "any_flagged(flags, ids: list[int] | int64 buffer) -> bool\n\n"
      "Is flags[k] non-zero for some k of ids?"},

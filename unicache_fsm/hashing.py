@@ -346,7 +346,17 @@ def page_digest_bytes(
     """`page_digests` end to end in one bytes object (32 bytes a page, in page order):
     what a tree node keeps. One object, not one per page, and none that the garbage
     collector has to visit. Same arguments, same errors."""
-    packed, prior, stride, end = _chain_args(packed, page_size, prior)
+    if (
+        type(packed) is bytes
+        and type(prior) is bytes
+        and type(page_size) is int
+        and page_size > 0
+        and (not prior or len(prior) == 32)
+    ):  # the tree's own call: already the checked types, nothing to convert
+        stride = 4 * page_size
+        end = len(packed) // stride * stride
+    else:
+        packed, prior, stride, end = _chain_args(packed, page_size, prior)
     if not end:
         return b""
     if native and _native_chain is not None:

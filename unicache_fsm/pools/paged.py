@@ -67,11 +67,14 @@ from unicache_fsm.pools.slots import (
 __all__ = ["NATIVE_CHECK", "NUMPY_SLOTS", "PagedAllocator"]
 
 # `_pagecheck.live_page_ids`: a list of ids, or with packed=True their int64 bytes
+# (`live_page_ids_at`: the same over a contiguous tensor's memory by its address)
 _native_live_page_ids: Callable[..., Any] | None
+_native_live_page_ids_at: Callable[..., Any] | None
 try:
     from unicache_fsm._pagecheck import live_page_ids as _native_live_page_ids
+    from unicache_fsm._pagecheck import live_page_ids_at as _native_live_page_ids_at
 except ImportError:  # pragma: no cover - built without a C compiler
-    _native_live_page_ids = None
+    _native_live_page_ids = _native_live_page_ids_at = None
 
 NATIVE_CHECK: bool = _native_live_page_ids is not None
 """Whether CPU live-page checks run first in native code (``unicache_fsm._pagecheck``);
@@ -468,12 +471,23 @@ class PagedAllocator:
         if native is None or flags is None:
             return None
         layout = self._layout
+        ids: list[int] | bytes | None
+        if t.is_contiguous() and not t.is_neg() and _native_live_page_ids_at is not None:
+            # the tensor's own memory by address (`t` is a checked CPU int64 tensor, held
+            # here through the call): no NumPy view, which costs more than the check
+            ids = _native_live_page_ids_at(
+                t.data_ptr() + 8 * start,
+                t.numel() - start,
+                layout.page_size,
+                layout.num_pages,
+                flags,
+                packed,
+            )
+            return ids
         view = numpy_view(t)
         if start:
             view = view[start:]
-        ids: list[int] | bytes | None = native(
-            view, layout.page_size, layout.num_pages, flags, packed
-        )
+        ids = native(view, layout.page_size, layout.num_pages, flags, packed)
         return ids
 
     def _live_page_list(self, t: torch.Tensor, *, what: str, freeing: bool) -> list[int]:

@@ -146,7 +146,9 @@ class FullComponent(TreeComponent):
                 owned.mark(checked[2][(start - first) // p : (end - first) // p])
             else:
                 owned.mark(self._page_ids(slots))
-        ctx.result.record_adopted_range(FULL, start, end)
+        result = ctx.result
+        if result.adopted_ranges is not None:  # (tracked only when the caller asked)
+            result.record_adopted_range(FULL, start, end)
         return node
 
     def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
