@@ -136,6 +136,19 @@ def test_native_check_by_address_refuses_a_null_misaligned_or_negative_span(
 
 
 @needs_native
+@pytest.mark.parametrize(
+    ("address", "error"), [(-8, OverflowError), (2**64, OverflowError), (8.0, TypeError)]
+)
+def test_native_check_by_address_refuses_what_is_no_address(
+    address: object, error: type[Exception]
+) -> None:
+    """A negative or too large int is never wrapped into an address; a float is none."""
+    assert _pagecheck is not None
+    with pytest.raises(error):
+        _pagecheck.live_page_ids_at(address, 4, 1, 8, bytearray(9))  # type: ignore[arg-type]
+
+
+@needs_native
 def test_native_check_by_address_reads_nothing_for_no_slots_or_a_partial_page() -> None:
     """An empty span is no pages (its address is never read, even null); a span that
     is not a whole number of pages is refused (None) before any slot is read."""

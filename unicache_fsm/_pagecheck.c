@@ -104,15 +104,22 @@ static PyObject *live_page_ids(PyObject *self, PyObject *args) {
 }
 
 static PyObject *live_page_ids_at(PyObject *self, PyObject *args) {
-    unsigned long long address;
+    PyObject *address_obj, *flags_obj;
     Py_ssize_t count, page_size, num_pages;
-    PyObject *flags_obj;
     Py_buffer flags;
     int packed = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KnnnO|p:live_page_ids_at", &address, &count, &page_size,
+    if (!PyArg_ParseTuple(args, "OnnnO|p:live_page_ids_at", &address_obj, &count, &page_size,
                           &num_pages, &flags_obj, &packed))
         return NULL;
+    if (!PyLong_Check(address_obj)) {
+        PyErr_Format(PyExc_TypeError, "address must be an int, got %.100s",
+                     Py_TYPE(address_obj)->tp_name);
+        return NULL;
+    }
+    /* (checked: a negative or too large int is an OverflowError, not a wrapped address) */
+    unsigned long long address = PyLong_AsUnsignedLongLong(address_obj);
+    if (address == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     if (count < 0 || (count && (address == 0 || address % sizeof(int64_t)))) {
         PyErr_Format(PyExc_ValueError,
                      "live_page_ids_at needs a non-null, 8-byte aligned address and a count "
