@@ -57,13 +57,18 @@ class Locks(TreeState):
         while node.parent is not None:
             node.lock_ref += 1
             node = node.parent
-        return LockReceipt(target, tuple(c.lock(target) for c in self.lock_hooks))
+        hooks = self.lock_hooks
+        return LockReceipt(target, tuple(c.lock(target) for c in hooks) if hooks else ())
 
     def unlock_path(self, receipt: LockReceipt) -> None:
         """Release the lock `receipt` names (taken by `lock_path`)."""
         node = receipt.node
         self.check_in_tree(node, "unlock")
-        path = self._check_locked(node)
+        self._release(node, self._check_locked(node), receipt)
+
+    def _release(self, node: TreeNode, path: list[TreeNode], receipt: LockReceipt) -> None:
+        """Release `receipt`'s lock over `path` (`_check_locked(node)`, checked by the
+        caller just before: every node on it holds a lock)."""
         for n in path:
             n.lock_ref -= 1
             if n.lock_ref == 0:
@@ -95,9 +100,9 @@ class Locks(TreeState):
         if receipt is not None and receipt.node is not node:
             msg = f"cannot unlock node {node.id} with a receipt for node {receipt.node.id}"
             raise LockUnderflowError(msg, node_id=node.id)
-        self._check_locked(node)
+        path = self._check_locked(node)
         if not self.lock_hooks:
-            self.unlock_path(receipt or LockReceipt(node))
+            self._release(node, path, receipt or LockReceipt(node))
             return
         held = self.held_locks.get(node, [])
         if receipt is None and held:
@@ -108,4 +113,4 @@ class Locks(TreeState):
         held.remove(receipt)
         if not held:
             del self.held_locks[node]
-        self.unlock_path(receipt)
+        self._release(node, path, receipt)
