@@ -213,7 +213,7 @@ def test_insert_branch_diverging_inside_a_node() -> None:
     assert result.prefix_len == 10
     assert result.adopted_ranges == {FULL: [(10, 16)]}
     assert pages_of(value[8:10], p) <= free_pages(tree)  # the duplicate page of [8, 10)
-    top = tree.root.children[(None, old[:p])]
+    (top,) = tree.root.children.values()  # the shared head, split off at token 10
     assert (top.start, top.end) == (0, 10) and top.key == old[:10]
     assert {(c.start, c.end, c.key) for c in top.children.values()} == {
         (10, 16, new[10:]),

@@ -153,7 +153,7 @@ def _check_node(
         return
     if not node.key or len(node.key) % p:
         findings.append(f"node {node.id}: key of {len(node.key)} tokens is not whole pages")
-    expected_key = child_key(parent, node.key, 0, node.namespace, p)
+    expected_key = child_key(parent, node.packed, 0, node.namespace, p * tree.key_width)
     if parent.children.get(expected_key) is not node:
         findings.append(f"node {node.id}: not filed under its first page in node {parent.id}")
     if node.start != parent.end:

@@ -64,6 +64,7 @@ class TreeState:
     held_locks: dict[TreeNode, list[LockReceipt]]  # with lock hooks: the locks per node
     clock: int
     node_ids: itertools.count[int]
+    key_width: int  # bytes per token of a packed key (`walk.pack_key`)
     # the eviction heap (`eviction`): (last_access, id, node) per evictable leaf, plus
     # stale entries; `node_count` is the number of nodes below the root
     evict_heap: list[tuple[float, int, TreeNode]]
@@ -88,7 +89,7 @@ class TreeState:
         """File `node` under its parent (by its first page, and namespace at the root)."""
         parent = node.parent
         assert parent is not None
-        k = child_key(parent, node.key, 0, node.namespace, self.page_size)
+        k = child_key(parent, node.packed, 0, node.namespace, self.page_size * self.key_width)
         if k not in parent.children:
             self.node_count += 1
         parent.children[k] = node
@@ -97,7 +98,8 @@ class TreeState:
         """Take `node` out of its parent's children."""
         parent = node.parent
         assert parent is not None
-        del parent.children[child_key(parent, node.key, 0, node.namespace, self.page_size)]
+        stride = self.page_size * self.key_width
+        del parent.children[child_key(parent, node.packed, 0, node.namespace, stride)]
         self.node_count -= 1
 
     def component(self, kind: ComponentType) -> TreeComponent | None:

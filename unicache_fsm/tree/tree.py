@@ -194,8 +194,10 @@ class RadixTree(HostTier, Offloads):
         node, pos = self.root, 0
         path: list[TreeNode] = []
         child: TreeNode | None = None
+        stride = p * width
         while pos < usable:
-            page = key[pos : pos + p]  # the child's filing key (`walk.child_key`)
+            at = pos * width  # the child's filing key (`walk.child_key`): its first page
+            page = packed[at : at + stride]
             child = node.children.get(page if node.parent is not None else (namespace, page))
             if child is None or child.residency not in RESIDENT:
                 break
@@ -216,7 +218,8 @@ class RadixTree(HostTier, Offloads):
             host_len, host_node, hpos = host_len + m, child, hpos + m
             if hpos >= usable:
                 break
-            child = child.children.get(key[hpos : hpos + p])
+            at = hpos * width
+            child = child.children.get(packed[at : at + stride])
         if self._cut_hooks:
             walked = len(path)
             for c in self._cut_hooks:
@@ -293,8 +296,10 @@ class RadixTree(HostTier, Offloads):
         components, overlap_order = self.components, self._overlap_order
         walked: list[TreeNode] = []
         node, pos = self.root, 0
+        stride = p * width
         while pos < n:
-            page = key[pos : pos + p]  # the child's filing key (`walk.child_key`)
+            at = pos * width  # the child's filing key (`walk.child_key`): its first page
+            page = packed[at : at + stride]
             child = node.children.get(page if node.parent is not None else (ns, page))
             if child is None:
                 break

@@ -1,8 +1,11 @@
 """Walking a radix tree of whole pages: how children are filed and how keys compare.
 
-- `child_key(parent, key, pos, namespace, page_size)` — the dict key under which the
-  child holding ``key[pos:]`` is filed in `parent.children`: its first page, and at
-  the root also the namespace (tenants never share a subtree).
+- `child_key(parent, packed, at, namespace, stride)` — the dict key under which the
+  child whose packed key (`pack_key`) starts at byte `at` of `packed` is filed in
+  `parent.children`: its first page's packed bytes (`stride` = page size x token
+  width), and at the root also the namespace (tenants never share a subtree). Bytes,
+  not a tuple of tokens: no object the garbage collector tracks per node, and a page
+  compare is a memcmp.
 - `pack_key(key, fmt)` — the key's tokens as fixed-width bytes (`fmt`: ``"I"``,
   u32 little-endian as page hashes cover them, or ``"q"``, int64 native), or
   `InvalidTokenError` naming the first token that does not fit. The tree packs a key
@@ -40,10 +43,8 @@ __all__ = ["TokenKey", "check_aligned", "child_key", "pack_key", "packed_common_
 _I64 = (-(1 << 63), 1 << 63)
 
 
-def child_key(
-    parent: TreeNode, key: tuple[int, ...], pos: int, namespace: str | None, page_size: int
-) -> Any:
-    page = key[pos : pos + page_size]
+def child_key(parent: TreeNode, packed: bytes, at: int, namespace: str | None, stride: int) -> Any:
+    page = packed[at : at + stride]
     return (namespace, page) if parent.parent is None else page
 
 
