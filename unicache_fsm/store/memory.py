@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -71,22 +72,50 @@ class _Entry:
     parent: _Ident | None
 
 
+#: Address space a slab reserves when it first grows (and at least its size after):
+#: the rows are a view of one buffer this large, so a growth within it copies nothing.
+#: An untouched row costs no memory (the allocator maps it lazily), so this is virtual
+#: size, not resident memory; only a slab outgrowing it copies its rows (into twice).
+SLAB_RESERVE_BYTES = 64 << 20
+
+
 class _Slab:
     """One pool's stored pages: rows of `page_nbytes` bytes in one growable uint8 tensor.
 
     Which rows are free is a bytearray (1 = free), searched with `bytearray.find`: a
     reservation costs a C-level scan, not a few tensor ops over the whole slab. Only the
     thread performing jobs writes rows or grows the slab; the store's lock guards `free`.
+
+    `data` (the rows in use by the books: stored or free) is a view of the first rows of
+    `_buffer`, which reserves `SLAB_RESERVE_BYTES` of address space up front: growing
+    `data` within it is a new view (the rows stay where they are, nothing is copied);
+    only outgrowing the buffer moves the rows into a new one.
     """
 
-    __slots__ = ("data", "free", "num_free", "page_nbytes", "staging")
+    __slots__ = ("_buffer", "data", "free", "num_free", "page_nbytes", "staging")
 
     def __init__(self, page_nbytes: int) -> None:
         self.page_nbytes = page_nbytes
-        self.data = torch.empty((0, page_nbytes), dtype=torch.uint8)
+        self._buffer = torch.empty((0, page_nbytes), dtype=torch.uint8)
+        self.data = self._buffer
         self.free = bytearray()
         self.num_free = 0
         self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Slab:
+        """A copy of the rows in use (not of the whole reserved buffer: a search snapshots
+        stores often, and the untouched reserve would be copied, and so touched, too)."""
+        new = _Slab.__new__(_Slab)
+        memo[id(self)] = new
+        new.page_nbytes = self.page_nbytes
+        new._buffer = torch.empty_like(self._buffer)
+        rows = self.data.shape[0]
+        new._buffer[:rows].copy_(self.data)
+        new.data = new._buffer[:rows]
+        new.free = bytearray(self.free)
+        new.num_free = self.num_free
+        new.staging = torch.empty((0, self.page_nbytes), dtype=torch.uint8)
+        return new
 
     def reserve(self, n: int) -> list[int]:
         """`n` free rows (ascending, contiguous when such a run exists), now taken."""
@@ -119,9 +148,12 @@ class _Slab:
     def _grow(self, n: int) -> None:
         old = self.data.shape[0]
         new = max(2 * old, old + n, 16)
-        data = torch.empty((new, self.page_nbytes), dtype=torch.uint8)
-        data[:old].copy_(self.data)
-        self.data = data
+        if new > self._buffer.shape[0]:  # outgrown (or the first growth): a new buffer
+            reserve = max(2 * self._buffer.shape[0], SLAB_RESERVE_BYTES // self.page_nbytes)
+            buffer = torch.empty((max(new, reserve), self.page_nbytes), dtype=torch.uint8)
+            buffer[:old].copy_(self.data)
+            self._buffer = buffer
+        self.data = self._buffer[:new]
         self.free += b"\x01" * (new - old)
         self.num_free += new - old
 
