@@ -73,6 +73,11 @@ def test_native_decode_answers_what_the_other_paths_answer(
         finally:
             slots.NATIVE_DECODE = True
         assert fast == slow, call
+    slots.NATIVE_DECODE = True
+    once = _outcome(lambda: codec.to_pages_once(t, "slots")[0])
+    assert once == _outcome(lambda: codec.to_pages(t, "slots"))
+    if once[0] == "ok" and codec.to_pages_once(t, "slots")[1]:  # known distinct: it is
+        assert isinstance(once[1], list) and len(set(once[1])) == len(once[1])
 
 
 @needs_native

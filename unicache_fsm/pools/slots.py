@@ -8,6 +8,9 @@ mistake is reported the same way everywhere and before anything is mutated:
 - `to_pages(slots, what)` -> page ids (int64, one per page, caller's order): `slots`
   must be whole pages ``[k*P, ..., k*P + P - 1]`` of usable pages 1 .. num_pages, else
   `ForeignSlotsError` (outside the pool, page 0 included) or `UnalignedSlotsError`.
+- `to_pages_once(slots, what)` -> `to_pages`, and whether the ids are known to be
+  distinct (the native decode proved it), so a caller that refuses repeats skips
+  `has_duplicates`.
 - `to_slots(pages)` -> the slots of those pages, page after page.
 - `duplicate_pages(pages)` -> the page ids that occur more than once (sorted, unique).
 
@@ -287,6 +290,16 @@ class SlotCodec:
         if min(page_ids) < 1 or max(page_ids) > layout.num_pages:
             self._raise_bad_slots(slots, what)
         return pages, page_ids
+
+    def to_pages_once(self, slots: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
+        """`to_pages(slots, what)` and whether the ids are known to name each page once
+        (True when the native decode answered, which refuses a repeated page; False
+        means not known: the caller checks with `has_duplicates` if it must)."""
+        if slots.numel():
+            packed: bytes | None = self._native(slots, True)
+            if packed is not None:
+                return torch.frombuffer(bytearray(packed), dtype=torch.int64), True
+        return self.to_pages(slots, what), False
 
     def to_pages(self, slots: torch.Tensor, what: str) -> torch.Tensor:
         """The page id of each whole page in `slots` (validated 1-D int64 on our device)."""
