@@ -748,6 +748,42 @@ def test_slab_rows_contiguous_first_then_scattered() -> None:
     assert order is None and got[:, 0].tolist() == [7, 2, 15]
 
 
+def test_slab_grows_in_place_within_its_reserve_and_moves_rows_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from unicache_fsm.store import memory
+    from unicache_fsm.store.memory import _Slab
+
+    monkeypatch.setattr(memory, "SLAB_RESERVE_BYTES", 8 * 64)  # 64 rows of 8 bytes
+    slab = _Slab(8)
+    rows = slab.reserve(16)
+    slab.data[rows] = torch.arange(16, dtype=torch.uint8).view(16, 1)
+    first = slab.data.data_ptr()
+    rows += slab.reserve(30)  # grown within the reserve: the rows did not move
+    assert slab.data.shape[0] == 46 and slab.data.data_ptr() == first
+    slab.data[rows[16:]] = torch.arange(16, 46, dtype=torch.uint8).view(30, 1)
+    rows += slab.reserve(40)  # past the reserve: moved, bytes kept
+    assert slab.data.shape[0] >= 86 and slab.num_free == slab.data.shape[0] - 86
+    assert slab.data[rows[:46], 0].tolist() == list(range(46))
+
+
+def test_slab_copy_holds_the_rows_in_use_apart_from_the_original() -> None:
+    import copy
+
+    from unicache_fsm.store.memory import _Slab
+
+    slab = _Slab(8)
+    rows = slab.reserve(5)
+    slab.data[rows] = torch.arange(5, dtype=torch.uint8).view(5, 1)
+    slab.release([3])
+    twin = copy.deepcopy(slab)
+    assert twin.data.shape == slab.data.shape and torch.equal(twin.data, slab.data)
+    assert twin.free == slab.free and twin.num_free == slab.num_free
+    twin.data[0] = 99
+    twin.reserve(1)
+    assert slab.data[0, 0].item() == 0 and slab.free[3] == 1  # the original is untouched
+
+
 def test_background_store_completes_without_progress() -> None:
     rig = Rig()
     store = MemoryStore(background=True)

@@ -8,6 +8,9 @@ mistake is reported the same way everywhere and before anything is mutated:
 - `to_pages(slots, what)` -> page ids (int64, one per page, caller's order): `slots`
   must be whole pages ``[k*P, ..., k*P + P - 1]`` of usable pages 1 .. num_pages, else
   `ForeignSlotsError` (outside the pool, page 0 included) or `UnalignedSlotsError`.
+- `to_pages_once(slots, what)` -> `to_pages`, and whether the ids are known to be
+  distinct (the native decode proved it), so a caller that refuses repeats skips
+  `has_duplicates`.
 - `to_slots(pages)` -> the slots of those pages, page after page.
 - `duplicate_pages(pages)` -> the page ids that occur more than once (sorted, unique).
 
@@ -18,14 +21,20 @@ number of pages; the diagnosis that names culprits runs only once a check failed
 dominates, and a few small tensor ops cost more than a Python pass over the values.
 From `NUMPY_PAGES` pages on, a CPU tensor at P > 1 is checked by a few NumPy operations
 over its memory instead of a Python pass per slot, and the list path then serves up to
-`SMALL_SLOTS` pages (`checks_in_python`). Every path accepts and rejects exactly the
-same inputs and raises the same errors.
+`SMALL_SLOTS` pages (`checks_in_python`). Where the optional C extension
+``unicache_fsm._pagecheck`` was built (`NATIVE_DECODE`), a C-contiguous CPU slot
+tensor is decoded first by one native call (`live_page_ids` over flag bytes that mark
+no page free), which answers the page ids when the slots are whole pages inside the
+pool and name no page twice; anything it refuses (a repeated page included, which
+`to_pages` accepts) goes to the paths above, which answer or name the culprits. Every
+path accepts and rejects exactly the same inputs and raises the same errors.
 """
 
 from __future__ import annotations
 
 from array import array
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -40,6 +49,7 @@ from unicache_fsm.pools.errors import (
 from unicache_fsm.pools.layout import PageLayout
 
 __all__ = [
+    "NATIVE_DECODE",
     "NUMPY_PAGES",
     "SMALL_SLOTS",
     "SlotCodec",
@@ -59,6 +69,18 @@ SMALL_SLOTS = 256
 #: From this many pages on, `page_list` checks a CPU slot tensor at P > 1 with a few
 #: NumPy operations over its memory (a fixed cost) instead of a Python pass per slot.
 NUMPY_PAGES = 8
+
+
+# `_pagecheck.live_page_ids` (see there): the page ids of whole, live, distinct pages
+_native_live_page_ids: Callable[..., Any] | None
+try:
+    from unicache_fsm._pagecheck import live_page_ids as _native_live_page_ids
+except ImportError:  # pragma: no cover - built without a C compiler
+    _native_live_page_ids = None
+
+NATIVE_DECODE: bool = _native_live_page_ids is not None
+"""Whether CPU slot tensors are decoded first in native code (``unicache_fsm._pagecheck``);
+read at each call, so a test may turn it off to run the NumPy and Python paths alone."""
 
 
 def preview(values: list[int]) -> str:
@@ -117,11 +139,14 @@ def whole_page_ids(flat: np.ndarray, p: int) -> np.ndarray | None:
 class SlotCodec:
     """Validates and converts the slot tensors of one pool (one layout, one device)."""
 
-    __slots__ = ("_device", "_layout", "_offsets")
+    __slots__ = ("_device", "_layout", "_none_free", "_offsets")
 
     def __init__(self, layout: PageLayout, device: torch.device) -> None:
         self._layout = layout
         self._device = device
+        # flag bytes for the native decode: no page is free, so it checks whole pages in
+        # range, named once (it marks and clears them within the call, the GIL held)
+        self._none_free = bytearray(layout.num_pages + 1) if device.type == "cpu" else None
         # Slot offsets within a page, built once: slots of page k = k*P + _offsets.
         self._offsets = torch.arange(layout.page_size, dtype=torch.int64, device=device)
 
@@ -188,11 +213,25 @@ class SlotCodec:
             )
             raise UnalignedSlotsError(msg, pool=name, slots=(), length=n, page_size=p)
 
+    def _native(self, slots: torch.Tensor, packed: bool) -> Any:
+        """The page ids of a CPU slot tensor by one native call (a list, or with `packed`
+        their int64 bytes) when they are whole pages inside the pool, each named once;
+        None when the native decode is off or refuses them (the other paths decide)."""
+        flags = self._none_free
+        if flags is None or not NATIVE_DECODE or _native_live_page_ids is None:
+            return None
+        p = self._layout.page_size
+        return _native_live_page_ids(numpy_view(slots), p, self._layout.num_pages, flags, packed)
+
     def page_list(self, slots: torch.Tensor, what: str) -> list[int]:
         """`to_pages` as a Python list, checked in Python (meant for <= `SMALL_SLOTS`)."""
         layout = self._layout
         p = layout.page_size
         n = slots.numel()
+        if n:
+            ids: list[int] | None = self._native(slots, False)
+            if ids is not None:
+                return ids
         self._check_length(n, what)
         if p > 1 and n >= NUMPY_PAGES * p and slots.device.type == "cpu":
             return self._numpy_page_list(slots, what)
@@ -222,6 +261,10 @@ class SlotCodec:
         errors): a caller that needs both builds neither from the other."""
         p = self._layout.page_size
         n = slots.numel()
+        if n:
+            native: list[int] | None = self._native(slots, False)
+            if native is not None:
+                return int64_tensor(native, self._device), native
         self._check_length(n, what)
         if p > 1 and n >= NUMPY_PAGES * p and slots.device.type == "cpu":
             pages, ids = self._numpy_pages(slots, what)
@@ -248,11 +291,25 @@ class SlotCodec:
             self._raise_bad_slots(slots, what)
         return pages, page_ids
 
+    def to_pages_once(self, slots: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
+        """`to_pages(slots, what)` and whether the ids are known to name each page once
+        (True when the native decode answered, which refuses a repeated page; False
+        means not known: the caller checks with `has_duplicates` if it must)."""
+        if slots.numel():
+            packed: bytes | None = self._native(slots, True)
+            if packed is not None:
+                return torch.frombuffer(bytearray(packed), dtype=torch.int64), True
+        return self.to_pages(slots, what), False
+
     def to_pages(self, slots: torch.Tensor, what: str) -> torch.Tensor:
         """The page id of each whole page in `slots` (validated 1-D int64 on our device)."""
         layout = self._layout
         p = layout.page_size
         n = slots.numel()
+        if n:
+            packed: bytes | None = self._native(slots, True)
+            if packed is not None:  # (a bytearray: torch views only writable memory)
+                return torch.frombuffer(bytearray(packed), dtype=torch.int64)
         self._check_length(n, what)
         if n == 0:
             return slots

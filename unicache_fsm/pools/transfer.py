@@ -118,15 +118,34 @@ def check_page_key(key: object) -> str:
 _STR = frozenset({str})
 
 
+#: any run of lowercase hex digits (the keys of a batch, joined, are checked as one)
+_HEX_RUN = re.compile(r"[0-9a-f]*")
+_LEN64 = frozenset({64})
+
+
 def check_page_keys(keys: object) -> tuple[str, ...]:
     """`keys` (an iterable of page keys, not one string) as a tuple, each checked by
     `check_page_key`; a tuple of plain strings that all passed lately is answered by
-    two C-level passes (their types, then one set inclusion) instead of a call per key."""
+    two C-level passes (their types, then one set inclusion) instead of a call per key,
+    and a batch of plain strings not seen yet by three (their lengths, then one match
+    of them all joined: 64 hex digits each) before they join the checked set."""
     if type(keys) is tuple and set(map(type, keys)) <= _STR and _CHECKED.issuperset(keys):
         return keys
     if isinstance(keys, str) or not hasattr(keys, "__iter__"):
         raise InvalidPageKeyError(keys)
-    return tuple(map(check_page_key, keys))
+    out = keys if type(keys) is tuple else tuple(keys)  # (an iterator is read once)
+    if (
+        out
+        and set(map(type, out)) <= _STR
+        and set(map(len, out)) == _LEN64
+        and _HEX_RUN.fullmatch("".join(out))
+    ):
+        if len(out) <= _CHECKED_MAX:  # (the memo stays bounded)
+            if len(_CHECKED) + len(out) > _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED.update(out)
+        return out
+    return tuple(map(check_page_key, out))  # (names the first bad key)
 
 
 def _keys(value: object) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
@@ -29,11 +30,13 @@ from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
 __all__ = ["StoreLedger"]
 
-_Keys = frozenset[tuple[PoolName, str]]
+#: the page keys a call named, per pool: (pool, keys) pairs, kept as the call's own
+#: tuples and expanded into `acknowledged` only when the store acknowledges them
+_Keys = tuple[tuple[PoolName, tuple[str, ...]], ...]
 
 
 def _keys(transfers: Sequence[PoolTransfer]) -> _Keys:
-    return frozenset((t.name, k) for t in transfers for k in t.keys)
+    return tuple((t.name, tuple(t.keys)) for t in transfers)  # (a tuple stays itself)
 
 
 class StoreLedger:
@@ -62,8 +65,12 @@ class StoreLedger:
             self._offloads.append(_keys(transfers))
         return accepted
 
+    def _acknowledge(self, keys: _Keys) -> None:
+        for pool, named in keys:
+            self.acknowledged.update(zip(repeat(pool), named))
+
     def pop_completed_offload(self) -> bool:
-        keys = self._offloads.popleft() if self._offloads else frozenset()
+        keys: _Keys = self._offloads.popleft() if self._offloads else ()
         try:
             success = self.inner.pop_completed_offload()
         except NoCompletionError:
@@ -71,7 +78,7 @@ class StoreLedger:
             raise
         # (any other exception: consumed, the answer lost, nothing acknowledged)
         if success is True:
-            self.acknowledged |= keys
+            self._acknowledge(keys)
         return success
 
     def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
@@ -89,16 +96,16 @@ class StoreLedger:
     def start_loading(self) -> int:
         batch = self.inner.start_loading()
         if isinstance(batch, int) and batch >= 0:
-            self._batches[batch] = frozenset().union(*self._queued.values())
+            self._batches[batch] = tuple(part for keys in self._queued.values() for part in keys)
             self._queued.clear()
         return batch
 
     def pop_completed_load(self) -> LoadBatchResult:
         result = self.inner.pop_completed_load()
         if isinstance(result, LoadBatchResult):
-            keys = self._batches.pop(result.batch, frozenset())
+            keys = self._batches.pop(result.batch, ())
             if result.success is True:
-                self.acknowledged |= keys
+                self._acknowledge(keys)
                 self.landed_loads.update(result.rids)
         return result
 

@@ -528,11 +528,13 @@ class BaseStore(Generic[E]):
     def _insert(self, ident: Ident, entry: E) -> None:
         self._pages[ident] = entry
         parent = entry.parent
+        children = self._children
         if parent is not None:
             self._remember_parent(ident, parent)
-            self._children[parent] += 1
+            # (`get`: a Counter's own lookup of a missing key is a Python `__missing__`)
+            children[parent] = children.get(parent, 0) + 1
             self._leaves.pop(parent, None)
-        if not self._children.get(ident):
+        if not children.get(ident):
             self._leaves[ident] = None
 
     def _link(self, ident: Ident, entry: E, parent: Ident) -> None:
@@ -540,7 +542,7 @@ class BaseStore(Generic[E]):
         stored it) learns its parent from a later transfer that passes through it."""
         entry.parent = parent
         self._remember_parent(ident, parent)
-        self._children[parent] += 1
+        self._children[parent] = self._children.get(parent, 0) + 1
         self._leaves.pop(parent, None)
 
     def _remove(self, ident: Ident) -> None:
@@ -550,7 +552,7 @@ class BaseStore(Generic[E]):
         parent = entry.parent
         if parent is None:
             return
-        left = self._children[parent] - 1
+        left = self._children.get(parent, 0) - 1
         if left > 0:
             self._children[parent] = left
             return

@@ -16,8 +16,12 @@ and adds:
 - Optional capacity (pages, across pools), evicted from chain ends; queues, completions
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
   shared half of every backend, `unicache_fsm.store.base.BaseStore` (see there).
-- Data moves in batches: one `read_pages` (into the slab itself when the new rows are
-  contiguous) per offload transfer and one `write_pages` per load transfer. Pages of a
+- Data moves in batches. Smaller pages of a CPU pool: an offload transfer's pages are
+  copied into their rows and checksummed as they land, in one call
+  (`checksum.copy_checksums`, native where built); a load transfer's stored rows are
+  copied the same way into a staging buffer, verified, then written into the pool's
+  pages with one NumPy row assignment. Another device: one read per offload transfer
+  and one write per load transfer. Pages of a
   CPU pool of at least `PAGE_BY_PAGE_BYTES` go page by page, straight between the
   pool's pages and the slab's rows, on a `PageCopier` (`unicache_fsm.store.copier`)
   of `copy_threads` workers (None: as many as `torch.get_num_threads()`, like torch's
@@ -34,7 +38,9 @@ and adds:
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -43,7 +49,7 @@ from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES, KVPool
 from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
-from unicache_fsm.store.checksum import page_checksum, page_checksums
+from unicache_fsm.store.checksum import copy_checksums, page_checksums
 from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
@@ -52,6 +58,14 @@ from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 __all__ = ["MemoryStore", "PageHeader"]
 
 _Ident = Ident
+
+# a stored page's header and its fields, and its row, read in C over many entries
+_HEADER = operator.attrgetter("header")
+_KEY = operator.attrgetter("key")
+_POOL = operator.attrgetter("pool")
+_NBYTES = operator.attrgetter("nbytes")
+_CHECKSUM = operator.attrgetter("checksum")
+_ROW = operator.attrgetter("row")
 
 
 @attrs.frozen
@@ -71,22 +85,50 @@ class _Entry:
     parent: _Ident | None
 
 
+#: Address space a slab reserves when it first grows (and at least its size after):
+#: the rows are a view of one buffer this large, so a growth within it copies nothing.
+#: An untouched row costs no memory (the allocator maps it lazily), so this is virtual
+#: size, not resident memory; only a slab outgrowing it copies its rows (into twice).
+SLAB_RESERVE_BYTES = 64 << 20
+
+
 class _Slab:
     """One pool's stored pages: rows of `page_nbytes` bytes in one growable uint8 tensor.
 
     Which rows are free is a bytearray (1 = free), searched with `bytearray.find`: a
     reservation costs a C-level scan, not a few tensor ops over the whole slab. Only the
     thread performing jobs writes rows or grows the slab; the store's lock guards `free`.
+
+    `data` (the rows in use by the books: stored or free) is a view of the first rows of
+    `_buffer`, which reserves `SLAB_RESERVE_BYTES` of address space up front: growing
+    `data` within it is a new view (the rows stay where they are, nothing is copied);
+    only outgrowing the buffer moves the rows into a new one.
     """
 
-    __slots__ = ("data", "free", "num_free", "page_nbytes", "staging")
+    __slots__ = ("_buffer", "data", "free", "num_free", "page_nbytes", "staging")
 
     def __init__(self, page_nbytes: int) -> None:
         self.page_nbytes = page_nbytes
-        self.data = torch.empty((0, page_nbytes), dtype=torch.uint8)
+        self._buffer = torch.empty((0, page_nbytes), dtype=torch.uint8)
+        self.data = self._buffer
         self.free = bytearray()
         self.num_free = 0
         self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Slab:
+        """A copy of the rows in use (not of the whole reserved buffer: a search snapshots
+        stores often, and the untouched reserve would be copied, and so touched, too)."""
+        new = _Slab.__new__(_Slab)
+        memo[id(self)] = new
+        new.page_nbytes = self.page_nbytes
+        new._buffer = torch.empty_like(self._buffer)
+        rows = self.data.shape[0]
+        new._buffer[:rows].copy_(self.data)
+        new.data = new._buffer[:rows]
+        new.free = bytearray(self.free)
+        new.num_free = self.num_free
+        new.staging = torch.empty((0, self.page_nbytes), dtype=torch.uint8)
+        return new
 
     def reserve(self, n: int) -> list[int]:
         """`n` free rows (ascending, contiguous when such a run exists), now taken."""
@@ -119,11 +161,22 @@ class _Slab:
     def _grow(self, n: int) -> None:
         old = self.data.shape[0]
         new = max(2 * old, old + n, 16)
-        data = torch.empty((new, self.page_nbytes), dtype=torch.uint8)
-        data[:old].copy_(self.data)
-        self.data = data
+        if new > self._buffer.shape[0]:  # outgrown (or the first growth): a new buffer
+            reserve = max(2 * self._buffer.shape[0], SLAB_RESERVE_BYTES // self.page_nbytes)
+            buffer = torch.empty((max(new, reserve), self.page_nbytes), dtype=torch.uint8)
+            buffer[:old].copy_(self.data)
+            self._buffer = buffer
+        self.data = self._buffer[:new]
         self.free += b"\x01" * (new - old)
         self.num_free += new - old
+
+    def staged(self, n: int) -> Any:
+        """A uint8 NumPy buffer of `n` rows (the staging buffer's first rows, grown on
+        demand; overwritten by the next call)."""
+        if self.staging.shape[0] < n:
+            size = max(n, 2 * self.staging.shape[0])
+            self.staging = torch.empty((size, self.page_nbytes), dtype=torch.uint8)
+        return self.staging[:n].numpy()
 
     def rows_of(self, rows: list[int]) -> tuple[torch.Tensor, list[int] | None]:
         """The bytes of `rows` (``[n, page_nbytes]``) and the order they come in.
@@ -140,9 +193,7 @@ class _Slab:
                 None if rows == list(range(lo, lo + n)) else sorted(range(n), key=rows.__getitem__)
             )
             return self.data[lo : lo + n], order
-        if self.staging.shape[0] < n:
-            size = max(n, 2 * self.staging.shape[0])
-            self.staging = torch.empty((size, self.page_nbytes), dtype=torch.uint8)
+        self.staged(n)
         out = self.staging[:n]
         torch.index_select(self.data, 0, int64_tensor(rows, self.data.device), out=out)
         return out, None
@@ -292,26 +343,30 @@ class MemoryStore(BaseStore["_Entry"]):
         large CPU pages is found as they land, so the transfer's own reserved slots may
         then hold bytes (a failed load may leave them: its caller frees those slots);
         other pages are verified before anything is written."""
-        bad = [
-            i
-            for i, (key, entry) in enumerate(zip(ct.keys, entries, strict=True))
-            if entry.header.key != key
-            or entry.header.pool is not ct.pool
-            or entry.header.nbytes != pool.page_nbytes
-        ]
-        if bad:
-            return bad
-        if pool.device.type == "cpu" and slab.page_nbytes < PAGE_BY_PAGE_BYTES:
-            # small CPU pages: one NumPy gather of the rows in the transfer's order,
-            # verified, then one NumPy row assignment into the pool's pages
-            stored = slab.data.numpy()[[e.row for e in entries]]
-            mismatch = [
+        headers = list(map(_HEADER, entries))
+        if (
+            list(map(_KEY, headers)) != list(ct.keys)
+            or set(map(_POOL, headers)) != {ct.pool}
+            or set(map(_NBYTES, headers)) != {pool.page_nbytes}
+        ):  # (checked for all pages at once in C; the culprits named one by one)
+            return [
                 i
-                for i, (row, e) in enumerate(zip(stored, entries, strict=True))
-                if page_checksum(row.data) != e.header.checksum
+                for i, (key, h) in enumerate(zip(ct.keys, headers, strict=True))
+                if h.key != key or h.pool is not ct.pool or h.nbytes != pool.page_nbytes
             ]
-            if mismatch:
-                return mismatch
+        if pool.device.type == "cpu" and slab.page_nbytes < PAGE_BY_PAGE_BYTES:
+            # small CPU pages: the rows copied into a staging buffer in the transfer's
+            # order and checksummed as they land (one call), verified, then one NumPy
+            # row assignment into the pool's pages
+            n = len(entries)
+            stored = slab.staged(n)
+            got = copy_checksums(
+                stored, list(range(n)), slab.data.numpy(), list(map(_ROW, entries))
+            )
+            if got != list(map(_CHECKSUM, headers)):
+                return [
+                    i for i, (g, h) in enumerate(zip(got, headers, strict=True)) if g != h.checksum
+                ]
             pool.page_bytes()[ct.pages.numpy()] = stored
             return []
         if pool.device.type == "cpu":
@@ -418,16 +473,9 @@ class MemoryStore(BaseStore["_Entry"]):
                 # the copier's workers
                 part.checksums = self._copier.copy_checksummed(dst, rows, src, part.pages.tolist())
                 return
-            # small CPU pages: one NumPy gather into the rows (a slice when contiguous)
-            gathered = src[part.pages.numpy()]
-            start = rows[0]
-            if rows[-1] - start == n - 1:
-                landed = dst[start : start + n]
-                landed[...] = gathered
-            else:
-                dst[rows] = gathered
-                landed = dst[rows]  # (a copy of the stored rows)
-            part.checksums = [page_checksum(row.data) for row in landed]
+            # small CPU pages: copied into their rows and checksummed as they land, in
+            # one call (native where built)
+            part.checksums = copy_checksums(dst, rows, src, part.pages.tolist())
             return
         got = pool.read_page_ids(part.pages).to("cpu")
         data = got.view(torch.uint8).reshape(n, slab.page_nbytes)

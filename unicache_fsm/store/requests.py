@@ -131,8 +131,8 @@ class AttachedPools:
             what = f"{op} {t.name} device_indices"
             slots = codec.check_index_tensor(t.device_indices, what)
             t.check_page_size(self._page_size)
-            pages = codec.to_pages(slots, what)
-            if phase is LinkerTransferPhase.LOAD and SlotCodec.has_duplicates(pages):
+            pages, once = codec.to_pages_once(slots, what)
+            if phase is LinkerTransferPhase.LOAD and not once and SlotCodec.has_duplicates(pages):
                 dup = SlotCodec.duplicate_pages(pages)
                 msg = (
                     f"{op}: the {t.name} transfer names page(s) {preview(dup)} more than once; "
