@@ -4,6 +4,8 @@ included), the same typed error and message for slots they refuse."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -94,18 +96,28 @@ def test_native_decode_leaves_no_mark_behind() -> None:
 
 @needs_native
 def test_whole_pages_in_range_are_decoded_natively(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    native = slots._native_live_page_ids
-    assert native is not None
+    """A contiguous tensor by its memory's address; a strided one is offered through
+    its view, which the native call refuses (no contiguous buffer): the other paths
+    decode it, alike."""
+    calls: list[tuple[str, bool]] = []
+    for name in ("_native_live_page_ids", "_native_live_page_ids_at"):
+        native = getattr(slots, name)
+        assert native is not None
 
-    def counted(*args: object) -> object:
-        result = native(*args)
-        calls.append(result is not None)
-        return result
+        def counted(*args: object, native: Any = native, name: str = name) -> object:
+            result = native(*args)
+            calls.append((name, result is not None))
+            return result
 
-    monkeypatch.setattr(slots, "_native_live_page_ids", counted)
+        monkeypatch.setattr(slots, name, counted)
     codec = SlotCodec(PageLayout(8 * 4, 4), torch.device("cpu"))
     good = torch.arange(8, 16, dtype=torch.int64)
     assert codec.to_pages(good, "slots").tolist() == [2, 3]
     assert codec.page_ids_and_list(good, "slots")[1] == [2, 3]
-    assert calls == [True, True]
+    spread = torch.stack([good, torch.zeros_like(good)], dim=1).reshape(-1)[::2]
+    assert codec.to_pages(spread, "slots").tolist() == [2, 3]
+    assert calls == [
+        ("_native_live_page_ids_at", True),
+        ("_native_live_page_ids_at", True),
+        ("_native_live_page_ids", False),
+    ]

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Callable
 from typing import Any, Literal, overload
 
 import numpy as np
@@ -57,26 +56,18 @@ from unicache_fsm.pools.errors import (
 from unicache_fsm.pools.layout import PageLayout, resolve_device
 from unicache_fsm.pools.pageflags import any_set
 from unicache_fsm.pools.slots import (
+    HAVE_NATIVE_CHECK,
     SMALL_SLOTS,
     SlotCodec,
     int64_tensor,
+    native_live_page_ids,
     numpy_view,
     preview,
 )
 
 __all__ = ["NATIVE_CHECK", "NUMPY_SLOTS", "PagedAllocator"]
 
-# `_pagecheck.live_page_ids`: a list of ids, or with packed=True their int64 bytes
-# (`live_page_ids_at`: the same over a contiguous tensor's memory by its address)
-_native_live_page_ids: Callable[..., Any] | None
-_native_live_page_ids_at: Callable[..., Any] | None
-try:
-    from unicache_fsm._pagecheck import live_page_ids as _native_live_page_ids
-    from unicache_fsm._pagecheck import live_page_ids_at as _native_live_page_ids_at
-except ImportError:  # pragma: no cover - built without a C compiler
-    _native_live_page_ids = _native_live_page_ids_at = None
-
-NATIVE_CHECK: bool = _native_live_page_ids is not None
+NATIVE_CHECK: bool = HAVE_NATIVE_CHECK
 """Whether CPU live-page checks run first in native code (``unicache_fsm._pagecheck``);
 read at each call, so a test may turn it off to run the Python paths alone."""
 
@@ -466,28 +457,13 @@ class PagedAllocator:
         """The native check's page ids of a CPU slot tensor from `start` on (`packed`: as
         native int64 bytes); None where it is not built or turned off (`NATIVE_CHECK`),
         or refuses (the Python paths name why)."""
-        native = _native_live_page_ids if NATIVE_CHECK else None
         flags = self._free_flags
-        if native is None or flags is None:
+        if not NATIVE_CHECK or flags is None:
             return None
         layout = self._layout
-        ids: list[int] | bytes | None
-        if t.is_contiguous() and not t.is_neg() and _native_live_page_ids_at is not None:
-            # the tensor's own memory by address (`t` is a checked CPU int64 tensor, held
-            # here through the call): no NumPy view, which costs more than the check
-            ids = _native_live_page_ids_at(
-                t.data_ptr() + 8 * start,
-                t.numel() - start,
-                layout.page_size,
-                layout.num_pages,
-                flags,
-                packed,
-            )
-            return ids
-        view = numpy_view(t)
-        if start:
-            view = view[start:]
-        ids = native(view, layout.page_size, layout.num_pages, flags, packed)
+        ids: list[int] | bytes | None = native_live_page_ids(
+            t, start, layout.page_size, layout.num_pages, flags, packed
+        )
         return ids
 
     def _live_page_list(self, t: torch.Tensor, *, what: str, freeing: bool) -> list[int]:

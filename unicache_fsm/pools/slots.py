@@ -49,11 +49,13 @@ from unicache_fsm.pools.errors import (
 from unicache_fsm.pools.layout import PageLayout
 
 __all__ = [
+    "HAVE_NATIVE_CHECK",
     "NATIVE_DECODE",
     "NUMPY_PAGES",
     "SMALL_SLOTS",
     "SlotCodec",
     "int64_tensor",
+    "native_live_page_ids",
     "numpy_view",
     "preview",
     "whole_page_ids",
@@ -71,16 +73,42 @@ SMALL_SLOTS = 256
 NUMPY_PAGES = 8
 
 
-# `_pagecheck.live_page_ids` (see there): the page ids of whole, live, distinct pages
+# `_pagecheck.live_page_ids` (see there): the page ids of whole, live, distinct pages;
+# `live_page_ids_at` the same over a contiguous tensor's memory by its address
 _native_live_page_ids: Callable[..., Any] | None
+_native_live_page_ids_at: Callable[..., Any] | None
 try:
     from unicache_fsm._pagecheck import live_page_ids as _native_live_page_ids
+    from unicache_fsm._pagecheck import live_page_ids_at as _native_live_page_ids_at
 except ImportError:  # pragma: no cover - built without a C compiler
-    _native_live_page_ids = None
+    _native_live_page_ids = _native_live_page_ids_at = None
 
-NATIVE_DECODE: bool = _native_live_page_ids is not None
+HAVE_NATIVE_CHECK: bool = _native_live_page_ids is not None
+"""Whether ``unicache_fsm._pagecheck`` was built (`native_live_page_ids` answers)."""
+
+NATIVE_DECODE: bool = HAVE_NATIVE_CHECK
 """Whether CPU slot tensors are decoded first in native code (``unicache_fsm._pagecheck``);
 read at each call, so a test may turn it off to run the NumPy and Python paths alone."""
+
+
+def native_live_page_ids(
+    t: torch.Tensor, start: int, page_size: int, num_pages: int, flags: bytearray, packed: bool
+) -> Any:
+    """`_pagecheck.live_page_ids` over ``t[start:]`` (a checked CPU int64 slot tensor,
+    `flags` one byte per page, 1 = free): the page ids (a list, or with `packed` their
+    int64 bytes) when the slots are whole, distinct pages of 1 .. `num_pages` none of
+    which is flagged; else None, as where the extension was not built. A contiguous
+    tensor is read by its memory's address, held here through the call (`Tensor.numpy`
+    costs more than the check of a few pages); any other through its NumPy view."""
+    if _native_live_page_ids is None or _native_live_page_ids_at is None:
+        return None
+    if t.is_contiguous() and not t.is_neg():
+        address, count = t.data_ptr() + 8 * start, t.numel() - start
+        return _native_live_page_ids_at(address, count, page_size, num_pages, flags, packed)
+    view = numpy_view(t)
+    if start:
+        view = view[start:]
+    return _native_live_page_ids(view, page_size, num_pages, flags, packed)
 
 
 def preview(values: list[int]) -> str:
@@ -218,10 +246,10 @@ class SlotCodec:
         their int64 bytes) when they are whole pages inside the pool, each named once;
         None when the native decode is off or refuses them (the other paths decide)."""
         flags = self._none_free
-        if flags is None or not NATIVE_DECODE or _native_live_page_ids is None:
+        if flags is None or not NATIVE_DECODE:
             return None
-        p = self._layout.page_size
-        return _native_live_page_ids(numpy_view(slots), p, self._layout.num_pages, flags, packed)
+        layout = self._layout
+        return native_live_page_ids(slots, 0, layout.page_size, layout.num_pages, flags, packed)
 
     def page_list(self, slots: torch.Tensor, what: str) -> list[int]:
         """`to_pages` as a Python list, checked in Python (meant for <= `SMALL_SLOTS`)."""
