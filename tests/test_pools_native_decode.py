@@ -116,8 +116,5 @@ def test_whole_pages_in_range_are_decoded_natively(monkeypatch: pytest.MonkeyPat
     assert codec.page_ids_and_list(good, "slots")[1] == [2, 3]
     spread = torch.stack([good, torch.zeros_like(good)], dim=1).reshape(-1)[::2]
     assert codec.to_pages(spread, "slots").tolist() == [2, 3]
-    assert calls == [
-        ("_native_live_page_ids_at", True),
-        ("_native_live_page_ids_at", True),
-        ("_native_live_page_ids", False),
-    ]
+    assert calls[:2] == [("_native_live_page_ids_at", True)] * 2
+    assert calls[2:] and set(calls[2:]) == {("_native_live_page_ids", False)}
