@@ -79,6 +79,9 @@ __all__ = ["System"]
 
 HUGE = 10**9
 
+#: the audit's memo of expected rows holds the rows of at most this many tokens
+_ROWS_MEMO_TOKENS = 1 << 16
+
 
 @attrs.define(eq=False)
 class System:
@@ -106,6 +109,13 @@ class System:
     _stale: set[str] = attrs.field(factory=set)  # KV pages seen gone under "stored" nodes
     _restored_links: set[str] = attrs.field(factory=set)  # link pages offloaded in mid-air
     _committed: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    # the audit's expected KV rows by (key, start, swa): `expected` is a pure function of
+    # them and a node's key and start never change, so each audit after the first
+    # synthesises only new nodes' rows (cleared past `_ROWS_MEMO_TOKENS` tokens)
+    _rows_memo: dict[tuple[tuple[int, ...], int, bool], torch.Tensor] = attrs.field(
+        factory=dict, repr=False
+    )
+    _rows_memo_tokens: int = attrs.field(default=0, repr=False)
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -240,6 +250,21 @@ class System:
         """The KV rows of `tokens` at positions from `start`, in this system's shape."""
         kv = self.kv
         return kv_bytes(tokens, start, swa=swa, num_layers=kv.num_layers, width=kv.width)
+
+    def _audit_rows(self, key: tuple[int, ...], start: int, swa: bool) -> torch.Tensor:
+        """`expected(key, start, swa=swa)` for the audit, remembered (`_rows_memo`): the
+        audit only reads the rows."""
+        memo_key = (key, start, swa)
+        rows = self._rows_memo.get(memo_key)
+        if rows is None:
+            rows = self.expected(key, start, swa=swa)
+            if type(key) is tuple:
+                if self._rows_memo_tokens + len(key) > _ROWS_MEMO_TOKENS:
+                    self._rows_memo.clear()
+                    self._rows_memo_tokens = 0
+                self._rows_memo[memo_key] = rows
+                self._rows_memo_tokens += len(key)
+        return rows
 
     def write_kv(
         self, slots: torch.Tensor, tokens: Sequence[int], start: int, *, swa: bool = False
@@ -602,12 +627,13 @@ class System:
         check = getattr(self.backend, "check_invariants", None)
         if callable(check):
             check()  # the backend's own books, when it keeps any
+        rows = self._audit_rows
         inv.resident_kv_matches(
             tree,
             self.kv,
-            self.expected,
+            lambda key, start: rows(key, start, False),
             swa_kv=self.swa_kv,
-            expected_swa=lambda key, start: self.expected(key, start, swa=True),
+            expected_swa=lambda key, start: rows(key, start, True),
             nodes=nodes,
         )
 

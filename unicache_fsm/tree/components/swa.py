@@ -55,10 +55,12 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.room import alloc_making_room
+from unicache_fsm.pools.slots import numpy_view
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import (
     ComponentType,
@@ -91,6 +93,14 @@ TRAILING = PoolHitPolicy.TRAILING_PAGES
 
 #: the residency configurations in which a node's SWA window is live
 SWA_LIVE = configs_where("swa.live")
+
+
+def _flat_cpu_ints(t: torch.Tensor) -> np.ndarray | None:
+    """A 1-D CPU int64 tensor's values as NumPy (a view, or a copy of a negative-bit
+    tensor); None for any other tensor."""
+    if t.dtype != torch.int64 or t.dim() != 1 or not t.is_cpu or t.layout != torch.strided:
+        return None
+    return numpy_view(t)
 
 
 def _live(node: TreeNode) -> bool:
@@ -313,17 +323,49 @@ class SwaComponent(TreeComponent):
                 live.append((n, full, swa))
             elif swa.numel() == len(n.key):  # FULL slots of another length cannot map
                 findings.append(f"node {n.id}: mapping[full] != swa")
+        if not live and not dead:
+            return
         translate = self.allocator.translate
-        if live and not torch.equal(
-            translate(torch.cat([f for _, f, _ in live])), torch.cat([s for _, _, s in live])
-        ):
+        live_ok, dead_ok = self._mapping_holds(live, dead)
+        if not live_ok:
             for n, full, swa in live:
                 if not torch.equal(translate(full), swa):
                     findings.append(f"node {n.id}: mapping[full] != swa")
-        if dead and bool(translate(torch.cat([f for _, f in dead])).any()):
+        if not dead_ok:
             for n, full in dead:
                 if bool(translate(full).any()):
                     findings.append(f"node {n.id}: SWA tombstone whose FULL slots still map to SWA")
+
+    def _mapping_holds(
+        self,
+        live: list[tuple[TreeNode, torch.Tensor, torch.Tensor]],
+        dead: list[tuple[TreeNode, torch.Tensor]],
+    ) -> tuple[bool, bool]:
+        """(``mapping[full] == swa`` over every live node at once, no tombstone's FULL
+        slot maps). One translation of every FULL slot, live then dead, compared in NumPy
+        on CPU; exactly ``torch.equal(translate(cat(fulls)), cat(swas))`` and
+        ``not translate(cat(dead fulls)).any()``, which run instead where the shortcut
+        does not apply (a device, SWA slots other than 1-D CPU int64, or a slot the
+        translation refuses: it then raises as it always did)."""
+        translate = self.allocator.translate
+        fulls = [f for _, f, _ in live] + [f for _, f in dead]
+        swas = [s for _, _, s in live]
+        n_live = sum(int(s.numel()) for s in swas)
+        flat = [_flat_cpu_ints(s) for s in swas]
+        if all(f is not None for f in flat):
+            try:
+                mapped = translate(torch.cat(fulls) if len(fulls) > 1 else fulls[0])
+            except Exception:  # (the reference below raises its own error)
+                mapped = None
+            if mapped is not None and mapped.is_cpu and mapped.dtype == torch.int64:
+                got = numpy_view(mapped)
+                want = b"".join(f.tobytes() for f in flat if f is not None)
+                return got[:n_live].tobytes() == want, not got[n_live:].any()
+        live_ok = not live or torch.equal(
+            translate(torch.cat([f for _, f, _ in live])), torch.cat(swas)
+        )
+        dead_ok = not dead or not bool(translate(torch.cat([f for _, f in dead])).any())
+        return live_ok, dead_ok
 
     def audit_pool(
         self, nodes: Sequence[TreeNode], outside: Sequence[torch.Tensor], findings: list[str]
