@@ -183,7 +183,8 @@ def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch
         if held.nbytes != sum(int(r.numel()) for r in rows) * _ITEM_BYTES[pool.dtype]:
             return False  # (another row count: the concatenation's shape differs)
         if held.nbytes <= _SMALL_BYTES:
-            return held.tobytes() == b"".join(numpy_view(r).tobytes() for r in rows)
+            joined = b"".join(numpy_view(r).tobytes() for r in rows)
+            return bool(held.tobytes() == joined)
         return _same_bytes(held, numpy_view(torch.cat(list(rows))))
     ids = torch.cat(list(slots)) if len(slots) > 1 else slots[0]
     want = torch.cat(list(rows)) if len(rows) > 1 else rows[0]

@@ -55,7 +55,6 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from unicache_fsm.pools.paged import PagedAllocator
@@ -95,12 +94,33 @@ TRAILING = PoolHitPolicy.TRAILING_PAGES
 SWA_LIVE = configs_where("swa.live")
 
 
-def _flat_cpu_ints(t: torch.Tensor) -> np.ndarray | None:
-    """A 1-D CPU int64 tensor's values as NumPy (a view, or a copy of a negative-bit
-    tensor); None for any other tensor."""
-    if t.dtype != torch.int64 or t.dim() != 1 or not t.is_cpu or t.layout != torch.strided:
+def _plain_ints(t: torch.Tensor) -> bool:
+    """Whether `t` is a dense 1-D CPU int64 tensor (the slots `_mapping_holds` reads)."""
+    return (
+        type(t) is torch.Tensor
+        and t.dtype == torch.int64
+        and t.dim() == 1
+        and t.is_cpu
+        and t.layout == torch.strided
+    )
+
+
+def _cpu_int_bytes(tensors: Sequence[torch.Tensor]) -> bytes | None:
+    """The int64 bytes of 1-D CPU int64 `tensors`, concatenated; None for any other."""
+    if not all(_plain_ints(t) for t in tensors):
         return None
-    return numpy_view(t)
+    return b"".join(numpy_view(t).tobytes() for t in tensors)
+
+
+def _cpu_int_list(tensors: Sequence[torch.Tensor]) -> list[int] | None:
+    """The values of 1-D CPU int64 `tensors` (at least one value), concatenated; None
+    for any other tensor or none at all."""
+    if not all(_plain_ints(t) for t in tensors):
+        return None
+    out: list[int] = []
+    for t in tensors:
+        out += t.tolist()
+    return out or None
 
 
 def _live(node: TreeNode) -> bool:
@@ -342,25 +362,24 @@ class SwaComponent(TreeComponent):
         dead: list[tuple[TreeNode, torch.Tensor]],
     ) -> tuple[bool, bool]:
         """(``mapping[full] == swa`` over every live node at once, no tombstone's FULL
-        slot maps). One translation of every FULL slot, live then dead, compared in NumPy
-        on CPU; exactly ``torch.equal(translate(cat(fulls)), cat(swas))`` and
-        ``not translate(cat(dead fulls)).any()``, which run instead where the shortcut
-        does not apply (a device, SWA slots other than 1-D CPU int64, or a slot the
-        translation refuses: it then raises as it always did)."""
-        translate = self.allocator.translate
+        slot maps): exactly ``torch.equal(translate(cat(fulls)), cat(swas))`` and
+        ``not translate(cat(dead fulls)).any()``. On CPU, with 1-D int64 slots inside the
+        FULL pool, one NumPy gather of every FULL slot, live then dead, from the live
+        mapping (`SWAAllocator.full_to_swa_mapping`) and one comparison of bytes; else
+        (a device, other slots, or a slot the translation refuses, which then raises as
+        it always did) the translations themselves."""
+        alloc = self.allocator
         fulls = [f for _, f, _ in live] + [f for _, f in dead]
         swas = [s for _, _, s in live]
-        n_live = sum(int(s.numel()) for s in swas)
-        flat = [_flat_cpu_ints(s) for s in swas]
-        if all(f is not None for f in flat):
-            try:
-                mapped = translate(torch.cat(fulls) if len(fulls) > 1 else fulls[0])
-            except Exception:  # (the reference below raises its own error)
-                mapped = None
-            if mapped is not None and mapped.is_cpu and mapped.dtype == torch.int64:
-                got = numpy_view(mapped)
-                want = b"".join(f.tobytes() for f in flat if f is not None)
-                return got[:n_live].tobytes() == want, not got[n_live:].any()
+        mapping = alloc.full_to_swa_mapping
+        want = _cpu_int_bytes(swas) if mapping.is_cpu and mapping.dtype == torch.int64 else None
+        ids = _cpu_int_list(fulls) if want is not None else None
+        top = alloc.full_num_slots
+        if want is not None and ids is not None and min(ids) >= 0 and max(ids) < top:
+            got = numpy_view(mapping)[ids]
+            n_live = len(want) // 8
+            return got[:n_live].tobytes() == want, not got[n_live:].any()
+        translate = alloc.translate
         live_ok = not live or torch.equal(
             translate(torch.cat([f for _, f, _ in live])), torch.cat(swas)
         )
