@@ -87,9 +87,7 @@ def test_mapping_audit_finds_what_translating_node_by_node_finds(
     for at, value in writes:  # corrupt: a node's FULL slot maps elsewhere, or to nothing
         slot = fulls[at % len(fulls)]
         mapping[slot] = value % alloc.swa_num_slots
-    assert _sorted_by_node(_mapping_findings(s)) == _sorted_by_node(
-        _reference_mapping_findings(s)
-    )
+    assert _sorted_by_node(_mapping_findings(s)) == _sorted_by_node(_reference_mapping_findings(s))
 
 
 def test_mapping_audit_names_a_wrong_mapping_and_a_mapped_tombstone() -> None:
@@ -153,9 +151,7 @@ def test_pool_holds_small_and_large_agree_with_read_pages(
     + `same_kv` does."""
     pool = KVPool(80 * p, p, 2, 4, dtype=torch.float32)
     pool.data.copy_(torch.arange(pool.data.numel(), dtype=torch.float32).view_as(pool.data))
-    ids = torch.tensor(
-        [k * p + i + shift for k in pages for i in range(p)], dtype=torch.int64
-    )
+    ids = torch.tensor([k * p + i + shift for k in pages for i in range(p)], dtype=torch.int64)
     slots = list(torch.tensor_split(ids, parts))
     try:
         want = pool.read_pages(ids).clone()
