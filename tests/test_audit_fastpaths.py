@@ -4,7 +4,7 @@
   translations node by node (`SWAAllocator.translate`), on corrupted mappings;
 - FULL ownership: `PageFlags.marks_exactly` against ``set(marked()) == ids``;
 - `pool_holds`: the small path (Python ints) against `read_pages` + `same_kv`, with
-  more slots than it takes too;
+  more slots than it takes too, rows given as tensors or as their bytes;
 - `System.audit` still sees KV corrupted after earlier audits remembered the rows.
 """
 
@@ -19,7 +19,7 @@ from unicache_fsm.pools import KVPool, SWAAllocator
 from unicache_fsm.pools.pageflags import PageFlags
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.serving import invariants as inv
-from unicache_fsm.serving.kv import pool_holds, same_kv
+from unicache_fsm.serving.kv import pool_holds, row_bytes, same_kv
 from unicache_fsm.serving.system import System
 from unicache_fsm.tree import EvictParams
 from unicache_fsm.tree.errors import TreeConsistencyError
@@ -164,6 +164,19 @@ def test_pool_holds_small_and_large_agree_with_read_pages(
         raw[flip % raw.numel()] ^= 1
     rows = list(torch.tensor_split(want, parts + 1))
     assert pool_holds(pool, slots, rows) == same_kv(pool.read_pages(ids), want)
+    assert pool_holds(pool, slots, row_bytes(want)) == same_kv(pool.read_pages(ids), want)
+    assert not pool_holds(pool, slots, row_bytes(want[1:]) or b"?")  # fewer rows
+
+
+def test_pool_holds_refuses_bad_slots_given_bytes_as_given_rows() -> None:
+    pool = KVPool(16, 4, 2, 4, dtype=torch.float32)
+    want = row_bytes(torch.zeros(4, 2, 4))
+    for bad in ([1, 2, 3, 4], [64, 65, 66, 67]):  # unaligned; outside the pool
+        slots = [torch.tensor(bad, dtype=torch.int64)]
+        with pytest.raises(Exception) as by_rows:
+            pool_holds(pool, slots, [torch.zeros(4, 2, 4)])
+        with pytest.raises(type(by_rows.value)):
+            pool_holds(pool, slots, want)
 
 
 @pytest.mark.parametrize("swa", [False, True])

@@ -23,7 +23,9 @@ comparing what a pool holds with what recomputing would give, byte for byte.
   sequence of tensors, concatenated): ``same_kv(pool.read_pages(cat(slots)),
   cat(rows))``, the slots checked as `read_pages` checks them, with no torch call on a
   CPU pool (what every audit and every load verification asks, many small nodes at a
-  time).
+  time). `rows` may be their bytes already joined (`row_bytes` of each, concatenated),
+  which a caller that keeps the bytes of rows it asks about again and again hands over.
+- `row_bytes(rows)` — a tensor's bytes in C order.
 - `POISON` — a value no row holds: what a test writes into reserved slots, so a load
   that commits without landing shows.
 - `NUM_LAYERS`, `WIDTH` — the default shape (the fuzzing kit's small pools).
@@ -47,6 +49,7 @@ __all__ = [
     "kv_bytes",
     "pool_holds",
     "reference_kv_bytes",
+    "row_bytes",
     "same_kv",
 ]
 
@@ -159,11 +162,15 @@ def _raw(x: np.ndarray) -> np.ndarray:
     return flat.view(np.int64) if flat.size % 8 == 0 else flat
 
 
-def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) -> bool:
+def pool_holds(
+    pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor] | bytes
+) -> bool:
     """Whether `pool` holds `rows` in `slots`, byte for byte: exactly
     ``same_kv(pool.read_pages(torch.cat(slots)), torch.cat(rows))`` (the slots, once
     concatenated, must be whole pages of the pool's usable range, else `read_pages`'
-    typed error).
+    typed error). `rows` may also be given as `bytes`: the C-order bytes of rows of the
+    pool's dtype and row shape (``[n, num_layers, width]``) concatenated, as a caller
+    that keeps them hands them over (`row_bytes`); the answer is the same.
 
     On a CPU pool whose dtype NumPy can view, with CPU int64 slots, the pages are
     checked and compared in NumPy over the pool's own page bytes (`KVPool.page_bytes`):
@@ -178,6 +185,12 @@ def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch
         msg = "pool_holds: give at least one slot tensor and one row tensor"
         raise ValueError(msg)
     small = _small_pages(pool, slots)
+    if isinstance(rows, bytes):
+        if small is not None:
+            held = pool.page_bytes()[small]
+            return bool(held.nbytes == len(rows) and held.tobytes() == rows)
+        ids = torch.cat(list(slots)) if len(slots) > 1 else slots[0]
+        return row_bytes(pool.read_pages(ids)) == rows
     if small is not None and _plain_rows(pool, rows):
         held = pool.page_bytes()[small]
         if held.nbytes != sum(int(r.numel()) for r in rows) * _ITEM_BYTES[pool.dtype]:
@@ -198,6 +211,13 @@ def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch
     if held.nbytes != wanted.nbytes:
         return False
     return _same_bytes(held, wanted)
+
+
+def row_bytes(rows: torch.Tensor) -> bytes:
+    """The bytes of `rows` (any dtype, any device) in C order: what `pool_holds` compares
+    when handed bytes."""
+    flat = rows.resolve_neg().resolve_conj().contiguous().view(-1).view(torch.uint8)
+    return flat.cpu().numpy().tobytes()
 
 
 #: bytes per element of the dtypes NumPy views
