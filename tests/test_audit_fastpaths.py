@@ -196,3 +196,30 @@ def test_system_audit_sees_kv_corrupted_after_audits(swa: bool) -> None:
             s.audit()
         pool.data[slots[:1]] = kept
         s.audit()
+
+
+def test_an_idle_store_check_still_sees_stray_pins() -> None:
+    """With nothing queued or started, `check_invariants` answers from the pin books
+    alone: a stray pin, or offload pins without a queued offload, are still found."""
+    s = System.build(4)
+    s.compute("a", tuple(range(16)))
+    store = s.memory
+    store.check_invariants()
+    assert not store._queued and not store._jobs  # idle: the test tampers with the books
+    ident = next(iter(store._pages))
+    store._pins[ident] = 1
+    with pytest.raises(AssertionError, match="pins drifted"):
+        store.check_invariants()
+    store._pins[ident] = 0  # a zero count is no pin
+    store.check_invariants()
+    del store._pins[ident]
+    store._offload_pins[7] = [ident]
+    with pytest.raises(AssertionError, match="offload pins drifted"):
+        store.check_invariants()
+    del store._offload_pins[7]
+    store._busy = True  # a job being performed holds pins outside the books
+    store._pins[ident] = 1
+    store.check_invariants()
+    store._busy = False
+    del store._pins[ident]
+    store.check_invariants()
