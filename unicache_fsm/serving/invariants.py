@@ -178,9 +178,7 @@ def lock_balance(
         for n in anchor.path_from_root():
             expected[n.id] = get(n.id, 0) + 1
     wrong = {
-        n.id: (n.lock_ref, get(n.id, 0))
-        for n in _listed(tree, nodes)
-        if n.lock_ref != get(n.id, 0)
+        n.id: (n.lock_ref, get(n.id, 0)) for n in _listed(tree, nodes) if n.lock_ref != get(n.id, 0)
     }
     if wrong:
         raise InvariantViolation("lock balance", f"lock_ref (actual, accounted) by node: {wrong}")
