@@ -6,7 +6,8 @@
 - `any_of(ids)` -> whether some id of the list is marked; `marked_of(ids)` -> the
   marked ones (sorted, once each).
 - `mark(ids)` / `clear(ids)` — set / clear the flag of every id in the list.
-- `marked()` -> every marked id, ascending.
+- `marked()` -> every marked id, ascending; `marks_exactly(ids)` -> whether the
+  marked ids are exactly the set `ids` (``set(marked()) == ids``, without listing them).
 - `any_set(flags, ids)` — the Python read over any flag bytearray, for ids already
   checked (the allocator's free flags use it too).
 
@@ -107,6 +108,19 @@ class PageFlags:
     def marked(self) -> list[int]:
         ids: list[int] = np.flatnonzero(np.frombuffer(self._flags, dtype=np.uint8)).tolist()
         return ids
+
+    def marks_exactly(self, ids: set[int] | frozenset[int]) -> bool:
+        """Whether the marked ids are exactly `ids` (a set of ints; any id outside the
+        flags, or not an int, makes it False): ``set(self.marked()) == ids``, answered
+        by one count of the clear bytes and one gather of the flags of `ids`."""
+        flags = self._flags
+        if len(flags) - flags.count(0) != len(ids):
+            return False
+        if not ids:
+            return True
+        if not all(type(k) is int for k in ids) or min(ids) < 0 or max(ids) >= len(flags):
+            return False
+        return any_set(flags, list(ids)) if len(ids) == 1 else all(itemgetter(*ids)(flags))
 
 
 def _as_native_ids(ids: Iterable[int]) -> list[int] | array[int]:

@@ -55,7 +55,6 @@ int64 tensor occurs in another (`torch.isin(...).all()`, by a NumPy mark table o
 
 from __future__ import annotations
 
-import collections
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
@@ -173,14 +172,13 @@ def hash_chain(tree: RadixTree) -> None:
 def lock_balance(
     tree: RadixTree, holders: Iterable[TreeNode], *, nodes: Sequence[TreeNode] | None = None
 ) -> None:
-    expected: collections.Counter[int] = collections.Counter()
+    expected: dict[int, int] = {}  # (a plain dict: a Counter's miss is a Python call)
+    get = expected.get
     for anchor in holders:
         for n in anchor.path_from_root():
-            expected[n.id] += 1
+            expected[n.id] = get(n.id, 0) + 1
     wrong = {
-        n.id: (n.lock_ref, expected[n.id])
-        for n in _listed(tree, nodes)
-        if n.lock_ref != expected[n.id]
+        n.id: (n.lock_ref, get(n.id, 0)) for n in _listed(tree, nodes) if n.lock_ref != get(n.id, 0)
     }
     if wrong:
         raise InvariantViolation("lock balance", f"lock_ref (actual, accounted) by node: {wrong}")
@@ -390,12 +388,16 @@ def resident_kv_matches(
     swa_kv: KVPool | None = None,
     expected_swa: Callable[[tuple[int, ...], int], torch.Tensor] | None = None,
     nodes: Sequence[TreeNode] | None = None,
+    expected_bytes: Callable[[tuple[int, ...], int, bool], bytes | None] | None = None,
 ) -> None:
     """Every device-resident node's FULL (and live SWA) bytes are `expected` of its key.
 
     All nodes are compared in one read and one comparison per pool; only when that
     finds a difference (or a node's slots do not match its key's length) are the nodes
-    compared one by one, to name the first culprit.
+    compared one by one, to name the first culprit. `expected_bytes(key, start, swa)`,
+    where given, is ``row_bytes(expected(key, start))`` (``expected_swa`` with `swa`)
+    for rows of the pool's dtype and row shape, or None where the caller does not keep
+    them: the batched comparison reads those bytes instead of converting the rows.
     """
     full_nodes: list[tuple[TreeNode, torch.Tensor]] = []
     swa_nodes: list[tuple[TreeNode, torch.Tensor]] = []
@@ -408,8 +410,8 @@ def resident_kv_matches(
         if swa is not None:
             swa_nodes.append((n, swa))
     check_swa = swa_kv is not None and expected_swa is not None
-    if _all_match(full_nodes, kv, expected) and (
-        not check_swa or _all_match(swa_nodes, swa_kv, expected_swa)
+    if _all_match(full_nodes, kv, expected, expected_bytes, False) and (
+        not check_swa or _all_match(swa_nodes, swa_kv, expected_swa, expected_bytes, True)
     ):
         return
     swa_of = {n.id: swa for n, swa in swa_nodes}
@@ -437,6 +439,8 @@ def _all_match(
     nodes: list[tuple[TreeNode, torch.Tensor]],
     pool: KVPool | None,
     expected: Callable[[tuple[int, ...], int], torch.Tensor] | None,
+    expected_bytes: Callable[[tuple[int, ...], int, bool], bytes | None] | None,
+    swa: bool,
 ) -> bool:
     """Whether the pool holds `expected` of every node's key in its slots (one read, one
     comparison); False also when some node's slot count is not its key's length."""
@@ -445,6 +449,10 @@ def _all_match(
         return True
     if any(int(slots.numel()) != len(n.key) for n, slots in nodes):
         return False
-    return pool_holds(
-        pool, [slots for _, slots in nodes], [expected(n.key, n.start) for n, _ in nodes]
-    )
+    slots = [slots for _, slots in nodes]
+    if expected_bytes is not None:
+        kept = [expected_bytes(n.key, n.start, swa) for n, _ in nodes]
+        joined = b"".join(kept) if None not in kept else b""  # type: ignore[arg-type]
+        if joined:
+            return pool_holds(pool, slots, joined)
+    return pool_holds(pool, slots, [expected(n.key, n.start) for n, _ in nodes])

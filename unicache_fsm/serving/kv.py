@@ -23,7 +23,9 @@ comparing what a pool holds with what recomputing would give, byte for byte.
   sequence of tensors, concatenated): ``same_kv(pool.read_pages(cat(slots)),
   cat(rows))``, the slots checked as `read_pages` checks them, with no torch call on a
   CPU pool (what every audit and every load verification asks, many small nodes at a
-  time).
+  time). `rows` may be their bytes already joined (`row_bytes` of each, concatenated),
+  which a caller that keeps the bytes of rows it asks about again and again hands over.
+- `row_bytes(rows)` — a tensor's bytes in C order.
 - `POISON` — a value no row holds: what a test writes into reserved slots, so a load
   that commits without landing shows.
 - `NUM_LAYERS`, `WIDTH` — the default shape (the fuzzing kit's small pools).
@@ -47,6 +49,7 @@ __all__ = [
     "kv_bytes",
     "pool_holds",
     "reference_kv_bytes",
+    "row_bytes",
     "same_kv",
 ]
 
@@ -159,21 +162,43 @@ def _raw(x: np.ndarray) -> np.ndarray:
     return flat.view(np.int64) if flat.size % 8 == 0 else flat
 
 
-def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor]) -> bool:
+def pool_holds(
+    pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch.Tensor] | bytes
+) -> bool:
     """Whether `pool` holds `rows` in `slots`, byte for byte: exactly
     ``same_kv(pool.read_pages(torch.cat(slots)), torch.cat(rows))`` (the slots, once
     concatenated, must be whole pages of the pool's usable range, else `read_pages`'
-    typed error).
+    typed error). `rows` may also be given as `bytes`: the C-order bytes of rows of the
+    pool's dtype and row shape (``[n, num_layers, width]``) concatenated, as a caller
+    that keeps them hands them over (`row_bytes`); the answer is the same.
 
     On a CPU pool whose dtype NumPy can view, with CPU int64 slots, the pages are
     checked and compared in NumPy over the pool's own page bytes (`KVPool.page_bytes`):
-    one concatenation of each side, the slot checks vectorised over the whole, one
-    gather of the pages and one comparison. Anything else, or slots those checks
-    refuse, takes the `read_pages` path, which answers or raises.
+    one gather of the pages and one comparison. A few slots (up to `_SMALL_IDS`, 1-D
+    tensors) are decoded and checked as Python ints and the rows joined as bytes (no
+    concatenation of either side: an audit's trees are small, and each tensor or
+    NumPy call costs more than the work); more are concatenated once per side and
+    checked vectorised over the whole. Anything else, or slots those checks refuse,
+    takes the `read_pages` path, which answers or raises.
     """
     if not slots or not rows:
         msg = "pool_holds: give at least one slot tensor and one row tensor"
         raise ValueError(msg)
+    small = _small_pages(pool, slots)
+    if isinstance(rows, bytes):
+        if small is not None:
+            held = pool.page_bytes()[small]
+            return bool(held.nbytes == len(rows) and held.tobytes() == rows)
+        ids = torch.cat(list(slots)) if len(slots) > 1 else slots[0]
+        return row_bytes(pool.read_pages(ids)) == rows
+    if small is not None and _plain_rows(pool, rows):
+        held = pool.page_bytes()[small]
+        if held.nbytes != sum(int(r.numel()) for r in rows) * _ITEM_BYTES[pool.dtype]:
+            return False  # (another row count: the concatenation's shape differs)
+        if held.nbytes <= _SMALL_BYTES:
+            joined = b"".join(numpy_view(r).tobytes() for r in rows)
+            return bool(held.tobytes() == joined)
+        return _same_bytes(held, numpy_view(torch.cat(list(rows))))
     ids = torch.cat(list(slots)) if len(slots) > 1 else slots[0]
     want = torch.cat(list(rows)) if len(rows) > 1 else rows[0]
     pages = _cpu_pages(pool, ids)
@@ -186,6 +211,74 @@ def pool_holds(pool: KVPool, slots: Sequence[torch.Tensor], rows: Sequence[torch
     if held.nbytes != wanted.nbytes:
         return False
     return _same_bytes(held, wanted)
+
+
+def row_bytes(rows: torch.Tensor) -> bytes:
+    """The bytes of `rows` (any dtype, any device) in C order: what `pool_holds` compares
+    when handed bytes."""
+    flat = rows.resolve_neg().resolve_conj().contiguous().view(-1).view(torch.uint8)
+    return flat.cpu().numpy().tobytes()
+
+
+#: bytes per element of the dtypes NumPy views
+_ITEM_BYTES = {d: torch.empty(0, dtype=d).element_size() for d in _NUMPY_DTYPES}
+
+#: up to this many slots `pool_holds` decodes and checks them as Python ints
+_SMALL_IDS = 256
+
+
+def _small_pages(pool: KVPool, slots: Sequence[torch.Tensor]) -> list[int] | None:
+    """For `pool_holds`' small path: the page ids of the slots of all of `slots` (1-D
+    CPU int64 tensors, at most `_SMALL_IDS` slots together), checked as `_cpu_pages`
+    checks them (whole pages, ids 1 .. num_pages); None where that path does not apply
+    or a check fails (the general path then answers or raises)."""
+    if pool.device.type != "cpu" or pool.dtype not in _NUMPY_DTYPES:
+        return None
+    total = 0
+    for t in slots:
+        if (
+            type(t) is not torch.Tensor
+            or t.dtype != torch.int64
+            or t.dim() != 1
+            or not t.is_cpu
+            or t.layout != torch.strided
+        ):
+            return None
+        total += t.numel()
+    if total > _SMALL_IDS:
+        return None
+    flat: list[int] = []
+    for t in slots:
+        flat += t.tolist()  # (values: a negative bit is resolved)
+    p = pool.page_size
+    if len(flat) % p:
+        return None
+    if p == 1:
+        pages = flat
+    else:
+        pages = [v // p for v in flat[::p]]
+        if flat != [x for k in pages for x in range(k * p, k * p + p)]:
+            return None
+    if pages and (min(pages) < 1 or max(pages) > pool.layout.num_pages):
+        return None
+    return pages
+
+
+def _plain_rows(pool: KVPool, rows: Sequence[torch.Tensor]) -> bool:
+    """Whether every row tensor is a CPU tensor of the pool's dtype and row shape
+    (``[n, num_layers, width]``) without grad: their concatenation is then their bytes
+    joined, and `pool_holds` compares those."""
+    shape = (pool.num_layers, pool.width)
+    return all(
+        type(r) is torch.Tensor
+        and r.dtype == pool.dtype
+        and r.dim() == 3
+        and r.shape[1:] == shape
+        and r.is_cpu
+        and not r.requires_grad
+        and r.layout == torch.strided
+        for r in rows
+    )
 
 
 #: up to this many bytes a comparison copies both sides out (`tobytes`, a memcmp):

@@ -60,7 +60,7 @@ from unicache_fsm.pools import HostKVPool, KVPool, PagedAllocator, SWAAllocator
 from unicache_fsm.pools.room import alloc_making_room
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.serving import invariants as inv
-from unicache_fsm.serving.kv import NUM_LAYERS, POISON, WIDTH, kv_bytes
+from unicache_fsm.serving.kv import NUM_LAYERS, POISON, WIDTH, kv_bytes, row_bytes
 from unicache_fsm.serving.ledger import StoreLedger
 from unicache_fsm.serving.request import Outcome, Request
 from unicache_fsm.store.faults import FaultPolicy, FaultyStore
@@ -78,6 +78,9 @@ from unicache_fsm.tree import (
 __all__ = ["System"]
 
 HUGE = 10**9
+
+#: the audit's memo of expected rows holds the rows of at most this many tokens
+_ROWS_MEMO_TOKENS = 1 << 16
 
 
 @attrs.define(eq=False)
@@ -106,6 +109,14 @@ class System:
     _stale: set[str] = attrs.field(factory=set)  # KV pages seen gone under "stored" nodes
     _restored_links: set[str] = attrs.field(factory=set)  # link pages offloaded in mid-air
     _committed: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    # the audit's expected KV rows by (key, start, swa), with their bytes (`row_bytes`)
+    # where they have the pool's dtype and row shape: `expected` is a pure function of
+    # them and a node's key and start never change, so each audit after the first
+    # synthesises only new nodes' rows (cleared past `_ROWS_MEMO_TOKENS` tokens)
+    _rows_memo: dict[tuple[tuple[int, ...], int, bool], tuple[torch.Tensor, bytes | None]] = (
+        attrs.field(factory=dict, repr=False)
+    )
+    _rows_memo_tokens: int = attrs.field(default=0, repr=False)
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -240,6 +251,32 @@ class System:
         """The KV rows of `tokens` at positions from `start`, in this system's shape."""
         kv = self.kv
         return kv_bytes(tokens, start, swa=swa, num_layers=kv.num_layers, width=kv.width)
+
+    def _audit_rows(
+        self, key: tuple[int, ...], start: int, swa: bool
+    ) -> tuple[torch.Tensor, bytes | None]:
+        """`expected(key, start, swa=swa)` for the audit, and its bytes where the rows
+        have the pool's dtype and row shape; remembered (`_rows_memo`): the audit only
+        reads them."""
+        memo_key = (key, start, swa)
+        got = self._rows_memo.get(memo_key)
+        if got is None:
+            rows = self.expected(key, start, swa=swa)
+            pool = self.swa_kv if swa else self.kv
+            plain = (
+                pool is not None
+                and rows.dtype == pool.dtype
+                and rows.dim() == 3
+                and rows.shape[1:] == (pool.num_layers, pool.width)
+            )
+            got = (rows, row_bytes(rows) if plain else None)
+            if type(key) is tuple:
+                if self._rows_memo_tokens + len(key) > _ROWS_MEMO_TOKENS:
+                    self._rows_memo.clear()
+                    self._rows_memo_tokens = 0
+                self._rows_memo[memo_key] = got
+                self._rows_memo_tokens += len(key)
+        return got
 
     def write_kv(
         self, slots: torch.Tensor, tokens: Sequence[int], start: int, *, swa: bool = False
@@ -602,13 +639,15 @@ class System:
         check = getattr(self.backend, "check_invariants", None)
         if callable(check):
             check()  # the backend's own books, when it keeps any
+        rows = self._audit_rows
         inv.resident_kv_matches(
             tree,
             self.kv,
-            self.expected,
+            lambda key, start: rows(key, start, False)[0],
             swa_kv=self.swa_kv,
-            expected_swa=lambda key, start: self.expected(key, start, swa=True),
+            expected_swa=lambda key, start: rows(key, start, True)[0],
             nodes=nodes,
+            expected_bytes=lambda key, start, swa: rows(key, start, swa)[1],
         )
 
     def assert_quiet(self) -> None:

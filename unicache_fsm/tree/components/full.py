@@ -195,7 +195,7 @@ class FullComponent(TreeComponent):
         )
         if self.owned is not None:
             held = set(in_tree)
-            books = set(self.owned.marked())
+            books = held if self.owned.marks_exactly(held) else set(self.owned.marked())
             if books != held:
                 wrong = sorted(books ^ held)[:10]
                 findings.append(f"FULL: the ownership map disagrees with the nodes on {wrong}")

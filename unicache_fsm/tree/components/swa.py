@@ -59,6 +59,7 @@ import torch
 
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.room import alloc_making_room
+from unicache_fsm.pools.slots import numpy_view
 from unicache_fsm.pools.swa import SWAAllocator
 from unicache_fsm.pools.transfer import (
     ComponentType,
@@ -91,6 +92,35 @@ TRAILING = PoolHitPolicy.TRAILING_PAGES
 
 #: the residency configurations in which a node's SWA window is live
 SWA_LIVE = configs_where("swa.live")
+
+
+def _plain_ints(t: torch.Tensor) -> bool:
+    """Whether `t` is a dense 1-D CPU int64 tensor (the slots `_mapping_holds` reads)."""
+    return (
+        type(t) is torch.Tensor
+        and t.dtype == torch.int64
+        and t.dim() == 1
+        and t.is_cpu
+        and t.layout == torch.strided
+    )
+
+
+def _cpu_int_bytes(tensors: Sequence[torch.Tensor]) -> bytes | None:
+    """The int64 bytes of 1-D CPU int64 `tensors`, concatenated; None for any other."""
+    if not all(_plain_ints(t) for t in tensors):
+        return None
+    return b"".join(numpy_view(t).tobytes() for t in tensors)
+
+
+def _cpu_int_list(tensors: Sequence[torch.Tensor]) -> list[int] | None:
+    """The values of 1-D CPU int64 `tensors` (at least one value), concatenated; None
+    for any other tensor or none at all."""
+    if not all(_plain_ints(t) for t in tensors):
+        return None
+    out: list[int] = []
+    for t in tensors:
+        out += t.tolist()
+    return out or None
 
 
 def _live(node: TreeNode) -> bool:
@@ -313,17 +343,48 @@ class SwaComponent(TreeComponent):
                 live.append((n, full, swa))
             elif swa.numel() == len(n.key):  # FULL slots of another length cannot map
                 findings.append(f"node {n.id}: mapping[full] != swa")
+        if not live and not dead:
+            return
         translate = self.allocator.translate
-        if live and not torch.equal(
-            translate(torch.cat([f for _, f, _ in live])), torch.cat([s for _, _, s in live])
-        ):
+        live_ok, dead_ok = self._mapping_holds(live, dead)
+        if not live_ok:
             for n, full, swa in live:
                 if not torch.equal(translate(full), swa):
                     findings.append(f"node {n.id}: mapping[full] != swa")
-        if dead and bool(translate(torch.cat([f for _, f in dead])).any()):
+        if not dead_ok:
             for n, full in dead:
                 if bool(translate(full).any()):
                     findings.append(f"node {n.id}: SWA tombstone whose FULL slots still map to SWA")
+
+    def _mapping_holds(
+        self,
+        live: list[tuple[TreeNode, torch.Tensor, torch.Tensor]],
+        dead: list[tuple[TreeNode, torch.Tensor]],
+    ) -> tuple[bool, bool]:
+        """(``mapping[full] == swa`` over every live node at once, no tombstone's FULL
+        slot maps): exactly ``torch.equal(translate(cat(fulls)), cat(swas))`` and
+        ``not translate(cat(dead fulls)).any()``. On CPU, with 1-D int64 slots inside the
+        FULL pool, one NumPy gather of every FULL slot, live then dead, from the live
+        mapping (`SWAAllocator.full_to_swa_mapping`) and one comparison of bytes; else
+        (a device, other slots, or a slot the translation refuses, which then raises as
+        it always did) the translations themselves."""
+        alloc = self.allocator
+        fulls = [f for _, f, _ in live] + [f for _, f in dead]
+        swas = [s for _, _, s in live]
+        mapping = alloc.full_to_swa_mapping
+        want = _cpu_int_bytes(swas) if mapping.is_cpu and mapping.dtype == torch.int64 else None
+        ids = _cpu_int_list(fulls) if want is not None else None
+        top = alloc.full_num_slots
+        if want is not None and ids is not None and min(ids) >= 0 and max(ids) < top:
+            got = numpy_view(mapping)[ids]
+            n_live = len(want) // 8
+            return got[:n_live].tobytes() == want, not got[n_live:].any()
+        translate = alloc.translate
+        live_ok = not live or torch.equal(
+            translate(torch.cat([f for _, f, _ in live])), torch.cat(swas)
+        )
+        dead_ok = not dead or not bool(translate(torch.cat([f for _, f in dead])).any())
+        return live_ok, dead_ok
 
     def audit_pool(
         self, nodes: Sequence[TreeNode], outside: Sequence[torch.Tensor], findings: list[str]
