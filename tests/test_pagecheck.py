@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unicache_fsm.pools import PagedAllocator, paged
+from unicache_fsm.pools import PagedAllocator, paged, slots as slots_module
 from unicache_fsm.pools.errors import (
     DuplicatePagesError,
     ForeignSlotsError,
@@ -331,3 +331,25 @@ def test_a_start_of_another_integer_type_is_its_value(start: int) -> None:
     assert want == [s // 4 for s in t[start::4].tolist()]
     assert alloc.live_page_ids(t, "slots", np.int64(start)) == want
     assert alloc.live_page_array(t, "slots", np.int64(start)).tolist() == want
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_misaligned_slot_tensor_is_answered_as_an_aligned_one(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A contiguous int64 tensor whose memory is not 8-byte aligned (``torch.frombuffer``
+    at a byte offset) is answered by every path as its aligned copy is: the native check
+    by address does not apply to it, and it must not turn it into a ValueError."""
+    monkeypatch.setattr(slots_module, "NATIVE_DECODE", native)
+    monkeypatch.setattr(paged, "NATIVE_CHECK", native)
+    alloc = PagedAllocator(64, 4)
+    slots = alloc.alloc(8)
+    t = torch.frombuffer(bytearray(8 * 8 + 1), dtype=torch.int64, offset=1, count=8)
+    t.copy_(slots)
+    assert t.data_ptr() % 8 and t.is_contiguous()
+    assert alloc.live_page_ids(t) == alloc.live_page_ids(slots.clone())
+    assert list(alloc.live_page_array(t)) == alloc.live_page_ids(slots.clone())
+    codec = alloc.codec
+    assert codec.to_pages(t, "x").tolist() == codec.to_pages(slots.clone(), "x").tolist()
+    assert codec.page_list(t, "x") == codec.page_list(slots.clone(), "x")
+    assert alloc.live_pages(t, what="x", freeing=False).tolist() == alloc.live_page_ids(slots)
