@@ -22,7 +22,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unicache_fsm.pools import PagedAllocator, paged, slots as slots_module
+from unicache_fsm.pools import PagedAllocator, paged
+from unicache_fsm.pools import slots as slots_module
 from unicache_fsm.pools.errors import (
     DuplicatePagesError,
     ForeignSlotsError,
