@@ -354,3 +354,39 @@ def test_a_misaligned_slot_tensor_is_answered_as_an_aligned_one(
     assert codec.to_pages(t, "x").tolist() == codec.to_pages(slots.clone(), "x").tolist()
     assert codec.page_list(t, "x") == codec.page_list(slots.clone(), "x")
     assert alloc.live_pages(t, what="x", freeing=False).tolist() == alloc.live_page_ids(slots)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: s.to(torch.int32),  # half the bytes: read as int64, past its end
+        lambda s: s.view(torch.float64),  # the same bytes, not int64 values
+        lambda s: s.to("meta"),  # no memory at all
+    ],
+)
+def test_the_native_decode_never_reads_a_tensor_that_is_not_cpu_int64(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`native_live_page_ids` (public) and the codec's public calls, handed a tensor of
+    another dtype or device by mistake, answer as with the native decode off: no read
+    of its memory as int64 slots (past its end, or at no address)."""
+    alloc = PagedAllocator(64, 4)
+    t = make(alloc.alloc(8))
+    flags = bytearray(17)
+    assert slots_module.native_live_page_ids(t, 0, 4, 16, flags, False) is None
+    assert flags == bytearray(17)
+    codec = alloc.codec
+
+    def answers() -> list[Any]:
+        out = []
+        for call in (codec.to_pages, codec.page_list, codec.to_pages_once):
+            try:
+                got = call(t, "x")
+                out.append(("ok", repr(got)))
+            except Exception as exc:
+                out.append((type(exc).__name__, str(exc)))
+        return out
+
+    native = answers()
+    monkeypatch.setattr(slots_module, "NATIVE_DECODE", False)
+    assert native == answers()
