@@ -223,3 +223,14 @@ def test_an_idle_store_check_still_sees_stray_pins() -> None:
     store._busy = False
     del store._pins[ident]
     store.check_invariants()
+
+
+def test_pool_holds_answers_no_rows_given_as_bytes_as_given_as_a_tensor() -> None:
+    """Zero rows, as `row_bytes` of an empty row tensor (b""), are an answer like the
+    tensor itself: held by no slots, not held by some; never "give at least one"."""
+    pool = KVPool(16, 4, 2, 4, dtype=torch.float32)
+    none = torch.zeros(0, 2, 4)
+    for slots in ([torch.empty(0, dtype=torch.int64)], [torch.arange(4, 8)]):
+        assert pool_holds(pool, slots, row_bytes(none)) == pool_holds(pool, slots, [none])
+    with pytest.raises(ValueError, match="at least one"):
+        pool_holds(pool, [], b"")

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unicache_fsm.pools import PagedAllocator, paged
+from unicache_fsm.pools import slots as slots_module
 from unicache_fsm.pools.errors import (
     DuplicatePagesError,
     ForeignSlotsError,
@@ -331,3 +332,61 @@ def test_a_start_of_another_integer_type_is_its_value(start: int) -> None:
     assert want == [s // 4 for s in t[start::4].tolist()]
     assert alloc.live_page_ids(t, "slots", np.int64(start)) == want
     assert alloc.live_page_array(t, "slots", np.int64(start)).tolist() == want
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_misaligned_slot_tensor_is_answered_as_an_aligned_one(
+    native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A contiguous int64 tensor whose memory is not 8-byte aligned (``torch.frombuffer``
+    at a byte offset) is answered by every path as its aligned copy is: the native check
+    by address does not apply to it, and it must not turn it into a ValueError."""
+    monkeypatch.setattr(slots_module, "NATIVE_DECODE", native)
+    monkeypatch.setattr(paged, "NATIVE_CHECK", native)
+    alloc = PagedAllocator(64, 4)
+    slots = alloc.alloc(8)
+    t = torch.frombuffer(bytearray(8 * 8 + 1), dtype=torch.int64, offset=1, count=8)
+    t.copy_(slots)
+    assert t.data_ptr() % 8 and t.is_contiguous()
+    assert alloc.live_page_ids(t) == alloc.live_page_ids(slots.clone())
+    assert list(alloc.live_page_array(t)) == alloc.live_page_ids(slots.clone())
+    codec = alloc.codec
+    assert codec.to_pages(t, "x").tolist() == codec.to_pages(slots.clone(), "x").tolist()
+    assert codec.page_list(t, "x") == codec.page_list(slots.clone(), "x")
+    assert alloc.live_pages(t, what="x", freeing=False).tolist() == alloc.live_page_ids(slots)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: s.to(torch.int32),  # half the bytes: read as int64, past its end
+        lambda s: s.view(torch.float64),  # the same bytes, not int64 values
+        lambda s: s.to("meta"),  # no memory at all
+    ],
+)
+def test_the_native_decode_never_reads_a_tensor_that_is_not_cpu_int64(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`native_live_page_ids` (public) and the codec's public calls, handed a tensor of
+    another dtype or device by mistake, answer as with the native decode off: no read
+    of its memory as int64 slots (past its end, or at no address)."""
+    alloc = PagedAllocator(64, 4)
+    t = make(alloc.alloc(8))
+    flags = bytearray(17)
+    assert slots_module.native_live_page_ids(t, 0, 4, 16, flags, False) is None
+    assert flags == bytearray(17)
+    codec = alloc.codec
+
+    def answers() -> list[Any]:
+        out = []
+        for call in (codec.to_pages, codec.page_list, codec.to_pages_once):
+            try:
+                got = call(t, "x")
+                out.append(("ok", repr(got)))
+            except Exception as exc:
+                out.append((type(exc).__name__, str(exc)))
+        return out
+
+    native = answers()
+    monkeypatch.setattr(slots_module, "NATIVE_DECODE", False)
+    assert native == answers()

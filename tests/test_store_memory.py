@@ -784,6 +784,24 @@ def test_slab_copy_holds_the_rows_in_use_apart_from_the_original() -> None:
     assert slab.data[0, 0].item() == 0 and slab.free[3] == 1  # the original is untouched
 
 
+def test_slab_copy_reserves_no_address_space_past_its_rows() -> None:
+    """A search deep-copies stores at every step: a copy holds its rows in use and no
+    reserve (which would cost an allocation of `SLAB_RESERVE_BYTES` of address space
+    per copy and pool); it reserves when it first grows, keeping its bytes."""
+    import copy
+
+    from unicache_fsm.store.memory import _Slab
+
+    slab = _Slab(8)
+    rows = slab.reserve(5)
+    slab.data[rows] = torch.arange(5, dtype=torch.uint8).view(5, 1)
+    twin = copy.deepcopy(slab)
+    assert twin.data.untyped_storage().nbytes() == twin.data.nbytes == slab.data.nbytes
+    more = twin.reserve(40)
+    assert twin.data[rows, 0].tolist() == list(range(5)) and len(set(rows + more)) == 45
+    assert slab.data.shape[0] == 16 and slab.num_free == 11  # the original is untouched
+
+
 def test_background_store_completes_without_progress() -> None:
     rig = Rig()
     store = MemoryStore(background=True)

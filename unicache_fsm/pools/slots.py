@@ -99,11 +99,16 @@ def native_live_page_ids(
     int64 bytes) when the slots are whole, distinct pages of 1 .. `num_pages` none of
     which is flagged; else None, as where the extension was not built. A contiguous
     tensor is read by its memory's address, held here through the call (`Tensor.numpy`
-    costs more than the check of a few pages); any other through its NumPy view."""
+    costs more than the check of a few pages) when that is 8-byte aligned; any other
+    (``torch.frombuffer`` at an odd byte offset, say) through its NumPy view. A tensor
+    of another dtype or device (a caller's mistake) is None, its memory never read."""
     if _native_live_page_ids is None or _native_live_page_ids_at is None:
         return None
-    if t.is_contiguous() and not t.is_neg():
-        address, count = t.data_ptr() + 8 * start, t.numel() - start
+    if t.dtype != torch.int64 or not t.is_cpu:  # (not slots to read: the caller decides)
+        return None
+    address = t.data_ptr() + 8 * start
+    if t.is_contiguous() and not t.is_neg() and not address % 8:  # (else: by its view)
+        count = t.numel() - start
         return _native_live_page_ids_at(address, count, page_size, num_pages, flags, packed)
     view = numpy_view(t)
     if start:

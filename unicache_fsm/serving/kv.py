@@ -181,7 +181,7 @@ def pool_holds(
     checked vectorised over the whole. Anything else, or slots those checks refuse,
     takes the `read_pages` path, which answers or raises.
     """
-    if not slots or not rows:
+    if not slots or not (rows or isinstance(rows, bytes)):  # (b"": zero rows, an answer)
         msg = "pool_holds: give at least one slot tensor and one row tensor"
         raise ValueError(msg)
     small = _small_pages(pool, slots)

@@ -116,15 +116,14 @@ class _Slab:
         self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Slab:
-        """A copy of the rows in use (not of the whole reserved buffer: a search snapshots
-        stores often, and the untouched reserve would be copied, and so touched, too)."""
+        """A copy of the rows in use and no reserve (a search snapshots stores often: the
+        untouched reserve would be copied, and so touched, or at least allocated, per
+        copy); the copy reserves when it first grows (`_grow`)."""
         new = _Slab.__new__(_Slab)
         memo[id(self)] = new
         new.page_nbytes = self.page_nbytes
-        new._buffer = torch.empty_like(self._buffer)
-        rows = self.data.shape[0]
-        new._buffer[:rows].copy_(self.data)
-        new.data = new._buffer[:rows]
+        new._buffer = self.data.clone(memory_format=torch.contiguous_format)
+        new.data = new._buffer
         new.free = bytearray(self.free)
         new.num_free = self.num_free
         new.staging = torch.empty((0, self.page_nbytes), dtype=torch.uint8)
