@@ -80,9 +80,7 @@ class PageFlags:
 
     def any_of(self, ids: Iterable[int]) -> bool:
         if self._any is not None:
-            if type(ids) is not array or ids.typecode != "q":  # (array("q") as it is)
-                ids = _as_native_ids(ids)
-            return self._any(self._flags, ids)
+            return self._any(self._flags, _as_native_ids(ids))
         return any_set(self._flags, self._check(ids))
 
     def marked_of(self, ids: Iterable[int]) -> list[int]:
@@ -97,9 +95,7 @@ class PageFlags:
 
     def _write(self, ids: Iterable[int], value: bool) -> None:
         if self._set is not None:
-            if type(ids) is not array or ids.typecode != "q":  # (array("q") as it is)
-                ids = _as_native_ids(ids)
-            self._set(self._flags, ids, value)
+            self._set(self._flags, _as_native_ids(ids), value)
             return
         flags, byte = self._flags, int(value)
         for k in self._check(ids):
