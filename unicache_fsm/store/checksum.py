@@ -153,7 +153,7 @@ def _int_rows(rows: Any, side: str) -> list[int]:
     """`rows` as a list of ints (NumPy integers and arrays read by value; one path
     takes what the other does), else TypeError naming the row (a bool too: NumPy would
     read it as a mask)."""
-    if type(rows) is list and all(type(r) is int for r in rows):
+    if type(rows) is list and set(map(type, rows)) <= _INT:  # (one C-level pass)
         return rows
     if isinstance(rows, np.ndarray) and rows.dtype.kind in "iu":
         listed: list[int] = rows.tolist()
@@ -167,8 +167,14 @@ def _int_rows(rows: Any, side: str) -> list[int]:
     return out
 
 
+_INT = frozenset({int})
+_UINT8 = np.dtype(np.uint8)
+
+
 def _check_bytes(dst: Any, src: Any, call: str) -> None:
     """TypeError naming the side unless both arrays hold uint8 (page bytes)."""
+    if dst.dtype is _UINT8 and src.dtype is _UINT8:  # (the usual case: the one instance)
+        return
     for side, a in (("destination", dst), ("source", src)):
         if a.dtype != np.uint8:
             msg = f"{call}: the {side} holds {a.dtype}, not the uint8 bytes of pages"
@@ -177,13 +183,10 @@ def _check_bytes(dst: Any, src: Any, call: str) -> None:
 
 def _native(dst: Any, src: Any, n: int) -> bool:
     """Whether pages of `n` bytes of the arrays `dst` and `src` go to the native copy."""
-    return (
-        NATIVE_COPY
-        and n > _SHORT_MAX
-        and dst.flags.c_contiguous
-        and dst.flags.writeable
-        and src.flags.c_contiguous
-    )
+    if not NATIVE_COPY or n <= _SHORT_MAX:
+        return False
+    flags = dst.flags  # (a new flags object per read: read once)
+    return bool(flags.c_contiguous and flags.writeable and src.flags.c_contiguous)
 
 
 def _landed(a: Any) -> Any:
