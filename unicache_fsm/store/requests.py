@@ -5,7 +5,8 @@ Every store validates a request completely before it queues anything, the same w
 - `AttachedPools(pools)` — the device KV pools a store was attached to, by `PoolName`;
   all must be `KVPool`s of one page size P (`StoreConfigError` otherwise). Its
   `page_size`, `names` and `pool(name, operation)` (`UnknownPoolError` for a pool
-  that is not attached, naming the attached ones).
+  that is not attached, naming the attached ones); `require(names, operation)` the
+  same check for several names in one call.
 - `check_data_transfers(transfers, phase)` -> tuple of `CheckedTransfer`: at least one
   transfer, one per pool, every pool attached, keys valid page hashes
   (`InvalidPageKeyError`), `device_indices` present (`StoreTransferError`), a 1-D int64
@@ -36,6 +37,15 @@ from unicache_fsm.pools.transfer import (
 from unicache_fsm.store.errors import StoreConfigError, StoreTransferError, UnknownPoolError
 
 __all__ = ["AttachedPools", "CheckedTransfer"]
+
+#: each phase's name, and each (phase name, pool)'s description of its slots, as the
+#: checks below spell them (formatted once here, not on every request that passes)
+_OPS = {phase: phase.value for phase in LinkerTransferPhase}
+_WHAT = {
+    (phase.value, name): f"{phase.value} {name} device_indices"
+    for phase in LinkerTransferPhase
+    for name in PoolName
+}
 
 
 @attrs.frozen
@@ -100,44 +110,58 @@ class AttachedPools:
             raise UnknownPoolError(msg, pool=name, attached=attached)
         return pool
 
+    def require(self, names: Iterable[object], operation: str) -> None:
+        """`pool(name, operation)` of each of `names`, for its error only: one call
+        checks them all (`UnknownPoolError` naming the first that is not attached)."""
+        pools = self._pools
+        for name in names:
+            if not isinstance(name, PoolName) or name not in pools:
+                self.pool(name, operation)
+
     def check_data_transfers(
         self, transfers: Sequence[PoolTransfer], phase: LinkerTransferPhase
     ) -> tuple[CheckedTransfer, ...]:
         """Validate a LOAD or OFFLOAD request; see the module docstring."""
-        op = phase.value
+        op = _OPS.get(phase) or phase.value
         if isinstance(transfers, PoolTransfer) or not transfers:
             msg = f"{op}: pass a non-empty sequence of PoolTransfer objects, got {transfers!r}"
             raise StoreTransferError(msg, pool=None)
         out: list[CheckedTransfer] = []
         seen: set[PoolName] = set()
+        pools, codecs, page_size = self._pools, self._codecs, self._page_size
         items: Sequence[object] = transfers
         for t in items:
             if not isinstance(t, PoolTransfer):
                 msg = f"{op}: transfers must be PoolTransfer objects, got {type(t).__name__}"
                 raise StoreTransferError(msg, pool=None)
-            if t.name in seen:
-                msg = f"{op}: pool {t.name} is named twice; pass one transfer per pool"
-                raise StoreTransferError(msg, pool=t.name)
-            seen.add(t.name)
-            pool = self.pool(t.name, op)
+            name = t.name
+            if name in seen:
+                msg = f"{op}: pool {name} is named twice; pass one transfer per pool"
+                raise StoreTransferError(msg, pool=name)
+            seen.add(name)
+            pool = pools.get(name) if isinstance(name, PoolName) else None
+            if pool is None:
+                pool = self.pool(name, op)  # (raises UnknownPoolError naming it)
             keys = check_page_keys(t.keys)
-            if t.device_indices is None:
+            indices = t.device_indices
+            if indices is None:
                 msg = (
-                    f"{op}: the {t.name} transfer has no device_indices; a {op} moves bytes "
+                    f"{op}: the {name} transfer has no device_indices; a {op} moves bytes "
                     "between device slots and the store, so pass the slots of its pages"
                 )
-                raise StoreTransferError(msg, pool=t.name)
-            codec = self._codecs[t.name]
-            what = f"{op} {t.name} device_indices"
-            slots = codec.check_index_tensor(t.device_indices, what)
-            t.check_page_size(self._page_size)
+                raise StoreTransferError(msg, pool=name)
+            codec = codecs[name]
+            what = _WHAT.get((op, name)) or f"{op} {name} device_indices"
+            slots = codec.check_index_tensor(indices, what)
+            if slots.numel() != len(keys) * page_size:
+                t.check_page_size(page_size)  # (raises LengthMismatchError naming both)
             pages, once = codec.to_pages_once(slots, what)
             if phase is LinkerTransferPhase.LOAD and not once and SlotCodec.has_duplicates(pages):
                 dup = SlotCodec.duplicate_pages(pages)
                 msg = (
-                    f"{op}: the {t.name} transfer names page(s) {preview(dup)} more than once; "
+                    f"{op}: the {name} transfer names page(s) {preview(dup)} more than once; "
                     "which copy lands would be undefined, so pass each page once"
                 )
                 raise DuplicatePagesError(msg, pool=pool.name, pages=dup)
-            out.append(CheckedTransfer(t.name, keys, slots, pages))
+            out.append(CheckedTransfer(name, keys, slots, pages))
         return tuple(out)
