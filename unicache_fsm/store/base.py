@@ -46,6 +46,7 @@ import collections
 import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain, repeat
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
@@ -233,7 +234,8 @@ class BaseStore(Generic[E]):
     def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
         attached = AttachedPools(pools)
         with self._lock:
-            self._check_open("attach")
+            if self._closed:
+                self._check_open("attach")
             if self._queued or self._jobs or self._busy or self._in_flight:
                 msg = (
                     "attach: loads or offloads are queued or in flight; re-attach only when "
@@ -246,26 +248,31 @@ class BaseStore(Generic[E]):
     def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
         kv, others = split_lookup_transfers(transfers)
         with self._lock:
-            self._check_open("lookup")
-            for t in (kv, *others):
-                self._pools.pool(t.name, "lookup")
+            if self._closed:
+                self._check_open("lookup")
+            pools = (kv, *others)
+            self._pools.require([t.name for t in pools], "lookup")
             found = list(lookup_boundaries(kv, others, self._present))
             if found:
-                for t in (kv, *others):
-                    self._touch((t.name, k) for k in kv.keys[: found[-1]])
+                anchors = kv.keys[: found[-1]]
+                for t in pools:
+                    self._touch(zip(repeat(t.name), anchors))
             return found
 
     # -- protocol: loads -----------------------------------------------------------------
 
     def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
         with self._lock:
-            self._check_open("load")
+            if self._closed:
+                self._check_open("load")
             checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.LOAD)
             if rid in self._queued or rid in self._in_flight:
                 return False
-            if not all(all(self._present(ct.pool, ct.keys)) for ct in checked):
-                return False
-            idents = [(ct.pool, k) for ct in checked for k in ct.keys]
+            present = self._present
+            for ct in checked:
+                if not all(present(ct.pool, ct.keys)):
+                    return False
+            idents = _idents(checked)
             record = StoreLoad(rid, checked)
             LOAD_MACHINE.initialize(record)
             self._queued[rid] = record
@@ -275,7 +282,8 @@ class BaseStore(Generic[E]):
 
     def start_loading(self) -> int:
         with self._lock:
-            self._check_open("start_loading")
+            if self._closed:
+                self._check_open("start_loading")
             if not self._queued:
                 return -1
             batch = LoadBatch(self._next_batch, list(self._queued.values()))
@@ -291,19 +299,22 @@ class BaseStore(Generic[E]):
 
     def num_completed_loads(self) -> int:
         with self._lock:
-            self._check_open("num_completed_loads")
+            if self._closed:
+                self._check_open("num_completed_loads")
             return len(self._load_results)
 
     def pop_completed_load(self) -> LoadBatchResult:
         with self._lock:
-            self._check_open("pop_completed_load")
+            if self._closed:
+                self._check_open("pop_completed_load")
             result = self._pop_completed(self._load_results, "load")
             self._in_flight.difference_update(result.rids)
             return result
 
     def cancel_queued_load(self, rid: str) -> bool:
         with self._lock:
-            self._check_open("cancel_queued_load")
+            if self._closed:
+                self._check_open("cancel_queued_load")
             record = self._queued.pop(rid, None)
             if record is None:
                 return False
@@ -316,7 +327,8 @@ class BaseStore(Generic[E]):
 
     def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
         with self._lock:
-            self._check_open("offload")
+            if self._closed:
+                self._check_open("offload")
             checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.OFFLOAD)
             if self.capacity_pages is not None:
                 new = {(ct.pool, k) for ct in checked for k in ct.keys} - self._pages.keys()
@@ -328,7 +340,7 @@ class BaseStore(Generic[E]):
             # the pages it names (and the parent of its first page) stay until it runs: a
             # held page it links to must not be evicted for another offload's room in
             # between (that would punch a hole in the chain)
-            pins = [(ct.pool, k) for ct in checked for k in ct.keys]
+            pins = _idents(checked)
             pins += [
                 parent
                 for ct in checked
@@ -342,12 +354,14 @@ class BaseStore(Generic[E]):
 
     def num_completed_offloads(self) -> int:
         with self._lock:
-            self._check_open("num_completed_offloads")
+            if self._closed:
+                self._check_open("num_completed_offloads")
             return len(self._offload_results)
 
     def pop_completed_offload(self) -> bool:
         with self._lock:
-            self._check_open("pop_completed_offload")
+            if self._closed:
+                self._check_open("pop_completed_offload")
             return self._pop_completed(self._offload_results, "offload")
 
     @staticmethod
@@ -364,7 +378,8 @@ class BaseStore(Generic[E]):
     def progress(self) -> int:
         if self.background:
             with self._lock:
-                self._check_open("progress")
+                if self._closed:
+                    self._check_open("progress")
                 outstanding = len(self._jobs) + int(self._busy)
                 while self._jobs or self._busy:
                     self._cond.wait()
@@ -373,7 +388,8 @@ class BaseStore(Generic[E]):
         with self._performing:
             while True:
                 with self._lock:
-                    self._check_open("progress")
+                    if self._closed:
+                        self._check_open("progress")
                     if not self._jobs:
                         return done
                     job = self._jobs.popleft()
@@ -397,7 +413,8 @@ class BaseStore(Generic[E]):
             raise StoreTransferError(msg, pool=pool)
         pools = list(PoolName) if pool is None else [pool]
         with self._lock:
-            self._check_open("evict")
+            if self._closed:
+                self._check_open("evict")
             return self._delete([(name, key) for name in pools for key in dict.fromkeys(keys)])
 
     def contains(self, pool: PoolName, key: str) -> bool:
@@ -407,12 +424,14 @@ class BaseStore(Generic[E]):
             msg = f"contains: pool must be a PoolName, got {pool!r}"
             raise StoreTransferError(msg, pool=pool)
         with self._lock:
-            self._check_open("contains")
+            if self._closed:
+                self._check_open("contains")
             return self._present(pool, [key])[0]
 
     def reset(self) -> None:
         with self._lock:
-            self._check_open("reset")
+            if self._closed:
+                self._check_open("reset")
             self._quiesce()
 
     def close(self) -> None:
@@ -511,7 +530,8 @@ class BaseStore(Generic[E]):
                 leaves.move_to_end(ident)
 
     def _unpin(self, record: StoreLoad) -> None:
-        self._release_pins((ct.pool, key) for ct in record.transfers for key in ct.keys)
+        for ct in record.transfers:
+            self._release_pins(zip(repeat(ct.pool), ct.keys))
 
     def _unpin_offload(self, record: StoreOffload) -> None:
         self._release_pins(self._offload_pins.pop(record.seq, ()))
@@ -543,6 +563,26 @@ class BaseStore(Generic[E]):
             self._leaves.pop(parent, None)
         if not children.get(ident):
             self._leaves[ident] = None
+
+    def _insert_many(self, pool: PoolName, keys: Iterable[str], entries: Iterable[E]) -> None:
+        """`_insert((pool, key), entry)` of each pair, in order, in one call (an offload
+        stores its pages this way): the same books, without two calls per page. The
+        parent memo is trimmed once at the end, which leaves the same facts as trimming
+        after each page (the oldest go first either way)."""
+        pages, children, leaves, memo = self._pages, self._children, self._leaves, self._parents
+        for ident, entry in zip(zip(repeat(pool), keys), entries, strict=True):
+            pages[ident] = entry
+            parent = entry.parent
+            if parent is not None:
+                memo[ident] = parent
+                memo.move_to_end(ident)
+                children[parent] = children.get(parent, 0) + 1
+                leaves.pop(parent, None)
+            if not children.get(ident):
+                leaves[ident] = None
+        limit = self._parents_limit
+        while len(memo) > limit:
+            memo.popitem(last=False)
 
     def _link(self, ident: Ident, entry: E, parent: Ident) -> None:
         """A held page stored as a chain start (its parent was not in the transfer that
@@ -714,6 +754,14 @@ def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
     if isinstance(a, dict) and isinstance(b, dict) and dict.__eq__(a, b) is True:
         return True
     return {k: n for k, n in a.items() if n} == {k: n for k, n in b.items() if n}
+
+
+def _idents(checked: Sequence[CheckedTransfer]) -> list[Ident]:
+    """Every (pool, key) the transfers name, in order (paired in C, not per key)."""
+    if len(checked) == 1:
+        ct = checked[0]
+        return list(zip(repeat(ct.pool), ct.keys))
+    return list(chain.from_iterable(zip(repeat(ct.pool), ct.keys) for ct in checked))
 
 
 #: an entry's chain parent (`Entry.parent`), read in C
