@@ -5,7 +5,8 @@ implements every primitive of `unicache_fsm.store.protocol` (see there for the c
 and adds:
 
 - Page bytes per (pool, key) in one growable CPU slab per pool (rows of one page), each
-  with a `PageHeader(key, pool, nbytes, checksum)`. The checksum is the one every store
+  with the fields of a `PageHeader(key, pool, nbytes, checksum)` (kept in the page's
+  book entry; `header(pool, key)` answers them as one). The checksum is the one every store
   uses, `unicache_fsm.store.checksum.page_checksum` (XXH3-64 of the page's bytes, read
   in place: one pass, no copy). A load verifies header and checksum of every page (the
   checksum of large CPU pages as they land in the load's own slots, below); a mismatch
@@ -59,8 +60,7 @@ __all__ = ["MemoryStore", "PageHeader"]
 
 _Ident = Ident
 
-# a stored page's header and its fields, and its row, read in C over many entries
-_HEADER = operator.attrgetter("header")
+# a stored page's header fields and its row, read in C over many entries
 _KEY = operator.attrgetter("key")
 _POOL = operator.attrgetter("pool")
 _NBYTES = operator.attrgetter("nbytes")
@@ -78,11 +78,22 @@ class PageHeader:
     checksum: int
 
 
-@attrs.define(slots=True)
+@attrs.define(slots=True, eq=False)
 class _Entry:
-    header: PageHeader
+    """One stored page in the books: its header's fields (verified on every read; the
+    `PageHeader` that `MemoryStore.header` answers is built from them on request, not
+    kept per page), its slab row and its chain parent. Compared by identity."""
+
+    key: str
+    pool: PoolName
+    nbytes: int
+    checksum: int
     row: int
     parent: _Ident | None
+
+    @property
+    def header(self) -> PageHeader:
+        return PageHeader(self.key, self.pool, self.nbytes, self.checksum)
 
 
 #: Address space a slab reserves when it first grows (and at least its size after):
@@ -291,8 +302,8 @@ class MemoryStore(BaseStore["_Entry"]):
             rows: dict[PoolName, set[int]] = collections.defaultdict(set)
             slabs = self._slabs
             for ident, entry in self._pages.items():
-                pool, header, row = ident[0], entry.header, entry.row
-                assert header.pool is pool and header.key == ident[1]
+                pool, row = ident[0], entry.row
+                assert entry.pool is pool and entry.key == ident[1]
                 taken = rows[pool]
                 assert row not in taken, f"row {row} shared"
                 taken.add(row)
@@ -342,7 +353,7 @@ class MemoryStore(BaseStore["_Entry"]):
         large CPU pages is found as they land, so the transfer's own reserved slots may
         then hold bytes (a failed load may leave them: its caller frees those slots);
         other pages are verified before anything is written."""
-        headers = list(map(_HEADER, entries))
+        headers = entries  # (an entry holds its header's fields)
         if (
             list(map(_KEY, headers)) != list(ct.keys)
             or set(map(_POOL, headers)) != {ct.pool}
@@ -376,14 +387,10 @@ class MemoryStore(BaseStore["_Entry"]):
             got = self._copier.copy_checksummed(
                 pool.page_bytes(), ct.pages.tolist(), slab.data.numpy(), [e.row for e in entries]
             )
-            return [
-                i
-                for i, (g, e) in enumerate(zip(got, entries, strict=True))
-                if g != e.header.checksum
-            ]
+            return [i for i, (g, e) in enumerate(zip(got, entries, strict=True)) if g != e.checksum]
         # another device: the rows (a view, or gathered), verified, then one write
         data, order = slab.rows_of([e.row for e in entries])
-        expected = [e.header.checksum for e in entries]
+        expected = [e.checksum for e in entries]
         pages = ct.pages  # validated when the store accepted the load
         if order is not None:  # the bytes come in row order: send each page where it goes
             at = order  # view row -> the transfer's page
@@ -428,11 +435,14 @@ class MemoryStore(BaseStore["_Entry"]):
             if parts is not None:
                 for part in parts:
                     if ok:
-                        for key, parent, row, checksum in zip(
-                            part.keys, part.parents, part.rows, part.checksums, strict=True
-                        ):
-                            header = PageHeader(key, part.name, part.slab.page_nbytes, checksum)
-                            self._insert((part.name, key), _Entry(header, row, parent))
+                        name, nbytes = part.name, part.slab.page_nbytes
+                        entries = [
+                            _Entry(key, name, nbytes, checksum, row, parent)
+                            for key, parent, row, checksum in zip(
+                                part.keys, part.parents, part.rows, part.checksums, strict=True
+                            )
+                        ]
+                        self._insert_many(name, part.keys, entries)
                     elif part.keys:
                         part.slab.release(part.rows)
             self._finish_offload(record, ok)
