@@ -26,6 +26,8 @@ Every store answers `lookup` with these rules; a store only says which pages it 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import compress, count
+from operator import not_
 
 from unicache_fsm.pools.transfer import (
     PoolHitPolicy,
@@ -99,31 +101,39 @@ def split_lookup_transfers(
 
 
 def _leading_run(flags: Sequence[bool]) -> int:
-    for i, flag in enumerate(flags):
-        if not flag:
-            return i
-    return len(flags)
+    """How many flags lead before the first false one (the index of the first false
+    flag, found in C: `compress` of the positions by the negated flags)."""
+    return next(compress(count(), map(not_, flags)), len(flags))
 
 
 def lookup_result(transfers: Sequence[PoolTransfer], present: PresenceFn) -> PoolTransferResult:
     """Restorable boundaries of a tail; see the module docstring for the rules."""
     kv, others = split_lookup_transfers(transfers)
-    return _result(kv, others, present)
+    boundaries, extra = _result(kv, others, present)
+    return PoolTransferResult(
+        kv_hit_pages=boundaries[-1] if boundaries else 0,
+        extra_pool_hit_pages=extra,
+        restorable_prefix_pages=boundaries,
+    )
 
 
 def lookup_boundaries(
     kv: PoolTransfer, others: Sequence[PoolTransfer], present: PresenceFn
 ) -> tuple[int, ...]:
     """`restorable_prefix_pages` for transfers already split (and so validated)."""
-    return _result(kv, others, present).restorable_prefix_pages
+    return _result(kv, others, present)[0]
 
 
 def _result(
     kv: PoolTransfer, others: Sequence[PoolTransfer], present: PresenceFn
-) -> PoolTransferResult:
+) -> tuple[tuple[int, ...], dict[str, int]]:
+    """The restorable boundaries (ascending) and each other pool's own largest one."""
     kv_pages = _leading_run(present(PoolName.KV, kv.keys))
-    valid = [True] * kv_pages  # valid[L - 1]: boundary L is restorable so far
+    bounds = range(1, kv_pages + 1)  # boundary L at position L - 1
     extra: dict[str, int] = {}
+    if not others:  # (the KV run alone: every boundary in it)
+        return tuple(bounds), extra
+    valid = [True] * kv_pages  # valid[L - 1]: boundary L is restorable so far
     anchors = kv.keys[:kv_pages]
     for t in others:
         flags = list(present(t.name, anchors)) if kv_pages else []
@@ -137,14 +147,9 @@ def _result(
             for i, flag in enumerate(flags):
                 run = run + 1 if flag else 0
                 own.append(run >= min(i + 1, window))
-        extra[str(t.name)] = max((i + 1 for i, ok in enumerate(own) if ok), default=0)
+        extra[str(t.name)] = max(compress(bounds, own), default=0)
         valid = [a and b for a, b in zip(valid, own, strict=True)]
-    boundaries = tuple(i + 1 for i, ok in enumerate(valid) if ok)
-    return PoolTransferResult(
-        kv_hit_pages=boundaries[-1] if boundaries else 0,
-        extra_pool_hit_pages=extra,
-        restorable_prefix_pages=boundaries,
-    )
+    return tuple(compress(bounds, valid)), extra
 
 
 def restorable_prefix_pages(transfers: Sequence[PoolTransfer], present: PresenceFn) -> list[int]:
