@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from itertools import repeat
+from operator import attrgetter
 
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
@@ -36,7 +37,12 @@ _Keys = tuple[tuple[PoolName, tuple[str, ...]], ...]
 
 
 def _keys(transfers: Sequence[PoolTransfer]) -> _Keys:
-    return tuple((t.name, tuple(t.keys)) for t in transfers)  # (a tuple stays itself)
+    # (paired in C; `tuple` of a tuple is the tuple itself)
+    return tuple(zip(map(_NAME, transfers), map(tuple, map(_KEYS, transfers)), strict=True))
+
+
+_NAME = attrgetter("name")
+_KEYS = attrgetter("keys")
 
 
 class StoreLedger:
