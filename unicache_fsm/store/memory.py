@@ -66,6 +66,7 @@ _POOL = operator.attrgetter("pool")
 _NBYTES = operator.attrgetter("nbytes")
 _CHECKSUM = operator.attrgetter("checksum")
 _ROW = operator.attrgetter("row")
+_INDICES = operator.attrgetter("indices")
 
 
 @attrs.frozen
@@ -113,18 +114,30 @@ class _Slab:
     `data` (the rows in use by the books: stored or free) is a view of the first rows of
     `_buffer`, which reserves `SLAB_RESERVE_BYTES` of address space up front: growing
     `data` within it is a new view (the rows stay where they are, nothing is copied);
-    only outgrowing the buffer moves the rows into a new one.
+    only outgrowing the buffer moves the rows into a new one. `array` is `data` as a
+    NumPy array over the same memory, renewed with `data` (the copies read and write it).
     """
 
-    __slots__ = ("_buffer", "data", "free", "num_free", "page_nbytes", "staging")
+    __slots__ = (
+        "_buffer",
+        "_staged",
+        "array",
+        "data",
+        "free",
+        "num_free",
+        "page_nbytes",
+        "staging",
+    )
 
     def __init__(self, page_nbytes: int) -> None:
         self.page_nbytes = page_nbytes
         self._buffer = torch.empty((0, page_nbytes), dtype=torch.uint8)
         self.data = self._buffer
+        self.array = self.data.numpy()  # `data` as NumPy (the same memory), kept in step
         self.free = bytearray()
         self.num_free = 0
         self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
+        self._staged = self.staging.numpy()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Slab:
         """A copy of the rows in use and no reserve (a search snapshots stores often: the
@@ -135,9 +148,11 @@ class _Slab:
         new.page_nbytes = self.page_nbytes
         new._buffer = self.data.clone(memory_format=torch.contiguous_format)
         new.data = new._buffer
+        new.array = new.data.numpy()
         new.free = bytearray(self.free)
         new.num_free = self.num_free
         new.staging = torch.empty((0, self.page_nbytes), dtype=torch.uint8)
+        new._staged = new.staging.numpy()
         return new
 
     def reserve(self, n: int) -> list[int]:
@@ -177,16 +192,19 @@ class _Slab:
             buffer[:old].copy_(self.data)
             self._buffer = buffer
         self.data = self._buffer[:new]
+        self.array = self.data.numpy()
         self.free += b"\x01" * (new - old)
         self.num_free += new - old
 
     def staged(self, n: int) -> Any:
         """A uint8 NumPy buffer of `n` rows (the staging buffer's first rows, grown on
         demand; overwritten by the next call)."""
-        if self.staging.shape[0] < n:
-            size = max(n, 2 * self.staging.shape[0])
+        staged = self._staged  # (`staging` as NumPy: a NumPy slice costs less than torch's)
+        if len(staged) < n:
+            size = max(n, 2 * len(staged))
             self.staging = torch.empty((size, self.page_nbytes), dtype=torch.uint8)
-        return self.staging[:n].numpy()
+            staged = self._staged = self.staging.numpy()
+        return staged[:n]
 
     def rows_of(self, rows: list[int]) -> tuple[torch.Tensor, list[int] | None]:
         """The bytes of `rows` (``[n, page_nbytes]``) and the order they come in.
@@ -328,7 +346,7 @@ class MemoryStore(BaseStore["_Entry"]):
             for ct, entries, slab, pool in plan:
                 if not ct.keys:
                     continue
-                if slab is None or any(e is None for e in entries):
+                if slab is None or None in entries:  # (entries compare by identity)
                     ok = False  # a page was evicted since the load was queued
                     continue
                 present = [e for e in entries if e is not None]
@@ -370,9 +388,7 @@ class MemoryStore(BaseStore["_Entry"]):
             # row assignment into the pool's pages
             n = len(entries)
             stored = slab.staged(n)
-            got = copy_checksums(
-                stored, list(range(n)), slab.data.numpy(), list(map(_ROW, entries))
-            )
+            got = copy_checksums(stored, list(range(n)), slab.array, list(map(_ROW, entries)))
             if got != list(map(_CHECKSUM, headers)):
                 return [
                     i for i, (g, h) in enumerate(zip(got, headers, strict=True)) if g != h.checksum
@@ -385,7 +401,7 @@ class MemoryStore(BaseStore["_Entry"]):
             # compared; a bad page fails the transfer with bytes in the load's own
             # reserved slots, which the protocol lets a failed load leave
             got = self._copier.copy_checksummed(
-                pool.page_bytes(), ct.pages.tolist(), slab.data.numpy(), [e.row for e in entries]
+                pool.page_bytes(), ct.pages.tolist(), slab.array, [e.row for e in entries]
             )
             return [i for i, (g, e) in enumerate(zip(got, entries, strict=True)) if g != e.checksum]
         # another device: the rows (a view, or gathered), verified, then one write
@@ -450,7 +466,7 @@ class MemoryStore(BaseStore["_Entry"]):
     def _plan_offload(self, record: StoreOffload) -> list[_OffloadPart] | None:
         """Choose the new pages, make room, reserve rows; None when they cannot fit."""
         chosen, protect = self._plan_new_pages(record)
-        if not self._make_room(sum(len(c.indices) for c in chosen), protect):
+        if not self._make_room(sum(map(len, map(_INDICES, chosen))), protect):
             return None
         parts: list[_OffloadPart] = []
         for c in chosen:
@@ -475,7 +491,7 @@ class MemoryStore(BaseStore["_Entry"]):
             return
         pool, slab, rows = part.pool, part.slab, part.rows
         if pool.device.type == "cpu":
-            src, dst = pool.page_bytes(), slab.data.numpy()
+            src, dst = pool.page_bytes(), slab.array
             if slab.page_nbytes >= PAGE_BY_PAGE_BYTES:
                 # large CPU pages: each copied into its row and checksummed piece by
                 # piece while in cache (a second pass would read it from memory), on
