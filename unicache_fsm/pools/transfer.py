@@ -148,10 +148,6 @@ def check_page_keys(keys: object) -> tuple[str, ...]:
     return tuple(map(check_page_key, out))  # (names the first bad key)
 
 
-def _keys(value: object) -> tuple[str, ...]:
-    return check_page_keys(value)
-
-
 @attrs.frozen
 class PoolTransfer:
     """One pool's part of a transfer: slots (whole pages) and one key per page.
@@ -162,7 +158,7 @@ class PoolTransfer:
 
     name: PoolName
     device_indices: torch.Tensor | None = attrs.field(default=None, eq=False)
-    keys: tuple[str, ...] = attrs.field(default=(), converter=_keys)
+    keys: tuple[str, ...] = attrs.field(default=(), converter=check_page_keys)
     hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
 
     def __attrs_post_init__(self) -> None:
