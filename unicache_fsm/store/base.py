@@ -46,7 +46,7 @@ import collections
 import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, repeat
+from itertools import chain, filterfalse, repeat
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
@@ -330,8 +330,11 @@ class BaseStore(Generic[E]):
             if self._closed:
                 self._check_open("offload")
             checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.OFFLOAD)
+            named = _idents(checked)
             if self.capacity_pages is not None:
-                new = {(ct.pool, k) for ct in checked for k in ct.keys} - self._pages.keys()
+                # the distinct pages it names that the store lacks (tested against the
+                # books one by one: `set - dict.keys()` would walk every stored page)
+                new = set(filterfalse(self._pages.__contains__, named))
                 if len(new) > self.capacity_pages:
                     return False  # could never fit, even in an empty store
             record = StoreOffload(self._next_offload, checked)
@@ -340,7 +343,7 @@ class BaseStore(Generic[E]):
             # the pages it names (and the parent of its first page) stay until it runs: a
             # held page it links to must not be evicted for another offload's room in
             # between (that would punch a hole in the chain)
-            pins = _idents(checked)
+            pins = named
             pins += [
                 parent
                 for ct in checked
