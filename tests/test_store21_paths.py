@@ -227,3 +227,43 @@ def test_pool_transfer_still_refuses_bad_keys_when_built() -> None:
     for bad in (["0" * 63], ("A" * 64,), "0" * 64, [1], itertools.repeat("x", 1)):
         with pytest.raises(InvalidPageKeyError):
             PoolTransfer(KV, keys=bad)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_offload_parents_follow_the_rules_whatever_is_held_or_repeated(seed: int) -> None:
+    """Offloads naming held pages anywhere, keys twice, held pages with no parent: the
+    books end as the page-by-page rules say (a new page's parent is the key before it,
+    or for the first the remembered one; a held chain start learns the key before it)."""
+    rng = random.Random(seed)
+    rig = Rig(pages=400)
+    store = MemoryStore()
+    store.attach({KV: rig.pools[KV]})
+    universe = rig.chain(10)
+    pages: dict[tuple[PoolName, str], tuple[PoolName, str] | None] = {}
+    memo: dict[tuple[PoolName, str], tuple[PoolName, str]] = {}
+    for _ in range(40):
+        keys = [rng.choice(universe) for _ in range(rng.randint(1, 7))]
+        if rng.random() < 0.3:
+            store.evict([rng.choice(universe)])
+            pages = {i: p for i, p in pages.items() if store.contains(KV, i[1])}
+        seen: set[str] = set()
+        born: list[tuple[tuple[PoolName, str], tuple[PoolName, str] | None]] = []
+        for i, key in enumerate(keys):
+            ident = (KV, key)
+            before = (KV, keys[i - 1]) if i else None
+            if ident in pages:
+                if before is not None and pages[ident] is None and keys[i - 1] != key:
+                    pages[ident] = memo[ident] = before
+            elif key not in seen:
+                born.append((ident, before if i else memo.get(ident)))
+            seen.add(key)
+        for ident, parent in born:
+            pages[ident] = parent
+            if parent is not None:
+                memo[ident] = parent
+        assert offload_now(store, [PoolTransfer(KV, rig.fill(KV, len(keys)), keys)])
+        books, _, remembered = store.chain_books()
+        assert books == tuple(sorted(pages.items()))
+        assert remembered == tuple(sorted(memo))
+        store.check_invariants()
+    store.close()

@@ -46,7 +46,8 @@ import collections
 import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, filterfalse, repeat
+from itertools import chain, compress, count, filterfalse, repeat
+from operator import is_not
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
@@ -647,24 +648,44 @@ class BaseStore(Generic[E]):
         (touched, and protected from the room-making that follows)."""
         chosen: list[NewPages] = []
         protect: set[Ident] = set()
+        pages_get = self._pages.get
         for ct in record.transfers:
+            keys = ct.keys
+            n = len(keys)
+            idents = list(zip(repeat(ct.pool), keys))
+            held_at = list(map(pages_get, idents))
+            # the pages after the last held one (usually all but a held first few): when
+            # their keys are distinct and not named before, each is new with the page
+            # before it as parent, which is taken in bulk below; the rest page by page
+            tail = n - next(compress(count(), map(is_not, reversed(held_at), repeat(None))), n)
+            rest = keys[tail:]
+            bulk = len(set(rest)) == n - tail and set(keys[:tail]).isdisjoint(rest)
             seen: set[str] = set()
             new: list[int] = []
             parents: list[Ident | None] = []
-            for i, key in enumerate(ct.keys):
-                ident = (ct.pool, key)
-                held = self._pages.get(ident)
+            for i in range(tail if bulk else n):
+                key, ident, held = keys[i], idents[i], held_at[i]
                 if held is not None:
                     protect.add(ident)
-                    if i and held.parent is None and ct.keys[i - 1] != key:
-                        self._link(ident, held, (ct.pool, ct.keys[i - 1]))
+                    if i and held.parent is None and keys[i - 1] != key:
+                        self._link(ident, held, idents[i - 1])
                 elif key not in seen:
                     new.append(i)
-                    parent = (ct.pool, ct.keys[i - 1]) if i else self._parents.get(ident)
+                    parent = idents[i - 1] if i else self._parents.get(ident)
                     if parent is not None and not i:
                         protect.add(parent)  # room must not be made by evicting it
                     parents.append(parent)
                 seen.add(key)
+            if bulk and tail < n:
+                new += range(tail, n)
+                if tail:
+                    parents.append(idents[tail - 1])
+                else:
+                    parent = self._parents.get(idents[0])
+                    if parent is not None:
+                        protect.add(parent)  # room must not be made by evicting it
+                    parents.append(parent)
+                parents += idents[tail : n - 1]
             chosen.append(NewPages(ct, new, parents))
         self._touch(protect)
         return chosen, protect
