@@ -234,11 +234,26 @@ class _OffloadPart:
     pool: KVPool
     name: PoolName
     slab: _Slab
-    pages: torch.Tensor  # device page ids of `keys`, in order
+    pages: torch.Tensor  # device page ids of the transfer's keys, in order
+    indices: list[int]  # which of them are new (`keys` are theirs), in order
     keys: list[str]
     parents: list[_Ident | None]
     rows: list[int]
     checksums: list[int] = attrs.field(factory=list)
+
+    def page_list(self) -> list[int]:
+        """The device page ids of `keys` as a list (selected from one `tolist()` of
+        the transfer's ids: no index tensor, no `index_select`)."""
+        ids: list[int] = self.pages.tolist()
+        if len(self.indices) == len(ids):
+            return ids
+        return [ids[i] for i in self.indices]
+
+    def page_tensor(self) -> torch.Tensor:
+        """The device page ids of `keys` as a tensor on the pool's device."""
+        if len(self.indices) == self.pages.numel():
+            return self.pages
+        return self.pages.index_select(0, int64_tensor(self.indices, self.pages.device))
 
 
 class MemoryStore(BaseStore["_Entry"]):
@@ -475,13 +490,11 @@ class MemoryStore(BaseStore["_Entry"]):
             slab = self._slabs.get(ct.pool)
             if slab is None:
                 slab = self._slabs[ct.pool] = _Slab(pool.page_nbytes)
-            # page ids validated when the store accepted the offload
-            pages = ct.pages
-            if len(new) != len(ct.keys):
-                pages = pages.index_select(0, int64_tensor(new, pages.device))
+            # page ids validated when the store accepted the offload (the new ones are
+            # selected where they are copied, in the form that copy reads)
             rows = slab.reserve(len(new))
             keys = [ct.keys[i] for i in new]
-            parts.append(_OffloadPart(pool, ct.pool, slab, pages, keys, parents, rows))
+            parts.append(_OffloadPart(pool, ct.pool, slab, ct.pages, new, keys, parents, rows))
         return parts
 
     def _copy_in(self, part: _OffloadPart) -> None:
@@ -496,13 +509,13 @@ class MemoryStore(BaseStore["_Entry"]):
                 # large CPU pages: each copied into its row and checksummed piece by
                 # piece while in cache (a second pass would read it from memory), on
                 # the copier's workers
-                part.checksums = self._copier.copy_checksummed(dst, rows, src, part.pages.tolist())
+                part.checksums = self._copier.copy_checksummed(dst, rows, src, part.page_list())
                 return
             # small CPU pages: copied into their rows and checksummed as they land, in
             # one call (native where built)
-            part.checksums = copy_checksums(dst, rows, src, part.pages.tolist())
+            part.checksums = copy_checksums(dst, rows, src, part.page_list())
             return
-        got = pool.read_page_ids(part.pages).to("cpu")
+        got = pool.read_page_ids(part.page_tensor()).to("cpu")
         data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
         slab.data.index_copy_(0, int64_tensor(rows, slab.data.device), data)
         part.checksums = page_checksums(data)
