@@ -529,9 +529,9 @@ class BaseStore(Generic[E]):
 
     def _touch(self, idents: Iterable[Ident]) -> None:
         leaves = self._leaves
-        for ident in idents:
-            if ident in leaves:
-                leaves.move_to_end(ident)
+        move = leaves.move_to_end
+        for ident in filter(leaves.__contains__, idents):  # (membership tested in C)
+            move(ident)
 
     def _unpin(self, record: StoreLoad) -> None:
         for ct in record.transfers:

@@ -134,7 +134,8 @@ def copy_checksums(
 ) -> list[int]:
     """``copy_checksum(dst[dst_rows[i]], src[src_rows[i]])`` for each i (2-D uint8 NumPy
     arrays, rows inside them, as many of each), in one native call where it can."""
-    _check_bytes(dst, src, "copy_checksums")
+    if dst.dtype is not _UINT8 or src.dtype is not _UINT8:  # (inline: the usual case)
+        _check_bytes(dst, src, "copy_checksums")
     n = src.shape[1]
     if dst.shape[1] != n or len(dst_rows) != len(src_rows):
         msg = (
@@ -142,10 +143,16 @@ def copy_checksums(
             f"{len(dst_rows)} destination row(s) of {dst.shape[1]} bytes"
         )
         raise ValueError(msg)
-    dst_rows, src_rows = _int_rows(dst_rows, "destination"), _int_rows(src_rows, "source")
-    if _native(dst, src, n):
-        assert _native_rows is not None
-        return _native_rows(dst, dst_rows, src, src_rows, n)
+    # (lists of plain ints, the usual case, pass as they are without a call each)
+    if type(dst_rows) is not list or not set(map(type, dst_rows)) <= _INT:
+        dst_rows = _int_rows(dst_rows, "destination")
+    if type(src_rows) is not list or not set(map(type, src_rows)) <= _INT:
+        src_rows = _int_rows(src_rows, "source")
+    if NATIVE_COPY and n > _SHORT_MAX:  # `_native`, inline
+        flags = dst.flags
+        if flags.c_contiguous and flags.writeable and src.flags.c_contiguous:
+            assert _native_rows is not None
+            return _native_rows(dst, dst_rows, src, src_rows, n)
     return [copy_checksum(dst[d], src[s]) for d, s in zip(dst_rows, src_rows, strict=True)]
 
 

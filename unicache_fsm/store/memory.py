@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import operator
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 from typing import Any
 
 import attrs
@@ -300,8 +301,7 @@ class MemoryStore(BaseStore["_Entry"]):
                 del self._slabs[name]
 
     def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        pages = self._pages
-        return [(pool, k) in pages for k in keys]
+        return list(map(self._pages.__contains__, zip(repeat(pool), keys)))  # (in C)
 
     def _drop(self, ident: _Ident, entry: _Entry) -> None:
         self._slabs[ident[0]].release([entry.row])
