@@ -707,7 +707,7 @@ class BaseStore(Generic[E]):
         for record in batch.loads:
             LOAD_MACHINE.fire(record, StoreLoadTrigger.FINISH, ok)
             self._finish_load_books(record)
-        rids = tuple(r.rid for r in batch.loads)
+        rids = tuple(map(_RID, batch.loads))
         self._load_results.append(LoadBatchResult(batch.batch, rids, ok))
 
     def _finish_load_books(self, record: StoreLoad) -> None:
@@ -725,7 +725,7 @@ class BaseStore(Generic[E]):
                 for record in job.loads:
                     LOAD_MACHINE.fire(record, StoreLoadTrigger.ABANDON)
                     self._finish_load_books(record)
-                rids = tuple(r.rid for r in job.loads)
+                rids = tuple(map(_RID, job.loads))
                 self._load_results.append(LoadBatchResult(job.batch, rids, False))
             else:
                 OFFLOAD_MACHINE.fire(job, StoreOffloadTrigger.ABANDON)
@@ -742,7 +742,7 @@ class BaseStore(Generic[E]):
                 LOAD_MACHINE.fire(record, StoreLoadTrigger.ABANDON)
                 self._finish_load_books(record)
                 self._in_flight.add(record.rid)
-            rids = tuple(r.rid for r in records)
+            rids = tuple(map(_RID, records))
             self._load_results.append(LoadBatchResult(batch, rids, False))
 
     # -- internals: performing jobs ------------------------------------------------------
@@ -787,6 +787,9 @@ def _idents(checked: Sequence[CheckedTransfer]) -> list[Ident]:
         return list(zip(repeat(ct.pool), ct.keys))
     return list(chain.from_iterable(zip(repeat(ct.pool), ct.keys) for ct in checked))
 
+
+#: a load record's rid, read in C
+_RID = operator.attrgetter("rid")
 
 #: an entry's chain parent (`Entry.parent`), read in C
 _PARENT = operator.attrgetter("parent")
