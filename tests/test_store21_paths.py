@@ -204,6 +204,16 @@ def test_ledger_records_each_pool_keys_of_an_acknowledged_offload() -> None:
     ledger.progress()
     assert ledger.pop_completed_offload()
     assert ledger.acknowledged == {(KV, keys[0]), (KV, keys[1]), (SWA, keys[1])}
+    # a load batch acknowledges the pages of every load it named, and counts each rid
+    ledger.acknowledged.clear()
+    assert ledger.load("a", [PoolTransfer(KV, rig.alloc(KV, 1), keys[:1])])
+    assert ledger.load("b", [PoolTransfer(SWA, rig.alloc(SWA, 1), keys[1:], TRAILING)])
+    batch = ledger.start_loading()
+    ledger.progress()
+    result = ledger.pop_completed_load()
+    assert (result.batch, result.rids, result.success) == (batch, ("a", "b"), True)
+    assert ledger.acknowledged == {(KV, keys[0]), (SWA, keys[1])}
+    assert ledger.landed_loads == {"a": 1, "b": 1}
     ledger.close()
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter
 
 from unicache_fsm.pools.kv import KVPool
@@ -102,7 +102,7 @@ class StoreLedger:
     def start_loading(self) -> int:
         batch = self.inner.start_loading()
         if isinstance(batch, int) and batch >= 0:
-            self._batches[batch] = tuple(part for keys in self._queued.values() for part in keys)
+            self._batches[batch] = tuple(chain.from_iterable(self._queued.values()))
             self._queued.clear()
         return batch
 
