@@ -42,7 +42,7 @@ import collections
 import operator
 from collections.abc import Iterable, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -352,7 +352,7 @@ class MemoryStore(BaseStore["_Entry"]):
             plan = []
             for record in batch.loads:
                 for ct in record.transfers:
-                    entries = [self._pages.get((ct.pool, k)) for k in ct.keys]
+                    entries = list(map(self._pages.get, zip(repeat(ct.pool), ct.keys)))
                     pool = self._pools.pool(ct.pool, "load")
                     plan.append((ct, entries, self._slabs.get(ct.pool), pool))
         ok = True
@@ -364,7 +364,7 @@ class MemoryStore(BaseStore["_Entry"]):
                 if slab is None or None in entries:  # (entries compare by identity)
                     ok = False  # a page was evicted since the load was queued
                     continue
-                present = [e for e in entries if e is not None]
+                present = cast("list[_Entry]", entries)  # (none is None: tested above)
                 bad = self._copy_out(ct, present, slab, pool)
                 if bad:
                     ok = False
@@ -388,7 +388,7 @@ class MemoryStore(BaseStore["_Entry"]):
         other pages are verified before anything is written."""
         headers = entries  # (an entry holds its header's fields)
         if (
-            list(map(_KEY, headers)) != list(ct.keys)
+            tuple(map(_KEY, headers)) != ct.keys
             or set(map(_POOL, headers)) != {ct.pool}
             or set(map(_NBYTES, headers)) != {pool.page_nbytes}
         ):  # (checked for all pages at once in C; the culprits named one by one)
