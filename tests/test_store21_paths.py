@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -277,3 +278,18 @@ def test_offload_parents_follow_the_rules_whatever_is_held_or_repeated(seed: int
         assert remembered == tuple(sorted(memo))
         store.check_invariants()
     store.close()
+
+
+def test_pool_transfer_checks_its_indices_and_stays_frozen() -> None:
+    keys = Rig().chain(2)
+    for bad in (torch.zeros(8, dtype=torch.int32), torch.zeros((2, 4), dtype=torch.int64), [0]):
+        with pytest.raises(TensorTypeError, match="kv transfer device_indices"):
+            PoolTransfer(KV, bad, keys)  # type: ignore[arg-type]
+    t = PoolTransfer(KV, torch.arange(8), keys, TRAILING)
+    assert (t.name, t.keys, t.hit_policy) == (KV, tuple(keys), TRAILING)
+    assert t == PoolTransfer(KV, None, tuple(keys), TRAILING)  # (indices are not compared)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        t.keys = ()  # type: ignore[misc]
+    with pytest.raises(InvalidPageKeyError):
+        attrs.evolve(t, keys=("../etc",))
+    assert attrs.evolve(t, keys=keys[:1]).keys == (keys[0],)

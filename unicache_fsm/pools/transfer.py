@@ -148,27 +148,45 @@ def check_page_keys(keys: object) -> tuple[str, ...]:
     return tuple(map(check_page_key, out))  # (names the first bad key)
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class PoolTransfer:
     """One pool's part of a transfer: slots (whole pages) and one key per page.
 
     `device_indices` is None for LOOKUP; otherwise a 1-D int64 tensor whose length is
     ``len(keys) * page_size`` (checked by whoever knows the page size: the store).
+    `keys` become a tuple, each checked by `check_page_key` (`InvalidPageKeyError`
+    naming the first bad one); indices that are not a 1-D int64 tensor are a
+    `TensorTypeError`.
     """
 
     name: PoolName
     device_indices: torch.Tensor | None = attrs.field(default=None, eq=False)
-    keys: tuple[str, ...] = attrs.field(default=(), converter=check_page_keys)
+    keys: tuple[str, ...] = ()
     hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
 
-    def __attrs_post_init__(self) -> None:
-        idx = self.device_indices
-        if idx is None:
-            return
-        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1:
+    def __init__(
+        self,
+        name: PoolName,
+        device_indices: torch.Tensor | None = None,
+        keys: object = (),
+        hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES,
+    ) -> None:
+        # (written out rather than generated: the tree builds one per pool per request,
+        # and the checks' usual case inline saves a converter and a post-init call each)
+        if not (type(keys) is tuple and set(map(type, keys)) <= _STR and _CHECKED.issuperset(keys)):
+            keys = check_page_keys(keys)
+        idx: object = device_indices
+        if idx is not None and (
+            not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.dim() != 1
+        ):
             got = getattr(idx, "dtype", type(idx).__name__)
-            msg = f"{self.name} transfer device_indices must be a 1-D int64 tensor, got {got}"
+            msg = f"{name} transfer device_indices must be a 1-D int64 tensor, got {got}"
             raise TensorTypeError(msg, what="device_indices", got=got, expected=torch.int64)
+        init = object.__setattr__  # (the class is frozen)
+        init(self, "name", name)
+        init(self, "device_indices", device_indices)
+        init(self, "keys", keys)
+        init(self, "hit_policy", hit_policy)
 
     @property
     def num_pages(self) -> int:
