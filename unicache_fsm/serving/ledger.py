@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from itertools import chain, repeat
-from operator import attrgetter
 
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
@@ -37,12 +36,7 @@ _Keys = tuple[tuple[PoolName, tuple[str, ...]], ...]
 
 
 def _keys(transfers: Sequence[PoolTransfer]) -> _Keys:
-    # (paired in C; `tuple` of a tuple is the tuple itself)
-    return tuple(zip(map(_NAME, transfers), map(tuple, map(_KEYS, transfers)), strict=True))
-
-
-_NAME = attrgetter("name")
-_KEYS = attrgetter("keys")
+    return tuple((t.name, tuple(t.keys)) for t in transfers)  # (a tuple stays itself)
 
 
 class StoreLedger:

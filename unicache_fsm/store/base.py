@@ -46,8 +46,7 @@ import collections
 import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain, compress, count, filterfalse, repeat
-from operator import is_not
+from itertools import filterfalse, repeat
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
@@ -252,7 +251,8 @@ class BaseStore(Generic[E]):
             if self._closed:
                 self._check_open("lookup")
             pools = (kv, *others)
-            self._pools.require([t.name for t in pools], "lookup")
+            for t in pools:
+                self._pools.pool(t.name, "lookup")
             found = list(lookup_boundaries(kv, others, self._present))
             if found:
                 anchors = kv.keys[: found[-1]]
@@ -529,9 +529,9 @@ class BaseStore(Generic[E]):
 
     def _touch(self, idents: Iterable[Ident]) -> None:
         leaves = self._leaves
-        move = leaves.move_to_end
-        for ident in filter(leaves.__contains__, idents):  # (membership tested in C)
-            move(ident)
+        for ident in idents:
+            if ident in leaves:
+                leaves.move_to_end(ident)
 
     def _unpin(self, record: StoreLoad) -> None:
         for ct in record.transfers:
@@ -648,44 +648,24 @@ class BaseStore(Generic[E]):
         (touched, and protected from the room-making that follows)."""
         chosen: list[NewPages] = []
         protect: set[Ident] = set()
-        pages_get = self._pages.get
         for ct in record.transfers:
-            keys = ct.keys
-            n = len(keys)
-            idents = list(zip(repeat(ct.pool), keys))
-            held_at = list(map(pages_get, idents))
-            # the pages after the last held one (usually all but a held first few): when
-            # their keys are distinct and not named before, each is new with the page
-            # before it as parent, which is taken in bulk below; the rest page by page
-            tail = n - next(compress(count(), map(is_not, reversed(held_at), repeat(None))), n)
-            rest = keys[tail:]
-            bulk = len(set(rest)) == n - tail and set(keys[:tail]).isdisjoint(rest)
             seen: set[str] = set()
             new: list[int] = []
             parents: list[Ident | None] = []
-            for i in range(tail if bulk else n):
-                key, ident, held = keys[i], idents[i], held_at[i]
+            for i, key in enumerate(ct.keys):
+                ident = (ct.pool, key)
+                held = self._pages.get(ident)
                 if held is not None:
                     protect.add(ident)
-                    if i and held.parent is None and keys[i - 1] != key:
-                        self._link(ident, held, idents[i - 1])
+                    if i and held.parent is None and ct.keys[i - 1] != key:
+                        self._link(ident, held, (ct.pool, ct.keys[i - 1]))
                 elif key not in seen:
                     new.append(i)
-                    parent = idents[i - 1] if i else self._parents.get(ident)
+                    parent = (ct.pool, ct.keys[i - 1]) if i else self._parents.get(ident)
                     if parent is not None and not i:
                         protect.add(parent)  # room must not be made by evicting it
                     parents.append(parent)
                 seen.add(key)
-            if bulk and tail < n:
-                new += range(tail, n)
-                if tail:
-                    parents.append(idents[tail - 1])
-                else:
-                    parent = self._parents.get(idents[0])
-                    if parent is not None:
-                        protect.add(parent)  # room must not be made by evicting it
-                    parents.append(parent)
-                parents += idents[tail : n - 1]
             chosen.append(NewPages(ct, new, parents))
         self._touch(protect)
         return chosen, protect
@@ -781,11 +761,9 @@ def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
 
 
 def _idents(checked: Sequence[CheckedTransfer]) -> list[Ident]:
-    """Every (pool, key) the transfers name, in order (paired in C, not per key)."""
-    if len(checked) == 1:
-        ct = checked[0]
-        return list(zip(repeat(ct.pool), ct.keys))
-    return list(chain.from_iterable(zip(repeat(ct.pool), ct.keys) for ct in checked))
+    """Every (pool, key) the transfers name, in order (a comprehension: for a request's
+    few pages it costs less than pairing them with zip/repeat)."""
+    return [(ct.pool, k) for ct in checked for k in ct.keys]
 
 
 #: a load record's rid, read in C

@@ -80,8 +80,6 @@ class CheckedStore:
         if not isinstance(found, (list, tuple)) or not _all_ints(found):
             self._protocol("lookup", found, "a list of int page counts")
             return None
-        if not found or (min(found) >= 1 and max(found) <= num_pages):  # (the usual case)
-            return list(found)
         inside = [b for b in found if 1 <= b <= num_pages]
         if len(inside) != len(found):
             self._protocol("lookup", found, f"boundaries inside 1..{num_pages}")

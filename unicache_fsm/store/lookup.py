@@ -26,8 +26,7 @@ Every store answers `lookup` with these rules; a store only says which pages it 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import compress, count
-from operator import not_
+from itertools import compress
 
 from unicache_fsm.pools.transfer import (
     PoolHitPolicy,
@@ -101,9 +100,10 @@ def split_lookup_transfers(
 
 
 def _leading_run(flags: Sequence[bool]) -> int:
-    """How many flags lead before the first false one (the index of the first false
-    flag, found in C: `compress` of the positions by the negated flags)."""
-    return next(compress(count(), map(not_, flags)), len(flags))
+    for i, flag in enumerate(flags):
+        if not flag:
+            return i
+    return len(flags)
 
 
 def lookup_result(transfers: Sequence[PoolTransfer], present: PresenceFn) -> PoolTransferResult:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import collections
 import operator
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 from typing import Any, cast
 
 import attrs
@@ -301,7 +300,8 @@ class MemoryStore(BaseStore["_Entry"]):
                 del self._slabs[name]
 
     def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        return list(map(self._pages.__contains__, zip(repeat(pool), keys)))  # (in C)
+        pages = self._pages
+        return [(pool, k) in pages for k in keys]
 
     def _drop(self, ident: _Ident, entry: _Entry) -> None:
         self._slabs[ident[0]].release([entry.row])
@@ -352,7 +352,7 @@ class MemoryStore(BaseStore["_Entry"]):
             plan = []
             for record in batch.loads:
                 for ct in record.transfers:
-                    entries = list(map(self._pages.get, zip(repeat(ct.pool), ct.keys)))
+                    entries = [self._pages.get((ct.pool, k)) for k in ct.keys]
                     pool = self._pools.pool(ct.pool, "load")
                     plan.append((ct, entries, self._slabs.get(ct.pool), pool))
         ok = True

@@ -5,8 +5,7 @@ Every store validates a request completely before it queues anything, the same w
 - `AttachedPools(pools)` — the device KV pools a store was attached to, by `PoolName`;
   all must be `KVPool`s of one page size P (`StoreConfigError` otherwise). Its
   `page_size`, `names` and `pool(name, operation)` (`UnknownPoolError` for a pool
-  that is not attached, naming the attached ones); `require(names, operation)` the
-  same check for several names in one call.
+  that is not attached, naming the attached ones).
 - `check_data_transfers(transfers, phase)` -> tuple of `CheckedTransfer`: at least one
   transfer, one per pool, every pool attached, keys valid page hashes
   (`InvalidPageKeyError`), `device_indices` present (`StoreTransferError`), a 1-D int64
@@ -109,14 +108,6 @@ class AttachedPools:
             )
             raise UnknownPoolError(msg, pool=name, attached=attached)
         return pool
-
-    def require(self, names: Iterable[object], operation: str) -> None:
-        """`pool(name, operation)` of each of `names`, for its error only: one call
-        checks them all (`UnknownPoolError` naming the first that is not attached)."""
-        pools = self._pools
-        for name in names:
-            if not isinstance(name, PoolName) or name not in pools:
-                self.pool(name, operation)
 
     def check_data_transfers(
         self, transfers: Sequence[PoolTransfer], phase: LinkerTransferPhase
