@@ -85,8 +85,11 @@ def _step_source(
     """Source of one `(configuration, trigger)` step function and its constants
     (generated once per process and shared: callers copy the constants, never edit them).
 
-    With `observed`, the step calls ``NOTIFY(model, source, trigger, dest)`` right
-    after the state change. With `bound`, callbacks are the handler's (``CB_<name>``).
+    With `observed`, the step calls every observer of ``EX`` (the executor),
+    ``observer(EX, model, source, trigger, dest)``, right after the state change: the
+    loop is inlined (no call to `ExecutorBase._notify` per firing) and reads
+    ``EX.observers`` at each firing, so the copy-on-write list of observers keeps its
+    meaning (a change during a notification takes effect from the next one). With `bound`, callbacks are the handler's (``CB_<name>``).
     With `aio`, the step is a coroutine function awaiting awaitable results.
     """
     consts: dict[str, str] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
@@ -109,7 +112,10 @@ def _step_source(
         body += _calls(t.before, ind, bound, aio) + _calls(ft.exits, ind, bound, aio)
         body.append(f"{ind}model.{attr} = DEST{i}")
         if observed:
-            body.append(f"{ind}NOTIFY(model, SOURCE, TRIGGER, DEST{i})")
+            body += [
+                f"{ind}for _observer in EX.observers:",
+                f"{ind}    _observer(EX, model, SOURCE, TRIGGER, DEST{i})",
+            ]
         body += _calls(ft.enters, ind, bound, aio) + _calls(t.after, ind, bound, aio)
         body.append(f"{ind}return None")
         if guarded:
@@ -201,7 +207,7 @@ class _CompiledDispatch(ExecutorBase):
         filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
         attr, bound, aio = self.state_attribute, self._bound, self._aio
         src, consts = _step_source(group, attr, observed, bound, aio)
-        extra: dict[str, Any] = {"NOTIFY": self._notify} if observed else {}
+        extra: dict[str, Any] = {"EX": self} if observed else {}
         step: _Step = _compile(src, "step", {**consts, **self._consts, **extra}, filename)
         table = steps.setdefault(config, {})
         table[trigger] = step
@@ -308,6 +314,32 @@ class CompiledExecutor(_CompiledDispatch, Executor):
     """Drives models through dispatch tables of generated step functions."""
 
     kind = "compiled"
+
+    def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
+        """`Executor.fire` with the first transition's dispatch inlined: one frame per
+        firing on the common path (a built step, no trigger queued), the same contract
+        (run-to-completion, errors, observers)."""
+        running = self._running
+        key = id(model)
+        queue = running.get(key)
+        if queue is not None:
+            queue.append((trigger, args, kwargs))
+            return
+        queue = running[key] = []
+        try:
+            try:
+                state: str = self._get_state(model)
+                step = self._steps[state][trigger]
+            except (KeyError, AttributeError, TypeError):
+                state, step = self._lookup(model, trigger)  # compiles, or raises the error
+            rejected = step(model, args, kwargs)
+            if rejected is not None:
+                self._guard_rejected(model, state, self._alias[trigger], rejected)
+            while queue:
+                trigger, args, kwargs = queue.pop(0)
+                self._fire_one(model, trigger, args, kwargs)
+        finally:
+            del running[key]
 
     def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
