@@ -83,6 +83,7 @@ import torch
 
 from unicache_fsm import hashing
 from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.fsm.errors import GuardRejectedError
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.reference import ReferenceExecutor
 from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
@@ -365,13 +366,17 @@ class ExternalLinker:
         for load, value in zip(held, agreed, strict=True):
             if value == _UNSETTLED:
                 continue
-            verdict = value == _LANDED
-            # the machine's guard judges the verdict (the LAND trigger's argument)
-            landed = load.state == LoadState.LOADING and self.load_machine.may_fire(
-                load, L.LAND, verdict
-            )
+            # the machine's guard judges the verdict (the LAND trigger's argument); a
+            # veto leaves the load loading (fire puts the state back), as a `may_fire`
+            # probe first would, without running the guard twice on the usual path
+            landed = False
+            if load.state == LoadState.LOADING:
+                try:
+                    self.load_machine.fire(load, L.LAND, value == _LANDED)
+                    landed = True
+                except GuardRejectedError:
+                    pass
             if landed:
-                self.load_machine.fire(load, L.LAND, verdict)
                 if load.abort_pending is None:
                     self.load_machine.fire(load, L.COMMIT)
                     self._forget(load)
