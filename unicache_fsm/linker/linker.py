@@ -475,10 +475,11 @@ class ExternalLinker:
         assert ctx is not None and ctx.full_transfer is not None
         loaded_full = ctx.full_transfer.device_indices
         assert loaded_full is not None
+        value = torch.cat([load.device_prefix, loaded_full])
         result = tree.insert(
             InsertParams(
                 key=load.key,
-                value=torch.cat([load.device_prefix, loaded_full]),
+                value=value,
                 prev_prefix_len=load.device_hit_len,
                 swa_evicted_seqlen=ctx.swa_evicted_seqlen,
                 chunked=True,
@@ -488,7 +489,15 @@ class ExternalLinker:
         )
         endpoint = result.last_device_node
         assert endpoint is not None and result.adopted_ranges is not None
-        canonical = tree.path_slots(endpoint, load.anchor)
+        backbone = self.components[0].component_type
+        whole_tail = [(load.device_hit_len, load.prefix_len)]
+        if result.adopted_ranges.get(backbone) == whole_tail:
+            # the tree adopted every loaded page: its tail slots are the loaded ones
+            # (an adopting node copies the insert's value), so neither the tail nor
+            # the whole path needs reading back and joining again
+            canonical, slots = loaded_full, value
+        else:
+            canonical, slots = tree.path_slots(endpoint, load.anchor), None
         assert canonical.numel() == len(load.tail_hashes) * p, "canonical tail length"
         ctx.adopted_ranges = result.adopted_ranges
         ctx.canonical_full = canonical
@@ -502,7 +511,7 @@ class ExternalLinker:
         self.stats.pages_loaded += adopted
         self.stats.pages_duplicate += len(load.tail_hashes) - adopted
         load.committed, load.endpoint = committed, endpoint
-        load.slots = torch.cat([load.device_prefix, canonical])
+        load.slots = slots if slots is not None else torch.cat([load.device_prefix, canonical])
         tree.mark_stored_path(endpoint, load.anchor)
         tree.inc_lock_ref(endpoint)  # the caller's, from now on: the loaded path stays put
         tree.dec_lock_ref(load.anchor)
