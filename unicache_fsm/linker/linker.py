@@ -648,7 +648,9 @@ class ExternalLinker:
             if not present:
                 continue
             slots = [t.device_indices for t in present if t.device_indices is not None]
-            keys = tuple(k for t in present for k in t.keys)
+            keys = (
+                present[0].keys if len(present) == 1 else tuple(k for t in present for k in t.keys)
+            )
             linked = False
             if c.pool is PoolName.KV:
                 chain_pages = len(keys)

@@ -216,9 +216,10 @@ class FullComponent(TreeComponent):
             return PoolTransfer(self.pool, slots, tuple(keys))
         assert node is not None
         slots = node.data.get(FULL)
-        if node.hashes is None or slots is None:
+        hashes = node.hashes  # (a fresh hex list: spelled out once)
+        if hashes is None or slots is None:
             return None
-        return PoolTransfer(self.pool, slots, tuple(node.hashes))
+        return PoolTransfer(self.pool, slots, tuple(hashes))
 
     def update_external_linker_load(
         self, phase: ExternalLinkerLoadPhase, transfer: PoolTransfer, ctx: LoadContext
