@@ -418,7 +418,7 @@ class System:
         """LOOKUP, lock the device prefix, and (with `load`) LOAD + PREPARE a hit."""
         req = Request(rid, tuple(key), namespace)
         self.requests[rid] = req
-        req.match = self.linker.match(rid, key, namespace)
+        req.match = self.linker.match(rid, req.key, namespace)  # (a tuple: not copied again)
         req.prefix_len = req.match.device.prefix_len
         hit = req.match.load  # a hit read the prefix's slots already (a fresh tensor)
         req.prefix_slots = hit.device_prefix if hit is not None else req.match.device.device_indices
