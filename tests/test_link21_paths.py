@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import random
+from typing import Any
 
 import pytest
 
+from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.linker.ranks import (
     RankGroupError,
     SingleRank,
@@ -29,5 +33,90 @@ def test_single_rank_answers_as_a_world_of_one_thread() -> None:
 
 @pytest.mark.parametrize("bad", [[0], [3], [True], [1.0], [1, "2"]])
 def test_single_rank_still_refuses_bad_boundaries(bad: list[object]) -> None:
-    with pytest.raises(RankGroupError, match="outside 1..2"):
+    with pytest.raises(RankGroupError, match=r"outside 1\.\.2"):
         intersect_restorable(SingleRank(), bad, 2)  # type: ignore[arg-type]
+
+
+class _Load:
+    __slots__ = ("state",)
+
+
+class _Work:
+    """A handler for `load_transaction` whose callbacks do nothing (guards pass)."""
+
+    def reserve_slots(self, load: _Load) -> None: ...
+    def queue_store_load(self, load: _Load) -> None: ...
+    def publish(self, load: _Load) -> None: ...
+    def withdraw_store_load(self, load: _Load, reason: object = None) -> None: ...
+    def free_reservation(self, load: _Load, reason: object = None) -> None: ...
+    def record_abort(self, load: _Load, reason: object = None) -> None: ...
+
+    def landed_everywhere(self, load: _Load, verdict: object = False) -> bool:
+        return verdict is True
+
+
+LIFE = (("prepare", ()), ("start", ()), ("land", (True,)), ("commit", ()))
+
+
+def _run(ex: CompiledExecutor, n: int) -> None:
+    for _ in range(n):
+        load = _Load()
+        ex.initialize(load)
+        for trigger, args in LIFE:
+            ex.fire(load, trigger, *args)
+
+
+def _executor() -> CompiledExecutor:
+    return CompiledExecutor("load_transaction", _Load, handler=_Work())
+
+
+def test_a_lone_counter_counts_as_when_it_is_called() -> None:
+    """A lone `TransitionCounter` is counted inline; beside another observer it is
+    called; either way it ends with the same counts, and changes of observers between
+    firings switch the dispatch without losing or doubling a count."""
+    inline, called = TransitionCounter(), TransitionCounter()
+    a, b = _executor(), _executor()
+    a.add_observer(inline)
+    seen: list[tuple[str, str, str]] = []
+    b.add_observer(called)
+    b.add_observer(lambda ex, m, s, t, d: seen.append((s, t, d)))
+    _run(a, 3)
+    _run(b, 3)
+    assert inline.counts == called.counts and inline.total() == 12 == len(seen) - 3
+    other = TransitionCounter()  # a second counter: a loop again, then a new lone one
+    a.add_observer(other)
+    _run(a, 1)
+    a.remove_observer(inline)
+    _run(a, 2)
+    assert inline.total() == 16 and other.total() == 12
+    a.remove_observer(other)
+    _run(a, 1)
+    assert other.total() == 12 and a.compile_all() >= 0
+
+
+def test_a_counter_subclass_is_called() -> None:
+    """Only the `TransitionCounter` class itself is counted inline: a subclass with its
+    own ``__call__`` is called for every transition."""
+    calls: list[str] = []
+
+    class Loud(TransitionCounter):
+        def __call__(self, ex: Any, model: Any, source: str, trigger: str, dest: str) -> None:
+            calls.append(trigger)
+            super().__call__(ex, model, source, trigger, dest)
+
+    ex = _executor()
+    loud = Loud()
+    ex.add_observer(loud)
+    _run(ex, 2)
+    assert calls == ["<init>", "prepare", "start", "land", "commit"] * 2
+    assert loud.total() == 8
+
+
+def test_a_counted_executor_copies_with_its_counter_shared() -> None:
+    counter = TransitionCounter()
+    ex = _executor()
+    ex.add_observer(counter)
+    _run(ex, 1)
+    twin = copy.deepcopy(ex)
+    _run(twin, 1)
+    assert counter.total() == 8
