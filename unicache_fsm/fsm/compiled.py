@@ -335,6 +335,14 @@ class _CompiledDispatch(ExecutorBase):
                 self._compile_step(observed, config, trigger, observed=True)
         self._steps = self._observed
 
+    def initialize(self, model: object, like: object | None = None) -> None:
+        """`ExecutorBase.initialize`; a lone `TransitionCounter` (which counts no
+        initialization) is not called for it."""
+        if like is None and self._steps is self._observed and self._observed_for == "count":
+            setattr(model, self.state_attribute, self.flat.initial)
+            return
+        super().initialize(model, like)
+
     def _lookup(self, model: Any, trigger: Any) -> tuple[str, _Step]:
         """The model's configuration and the step of `trigger` there (compiled now if
         it is legal but not built yet); raises the error of an unfireable trigger."""
