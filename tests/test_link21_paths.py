@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+import torch
 
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.trace import TransitionCounter
@@ -17,6 +18,9 @@ from unicache_fsm.linker.ranks import (
     agree,
     intersect_restorable,
 )
+from unicache_fsm.store.faults import FaultPolicy
+from unicache_fsm.testing.system import System
+from unicache_fsm.tree.components import TreeComponent
 
 
 def test_single_rank_answers_as_a_world_of_one_thread() -> None:
@@ -120,3 +124,33 @@ def test_a_counted_executor_copies_with_its_counter_shared() -> None:
     twin = copy.deepcopy(ex)
     _run(twin, 1)
     assert counter.total() == 8
+
+
+@pytest.mark.parametrize("swa", [False, True], ids=["full", "swa"])
+def test_a_components_own_offload_transfer_is_the_merged_one(swa: bool) -> None:
+    """FULL builds a one-node OFFLOAD transfer (with or without the link page) at once;
+    it is the transfer the default merge of the node's own transfer gives."""
+    s = System.build(4, swa=swa, faults=FaultPolicy())
+    s.compute("A", tuple(range(100, 132)), settle=False)
+    s.compute("B", (*range(100, 116), *range(700, 716)), settle=False)
+    nodes = [n for n in s.tree.nodes() if n.parent is not None]
+    assert len(nodes) >= 3
+    for comp in s.tree.components:
+        for node in nodes:
+            slots = node.slots(comp.component_type)
+            page = None if slots is None or slots.numel() < 4 else (slots[-4:], "ab" * 32)
+            for link in (None, page):
+                mine = comp.build_external_linker_offload([node], link)
+                merged = TreeComponent.build_external_linker_offload(comp, [node], link)
+                if merged is None:
+                    assert mine is None
+                    continue
+                assert mine is not None and mine.device_indices is not None
+                assert merged.device_indices is not None
+                assert torch.equal(mine.device_indices, merged.device_indices)
+                assert (mine.name, mine.keys, mine.hit_policy) == (
+                    merged.name,
+                    merged.keys,
+                    merged.hit_policy,
+                )
+                assert mine.num_pages == len(node.hashes or ()) + (link is not None)

@@ -643,27 +643,18 @@ class ExternalLinker:
         chain_pages = 0
         link = self._link_page(chain)
         for c in self.components:
-            parts = [c.build_external_linker_transfer(OFFLOAD, n, ()) for n in chain]
-            present = [t for t in parts if t is not None and t.device_indices is not None]
-            if not present:
-                continue
-            slots = [t.device_indices for t in present if t.device_indices is not None]
-            keys = (
-                present[0].keys if len(present) == 1 else tuple(k for t in present for k in t.keys)
-            )
-            linked = False
-            if c.pool is PoolName.KV:
-                chain_pages = len(keys)
-                link_slots = None if link is None else link.slots(c.component_type)
-                link_key = None if link is None else link.last_hash()
+            linked = None
+            if c.pool is PoolName.KV and link is not None:
+                link_slots = link.slots(c.component_type)
+                link_key = link.last_hash()
                 if link_slots is not None and link_key is not None:
-                    slots.insert(0, link_slots[-self.page_size :])
-                    keys = (link_key, *keys)
-                    linked = True
-            if len(present) == 1 and not linked:
-                merged.append(present[0])  # one node's own transfer: nothing to merge
+                    linked = (link_slots[-self.page_size :], link_key)
+            transfer = c.build_external_linker_offload(chain, linked)
+            if transfer is None:
                 continue
-            merged.append(PoolTransfer(c.pool, torch.cat(slots), keys, present[0].hit_policy))
+            if c.pool is PoolName.KV:
+                chain_pages = transfer.num_pages - (linked is not None)
+            merged.append(transfer)
         return merged, chain_pages
 
     def poll_offloads(self) -> list[PendingOffload]:

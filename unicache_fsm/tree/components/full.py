@@ -221,6 +221,22 @@ class FullComponent(TreeComponent):
             return None
         return PoolTransfer(self.pool, slots, tuple(hashes))
 
+    def build_external_linker_offload(
+        self, chain: Sequence[TreeNode], link: tuple[torch.Tensor, str] | None = None
+    ) -> PoolTransfer | None:
+        """One node: its slots and hashes (after the link page) as one transfer, built
+        once (the default builds the node's own transfer first, then merges it)."""
+        if len(chain) != 1:
+            return super().build_external_linker_offload(chain, link)
+        node = chain[0]
+        slots = node.data.get(FULL)
+        hashes = node.hashes
+        if hashes is None or slots is None:
+            return None
+        if link is None:
+            return PoolTransfer(self.pool, slots, tuple(hashes))
+        return PoolTransfer(self.pool, torch.cat((link[0], slots)), (link[1], *hashes))
+
     def update_external_linker_load(
         self, phase: ExternalLinkerLoadPhase, transfer: PoolTransfer, ctx: LoadContext
     ) -> PoolTransfer | None:
