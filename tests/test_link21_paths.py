@@ -154,3 +154,22 @@ def test_a_components_own_offload_transfer_is_the_merged_one(swa: bool) -> None:
                     merged.hit_policy,
                 )
                 assert mine.num_pages == len(node.hashes or ()) + (link is not None)
+
+
+@pytest.mark.parametrize("swa", [False, True], ids=["full", "swa"])
+def test_a_requests_slots_are_its_paths_in_the_tree(swa: bool) -> None:
+    """`req.slots` (given as the insert's value when the walk ended at the prefix) is
+    the tree's path to the request's last node: fresh keys, a shared prefix, a key
+    inserted again from scratch, and a request completed after another inserted its
+    tail meanwhile."""
+    s = System.build(4, swa=swa, faults=FaultPolicy())
+    x, y = tuple(range(100, 132)), (*range(100, 116), *range(700, 716))
+    reqs = [s.compute("A", x), s.compute("B", y), s.compute("C", x, from_scratch=True)]
+    late = s.begin("D", (*x, *range(900, 908)))
+    reqs.append(s.compute("E", (*x, *range(900, 908))))
+    s.drive()
+    reqs.append(s.complete(late))
+    for req in reqs:
+        assert req.slots is not None and req.last_node is not None
+        assert torch.equal(req.slots, s.tree.path_slots(req.last_node))
+    s.audit()

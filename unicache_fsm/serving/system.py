@@ -363,7 +363,13 @@ class System:
         )
         assert result.last_device_node is not None
         req.last_node = result.last_device_node
-        req.slots = self.tree.path_slots(result.last_device_node)
+        if result.prefix_len == h:
+            # the walk ended where the caller's prefix does: the nodes below hold the
+            # prefix's slots (matched under our lock) and the new leaf copied `value`'s
+            # past it, so the path's slots are `value` (not read back and joined again)
+            req.slots = value
+        else:  # the walk went on through nodes another request inserted: theirs
+            req.slots = self.tree.path_slots(result.last_device_node)
         assert req.slots.numel() == n
         self.unlock(req.lock)
         req.lock = None
