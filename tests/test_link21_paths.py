@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,9 +19,11 @@ from unicache_fsm.linker.ranks import (
     agree,
     intersect_restorable,
 )
+from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.store.faults import FaultPolicy
 from unicache_fsm.testing.system import System
 from unicache_fsm.tree.components import TreeComponent
+from unicache_fsm.tree.components.full import FullComponent
 
 
 def test_single_rank_answers_as_a_world_of_one_thread() -> None:
@@ -173,3 +176,24 @@ def test_a_requests_slots_are_its_paths_in_the_tree(swa: bool) -> None:
         assert req.slots is not None and req.last_node is not None
         assert torch.equal(req.slots, s.tree.path_slots(req.last_node))
     s.audit()
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4, 16])
+def test_full_books_each_pages_id(page_size: int) -> None:
+    """FULL's ownership books (read off a strided view past a few pages) mark and clear
+    each page's id, the first slot over the page size, for any number of pages."""
+    s = System.build(page_size, faults=FaultPolicy())
+    full = s.tree.components[0]
+    assert isinstance(full, FullComponent) and full.owned is not None
+    assert isinstance(s.allocator, PagedAllocator)
+    total = s.allocator.size // page_size
+    held = set(full.owned.marked())
+    for pages in (0, 1, 4, 5, 9, 40):
+        ids = [i for i in torch.randperm(total).tolist() if i not in held][:pages]
+        slots = torch.tensor(ids, dtype=torch.int64).repeat_interleave(page_size) * page_size
+        slots += torch.arange(len(ids) * page_size) % page_size
+        node: Any = SimpleNamespace(data={})
+        full.take_slots(node, slots)
+        assert set(full.owned.marked()) == held | set(ids)
+        assert full.drop_slots(node) is slots
+        assert set(full.owned.marked()) == held

@@ -86,10 +86,15 @@ class FullComponent(TreeComponent):
 
     # -- tree hooks ----------------------------------------------------------------------
     def _page_ids(self, slots: torch.Tensor) -> list[int]:
-        """The page id of each page of `slots` (whole pages)."""
+        """The page id of each page of `slots` (whole pages): each page's first slot
+        over `page_size`. Past a few pages only those first slots are read out of the
+        tensor (one strided view), not every slot of every page."""
         p = self.page_size
-        values: list[int] = slots.tolist()
-        return values if p == 1 else [s // p for s in values[::p]]
+        if p == 1:
+            values: list[int] = slots.tolist()
+            return values
+        firsts: list[int] = slots[::p].tolist() if len(slots) > 4 * p else slots.tolist()[::p]
+        return [s // p for s in firsts]
 
     def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
         owned = self.owned
