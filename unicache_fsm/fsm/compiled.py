@@ -13,6 +13,13 @@ empty callback lists and no per-event objects. Bound to a handler, each callback
 constant of the step (the handler's bound method, looked up once when the executor is
 built), so a handler costs no more per firing than methods on the model.
 
+With observers, the steps fire from observed tables (built when the first observer
+comes) that call each observer right after the state change, in a loop inlined in the
+step. When the only observer is a `TransitionCounter` (exactly that class), the step
+adds its count itself, ``counter.counts[(name, source, trigger, dest)] += 1`` with the
+key built once, which is all a call of that observer does; the tables are rebuilt
+whenever the observers change between the two cases.
+
 `AsyncCompiledExecutor` generates ``async def`` steps instead: each call's result is
 awaited when it is awaitable, at the same place in the same order.
 
@@ -35,6 +42,7 @@ from typing import Any
 from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.fsm.trace import TransitionCounter
 
 __all__ = ["AsyncCompiledExecutor", "CompiledExecutor"]
 
@@ -78,15 +86,21 @@ def _guard(name: str, veto_if: bool, ind: str, bound: bool, aio: bool) -> list[s
 def _step_source(
     group: tuple[FlatTransition, ...],
     attr: str,
-    observed: bool,
+    observed: str,
     bound: bool = False,
     aio: bool = False,
 ) -> tuple[str, dict[str, str]]:
     """Source of one `(configuration, trigger)` step function and its constants
     (generated once per process and shared: callers copy the constants, never edit them).
 
-    With `observed`, the step calls ``NOTIFY(model, source, trigger, dest)`` right
-    after the state change. With `bound`, callbacks are the handler's (``CB_<name>``).
+    With `observed` ``"count"``, the step adds one to ``COUNTER.counts[KEY<i>]`` (the
+    only observer, a `TransitionCounter`, and the key it would count) right after the
+    state change; with any other non-empty `observed` it calls every observer of ``EX``
+    (the executor), ``observer(EX, model, source, trigger, dest)``, right after the
+    state change: the loop is inlined (no call to `ExecutorBase._notify` per firing)
+    and reads ``EX.observers`` at each firing, so the copy-on-write list of observers
+    keeps its meaning (a change during a notification takes effect from the next one).
+    With `bound`, callbacks are the handler's (``CB_<name>``).
     With `aio`, the step is a coroutine function awaiting awaitable results.
     """
     consts: dict[str, str] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
@@ -108,8 +122,13 @@ def _step_source(
             body += [f"{ind}    rejected = 'not {n}'", f"{ind}    break"]
         body += _calls(t.before, ind, bound, aio) + _calls(ft.exits, ind, bound, aio)
         body.append(f"{ind}model.{attr} = DEST{i}")
-        if observed:
-            body.append(f"{ind}NOTIFY(model, SOURCE, TRIGGER, DEST{i})")
+        if observed == "count":
+            body.append(f"{ind}COUNTER.counts[KEY{i}] += 1")
+        elif observed:
+            body += [
+                f"{ind}for _observer in EX.observers:",
+                f"{ind}    _observer(EX, model, SOURCE, TRIGGER, DEST{i})",
+            ]
         body += _calls(ft.enters, ind, bound, aio) + _calls(t.after, ind, bound, aio)
         body.append(f"{ind}return None")
         if guarded:
@@ -191,6 +210,10 @@ class _CompiledDispatch(ExecutorBase):
         self.sources: dict[tuple[str, str], str] = {}
         self._plain: dict[str, dict[Any, _Step]] = {}
         self._observed: dict[str, dict[Any, _Step]] | None = None
+        # what the observed tables were built for: "count" (one TransitionCounter,
+        # counted inline) or "loop" (any other observers, called in a loop)
+        self._observed_for = ""
+        self._observed_counter: TransitionCounter | None = None
         self._steps = self._plain
 
     def _compile_step(
@@ -200,8 +223,13 @@ class _CompiledDispatch(ExecutorBase):
         group = self.flat.group(config, trigger)
         filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
         attr, bound, aio = self.state_attribute, self._bound, self._aio
-        src, consts = _step_source(group, attr, observed, bound, aio)
-        extra: dict[str, Any] = {"NOTIFY": self._notify} if observed else {}
+        mode = self._observed_for if observed else ""
+        src, consts = _step_source(group, attr, "count" if mode == "count" else mode, bound, aio)
+        extra: dict[str, Any] = {"EX": self} if observed else {}
+        if mode == "count":  # one key per candidate, as the counter would build it
+            extra["COUNTER"] = self._observed_counter
+            for i, ft in enumerate(group):
+                extra[f"KEY{i}"] = (self.name, ft.source, ft.trigger, ft.dest)
         step: _Step = _compile(src, "step", {**consts, **self._consts, **extra}, filename)
         table = steps.setdefault(config, {})
         table[trigger] = step
@@ -209,7 +237,7 @@ class _CompiledDispatch(ExecutorBase):
             if name == trigger and alias is not name:
                 table[alias] = step
         if (config, trigger) not in self.sources:
-            self.sources[(config, trigger)] = _step_source(group, attr, False, bound, aio)[0]
+            self.sources[(config, trigger)] = _step_source(group, attr, "", bound, aio)[0]
             probe = _compile(_probe_source(group, bound, aio), "probe", self._consts, filename)
             self._probes.setdefault(config, {})[trigger] = probe
         return step
@@ -230,7 +258,18 @@ class _CompiledDispatch(ExecutorBase):
 
     # attributes a copy shares (immutable) or starts afresh (they hold the bound callbacks)
     _SHARED = frozenset({"spec", "flat", "model_cls", "_get_state", "_triggers", "_alias"})
-    _FRESH = frozenset({"_consts", "_probes", "sources", "_plain", "_observed", "_steps"})
+    _FRESH = frozenset(
+        {
+            "_consts",
+            "_probes",
+            "sources",
+            "_plain",
+            "_observed",
+            "_observed_for",
+            "_observed_counter",
+            "_steps",
+        }
+    )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """A copy bound to the deep copy of the handler (``copy.deepcopy`` of whatever
@@ -262,18 +301,47 @@ class _CompiledDispatch(ExecutorBase):
         if self._aio:
             new._consts["ISAWAITABLE"] = inspect.isawaitable
         new._probes, new.sources, new._plain, new._observed = {}, {}, {}, None
+        new._observed_for, new._observed_counter = "", None
         new._steps = new._plain
         new._observers_changed()
         return new
 
     def _observers_changed(self) -> None:
-        if self.observers and self._observed is None:
-            self._observed = {}
-            for config, table in self._plain.items():
-                for trigger in [t for t in table if type(t) is str]:  # not enum aliases
-                    self._compile_step(self._observed, config, trigger, observed=True)
-        observed = self.observers and self._observed is not None
-        self._steps = self._observed if observed and self._observed is not None else self._plain
+        observers = self.observers
+        if not observers:
+            self._steps = self._plain
+            return
+        only = observers[0] if len(observers) == 1 else None
+        counter = only if type(only) is TransitionCounter else None
+        mode = "loop" if counter is None else "count"
+        if (
+            self._observed is None
+            or mode != self._observed_for
+            or counter is not self._observed_counter
+        ):
+            # (re)build the observed tables, for every pair built so far: a counting
+            # step holds its counter, a looping one reads the observers at each firing
+            pairs = {
+                (config, trigger): None
+                for tables in (self._plain, self._observed or {})
+                for config, table in tables.items()
+                for trigger in table
+                if type(trigger) is str  # not enum aliases
+            }
+            self._observed_for, self._observed_counter = mode, counter
+            observed: dict[str, dict[Any, _Step]] = {}
+            self._observed = observed
+            for config, trigger in pairs:
+                self._compile_step(observed, config, trigger, observed=True)
+        self._steps = self._observed
+
+    def initialize(self, model: object, like: object | None = None) -> None:
+        """`ExecutorBase.initialize`; a lone `TransitionCounter` (which counts no
+        initialization) is not called for it."""
+        if like is None and self._steps is self._observed and self._observed_for == "count":
+            setattr(model, self.state_attribute, self.flat.initial)
+            return
+        super().initialize(model, like)
 
     def _lookup(self, model: Any, trigger: Any) -> tuple[str, _Step]:
         """The model's configuration and the step of `trigger` there (compiled now if
@@ -308,6 +376,32 @@ class CompiledExecutor(_CompiledDispatch, Executor):
     """Drives models through dispatch tables of generated step functions."""
 
     kind = "compiled"
+
+    def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
+        """`Executor.fire` with the first transition's dispatch inlined: one frame per
+        firing on the common path (a built step, no trigger queued), the same contract
+        (run-to-completion, errors, observers)."""
+        running = self._running
+        key = id(model)
+        queue = running.get(key)
+        if queue is not None:
+            queue.append((trigger, args, kwargs))
+            return
+        queue = running[key] = []
+        try:
+            try:
+                state: str = self._get_state(model)
+                step = self._steps[state][trigger]
+            except (KeyError, AttributeError, TypeError):
+                state, step = self._lookup(model, trigger)  # compiles, or raises the error
+            rejected = step(model, args, kwargs)
+            if rejected is not None:
+                self._guard_rejected(model, state, self._alias[trigger], rejected)
+            while queue:
+                trigger, args, kwargs = queue.pop(0)
+                self._fire_one(model, trigger, args, kwargs)
+        finally:
+            del running[key]
 
     def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

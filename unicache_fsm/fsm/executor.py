@@ -71,7 +71,6 @@ from __future__ import annotations
 import abc
 import enum
 import operator
-from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -144,7 +143,7 @@ class ExecutorBase(abc.ABC):
         self.observers: list[Observer] = []
         # id(model) -> triggers queued behind its running transition (run-to-completion);
         # an entry lives exactly as long as the outermost `fire` of that model
-        self._running: dict[int, deque[_Queued]] = {}
+        self._running: dict[int, list[_Queued]] = {}
 
     def _callback(self, name: str) -> Callable[..., Any]:
         """The spec name `name` as a function of ``(model, *args, **kwargs)``."""
@@ -264,11 +263,11 @@ class Executor(ExecutorBase):
         if queue is not None:
             queue.append((trigger, args, kwargs))
             return
-        queue = running[key] = deque()
+        queue = running[key] = []  # (a list: it rarely holds more than one or two)
         try:
             self._fire_one(model, trigger, args, kwargs)
             while queue:
-                trigger, args, kwargs = queue.popleft()
+                trigger, args, kwargs = queue.pop(0)
                 self._fire_one(model, trigger, args, kwargs)
         finally:
             del running[key]
@@ -298,11 +297,11 @@ class AsyncExecutor(ExecutorBase):
         if queue is not None:
             queue.append((trigger, args, kwargs))
             return
-        queue = running[key] = deque()
+        queue = running[key] = []
         try:
             await self._fire_one(model, trigger, args, kwargs)
             while queue:
-                trigger, args, kwargs = queue.popleft()
+                trigger, args, kwargs = queue.pop(0)
                 await self._fire_one(model, trigger, args, kwargs)
         finally:
             del running[key]

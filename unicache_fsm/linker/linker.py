@@ -83,6 +83,7 @@ import torch
 
 from unicache_fsm import hashing
 from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.fsm.errors import GuardRejectedError
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.reference import ReferenceExecutor
 from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
@@ -365,13 +366,17 @@ class ExternalLinker:
         for load, value in zip(held, agreed, strict=True):
             if value == _UNSETTLED:
                 continue
-            verdict = value == _LANDED
-            # the machine's guard judges the verdict (the LAND trigger's argument)
-            landed = load.state == LoadState.LOADING and self.load_machine.may_fire(
-                load, L.LAND, verdict
-            )
+            # the machine's guard judges the verdict (the LAND trigger's argument); a
+            # veto leaves the load loading (fire puts the state back), as a `may_fire`
+            # probe first would, without running the guard twice on the usual path
+            landed = False
+            if load.state == LoadState.LOADING:
+                try:
+                    self.load_machine.fire(load, L.LAND, value == _LANDED)
+                    landed = True
+                except GuardRejectedError:
+                    pass
             if landed:
-                self.load_machine.fire(load, L.LAND, verdict)
                 if load.abort_pending is None:
                     self.load_machine.fire(load, L.COMMIT)
                     self._forget(load)
@@ -470,10 +475,11 @@ class ExternalLinker:
         assert ctx is not None and ctx.full_transfer is not None
         loaded_full = ctx.full_transfer.device_indices
         assert loaded_full is not None
+        value = torch.cat([load.device_prefix, loaded_full])
         result = tree.insert(
             InsertParams(
                 key=load.key,
-                value=torch.cat([load.device_prefix, loaded_full]),
+                value=value,
                 prev_prefix_len=load.device_hit_len,
                 swa_evicted_seqlen=ctx.swa_evicted_seqlen,
                 chunked=True,
@@ -483,7 +489,15 @@ class ExternalLinker:
         )
         endpoint = result.last_device_node
         assert endpoint is not None and result.adopted_ranges is not None
-        canonical = tree.path_slots(endpoint, load.anchor)
+        backbone = self.components[0].component_type
+        whole_tail = [(load.device_hit_len, load.prefix_len)]
+        if result.adopted_ranges.get(backbone) == whole_tail:
+            # the tree adopted every loaded page: its tail slots are the loaded ones
+            # (an adopting node copies the insert's value), so neither the tail nor
+            # the whole path needs reading back and joining again
+            canonical, slots = loaded_full, value
+        else:
+            canonical, slots = tree.path_slots(endpoint, load.anchor), None
         assert canonical.numel() == len(load.tail_hashes) * p, "canonical tail length"
         ctx.adopted_ranges = result.adopted_ranges
         ctx.canonical_full = canonical
@@ -497,7 +511,7 @@ class ExternalLinker:
         self.stats.pages_loaded += adopted
         self.stats.pages_duplicate += len(load.tail_hashes) - adopted
         load.committed, load.endpoint = committed, endpoint
-        load.slots = torch.cat([load.device_prefix, canonical])
+        load.slots = slots if slots is not None else torch.cat([load.device_prefix, canonical])
         tree.mark_stored_path(endpoint, load.anchor)
         tree.inc_lock_ref(endpoint)  # the caller's, from now on: the loaded path stays put
         tree.dec_lock_ref(load.anchor)
@@ -629,25 +643,18 @@ class ExternalLinker:
         chain_pages = 0
         link = self._link_page(chain)
         for c in self.components:
-            parts = [c.build_external_linker_transfer(OFFLOAD, n, ()) for n in chain]
-            present = [t for t in parts if t is not None and t.device_indices is not None]
-            if not present:
-                continue
-            slots = [t.device_indices for t in present if t.device_indices is not None]
-            keys = tuple(k for t in present for k in t.keys)
-            linked = False
-            if c.pool is PoolName.KV:
-                chain_pages = len(keys)
-                link_slots = None if link is None else link.slots(c.component_type)
-                link_key = None if link is None else link.last_hash()
+            linked = None
+            if c.pool is PoolName.KV and link is not None:
+                link_slots = link.slots(c.component_type)
+                link_key = link.last_hash()
                 if link_slots is not None and link_key is not None:
-                    slots.insert(0, link_slots[-self.page_size :])
-                    keys = (link_key, *keys)
-                    linked = True
-            if len(present) == 1 and not linked:
-                merged.append(present[0])  # one node's own transfer: nothing to merge
+                    linked = (link_slots[-self.page_size :], link_key)
+            transfer = c.build_external_linker_offload(chain, linked)
+            if transfer is None:
                 continue
-            merged.append(PoolTransfer(c.pool, torch.cat(slots), keys, present[0].hit_policy))
+            if c.pool is PoolName.KV:
+                chain_pages = transfer.num_pages - (linked is not None)
+            merged.append(transfer)
         return merged, chain_pages
 
     def poll_offloads(self) -> list[PendingOffload]:

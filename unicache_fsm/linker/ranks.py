@@ -85,14 +85,18 @@ def intersect_restorable(group: RankGroup, restorable: Sequence[int], num_pages:
     if isinstance(num_pages, bool) or not isinstance(num_pages, int) or num_pages < 0:
         msg = f"rank {rank}: num_pages must be an int >= 0, got {num_pages!r}"
         raise RankGroupError(msg, rank=rank)
-    mask = [0] * num_pages
     bad: list[object] = []
     if set(map(type, restorable)) <= _INT and (
         not restorable or (min(restorable) >= 1 and max(restorable) <= num_pages)
     ):  # every boundary an int inside 1..num_pages, checked in C-level passes
+        if type(group) is SingleRank:  # a world of one: the MIN is this rank's mask
+            return max(restorable, default=0)
+        mask = [0] * num_pages
         for b in restorable:
             mask[b - 1] = 1
         restorable = ()
+    else:
+        mask = [0] * num_pages
     for b in restorable:
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= num_pages:
             bad.append(b)  # not restorable here, hence nowhere
@@ -112,7 +116,10 @@ def intersect_restorable(group: RankGroup, restorable: Sequence[int], num_pages:
 
 
 def agree(group: RankGroup, flag: bool) -> bool:
-    """True iff every rank of `group` passed True; collective."""
+    """True iff every rank of `group` passed True; collective. (A `SingleRank` is
+    answered without building the one-value vector: its MIN is the flag itself.)"""
+    if type(group) is SingleRank:
+        return bool(flag)
     return group.all_reduce_min([1 if flag else 0])[0] == 1
 
 

@@ -363,7 +363,13 @@ class System:
         )
         assert result.last_device_node is not None
         req.last_node = result.last_device_node
-        req.slots = self.tree.path_slots(result.last_device_node)
+        if result.prefix_len == h:
+            # the walk ended where the caller's prefix does: the nodes below hold the
+            # prefix's slots (matched under our lock) and the new leaf copied `value`'s
+            # past it, so the path's slots are `value` (not read back and joined again)
+            req.slots = value
+        else:  # the walk went on through nodes another request inserted: theirs
+            req.slots = self.tree.path_slots(result.last_device_node)
         assert req.slots.numel() == n
         self.unlock(req.lock)
         req.lock = None
@@ -418,7 +424,7 @@ class System:
         """LOOKUP, lock the device prefix, and (with `load`) LOAD + PREPARE a hit."""
         req = Request(rid, tuple(key), namespace)
         self.requests[rid] = req
-        req.match = self.linker.match(rid, key, namespace)
+        req.match = self.linker.match(rid, req.key, namespace)  # (a tuple: not copied again)
         req.prefix_len = req.match.device.prefix_len
         hit = req.match.load  # a hit read the prefix's slots already (a fresh tensor)
         req.prefix_slots = hit.device_prefix if hit is not None else req.match.device.device_indices

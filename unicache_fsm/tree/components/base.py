@@ -50,6 +50,10 @@ Linker hooks (the external linker never touches slots itself):
   must check (no slots); LOAD: reserve device slots for the keys (evicting the
   shortfall first), or None when the pool stays short; OFFLOAD: a node's slots and
   page hashes, or None when the node has nothing to offload for this component.
+- `build_external_linker_offload(chain, link)` — OFFLOAD over a root-first chain: the
+  OFFLOAD transfers of its nodes as one (None when no node has any), starting with
+  the `link` page (its slots and its key) when given. The default merges
+  `build_external_linker_transfer`'s; a component may build it directly.
 - `update_external_linker_load(phase, transfer, ctx)` — PREPARE (after every LOAD
   transfer exists), COMMIT (after the tail was inserted; returns the transfer cut to
   the pages the tree adopted, or None when none remain) and ABORT (frees exactly the
@@ -266,6 +270,28 @@ class TreeComponent(abc.ABC):
     def build_external_linker_transfer(
         self, phase: LinkerTransferPhase, node: TreeNode | None, keys: Sequence[str]
     ) -> PoolTransfer | None: ...
+
+    def build_external_linker_offload(
+        self, chain: Sequence[TreeNode], link: tuple[torch.Tensor, str] | None = None
+    ) -> PoolTransfer | None:
+        """One OFFLOAD transfer over the root-first `chain` (see the module docstring)."""
+        offload = LinkerTransferPhase.OFFLOAD
+        present = [
+            t
+            for n in chain
+            if (t := self.build_external_linker_transfer(offload, n, ())) is not None
+            and t.device_indices is not None
+        ]
+        if not present:
+            return None
+        if len(present) == 1 and link is None:
+            return present[0]  # one node's own transfer: nothing to merge
+        slots = [t.device_indices for t in present if t.device_indices is not None]
+        keys = tuple(k for t in present for k in t.keys)
+        if link is not None:
+            slots.insert(0, link[0])
+            keys = (link[1], *keys)
+        return PoolTransfer(self.pool, torch.cat(slots), keys, present[0].hit_policy)
 
     @abc.abstractmethod
     def update_external_linker_load(

@@ -86,10 +86,15 @@ class FullComponent(TreeComponent):
 
     # -- tree hooks ----------------------------------------------------------------------
     def _page_ids(self, slots: torch.Tensor) -> list[int]:
-        """The page id of each page of `slots` (whole pages)."""
+        """The page id of each page of `slots` (whole pages): each page's first slot
+        over `page_size`. Past a few pages only those first slots are read out of the
+        tensor (one strided view), not every slot of every page."""
         p = self.page_size
-        values: list[int] = slots.tolist()
-        return values if p == 1 else [s // p for s in values[::p]]
+        if p == 1:
+            values: list[int] = slots.tolist()
+            return values
+        firsts: list[int] = slots[::p].tolist() if len(slots) > 4 * p else slots.tolist()[::p]
+        return [s // p for s in firsts]
 
     def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
         owned = self.owned
@@ -216,9 +221,26 @@ class FullComponent(TreeComponent):
             return PoolTransfer(self.pool, slots, tuple(keys))
         assert node is not None
         slots = node.data.get(FULL)
-        if node.hashes is None or slots is None:
+        hashes = node.hashes  # (a fresh hex list: spelled out once)
+        if hashes is None or slots is None:
             return None
-        return PoolTransfer(self.pool, slots, tuple(node.hashes))
+        return PoolTransfer(self.pool, slots, tuple(hashes))
+
+    def build_external_linker_offload(
+        self, chain: Sequence[TreeNode], link: tuple[torch.Tensor, str] | None = None
+    ) -> PoolTransfer | None:
+        """One node: its slots and hashes (after the link page) as one transfer, built
+        once (the default builds the node's own transfer first, then merges it)."""
+        if len(chain) != 1:
+            return super().build_external_linker_offload(chain, link)
+        node = chain[0]
+        slots = node.data.get(FULL)
+        hashes = node.hashes
+        if hashes is None or slots is None:
+            return None
+        if link is None:
+            return PoolTransfer(self.pool, slots, tuple(hashes))
+        return PoolTransfer(self.pool, torch.cat((link[0], slots)), (link[1], *hashes))
 
     def update_external_linker_load(
         self, phase: ExternalLinkerLoadPhase, transfer: PoolTransfer, ctx: LoadContext
