@@ -62,6 +62,7 @@ from unicache_fsm.pools.slots import (
     int64_tensor,
     native_live_page_ids,
     numpy_view,
+    page_slots_np,
     preview,
 )
 
@@ -75,6 +76,9 @@ read at each call, so a test may turn it off to run the Python paths alone."""
 #: over a sorted NumPy copy, a few fixed-cost calls, instead of the torch reductions
 #: and `unique` of the tensor path.
 NUMPY_SLOTS = 1 << 16
+
+#: the types of a list of page ids that are all plain ints (bools and NumPy ints are not)
+_INT_ONLY = {int}
 
 
 class PagedAllocator:
@@ -232,7 +236,19 @@ class PagedAllocator:
                 f"multiple of the page size {p} (round up to whole pages)"
             )
             raise NotPageMultipleError(msg, what="num_tokens", value=num_tokens, page_size=p)
-        pages = self._take_pages(num_tokens // p)
+        n = num_tokens // p
+        stack = self._stack_np
+        if stack is not None:
+            # on CPU: pop the ids off the NumPy stack and build their slots in NumPy (a
+            # fresh array), one tensor at the end (not a page tensor, then its slots)
+            top = self._num_free
+            if n > top:
+                return None
+            ids = stack[top - n : top][::-1]
+            self._num_free = top - n
+            self._flags_np[ids] = False
+            return torch.from_numpy(page_slots_np(ids, p))
+        pages = self._take_pages(n)
         return None if pages is None else self._codec.to_slots(pages)
 
     def free(self, slots: torch.Tensor) -> None:
@@ -299,7 +315,7 @@ class PagedAllocator:
         they are `free`'s own, over the pages' slots."""
         if not page_ids:
             return
-        if not all(type(k) is int for k in page_ids):
+        if {*map(type, page_ids)} != _INT_ONLY:  # (in C: no Python step per id)
             bad = next(k for k in page_ids if type(k) is not int)
             msg = f"pool {self.name!r}: {what} must be int page ids, got {bad!r}"
             raise TensorTypeError(msg, what=what, got=type(bad), expected=int)

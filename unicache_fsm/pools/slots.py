@@ -57,6 +57,7 @@ __all__ = [
     "int64_tensor",
     "native_live_page_ids",
     "numpy_view",
+    "page_slots_np",
     "preview",
     "whole_page_ids",
 ]
@@ -153,6 +154,14 @@ def _offsets_np(p: int, n: int) -> np.ndarray:
         row.flags.writeable = False
         _OFFSETS[p] = row
     return row[:n]
+
+
+def page_slots_np(ids: np.ndarray, p: int) -> np.ndarray:
+    """The slots of the page ids `ids` (1-D int64, any strides), page after page, each
+    page's slots ascending, as a fresh C-contiguous array (never a view of `ids`)."""
+    if p == 1:
+        return ids.copy()
+    return (ids[:, None] * p + _offsets_np(p, p)).ravel()
 
 
 def whole_page_ids(flat: np.ndarray, p: int) -> np.ndarray | None:
@@ -411,7 +420,7 @@ class SlotCodec:
         if pages.device.type == "cpu" and pages.dtype == torch.int64 and pages.dim() == 1:
             # the same values by NumPy over the ids' memory: a fresh array, half the
             # cost of the broadcast torch.add at the sizes an allocation asks for
-            return torch.from_numpy((numpy_view(pages)[:, None] * p + _offsets_np(p, p)).ravel())
+            return torch.from_numpy(page_slots_np(numpy_view(pages), p))
         return torch.add(self._offsets, pages.unsqueeze(1), alpha=p).view(-1)
 
     @staticmethod
