@@ -63,7 +63,9 @@ from unicache_fsm.tree.params import InsertParams, InsertResult, MatchResult, as
 from unicache_fsm.tree.residency import (
     BACKED_UP,
     EVICTED,
+    OFFLOADING,
     RESIDENT,
+    STORED,
     ExecutorKind,
     Residency,
     ResidencyTrigger,
@@ -385,14 +387,13 @@ class RadixTree(HostTier, Offloads):
             return
         chosen: dict[int, TreeNode] = {}
         for node in walked:
-            if node.device_resident:
+            if node.residency in RESIDENT:
                 node.hit_count += 1
                 if (
-                    threshold is not None
-                    and node.hit_count >= threshold
+                    node.hit_count >= threshold
                     and node.digest_bytes is not None
-                    and not node.external_cache_stored
-                    and not node.offloading
+                    and node.residency not in STORED
+                    and node.residency not in OFFLOADING
                     and node.id not in chosen
                 ):
                     for n in self.offload_chain(node):
