@@ -60,9 +60,9 @@ from unicache_fsm.pools.slots import (
     SMALL_SLOTS,
     SlotCodec,
     int64_tensor,
+    live_page_slots_np,
     native_live_page_ids,
     numpy_view,
-    page_slots_np,
     preview,
 )
 
@@ -247,7 +247,7 @@ class PagedAllocator:
             ids = stack[top - n : top][::-1]
             self._num_free = top - n
             self._flags_np[ids] = False
-            return torch.from_numpy(page_slots_np(ids, p))
+            return torch.from_numpy(live_page_slots_np(ids, p, self._layout.num_pages))
         pages = self._take_pages(n)
         return None if pages is None else self._codec.to_slots(pages)
 
