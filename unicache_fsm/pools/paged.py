@@ -374,8 +374,12 @@ class PagedAllocator:
         a while (the tree, an insert's tail); the same checks and errors."""
         t, start = self._checked_from(slots, what, start)
         ids = array("q")
-        if self._free_flags is not None:
-            packed = self._native_page_ids(t, start, packed=True)
+        flags = self._free_flags
+        if flags is not None and NATIVE_CHECK:  # (`_native_page_ids`, inline)
+            layout = self._layout
+            packed = native_live_page_ids(
+                t, start, layout.page_size, layout.num_pages, flags, packed=True
+            )
             if packed is not None:
                 ids.frombytes(packed)
                 return ids

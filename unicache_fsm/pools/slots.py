@@ -163,7 +163,8 @@ def page_slots_np(ids: np.ndarray, p: int) -> np.ndarray:
     page's slots ascending, as a fresh C-contiguous array (never a view of `ids`)."""
     if p == 1:
         return ids.copy()
-    return (ids[:, None] * p + _offsets_np(p, p)).ravel()
+    slots: np.ndarray = (ids[:, None] * p + _offsets_np(p, p)).ravel()
+    return slots
 
 
 #: `live_page_slots_np` reads pools of up to this many slots (page 0 included) from one

@@ -189,7 +189,8 @@ class RadixTree(HostTier, Offloads):
         self, key: Sequence[int] | torch.Tensor, namespace: str | None = None
     ) -> MatchResult:
         key = as_key(key)
-        packed, width = self._pack(key), self.key_width
+        packed = self._packed if key is self._packed_key else self._pack(key)
+        width = self.key_width
         bk = self.backbone_type
         p = self.page_size
         usable = len(key) // p * p
@@ -291,7 +292,8 @@ class RadixTree(HostTier, Offloads):
     def insert(self, params: InsertParams) -> InsertResult:
         tail_pages = self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
-        packed, width = self._pack(key), self.key_width
+        packed = self._packed if key is self._packed_key else self._pack(key)
+        width = self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
         ctx = InsertContext(params, value, result, tail_pages)
