@@ -372,7 +372,10 @@ class PagedAllocator:
         """`live_page_ids` as an ``array('q')``: one object, no int object per page (the
         native check writes the ids straight into it), for a caller that keeps the ids
         a while (the tree, an insert's tail); the same checks and errors."""
-        t, start = self._checked_from(slots, what, start)
+        t = self._codec.check_index_tensor(slots, what)
+        if type(start) is not int or (start and not 0 < start <= t.numel()):
+            # (else `_checked_from`'s checks held: a plain int start inside the slots)
+            t, start = self._checked_from(slots, what, start)
         ids = array("q")
         flags = self._free_flags
         if flags is not None and NATIVE_CHECK:  # (`_native_page_ids`, inline)

@@ -126,6 +126,9 @@ class RadixTree(HostTier, Offloads):
         self.evict_heap = []
         self.node_count = 0
         self.residency = Residency(self.config.executor, on_fire=self.note_evictable)
+        # a new leaf's residency, set by the executor directly (`Residency.initialize`
+        # without its call in between)
+        self._init_residency = self.residency.executor.initialize
         self.node_ids = itertools.count(1)
         self.clock = 0
         self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -170,25 +173,12 @@ class RadixTree(HostTier, Offloads):
             self._packed_key = key
         return self._packed
 
-    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> bytes | None:
-        """The raw page digests (`TreeNode.digest_bytes`) of a new child of `parent` whose
-        packed key is `packed`."""
-        if not self.config.hash_pages:
-            return None
-        if parent.parent is None:
-            prior = hashing.prior_digest(ns)
-        else:
-            above = parent.digest_bytes
-            if not above:
-                return None
-            prior = above[-32:]
-        return hashing.page_digest_bytes(packed, self.page_size, prior)
-
     # -- match -------------------------------------------------------------------------
     def match_prefix(
         self, key: Sequence[int] | torch.Tensor, namespace: str | None = None
     ) -> MatchResult:
-        key = as_key(key)
+        if type(key) is not tuple and type(key) is not TokenKey:
+            key = as_key(key)
         packed = self._packed if key is self._packed_key else self._pack(key)
         width = self.key_width
         bk = self.backbone_type
@@ -282,7 +272,8 @@ class RadixTree(HostTier, Offloads):
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids
             tail_pages = self.allocator.live_page_array(value, "insert value", prev)
-        self._pack(key)  # token errors must come before any change
+        if key is not self._packed_key:
+            self._pack(key)  # token errors must come before any change
         if params.namespace is not None and self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
@@ -326,18 +317,27 @@ class RadixTree(HostTier, Offloads):
         result.prefix_len = pos
         if pos < n:
             own = packed[pos * width :] if pos else packed
+            # the new leaf's raw page digests (`TreeNode.digest_bytes`), chained on its
+            # parent's last digest (the namespace's seed at the root; none below a
+            # parent without digests)
+            digests = None
+            if self.config.hash_pages:
+                if node.parent is None:
+                    digests = hashing.page_digest_bytes(own, p, hashing.prior_digest(ns))
+                elif node.digest_bytes:
+                    digests = hashing.page_digest_bytes(own, p, node.digest_bytes[-32:])
             leaf = TreeNode(
                 id=next(self.node_ids),
                 key=key[pos:],
                 start=pos,
                 parent=node,
                 namespace=ns,
-                digest_bytes=self._digests_for(node, own, ns),
+                digest_bytes=digests,
                 packed=own,
                 last_access=self.clock + 1,
             )
             self.clock += 1
-            self.residency.initialize(leaf)
+            self._init_residency(leaf)
             self.link(leaf)
             for c in components:
                 leaf = c.adopt(leaf, ctx, new_leaf=True)
@@ -373,7 +373,12 @@ class RadixTree(HostTier, Offloads):
             if parts:
                 self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
         if not params.chunked:
-            self._count_hits(walked, result)
+            if self.config.write_through_threshold is None:  # only the counts
+                for hit in walked:
+                    if hit.residency in RESIDENT:
+                        hit.hit_count += 1
+            else:
+                self._count_hits(walked, result)
         if walked:  # new stamps; only the last node walked can be a leaf (each other
             self.note_evictable(walked[-1])  # one has the next below it; splits noted theirs)
         return result
