@@ -52,6 +52,9 @@ class Eviction(TreeState):
     """The eviction primitives of `RadixTree` (see the module docstring)."""
 
     def note_evictable(self, node: TreeNode) -> None:
+        for child in node.children.values():  # a device-resident child: no leaf, and no
+            if child.residency in RESIDENT:  # call of `evictable_leaf` to find it out
+                return
         if self.evictable_leaf(node):
             heap = self.evict_heap
             heapq.heappush(heap, (node.last_access, node.id, node))

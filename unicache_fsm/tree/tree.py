@@ -194,8 +194,11 @@ class RadixTree(HostTier, Offloads):
             child = node.children.get(page if node.parent is not None else (namespace, page))
             if child is None or child.residency not in RESIDENT:
                 break
-            m = packed_common_len(child, packed, pos, usable, p, width)
-            if m < len(child.key):
+            # the whole child matches (`packed_common_len`'s first test, inline: a child
+            # ends on a page boundary, so one inside the key ends by `usable`) or a part
+            m = len(child.key)
+            if not packed.startswith(child.packed, at):
+                m = packed_common_len(child, packed, pos, usable, p, width)
                 child = self.split(child, m)
             path.append(child)
             node, pos = child, pos + m
@@ -300,8 +303,9 @@ class RadixTree(HostTier, Offloads):
                 break
             self.clock += 1
             child.last_access = self.clock
-            m = packed_common_len(child, packed, pos, n, p, width)
-            if m < len(child.key):
+            m = len(child.key)  # the whole child matches, or a part (as in `match_prefix`)
+            if not packed.startswith(child.packed, at):
+                m = packed_common_len(child, packed, pos, n, p, width)
                 child = self.split(child, m)
             end = pos + m
             if child.residency in EVICTED:
