@@ -7,16 +7,23 @@
   with a typed error, nothing changed.
 - Unlocking walks the path twice from the node up: an underflow still names the node
   nearest the root that holds no lock, and changes nothing.
+- `hashing.pack_tokens` packs a tuple or list of plain ints in one native loop
+  (``_pagechain.pack_u32``): the same bytes, and the same typed errors for anything
+  else, as its `struct` / `array` paths.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from unicache_fsm import hashing
 from unicache_fsm.pools import PagedAllocator, slots
 from unicache_fsm.pools.errors import TensorTypeError
 from unicache_fsm.tree import InsertParams, LockUnderflowError, RadixTree, TreeConfig
@@ -116,3 +123,53 @@ def test_unlock_underflow_names_the_node_nearest_the_root_and_changes_nothing() 
     assert [n.lock_ref for n in path] == [0, 0, 0]
     tree.check()
     assert tree.pop_evictable() is leaf  # unlocked again: the one evictable leaf
+
+
+# -- hashing.pack_tokens: the native loop and the struct / array paths --------------------
+_TOKENS = st.one_of(
+    st.integers(0, 2**32 - 1),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.integers(0, 2**32 - 1).map(np.uint32),
+    st.integers(-5, 2**33).map(np.int64),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.just("7"),
+)
+
+
+def _pack_outcome(tokens: object) -> object:
+    try:
+        return hashing.pack_tokens(tokens)  # type: ignore[arg-type]
+    except hashing.InvalidTokenError as exc:
+        return type(exc), str(exc), exc.index
+    except TypeError as exc:  # (a str token has no __index__: named as a bad token)
+        return type(exc), str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 2**32 - 1), max_size=200) | st.lists(_TOKENS, max_size=80),
+    as_tuple=st.booleans(),
+)
+def test_pack_tokens_answers_the_same_with_the_native_loop_on_and_off(
+    tokens: list[object], as_tuple: bool
+) -> None:
+    seq: object = tuple(tokens) if as_tuple else tokens
+    outcomes = []
+    for native in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(hashing, "NATIVE_PACK", native)
+            outcomes.append(_pack_outcome(seq))
+    assert outcomes[0] == outcomes[1]
+    if all(type(t) is int and 0 <= t < 2**32 for t in tokens):
+        assert outcomes[0] == struct.pack(f"<{len(tokens)}I", *tokens)
+
+
+@pytest.mark.skipif(not hashing.NATIVE_PACK, reason="built without the C extension")
+def test_native_pack_refuses_what_it_does_not_take() -> None:
+    from unicache_fsm._pagechain import pack_u32
+
+    assert pack_u32((1, 2**32 - 1)) == struct.pack("<2I", 1, 2**32 - 1)
+    assert pack_u32([]) == b""
+    for bad in ((-1,), (2**32,), (2**80,), (True,), (np.int64(3),), (1.0,), "ab", range(3)):
+        assert pack_u32(bad) is None, bad
