@@ -107,20 +107,40 @@ class Locks(TreeState):
 
     def inc_lock_ref(self, node: TreeNode) -> LockReceipt:
         """Lock every node on the path root→`node` (the root is never locked)."""
-        receipt = self.lock_path(node)
         if self.lock_hooks:
+            receipt = self.lock_path(node)
             self.held_locks.setdefault(node, []).append(receipt)
-        return receipt
+            return receipt
+        # no component lock to take: `lock_path`, inline (the scheduler locks and
+        # unlocks a path per request step)
+        if node.residency not in _IN_TREE and node is not self.root:
+            self.check_in_tree(node, "lock")  # raises
+        n = node
+        while n.parent is not None:
+            n.lock_ref += 1
+            n = n.parent
+        return LockReceipt(node)
 
     def dec_lock_ref(self, node: TreeNode, receipt: LockReceipt | None = None) -> None:
         """Release one lock on the path root→`node`; raises if it holds none."""
-        self.check_in_tree(node, "unlock")
+        if node.residency not in _IN_TREE and node is not self.root:
+            self.check_in_tree(node, "unlock")  # raises
         if receipt is not None and receipt.node is not node:
             msg = f"cannot unlock node {node.id} with a receipt for node {receipt.node.id}"
             raise LockUnderflowError(msg, node_id=node.id)
-        self._check_locked(node)
-        if not self.lock_hooks:
-            self._release(node, None)
+        n = node  # (`_check_locked`, inline: every node on the path holds a lock, or it raises)
+        while n.parent is not None:
+            if n.lock_ref <= 0:
+                self._check_locked(node)  # names the culprit nearest the root
+                raise AssertionError("unreachable: a node on the path holds no lock")
+            n = n.parent
+        if not self.lock_hooks:  # (`_release` of a hook-less lock, inline)
+            n = node
+            while n.parent is not None:
+                n.lock_ref -= 1
+                if n.lock_ref == 0:
+                    self.note_evictable(n)
+                n = n.parent
             return
         held = self.held_locks.get(node, [])
         if receipt is None and held:
