@@ -16,6 +16,12 @@
  *
  * HARDWARE_SHA: whether this build and CPU compress with the x86 SHA extensions.
  *
+ * pack_u32(tokens) -> bytes | None
+ *
+ *   The tokens of a tuple or list of exact ints as u32 little-endian bytes, the hash
+ *   input unicache_fsm.hashing.pack_tokens builds, in one C loop; None for anything it
+ *   does not take (pack_tokens then packs it by struct, or names the bad token).
+ *
  * SHA-256 is written here from FIPS 180-4: a portable compression function and, on
  * x86-64 CPUs that have them (checked once, by CPUID), one built on the SHA-NI
  * instructions. Both are checked against hashlib by tests/test_hashing.py.
@@ -274,7 +280,46 @@ done:
     return result;
 }
 
+/* pack_u32(tokens) -> bytes | None: a tuple or list of exact ints, each in
+ * 0 .. 2**32 - 1, as unsigned 32-bit little-endian bytes (what struct's "<NI" packs),
+ * with no argument tuple of the tokens built first and one C loop; None for anything
+ * else (another sequence type, an item that is not an exact int, or out of range): the
+ * caller's general path then packs it or names the culprit. No Python code runs in the
+ * loop, so a list cannot change under it. */
+static PyObject *pack_u32(PyObject *self, PyObject *tokens) {
+    (void)self;
+    if (!PyTuple_Check(tokens) && !PyList_Check(tokens)) Py_RETURN_NONE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(tokens);
+    PyObject **items = PySequence_Fast_ITEMS(tokens);
+    if (n > PY_SSIZE_T_MAX / 4) Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 * n);
+    if (!out) return NULL;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++, dst += 4) {
+        PyObject *item = items[i];
+        if (!PyLong_CheckExact(item)) goto refuse;
+        unsigned long v = PyLong_AsUnsignedLong(item);
+        if (v == (unsigned long)-1 && PyErr_Occurred()) {
+            PyErr_Clear(); /* negative, or past an unsigned long */
+            goto refuse;
+        }
+        if (v > 0xFFFFFFFFUL) goto refuse;
+        dst[0] = (unsigned char)v;
+        dst[1] = (unsigned char)(v >> 8);
+        dst[2] = (unsigned char)(v >> 16);
+        dst[3] = (unsigned char)(v >> 24);
+    }
+    return out;
+refuse:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"pack_u32", pack_u32, METH_O,
+     "pack_u32(tokens) -> bytes | None\n\n"
+     "A tuple or list of exact ints in 0 .. 2**32 - 1 as u32 little-endian bytes; None\n"
+     "for anything else (the caller's general path decides)."},
     {"chain_digests", (PyCFunction)(void (*)(void))chain_digests, METH_VARARGS | METH_KEYWORDS,
      "chain_digests(data, stride, prior, start, end, hardware=True, joined=False)\n"
      "    -> list[bytes] | bytes\n\n"

@@ -1,6 +1,6 @@
 # The native page-hash chain (unicache_fsm/_pagechain.c); optional: see unicache_fsm.hashing.
 
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 HARDWARE_SHA: bool
 
@@ -25,3 +25,4 @@ def chain_digests(
     *,
     joined: Literal[True],
 ) -> bytes: ...
+def pack_u32(tokens: Any) -> bytes | None: ...

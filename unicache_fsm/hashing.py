@@ -121,11 +121,21 @@ _sha256 = _pick_sha256()
 _openssl_sha256 = hashlib.sha256
 
 _native_chain: Callable[..., Any] | None  # `_pagechain.chain_digests` (two result types)
+_native_pack: Callable[[object], bytes | None] | None  # `_pagechain.pack_u32`
 try:
     from unicache_fsm._pagechain import HARDWARE_SHA as _HARDWARE_SHA
     from unicache_fsm._pagechain import chain_digests as _native_chain
 except ImportError:  # pragma: no cover - built without a C compiler
     _native_chain, _HARDWARE_SHA = None, False
+try:
+    from unicache_fsm._pagechain import pack_u32 as _native_pack
+except ImportError:  # pragma: no cover - built without a C compiler (or an older build)
+    _native_pack = None
+
+NATIVE_PACK: bool = _native_pack is not None
+"""Whether `pack_tokens` packs a tuple or list of plain ints in one native loop
+(``_pagechain.pack_u32``; anything it does not take goes the `struct` / `array` way,
+which packs it or names the bad token). Read at each call: a test may turn it off."""
 
 NATIVE_CHAIN: bool = _native_chain is not None
 """Whether `page_digests` hashes a chain in native code (``unicache_fsm._pagechain``:
@@ -248,6 +258,10 @@ def pack_tokens(tokens: Iterable[int]) -> bytes:
     """Tokens as unsigned 32-bit little-endian bytes, or a typed error naming the culprit."""
     seq: Sequence[object]
     if isinstance(tokens, (list, tuple)):
+        if NATIVE_PACK and _native_pack is not None:
+            native = _native_pack(tokens)  # little-endian whatever the host
+            if native is not None:
+                return native
         seq = tokens
     elif hasattr(tokens, "tolist"):  # a torch tensor or array: one C-level conversion
         seq = tokens.tolist()

@@ -215,22 +215,18 @@ class KVPool:
         what = "slots to write"
         codec = self._codec
         t = codec.check_index_tensor(slots, what)
-        if self.page_size > 1 and codec.checks_in_python(t.numel()):
-            # small: decode to page ids once, check them in Python (`to_pages`' own path)
-            pages, ids = codec.page_ids_and_list(t, what)
-            if len(set(ids)) == len(ids):
-                self.write_page_ids(pages, data)
-                return
-        else:
-            pages = codec.to_pages(t, what)
-        if SlotCodec.has_duplicates(pages):
-            dup = SlotCodec.duplicate_pages(pages)
-            msg = (
-                f"pool {self.name!r}: slots to write name page(s) {preview(dup)} more than once; "
-                "which copy lands would be undefined, so pass each page once"
-            )
-            raise DuplicatePagesError(msg, pool=self.name, pages=dup)
-        self.write_page_ids(pages, data)
+        # decoded once; ids the native decode answered are known to be distinct (it
+        # refuses a repeated page), others are counted (`has_duplicates`)
+        pages, distinct = codec.to_pages_once(t, what)
+        if distinct or not SlotCodec.has_duplicates(pages):
+            self.write_page_ids(pages, data)
+            return
+        dup = SlotCodec.duplicate_pages(pages)
+        msg = (
+            f"pool {self.name!r}: slots to write name page(s) {preview(dup)} more than once; "
+            "which copy lands would be undefined, so pass each page once"
+        )
+        raise DuplicatePagesError(msg, pool=self.name, pages=dup)
 
     def fill_pages(self, slots: torch.Tensor, value: float) -> None:
         """Set every element of whole pages `slots` to `value` (checked as `read_pages`

@@ -60,6 +60,7 @@ from unicache_fsm.pools.slots import (
     SMALL_SLOTS,
     SlotCodec,
     int64_tensor,
+    live_page_slots_np,
     native_live_page_ids,
     numpy_view,
     preview,
@@ -75,6 +76,9 @@ read at each call, so a test may turn it off to run the Python paths alone."""
 #: over a sorted NumPy copy, a few fixed-cost calls, instead of the torch reductions
 #: and `unique` of the tensor path.
 NUMPY_SLOTS = 1 << 16
+
+#: the types of a list of page ids that are all plain ints (bools and NumPy ints are not)
+_INT_ONLY = {int}
 
 
 class PagedAllocator:
@@ -232,7 +236,19 @@ class PagedAllocator:
                 f"multiple of the page size {p} (round up to whole pages)"
             )
             raise NotPageMultipleError(msg, what="num_tokens", value=num_tokens, page_size=p)
-        pages = self._take_pages(num_tokens // p)
+        n = num_tokens // p
+        stack = self._stack_np
+        if stack is not None:
+            # on CPU: pop the ids off the NumPy stack and build their slots in NumPy (a
+            # fresh array), one tensor at the end (not a page tensor, then its slots)
+            top = self._num_free
+            if n > top:
+                return None
+            ids = stack[top - n : top][::-1]
+            self._num_free = top - n
+            self._flags_np[ids] = False
+            return torch.from_numpy(live_page_slots_np(ids, p, self._layout.num_pages))
+        pages = self._take_pages(n)
         return None if pages is None else self._codec.to_slots(pages)
 
     def free(self, slots: torch.Tensor) -> None:
@@ -299,7 +315,7 @@ class PagedAllocator:
         they are `free`'s own, over the pages' slots."""
         if not page_ids:
             return
-        if not all(type(k) is int for k in page_ids):
+        if {*map(type, page_ids)} != _INT_ONLY:  # (in C: no Python step per id)
             bad = next(k for k in page_ids if type(k) is not int)
             msg = f"pool {self.name!r}: {what} must be int page ids, got {bad!r}"
             raise TensorTypeError(msg, what=what, got=type(bad), expected=int)
@@ -356,10 +372,17 @@ class PagedAllocator:
         """`live_page_ids` as an ``array('q')``: one object, no int object per page (the
         native check writes the ids straight into it), for a caller that keeps the ids
         a while (the tree, an insert's tail); the same checks and errors."""
-        t, start = self._checked_from(slots, what, start)
+        t = self._codec.check_index_tensor(slots, what)
+        if type(start) is not int or (start and not 0 < start <= t.numel()):
+            # (else `_checked_from`'s checks held: a plain int start inside the slots)
+            t, start = self._checked_from(slots, what, start)
         ids = array("q")
-        if self._free_flags is not None:
-            packed = self._native_page_ids(t, start, packed=True)
+        flags = self._free_flags
+        if flags is not None and NATIVE_CHECK:  # (`_native_page_ids`, inline)
+            layout = self._layout
+            packed = native_live_page_ids(
+                t, start, layout.page_size, layout.num_pages, flags, packed=True
+            )
             if packed is not None:
                 ids.frombytes(packed)
                 return ids

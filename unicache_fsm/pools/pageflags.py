@@ -79,8 +79,11 @@ class PageFlags:
         return keys
 
     def any_of(self, ids: Iterable[int]) -> bool:
-        if self._any is not None:
-            return self._any(self._flags, _as_native_ids(ids))
+        native = self._any
+        if native is not None:
+            if type(ids) is array and ids.typecode == "q":  # (`_as_native_ids`, inline)
+                return native(self._flags, ids)
+            return native(self._flags, _as_native_ids(ids))
         return any_set(self._flags, self._check(ids))
 
     def marked_of(self, ids: Iterable[int]) -> list[int]:
@@ -88,9 +91,21 @@ class PageFlags:
         return sorted({k for k in self._check(ids) if flags[k]})
 
     def mark(self, ids: Iterable[int]) -> None:
+        native = self._set
+        if native is not None:  # (`_write`, inline: the tree marks on every adoption)
+            if type(ids) is not list and not (type(ids) is array and ids.typecode == "q"):
+                ids = list(ids)  # (`_as_native_ids`, inline)
+            native(self._flags, ids, True)
+            return
         self._write(ids, True)
 
     def clear(self, ids: Iterable[int]) -> None:
+        native = self._set
+        if native is not None:
+            if type(ids) is not list and not (type(ids) is array and ids.typecode == "q"):
+                ids = list(ids)  # (`_as_native_ids`, inline)
+            native(self._flags, ids, False)
+            return
         self._write(ids, False)
 
     def _write(self, ids: Iterable[int], value: bool) -> None:

@@ -52,11 +52,14 @@ __all__ = [
     "HAVE_NATIVE_CHECK",
     "NATIVE_DECODE",
     "NUMPY_PAGES",
+    "SLOT_TABLE_SLOTS",
     "SMALL_SLOTS",
     "SlotCodec",
     "int64_tensor",
+    "live_page_slots_np",
     "native_live_page_ids",
     "numpy_view",
+    "page_slots_np",
     "preview",
     "whole_page_ids",
 ]
@@ -153,6 +156,40 @@ def _offsets_np(p: int, n: int) -> np.ndarray:
         row.flags.writeable = False
         _OFFSETS[p] = row
     return row[:n]
+
+
+def page_slots_np(ids: np.ndarray, p: int) -> np.ndarray:
+    """The slots of the page ids `ids` (1-D int64, any strides), page after page, each
+    page's slots ascending, as a fresh C-contiguous array (never a view of `ids`)."""
+    if p == 1:
+        return ids.copy()
+    slots: np.ndarray = (ids[:, None] * p + _offsets_np(p, p)).ravel()
+    return slots
+
+
+#: `live_page_slots_np` reads pools of up to this many slots (page 0 included) from one
+#: shared read-only table of slots per page size (8 bytes a slot: 16 MiB at most)
+SLOT_TABLE_SLOTS = 1 << 21
+
+_SLOT_ROWS: dict[int, np.ndarray] = {}
+
+
+def live_page_slots_np(ids: np.ndarray, p: int, num_pages: int) -> np.ndarray:
+    """`page_slots_np` of page ids `ids` that the caller holds to lie in 0 .. `num_pages`
+    (an allocator's own free stack: an id outside would be read as another row, or
+    wrap around). Up to `SLOT_TABLE_SLOTS` slots, the rows of one shared table of
+    ``[k*p, ..., k*p + p - 1]`` per page id (grown on demand, per page size) are
+    gathered by one NumPy call, a third of the broadcast's cost."""
+    if p == 1:
+        return ids.copy()
+    rows = _SLOT_ROWS.get(p)
+    if rows is None or len(rows) <= num_pages:
+        if (num_pages + 1) * p > SLOT_TABLE_SLOTS:
+            return page_slots_np(ids, p)
+        rows = np.arange((num_pages + 1) * p, dtype=np.int64).reshape(-1, p)
+        rows.flags.writeable = False
+        _SLOT_ROWS[p] = rows
+    return rows.take(ids, axis=0).ravel()
 
 
 def whole_page_ids(flat: np.ndarray, p: int) -> np.ndarray | None:
@@ -411,7 +448,7 @@ class SlotCodec:
         if pages.device.type == "cpu" and pages.dtype == torch.int64 and pages.dim() == 1:
             # the same values by NumPy over the ids' memory: a fresh array, half the
             # cost of the broadcast torch.add at the sizes an allocation asks for
-            return torch.from_numpy((numpy_view(pages)[:, None] * p + _offsets_np(p, p)).ravel())
+            return torch.from_numpy(page_slots_np(numpy_view(pages), p))
         return torch.add(self._offsets, pages.unsqueeze(1), alpha=p).view(-1)
 
     @staticmethod

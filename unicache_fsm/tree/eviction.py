@@ -30,7 +30,13 @@ import heapq
 from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import EvictParams, EvictResult
-from unicache_fsm.tree.residency import BACKING_UP, OFFLOADING, RESIDENT, ResidencyTrigger
+from unicache_fsm.tree.residency import (
+    BACKED_UP,
+    BACKING_UP,
+    OFFLOADING,
+    RESIDENT,
+    ResidencyTrigger,
+)
 from unicache_fsm.tree.state import TreeState
 
 __all__ = ["Eviction"]
@@ -46,6 +52,9 @@ class Eviction(TreeState):
     """The eviction primitives of `RadixTree` (see the module docstring)."""
 
     def note_evictable(self, node: TreeNode) -> None:
+        for child in node.children.values():  # a device-resident child: no leaf, and no
+            if child.residency in RESIDENT:  # call of `evictable_leaf` to find it out
+                return
         if self.evictable_leaf(node):
             heap = self.evict_heap
             heapq.heappush(heap, (node.last_access, node.id, node))
@@ -97,9 +106,14 @@ class Eviction(TreeState):
 
     def remove_device_copy(self, node: TreeNode) -> dict[ComponentType, int]:
         """Free `node`'s device slots in every component; evict or delete it."""
-        assert node.parent is not None and node.device_resident
-        freed = {c.component_type: c.release(node) for c in reversed(self.components)}
-        if node.backuped:
+        assert node.parent is not None and node.residency in RESIDENT
+        components = self.components
+        if len(components) == 1:  # (FULL alone: no dict comprehension's frame)
+            c = components[0]
+            freed = {c.component_type: c.release(node)}
+        else:
+            freed = {c.component_type: c.release(node) for c in reversed(components)}
+        if node.residency in BACKED_UP:
             self.residency.fire(node, T.EVICT)
         else:
             assert not node.children, "a node with host-backed children is backed up"

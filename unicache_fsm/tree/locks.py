@@ -25,9 +25,13 @@ import attrs
 
 from unicache_fsm.tree.errors import LockUnderflowError, NodeStateError
 from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.tree.residency import EVICTED, RESIDENT
 from unicache_fsm.tree.state import TreeState
 
 __all__ = ["LockReceipt", "Locks"]
+
+#: the residencies of a node in the tree: device-resident, or evicted with a host copy
+_IN_TREE = RESIDENT | EVICTED
 
 
 @attrs.frozen(eq=False)
@@ -46,7 +50,7 @@ class Locks(TreeState):
     """The lock primitives of `RadixTree` (see the module docstring)."""
 
     def check_in_tree(self, node: TreeNode, what: str) -> None:
-        if node is not self.root and not (node.device_resident or node.evicted):
+        if node.residency not in _IN_TREE and node is not self.root:
             msg = f"cannot {what} node {node.id}: it is not in the tree ({node.residency})"
             raise NodeStateError(msg, node_id=node.id, state=node.residency)
 
@@ -64,45 +68,79 @@ class Locks(TreeState):
         """Release the lock `receipt` names (taken by `lock_path`)."""
         node = receipt.node
         self.check_in_tree(node, "unlock")
-        self._release(node, self._check_locked(node), receipt)
+        self._check_locked(node)
+        self._release(node, receipt)
 
-    def _release(self, node: TreeNode, path: list[TreeNode], receipt: LockReceipt) -> None:
-        """Release `receipt`'s lock over `path` (`_check_locked(node)`, checked by the
-        caller just before: every node on it holds a lock)."""
-        for n in path:
+    def _release(self, node: TreeNode, receipt: LockReceipt | None) -> None:
+        """Release `receipt`'s lock (None: a lock taken without component hooks) over the
+        path root→`node`, which `_check_locked(node)` checked just before (every node on
+        it holds a lock). Walked from `node` up: only the order in which nodes are noted
+        evictable differs from root-first, and the eviction heap orders its entries by
+        their stamps, not by when they were filed."""
+        n = node
+        while n.parent is not None:
             n.lock_ref -= 1
             if n.lock_ref == 0:
                 self.note_evictable(n)
-        for c, token in zip(self.lock_hooks, receipt.tokens, strict=True):
-            c.unlock(node, token)
+            n = n.parent
+        if receipt is not None:
+            for c, token in zip(self.lock_hooks, receipt.tokens, strict=True):
+                c.unlock(node, token)
 
-    def _check_locked(self, node: TreeNode) -> list[TreeNode]:
-        path = node.path_from_root()
-        for n in path:
+    def _check_locked(self, node: TreeNode) -> None:
+        """`LockUnderflowError` naming the node nearest the root on the path root→`node`
+        that holds no lock, if any (nothing changed)."""
+        n = node
+        while n.parent is not None:  # the common case: every node holds one
+            if n.lock_ref <= 0:
+                break
+            n = n.parent
+        else:
+            return
+        for n in node.path_from_root():  # name the culprit nearest the root
             if n.lock_ref <= 0:
                 msg = (
                     f"cannot unlock node {node.id}: node {n.id} on its path holds no lock "
                     "(unlock exactly once per inc_lock_ref, on the same node)"
                 )
                 raise LockUnderflowError(msg, node_id=n.id)
-        return path
 
     def inc_lock_ref(self, node: TreeNode) -> LockReceipt:
         """Lock every node on the path root→`node` (the root is never locked)."""
-        receipt = self.lock_path(node)
         if self.lock_hooks:
+            receipt = self.lock_path(node)
             self.held_locks.setdefault(node, []).append(receipt)
-        return receipt
+            return receipt
+        # no component lock to take: `lock_path`, inline (the scheduler locks and
+        # unlocks a path per request step)
+        if node.residency not in _IN_TREE and node is not self.root:
+            self.check_in_tree(node, "lock")  # raises
+        n = node
+        while n.parent is not None:
+            n.lock_ref += 1
+            n = n.parent
+        return LockReceipt(node)
 
     def dec_lock_ref(self, node: TreeNode, receipt: LockReceipt | None = None) -> None:
         """Release one lock on the path root→`node`; raises if it holds none."""
-        self.check_in_tree(node, "unlock")
+        if node.residency not in _IN_TREE and node is not self.root:
+            self.check_in_tree(node, "unlock")  # raises
         if receipt is not None and receipt.node is not node:
             msg = f"cannot unlock node {node.id} with a receipt for node {receipt.node.id}"
             raise LockUnderflowError(msg, node_id=node.id)
-        path = self._check_locked(node)
-        if not self.lock_hooks:
-            self._release(node, path, receipt or LockReceipt(node))
+        n = node  # (`_check_locked`, inline: every node on the path holds a lock, or it raises)
+        while n.parent is not None:
+            if n.lock_ref <= 0:
+                self._check_locked(node)  # names the culprit nearest the root
+                raise AssertionError("unreachable: a node on the path holds no lock")
+            n = n.parent
+        if not self.lock_hooks:  # (`_release` of a hook-less lock, inline)
+            n = node
+            while n.parent is not None:
+                n.lock_ref -= 1
+                if n.lock_ref == 0:
+                    self.note_evictable(n)
+                n = n.parent
             return
         held = self.held_locks.get(node, [])
         if receipt is None and held:
@@ -113,4 +151,4 @@ class Locks(TreeState):
         held.remove(receipt)
         if not held:
             del self.held_locks[node]
-        self._release(node, path, receipt)
+        self._release(node, receipt)

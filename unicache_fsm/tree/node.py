@@ -119,8 +119,8 @@ class TreeNode:
 
     def last_hash(self) -> str | None:
         """The hash of this node's last page (the anchor for the next page), or None."""
-        last = self.last_digest()
-        return None if last is None else last.hex()
+        blob = self.digest_bytes  # (`last_digest`, inline)
+        return blob[-32:].hex() if blob else None
 
     def path_from_root(self) -> list[TreeNode]:
         """This node and its ancestors below the root, root-first."""

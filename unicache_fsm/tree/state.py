@@ -89,10 +89,12 @@ class TreeState:
         """File `node` under its parent (by its first page, and namespace at the root)."""
         parent = node.parent
         assert parent is not None
-        k = child_key(parent, node.packed, 0, node.namespace, self.page_size * self.key_width)
-        if k not in parent.children:
+        page = node.packed[: self.page_size * self.key_width]  # (`walk.child_key`, inline)
+        k = page if parent.parent is not None else (node.namespace, page)
+        children = parent.children
+        if k not in children:
             self.node_count += 1
-        parent.children[k] = node
+        children[k] = node
 
     def unlink(self, node: TreeNode) -> None:
         """Take `node` out of its parent's children."""

@@ -63,7 +63,9 @@ from unicache_fsm.tree.params import InsertParams, InsertResult, MatchResult, as
 from unicache_fsm.tree.residency import (
     BACKED_UP,
     EVICTED,
+    OFFLOADING,
     RESIDENT,
+    STORED,
     ExecutorKind,
     Residency,
     ResidencyTrigger,
@@ -123,6 +125,10 @@ class RadixTree(HostTier, Offloads):
         self.host_allocator = host_allocator
         self.evict_heap = []
         self.node_count = 0
+        # (a tree's instance dict holds 29 keys: 28 set here, `ticket_ids` at the first
+        # offload. CPython 3.11 shares instance dict keys only below 30; at 30 every
+        # `self.x` of the tree became a generic dict lookup: +4 M instructions measured
+        # in a simulate run. Add an attribute only in place of another.)
         self.residency = Residency(self.config.executor, on_fire=self.note_evictable)
         self.node_ids = itertools.count(1)
         self.clock = 0
@@ -168,26 +174,14 @@ class RadixTree(HostTier, Offloads):
             self._packed_key = key
         return self._packed
 
-    def _digests_for(self, parent: TreeNode, packed: bytes, ns: str | None) -> bytes | None:
-        """The raw page digests (`TreeNode.digest_bytes`) of a new child of `parent` whose
-        packed key is `packed`."""
-        if not self.config.hash_pages:
-            return None
-        if parent.parent is None:
-            prior = hashing.prior_digest(ns)
-        else:
-            above = parent.digest_bytes
-            if not above:
-                return None
-            prior = above[-32:]
-        return hashing.page_digest_bytes(packed, self.page_size, prior)
-
     # -- match -------------------------------------------------------------------------
     def match_prefix(
         self, key: Sequence[int] | torch.Tensor, namespace: str | None = None
     ) -> MatchResult:
-        key = as_key(key)
-        packed, width = self._pack(key), self.key_width
+        if type(key) is not tuple and type(key) is not TokenKey:
+            key = as_key(key)
+        packed = self._packed if key is self._packed_key else self._pack(key)
+        width = self.key_width
         bk = self.backbone_type
         p = self.page_size
         usable = len(key) // p * p
@@ -201,8 +195,11 @@ class RadixTree(HostTier, Offloads):
             child = node.children.get(page if node.parent is not None else (namespace, page))
             if child is None or child.residency not in RESIDENT:
                 break
-            m = packed_common_len(child, packed, pos, usable, p, width)
-            if m < len(child.key):
+            # the whole child matches (`packed_common_len`'s first test, inline: a child
+            # ends on a page boundary, so one inside the key ends by `usable`) or a part
+            m = len(child.key)
+            if not packed.startswith(child.packed, at):
+                m = packed_common_len(child, packed, pos, usable, p, width)
                 child = self.split(child, m)
             path.append(child)
             node, pos = child, pos + m
@@ -279,7 +276,8 @@ class RadixTree(HostTier, Offloads):
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids
             tail_pages = self.allocator.live_page_array(value, "insert value", prev)
-        self._pack(key)  # token errors must come before any change
+        if key is not self._packed_key:
+            self._pack(key)  # token errors must come before any change
         if params.namespace is not None and self.config.hash_pages:
             hashing.check_prior(params.namespace)
         for c in self.components:
@@ -289,7 +287,8 @@ class RadixTree(HostTier, Offloads):
     def insert(self, params: InsertParams) -> InsertResult:
         tail_pages = self._check_insert(params)
         key, value, ns = params.key, params.value, params.namespace
-        packed, width = self._pack(key), self.key_width
+        packed = self._packed if key is self._packed_key else self._pack(key)
+        width = self.key_width
         n, p = len(key), self.page_size
         result = InsertResult(adopted_ranges={} if params.track_adopted_ranges else None)
         ctx = InsertContext(params, value, result, tail_pages)
@@ -305,8 +304,9 @@ class RadixTree(HostTier, Offloads):
                 break
             self.clock += 1
             child.last_access = self.clock
-            m = packed_common_len(child, packed, pos, n, p, width)
-            if m < len(child.key):
+            m = len(child.key)  # the whole child matches, or a part (as in `match_prefix`)
+            if not packed.startswith(child.packed, at):
+                m = packed_common_len(child, packed, pos, n, p, width)
                 child = self.split(child, m)
             end = pos + m
             if child.residency in EVICTED:
@@ -322,13 +322,22 @@ class RadixTree(HostTier, Offloads):
         result.prefix_len = pos
         if pos < n:
             own = packed[pos * width :] if pos else packed
+            # the new leaf's raw page digests (`TreeNode.digest_bytes`), chained on its
+            # parent's last digest (the namespace's seed at the root; none below a
+            # parent without digests)
+            digests = None
+            if self.config.hash_pages:
+                if node.parent is None:
+                    digests = hashing.page_digest_bytes(own, p, hashing.prior_digest(ns))
+                elif node.digest_bytes:
+                    digests = hashing.page_digest_bytes(own, p, node.digest_bytes[-32:])
             leaf = TreeNode(
                 id=next(self.node_ids),
                 key=key[pos:],
                 start=pos,
                 parent=node,
                 namespace=ns,
-                digest_bytes=self._digests_for(node, own, ns),
+                digest_bytes=digests,
                 packed=own,
                 last_access=self.clock + 1,
             )
@@ -369,7 +378,12 @@ class RadixTree(HostTier, Offloads):
             if parts:
                 self.allocator.free(parts[0] if len(parts) == 1 else torch.cat(parts))
         if not params.chunked:
-            self._count_hits(walked, result)
+            if self.config.write_through_threshold is None:  # only the counts
+                for hit in walked:
+                    if hit.residency in RESIDENT:
+                        hit.hit_count += 1
+            else:
+                self._count_hits(walked, result)
         if walked:  # new stamps; only the last node walked can be a leaf (each other
             self.note_evictable(walked[-1])  # one has the next below it; splits noted theirs)
         return result
@@ -385,14 +399,13 @@ class RadixTree(HostTier, Offloads):
             return
         chosen: dict[int, TreeNode] = {}
         for node in walked:
-            if node.device_resident:
+            if node.residency in RESIDENT:
                 node.hit_count += 1
                 if (
-                    threshold is not None
-                    and node.hit_count >= threshold
+                    node.hit_count >= threshold
                     and node.digest_bytes is not None
-                    and not node.external_cache_stored
-                    and not node.offloading
+                    and node.residency not in STORED
+                    and node.residency not in OFFLOADING
                     and node.id not in chosen
                 ):
                     for n in self.offload_chain(node):
