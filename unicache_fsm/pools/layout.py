@@ -12,6 +12,8 @@ Allocators and KV data pools built on the same layout agree slot for slot.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import torch
 
@@ -31,11 +33,6 @@ class PageLayout:
     size: int
     page_size: int
     name: str = "kv"
-    #: usable pages (ids 1 .. num_pages); page 0 is not counted. Derived from `size` and
-    #: `page_size` once, at construction (a slot read, not a call, on every pool call)
-    num_pages: int = attrs.field(init=False, repr=False, eq=False)
-    #: rows a tensor indexed by slot needs: the usable slots plus page 0 (derived too)
-    num_slots: int = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if not _is_int(self.page_size) or self.page_size < 1:
@@ -51,8 +48,21 @@ class PageLayout:
                 f"{self.page_size}; use {lower} or {lower + self.page_size}"
             )
             raise NotPageMultipleError(msg, what="size", value=self.size, page_size=self.page_size)
+        # the derived values, stored once in their slots (a slot read, not a call, on
+        # every pool call); not attrs fields, so `attrs.asdict` / `fields` / `evolve`
+        # see the three constructor arguments alone, as before they were cached
         object.__setattr__(self, "num_pages", self.size // self.page_size)
         object.__setattr__(self, "num_slots", self.size + self.page_size)
+
+    @functools.cached_property
+    def num_pages(self) -> int:
+        """Usable pages (ids 1 .. num_pages); page 0 is not counted."""
+        return self.size // self.page_size
+
+    @functools.cached_property
+    def num_slots(self) -> int:
+        """Rows a tensor indexed by slot needs: the usable slots plus page 0."""
+        return self.size + self.page_size
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
