@@ -230,8 +230,10 @@ class FullComponent(TreeComponent):
         self, chain: Sequence[TreeNode], link: tuple[torch.Tensor, str] | None = None
     ) -> PoolTransfer | None:
         """One node: its slots and hashes (after the link page) as one transfer, built
-        once (the default builds the node's own transfer first, then merges it)."""
-        if len(chain) != 1:
+        once (the default builds the node's own transfer first, then merges it). A
+        subclass that overrides `build_external_linker_transfer` gets the default, so
+        its per-node hook is asked for every chain, one node long or not."""
+        if len(chain) != 1 or type(self).build_external_linker_transfer is not _OWN_TRANSFER:
             return super().build_external_linker_offload(chain, link)
         node = chain[0]
         slots = node.data.get(FULL)
@@ -254,3 +256,7 @@ class FullComponent(TreeComponent):
         assert transfer.device_indices is not None
         self.tree.allocator.free(transfer.device_indices)
         return None
+
+
+#: the per-node hook `build_external_linker_offload`'s one-node shortcut stands in for
+_OWN_TRANSFER = FullComponent.build_external_linker_transfer
