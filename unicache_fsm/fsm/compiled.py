@@ -98,7 +98,7 @@ def _step_source(
     state change; with any other non-empty `observed` it calls every observer of ``EX``
     (the executor), ``observer(EX, model, source, trigger, dest)``, right after the
     state change: the loop is inlined (no call to `ExecutorBase._notify` per firing)
-    and reads ``EX.observers`` at each firing, so the copy-on-write list of observers
+    and reads ``EX.observers`` at each firing, so the copy-on-write tuple of observers
     keeps its meaning (a change during a notification takes effect from the next one).
     With `bound`, callbacks are the handler's (``CB_<name>``).
     With `aio`, the step is a coroutine function awaiting awaitable results.
@@ -286,7 +286,7 @@ class _CompiledDispatch(ExecutorBase):
             if name in self._SHARED:
                 setattr(new, name, value)
             elif name == "observers":
-                new.observers = list(value)
+                new.observers = tuple(value)
             elif name == "_running":
                 new._running = {}
             elif name not in self._FRESH:

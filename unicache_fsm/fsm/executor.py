@@ -140,7 +140,9 @@ class ExecutorBase(abc.ABC):
         if triggers is not None:
             for member in triggers:
                 self._alias[member] = str(member.value)
-        self.observers: list[Observer] = []
+        # a tuple: changed only through add_observer / remove_observer, which tell the
+        # executor (a compiled one specialises its steps on them); editing it in place fails
+        self.observers: tuple[Observer, ...] = ()
         # id(model) -> triggers queued behind its running transition (run-to-completion);
         # an entry lives exactly as long as the outermost `fire` of that model
         self._running: dict[int, list[_Queued]] = {}
@@ -160,14 +162,14 @@ class ExecutorBase(abc.ABC):
     # -- observers ---------------------------------------------------------------------
     def add_observer(self, observer: Observer) -> None:
         """Call `observer` for every transition taken from now on."""
-        # copy-on-write: a notification in progress keeps iterating the list it started
-        self.observers = [*self.observers, observer]
+        # copy-on-write: a notification in progress keeps iterating the tuple it started
+        self.observers = (*self.observers, observer)
         self._observers_changed()
 
     def remove_observer(self, observer: Observer) -> None:
         observers = list(self.observers)
         observers.remove(observer)
-        self.observers = observers
+        self.observers = tuple(observers)
         self._observers_changed()
 
     def compile_all(self) -> int:

@@ -1,4 +1,4 @@
-"""Regressions found reviewing the performance change (integ21): behaviour that a cut
+"""Regressions found reviewing the performance change (issue 16, sixth pass): behaviour that a cut
 changed at a public boundary, checked against what it was before the cut."""
 
 from __future__ import annotations

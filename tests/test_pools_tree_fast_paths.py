@@ -1,4 +1,4 @@
-"""The tree21 pass's fast paths keep their contracts.
+"""The fast paths of the pools and the tree keep their contracts.
 
 - `PagedAllocator.alloc` on CPU pops page ids off its NumPy stack and builds their slots
   in NumPy (from a shared slot table up to `SLOT_TABLE_SLOTS`, by a broadcast past it):

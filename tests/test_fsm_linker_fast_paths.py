@@ -197,3 +197,17 @@ def test_full_books_each_pages_id(page_size: int) -> None:
         assert set(full.owned.marked()) == held | set(ids)
         assert full.drop_slots(node) is slots
         assert set(full.owned.marked()) == held
+
+
+def test_observers_change_only_through_add_and_remove() -> None:
+    """The observers are a tuple: an in-place edit, which a compiled executor's
+    specialised steps would not see, fails at once instead of being ignored."""
+    counter, seen = TransitionCounter(), []
+    ex = _executor()
+    ex.add_observer(counter)
+    with pytest.raises(AttributeError):
+        ex.observers.append(lambda *args: seen.append(args))  # type: ignore[attr-defined]
+    _run(ex, 1)
+    assert ex.observers == (counter,) and counter.total() == 4 and not seen
+    ex.remove_observer(counter)
+    assert ex.observers == ()
