@@ -134,13 +134,8 @@ class Locks(TreeState):
                 self._check_locked(node)  # names the culprit nearest the root
                 raise AssertionError("unreachable: a node on the path holds no lock")
             n = n.parent
-        if not self.lock_hooks:  # (`_release` of a hook-less lock, inline)
-            n = node
-            while n.parent is not None:
-                n.lock_ref -= 1
-                if n.lock_ref == 0:
-                    self.note_evictable(n)
-                n = n.parent
+        if not self.lock_hooks:  # a hook-less lock: no receipt books to settle
+            self._release(node, None)
             return
         held = self.held_locks.get(node, [])
         if receipt is None and held:
