@@ -224,7 +224,7 @@ class _CompiledDispatch(ExecutorBase):
         filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
         attr, bound, aio = self.state_attribute, self._bound, self._aio
         mode = self._observed_for if observed else ""
-        src, consts = _step_source(group, attr, "count" if mode == "count" else mode, bound, aio)
+        src, consts = _step_source(group, attr, mode, bound, aio)
         extra: dict[str, Any] = {"EX": self} if observed else {}
         if mode == "count":  # one key per candidate, as the counter would build it
             extra["COUNTER"] = self._observed_counter
