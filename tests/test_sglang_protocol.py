@@ -230,3 +230,158 @@ def test_every_declared_transition_of_the_three_machines_is_taken() -> None:
     cov = m.coverage()
     for name in ("sglang_linker", "sglang_load", "sglang_offload"):
         assert cov.missing(bundled_spec(name)) == [], name
+
+
+# -- answers the cache acts on (issue 31, item 6) ---------------------------------------
+
+
+def _offloads(m: ProtocolMonitor, n: int) -> None:
+    for _ in range(n):
+        m.before_offload()
+        m.after_offload(True, 1)
+
+
+@pytest.mark.parametrize("count", [-1, 3, 1.0, "1", None, True])
+def test_a_count_the_linker_cannot_back_is_a_violation_and_reports_nothing(
+    count: object,
+) -> None:
+    m = ProtocolMonitor()
+    _offloads(m, 2)
+    assert m.before_count()
+    with pytest.raises(ProtocolViolation) as info:
+        m.after_count(count)
+    assert (info.value.machine, info.value.trigger, info.value.guard) == (
+        "sglang_linker",
+        "count_answer",
+        "count_backed",
+    )
+    assert f"num_completed_offloads() -> {count!r}" in str(info.value)
+    assert [o.state for o in m.offloads] == ["pending", "pending"]  # nothing reported
+    with pytest.raises(ProtocolViolation):
+        m.before_pop()
+
+
+def test_a_count_within_what_is_in_flight_reports_the_oldest() -> None:
+    m = ProtocolMonitor()
+    _offloads(m, 2)
+    m.before_count()
+    m.after_count(0)
+    m.before_count()
+    m.after_count(2)
+    assert [o.state for o in m.offloads] == ["completed", "completed"]
+
+
+def test_a_start_that_reuses_an_index_in_flight_is_a_violation() -> None:
+    m = ProtocolMonitor()
+    for rid in ("r1", "r2"):
+        m.before_load(rid)
+        m.after_load(rid, True)
+        m.before_start()
+        if rid == "r1":
+            m.after_start(4)
+    with pytest.raises(ProtocolViolation) as info:
+        m.after_start(4)  # batch 4 (r1) has not finished
+    assert (info.value.trigger, info.value.guard) == ("start_answer", "index_free")
+    assert "start_layer_wise_loading() -> 4" in str(info.value)
+    assert [r.state for r in m.loads] == ["started", "queued"]  # r2 not merged into 4
+    assert [r.rid for r in m.batches[4]] == ["r1"]
+    # once batch 4 finished, its index may come back
+    m.before_finish(4)
+    m.after_finish(4, True)
+    m.before_start()
+    m.after_start(4)
+    assert [r.rid for r in m.batches[4]] == ["r2"]
+
+
+@pytest.mark.parametrize("index", ["0", None, 1.5, False])
+def test_a_start_answering_no_int_is_a_violation(index: object) -> None:
+    m = ProtocolMonitor()
+    m.before_load("r1")
+    m.after_load("r1", True)
+    m.before_start()
+    with pytest.raises(ProtocolViolation) as info:
+        m.after_start(index)
+    assert info.value.guard == "index_free"
+    assert m.loads[0].state == "queued" and not m.batches
+
+
+def test_a_cancel_answered_true_for_a_rid_never_queued_is_a_violation() -> None:
+    m = ProtocolMonitor()
+    assert m.before_cancel("ghost")
+    with pytest.raises(ProtocolViolation) as info:
+        m.after_cancel("ghost", True)
+    assert (info.value.machine, info.value.state, info.value.trigger) == (
+        "sglang_load",
+        "requested",
+        "cancel",
+    )
+    assert "cancel_queued_load('ghost') -> True" in str(info.value)
+    # the same rid after its load was refused, or after it already finished
+    m.before_load("r1")
+    m.after_load("r1", False)
+    m.before_cancel("r1")
+    with pytest.raises(ProtocolViolation):
+        m.after_cancel("r1", True)
+    m.before_cancel("r1")
+    m.after_cancel("r1", False)  # the honest answer is fine
+
+
+@pytest.mark.parametrize("answer", ["False", "True", None, 1, 0])
+def test_a_verdict_that_is_not_a_bool_is_a_violation_not_a_landing(answer: object) -> None:
+    m = ProtocolMonitor()
+    m.before_load("r1")
+    m.after_load("r1", True)
+    m.before_start()
+    m.after_start(0)
+    m.before_finish(0)
+    with pytest.raises(ProtocolViolation) as info:
+        m.after_finish(0, answer)
+    assert (info.value.machine, info.value.state, info.value.trigger) == (
+        "sglang_load",
+        "started",
+        "finish",
+    )
+    assert f"-> {answer!r}" in str(info.value)
+    ends = {k[3] for k in m.counter.counts if k[0] == "sglang_load" and k[2] == "finish"}
+    assert ends == set()  # neither landed nor failed
+    assert not m.batches and not m.loads  # the batch ended whatever it answered
+
+
+@pytest.mark.parametrize("answer", ["False", None, 1])
+def test_every_other_answer_that_is_not_a_bool_is_a_violation(answer: object) -> None:
+    m = ProtocolMonitor(mode="record")
+    m.before_load("r1")
+    m.after_load("r1", answer)
+    m.before_load("r2")
+    m.after_load("r2", True)
+    m.before_cancel("r2")
+    m.after_cancel("r2", answer)
+    m.before_offload()
+    m.after_offload(answer, 1)
+    _offloads(m, 1)
+    m.before_count()
+    m.after_count(1)
+    m.before_pop()
+    m.after_pop(answer)
+    triggers = [(v.machine, v.trigger, v.state) for v in m.violations]
+    assert triggers == [
+        ("sglang_load", "answer", "requested"),
+        ("sglang_load", "cancel", "queued"),
+        ("sglang_offload", "answer", "requested"),
+        ("sglang_offload", "pop", "completed"),
+    ]
+    assert [r.rid for r in m.loads] == ["r2"]  # r1 never queued, r2 not cancelled
+
+
+def test_record_mode_keeps_checking_after_a_bad_answer(caplog: pytest.LogCaptureFixture) -> None:
+    m = ProtocolMonitor(mode="record")
+    _offloads(m, 1)
+    m.before_count()
+    with caplog.at_level(logging.ERROR):
+        m.after_count(-1)
+    assert len(m.violations) == 1 and "count_backed" in caplog.text
+    m.before_count()
+    m.after_count(1)
+    assert m.before_pop()
+    m.after_pop(True)
+    assert len(m.violations) == 1 and not m.offloads

@@ -18,8 +18,13 @@ transaction:
 `ProtocolMonitor(mode="raise" | "record", trace=None)` owns one executor per machine
 (so two monitors never see each other's transitions) and is told about each call in two
 halves: ``before_<call>(...)`` checks that the call is legal now and changes nothing
-when it is not; ``after_<call>(..., answer)`` records what the linker answered. A call
-the protocol does not allow is a `ProtocolViolation`, an `IllegalTransitionError` that
+when it is not; ``after_<call>(..., answer)`` records what the linker answered, exactly
+as it answered (the caller must not coerce it). An answer is checked too, since the
+cache acts on it: every verdict is a `bool` (``"False"``, ``None`` or ``1`` is a
+violation, not a truthy verdict), a cancel answered True needs a queued load of that
+rid, ``start_layer_wise_loading`` answers an `int` that is not the index of a batch still
+in flight, and ``num_completed_offloads`` an `int` from 0 to the accepted offloads not
+popped yet. A call or an answer the protocol does not allow is a `ProtocolViolation`, an `IllegalTransitionError` that
 carries the history of the load, offload or linker concerned: raised in ``raise``
 mode, logged (and kept in `violations`) in ``record`` mode. A recorded violation changes
 no machine, so the rest of the run is still checked.
@@ -39,7 +44,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.coverage import Coverage
@@ -81,10 +86,12 @@ class SglangLinkerTrigger(str, enum.Enum):
     LOOKUP = "lookup"
     LOAD = "load"
     START = "start"
+    START_ANSWER = "start_answer"
     FINISH = "finish"
     CANCEL = "cancel"
     OFFLOAD = "offload"
     COUNT = "count"
+    COUNT_ANSWER = "count_answer"
     POP = "pop"
     RESET = "reset"
     CLOSE = "close"
@@ -156,9 +163,19 @@ class ProtocolViolation(IllegalTransitionError):
         self.args = (f"{call}: {cause}\nhistory of {cause.model}:\n{lines}",)
 
 
-def _accepted(self: object, ok: bool = False) -> bool:
-    """Guard: the answer passed with the trigger."""
-    return ok
+def _accepted(self: object, ok: object = None) -> bool:
+    """Guard: the answer passed with the trigger is True (the bool, nothing truthy)."""
+    return ok is True
+
+
+def _declined(self: object, ok: object = None) -> bool:
+    """Guard: the answer passed with the trigger is False (the bool, nothing falsy)."""
+    return ok is False
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    """An `int` answer (a `bool` is an int to Python, not to the protocol)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class _Record:
@@ -179,6 +196,7 @@ class LoadRecord(_Record):
     __slots__ = ("batch", "rid")
 
     accepted = _accepted
+    declined = _declined
 
     def __init__(self, fsm_id: str, rid: str) -> None:
         super().__init__(fsm_id)
@@ -192,6 +210,7 @@ class OffloadRecord(_Record):
     __slots__ = ("seq",)
 
     accepted = _accepted
+    declined = _declined
 
     def __init__(self, fsm_id: str, seq: int) -> None:
         super().__init__(fsm_id)
@@ -213,6 +232,14 @@ class LinkerRecord(_Record):
     def completion_reported(self) -> bool:
         oldest = self.monitor.oldest_offload()
         return oldest is not None and oldest.state == SglangOffloadState.COMPLETED
+
+    def index_free(self, index: object = None) -> bool:
+        """Guard of `start_answer`: an int that names no batch still in flight."""
+        return _is_int(index) and index not in self.monitor.batches
+
+    def count_backed(self, count: object = None) -> bool:
+        """Guard of `count_answer`: an int from 0 to the accepted offloads not popped."""
+        return _is_int(count) and 0 <= count <= len(self.monitor.offloads)
 
 
 _LIVE_LOAD = (SglangLoadState.QUEUED, SglangLoadState.STARTED)
@@ -288,7 +315,7 @@ class ProtocolMonitor:
     def before_load(self, rid: str) -> bool:
         return self._linker_call(SglangLinkerTrigger.LOAD, f"load({rid!r})")
 
-    def after_load(self, rid: str, answer: bool) -> None:
+    def after_load(self, rid: str, answer: object) -> None:
         self._loads_made += 1
         rec = LoadRecord(f"load {rid!r} #{self._loads_made}", rid)
         self.load_machine.initialize(rec)
@@ -301,11 +328,14 @@ class ProtocolMonitor:
     def before_start(self) -> bool:
         return self._linker_call(SglangLinkerTrigger.START, "start_layer_wise_loading()")
 
-    def after_start(self, index: int) -> None:
-        call = f"start_layer_wise_loading() -> {index}"
+    def after_start(self, index: object) -> None:
+        call = f"start_layer_wise_loading() -> {index!r}"
+        if not self._answer(SglangLinkerTrigger.START_ANSWER, call, index):
+            return  # a recorded violation changes nothing: the loads stay queued
         queued = [r for r in self.loads if r.state == SglangLoadState.QUEUED]
         if not queued:
             return
+        assert isinstance(index, int)  # index_free held
         batch = self.batches.setdefault(index, [])
         for rec in queued:
             rec.batch = index
@@ -321,33 +351,41 @@ class ProtocolMonitor:
                 return self._step(self.load_machine, queued[0], SglangLoadTrigger.FINISH, call)
         return self._linker_call(SglangLinkerTrigger.FINISH, call, index)
 
-    def after_finish(self, index: int, answer: bool) -> None:
-        call = f"finish_layer_wise_loading({index}) -> {answer}"
-        for rec in self.batches.pop(index, []):
-            self._step(self.load_machine, rec, SglangLoadTrigger.FINISH, call, answer)
+    def after_finish(self, index: int, answer: object) -> None:
+        call = f"finish_layer_wise_loading({index}) -> {answer!r}"
+        batch = self.batches.pop(index, [])
+        for rec in batch:  # the batch ended whatever it answered
             self._forget_load(rec)
+        for rec in batch:
+            self._step(self.load_machine, rec, SglangLoadTrigger.FINISH, call, answer)
 
     def before_cancel(self, rid: str) -> bool:
         return self._linker_call(SglangLinkerTrigger.CANCEL, f"cancel_queued_load({rid!r})")
 
-    def after_cancel(self, rid: str, answer: bool) -> None:
-        if not answer:
+    def after_cancel(self, rid: str, answer: object) -> None:
+        if answer is False:
             return
+        call = f"cancel_queued_load({rid!r}) -> {answer!r}"
         live = [r for r in self.loads if r.rid == rid]
-        if live:  # a started load cannot be cancelled: that answer is a violation
+        if live:  # only a queued load can be cancelled, and only by the answer True
             rec = live[0]
-            call = f"cancel_queued_load({rid!r}) -> True"
-            if self._step(self.load_machine, rec, SglangLoadTrigger.CANCEL, call):
+            if self._step(self.load_machine, rec, SglangLoadTrigger.CANCEL, call, answer):
                 self._forget_load(rec)
+            return
+        # no load of `rid` is queued: a cancel that claims one was withdrawn is a lie;
+        # the load machine shows it as a load that no `load` call ever answered
+        phantom = LoadRecord(f"load {rid!r} (never queued)", rid)
+        self.load_machine.initialize(phantom)
+        self._step(self.load_machine, phantom, SglangLoadTrigger.CANCEL, call, answer)
 
     def before_offload(self) -> bool:
         return self._linker_call(SglangLinkerTrigger.OFFLOAD, "offload(...)")
 
-    def after_offload(self, answer: bool, pages: int) -> None:
+    def after_offload(self, answer: object, pages: int) -> None:
         self._offloads_made += 1
         rec = OffloadRecord(f"offload #{self._offloads_made}", self._offloads_made)
         self.offload_machine.initialize(rec)
-        call = f"offload({pages} page(s)) -> {answer}"
+        call = f"offload({pages} page(s)) -> {answer!r}"
         self._step(self.offload_machine, rec, SglangOffloadTrigger.ANSWER, call, answer)
         if rec.state == SglangOffloadState.PENDING:
             self.offloads.append(rec)
@@ -355,9 +393,12 @@ class ProtocolMonitor:
     def before_count(self) -> bool:
         return self._linker_call(SglangLinkerTrigger.COUNT, "num_completed_offloads()")
 
-    def after_count(self, answer: int) -> None:
-        call = f"num_completed_offloads() -> {answer}"
-        # the oldest `answer` offloads completed (SGLang clips the count to what it sent)
+    def after_count(self, answer: object) -> None:
+        call = f"num_completed_offloads() -> {answer!r}"
+        if not self._answer(SglangLinkerTrigger.COUNT_ANSWER, call, answer):
+            return
+        assert isinstance(answer, int)  # count_backed held
+        # the oldest `answer` offloads completed
         for rec in list(self.offloads)[:answer]:
             if rec.state == SglangOffloadState.PENDING:
                 self._step(self.offload_machine, rec, SglangOffloadTrigger.REPORT, call)
@@ -369,11 +410,11 @@ class ProtocolMonitor:
             return self._step(self.offload_machine, oldest, SglangOffloadTrigger.POP, call)
         return self._linker_call(SglangLinkerTrigger.POP, call)
 
-    def after_pop(self, answer: bool) -> None:
+    def after_pop(self, answer: object) -> None:
         oldest = self.oldest_offload()
         if oldest is None or oldest.state != SglangOffloadState.COMPLETED:
             return  # the violation was reported before the call
-        call = f"pop_completed_offload() -> {answer}"
+        call = f"pop_completed_offload() -> {answer!r}"
         self._step(self.offload_machine, oldest, SglangOffloadTrigger.POP, call, answer)
         self.offloads.popleft()
 
@@ -407,6 +448,13 @@ class ProtocolMonitor:
 
     def _linker_call(self, trigger: SglangLinkerTrigger, call: str, *args: Any) -> bool:
         return self._step(self.linker_machine, self.linker, trigger, call, *args)
+
+    def _answer(self, trigger: SglangLinkerTrigger, call: str, answer: object) -> bool:
+        """Check an answer the cache acts on; after `close` the call itself was the
+        violation (reported before it), so its answer is not checked again."""
+        if self.closed:
+            return False
+        return self._linker_call(trigger, call, answer)
 
     def _step(self, machine: Executor, rec: _Record, trigger: str, call: str, *args: Any) -> bool:
         """Fire `trigger` at `rec`; True when legal, else report the violation."""

@@ -40,7 +40,9 @@ wraps any linker (SGLang's own, a user's, a `StoreLinker`) and drives
 `unicache_fsm.integrations.protocol.ProtocolMonitor` from the real calls: an illegal
 call order raises `ProtocolViolation` (an `IllegalTransitionError` carrying that load's
 or offload's history) before the wrapped linker is called, or, with ``mode="record"``,
-logs it and calls through. With `trace` the protocol machines' transitions go to that
+logs it and calls through. Every answer of the wrapped linker is checked as it is
+(never coerced: a verdict of ``"False"`` is a violation, not a landing) and returned to
+the caller unchanged in either mode. With `trace` the protocol machines' transitions go to that
 JSONL file (``unicache-fsm check-trace`` accepts it); `coverage()` /
 `save_coverage(path)` give what ``unicache-fsm diagram --coverage`` draws.
 """
@@ -410,7 +412,7 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
     def load(self, rid: str, transfers: list[Any]) -> bool:
         self.monitor.before_load(rid)
         try:
-            queued = bool(self.linker.load(rid, transfers))
+            queued: bool = self.linker.load(rid, transfers)
         except BaseException:
             self.monitor.after_load(rid, False)
             raise
@@ -425,13 +427,13 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
 
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
         self.monitor.before_finish(counter_index)
-        landed = bool(self.linker.finish_layer_wise_loading(counter_index))
+        landed: bool = self.linker.finish_layer_wise_loading(counter_index)
         self.monitor.after_finish(counter_index, landed)
         return landed
 
     def cancel_queued_load(self, rid: str) -> bool:
         self.monitor.before_cancel(rid)
-        cancelled = bool(self.linker.cancel_queued_load(rid))
+        cancelled: bool = self.linker.cancel_queued_load(rid)
         self.monitor.after_cancel(rid, cancelled)
         return cancelled
 
@@ -439,7 +441,7 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
         self.monitor.before_offload()
         pages = len(transfers[0].keys or ()) if transfers else 0
         try:
-            queued = bool(self.linker.offload(transfers, session_id=session_id))
+            queued: bool = self.linker.offload(transfers, session_id=session_id)
         except BaseException:
             self.monitor.after_offload(False, pages)
             raise
@@ -448,13 +450,13 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
 
     def num_completed_offloads(self) -> int:
         self.monitor.before_count()
-        n = int(self.linker.num_completed_offloads())
+        n: int = self.linker.num_completed_offloads()
         self.monitor.after_count(n)
         return n
 
     def pop_completed_offload(self) -> bool:
         self.monitor.before_pop()
-        ok = bool(self.linker.pop_completed_offload())
+        ok: bool = self.linker.pop_completed_offload()
         self.monitor.after_pop(ok)
         return ok
 
