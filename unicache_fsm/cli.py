@@ -59,9 +59,13 @@ commands that use them.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import re
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -102,7 +106,144 @@ class _ArgumentParser(argparse.ArgumentParser):
     """Reports usage errors as one ``unicache-fsm: error:`` line, not a usage dump."""
 
     def error(self, message: str) -> NoReturn:
+        # "argument --pages: must be ..." (a bound below) reads "--pages must be ..."
+        message = re.sub(r"^argument (?:\S+/)?(\S+): must be ", r"\1 must be ", message)
+        message = " ".join(message.split())
         self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message} (see {self.prog} --help)\n")
+
+
+# -- what arguments may be --------------------------------------------------------------
+#
+# Every numeric argument has a documented range, checked while parsing (before any
+# work); every input file is a regular file read through `_reading`, which turns what a
+# malformed file does to a parser (not UTF-8, nested past the recursion limit, a number
+# of 5,000 digits) into one line naming the argument; every output is probed for a
+# place to write before the run, leaving nothing behind.
+
+#: the most simulated requests, explored pages and processes, torch threads: beyond
+#: these a run cannot finish (or the process cannot start) on any machine we target
+MAX_REQUESTS = 1_000_000
+MAX_TOKENS = 1 << 22  # = the scheduler's MAX_POOL_TOKENS (a test keeps them equal)
+MAX_EXPLORE_PAGES = 64
+MAX_WORKERS = 64
+MAX_TORCH_THREADS = 256
+MAX_MINUTES = 24 * 60.0
+MAX_SEED = 2**64 - 1
+MAX_CONTEXT = 10_000
+MAX_STEPS = 1_000_000
+
+
+def _shown(text: str) -> str:
+    """An argument as quoted in an error line (a long one cut short)."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer from `lo` to `hi`, else one line naming it."""
+
+    def integer(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:  # not a number, or more digits than Python converts
+            value = None
+        if value is None or not lo <= value <= hi:
+            msg = f"must be {lo} or more and at most {hi}, got {_shown(text)}"
+            raise argparse.ArgumentTypeError(msg)
+        return value
+
+    return integer
+
+
+def _minutes(text: str) -> float:
+    """An argparse `type`: a finite number of minutes above 0, at most a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_MINUTES:  # also refuses nan and inf
+        msg = (
+            f"must be a number of minutes above 0 and at most {MAX_MINUTES:.0f}, got {_shown(text)}"
+        )
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _path(text: str) -> Path:
+    """An argparse `type`: a path (an empty one or one holding NUL names nothing)."""
+    if not text or "\0" in text:
+        msg = f"must be a path, got {_shown(text)}"
+        raise argparse.ArgumentTypeError(msg)
+    return Path(text)
+
+
+@contextlib.contextmanager
+def _reading(flag: str, path: object) -> Iterator[None]:
+    """Run a parser over the input `flag` names; what a malformed input makes it raise
+    (beyond the library's own typed errors and `OSError`) becomes one `CliError`."""
+    try:
+        yield
+    except (UnicacheFsmError, OSError):
+        raise
+    except (ValueError, RecursionError, OverflowError, MemoryError) as exc:
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        if isinstance(exc, RecursionError):
+            reason = "nested too deeply"
+        msg = f"{flag} {str(path)!r} cannot be read: {reason}"
+        raise CliError(msg) from None
+
+
+def _input_file(flag: str, path: Path) -> None:
+    """Refuse an input that is not a regular file (a FIFO blocks, a device never ends)."""
+    if not path.exists():
+        msg = f"{flag} {str(path)!r}: no such file"
+        raise CliError(msg)
+    if not path.is_file():
+        msg = f"{flag} {str(path)!r} is not a regular file"
+        raise CliError(msg)
+
+
+def _spec_files(flag: str, path: Path) -> None:
+    """Refuse a spec path, or a spec folder holding a ``*.toml``, that is no regular file."""
+    if path.is_dir():
+        for file in path.glob("*.toml"):
+            _input_file(flag, file)
+    else:
+        _input_file(flag, path)
+
+
+def _output_file(flag: str, path: Path) -> None:
+    """Refuse an output file that cannot be written, before the run (nothing is left)."""
+    folder = path.parent
+    if not folder.is_dir():
+        msg = f"{flag} {str(path)!r}: no folder {str(folder)!r} to write it in"
+        raise CliError(msg)
+    if path.exists() and not path.is_file():
+        msg = f"{flag} {str(path)!r} exists and is not a regular file"
+        raise CliError(msg)
+    _probe(flag, path, folder)
+
+
+def _output_folder(flag: str, path: Path) -> None:
+    """Refuse an output folder (created if missing) that cannot be made or written."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"is under the file {str(existing)!r}"
+        msg = f"{flag} {str(path)!r} {what}; give a directory (created if missing)"
+        raise CliError(msg)
+    _probe(flag, path, existing)
+
+
+def _probe(flag: str, path: Path, folder: Path) -> None:
+    """Create and remove a temporary file in `folder` (permission bits do not bind root;
+    a read-only or pseudo file system does)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        msg = f"{flag} {str(path)!r} cannot be written: {exc.strerror or exc}"
+        raise CliError(msg) from None
 
 
 @attrs.frozen
@@ -133,9 +274,10 @@ def _load_machine(arg: str) -> MachineSpec:
     if _is_spec_path(arg):
         path = Path(arg)
         if not path.is_file():
-            msg = f"no spec file {arg!r}"
+            msg = f"no spec file {arg!r}" + ("" if not path.exists() else " (not a regular file)")
             raise CliError(msg)
-        return loader.load_spec(path)
+        with _reading("MACHINE", path):
+            return loader.load_spec(path)
     known = loader.bundled_machines()
     if arg not in known:
         msg = (
@@ -177,13 +319,13 @@ def _diagram_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o",
         "--output",
-        type=Path,
+        type=_path,
         metavar="PATH",
         help="file to write (several machines as svg/png: a directory)",
     )
     p.add_argument(
         "--coverage",
-        type=Path,
+        type=_path,
         metavar="FILE.json",
         help="label and colour each arrow by how often a run took it (from simulate/fuzz)",
     )
@@ -199,9 +341,11 @@ def _coverage_of(
     """Per-spec declared-arrow counts from a coverage file (None: draw without)."""
     if path is None:
         return lambda spec: None
+    _input_file("--coverage", path)
     try:
-        cov = Coverage.load(path)
-    except (ValueError, KeyError, TypeError) as exc:
+        with _reading("--coverage", path):
+            cov = Coverage.load(path)
+    except (KeyError, TypeError) as exc:
         msg = f"--coverage {str(path)!r} is not a coverage file ({exc})"
         raise CliError(msg) from None
 
@@ -289,7 +433,7 @@ def _docs_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--specs-dir",
-        type=Path,
+        type=_path,
         metavar="DIR",
         help="the folder of *.toml specs to document (default: the bundled specs)",
     )
@@ -303,28 +447,35 @@ def _run_docs(args: argparse.Namespace) -> int:
             "source checkout; run `docs` from a checkout or pass --specs-dir DIR"
         )
         raise CliError(msg)
+    if not folder.is_dir():
+        msg = f"--specs-dir {str(folder)!r} is not a directory"
+        raise CliError(msg)
     spec_files = sorted(folder.glob("*.toml"))
     if not spec_files:
         msg = f"no *.toml spec files in {str(folder)!r}"
         raise CliError(msg)
-    stale: list[Path] = []
+    _spec_files("--specs-dir", folder)
+    # every spec is read and rendered before the first file is written: one bad spec
+    # leaves every doc as it was
+    stale: list[tuple[Path, str]] = []
     for spec_file in spec_files:
         target = spec_file.with_suffix(".md")
-        text = render_markdown_doc(loader.load_spec(spec_file))
+        with _reading("--specs-dir", spec_file):
+            text = render_markdown_doc(loader.load_spec(spec_file))
         current = target.read_text(encoding="utf-8") if target.is_file() else None
-        if current == text:
-            continue
-        stale.append(target)
-        if not args.check:
+        if current != text:
+            stale.append((target, text))
+    if not args.check:
+        for target, text in stale:
             target.write_text(text, encoding="utf-8", newline="\n")
     if args.check:
-        for target in stale:
+        for target, _ in stale:
             print(f"stale: {target} (run `{PROG} docs` to regenerate it)")
         if stale:
             return EXIT_CHECK_FAILED
         print(f"{len(spec_files)} docs up to date")
         return EXIT_OK
-    for target in stale:
+    for target, _ in stale:
         print(f"wrote {target}")
     print(f"{len(spec_files) - len(stale)} of {len(spec_files)} docs were up to date")
     return EXIT_OK
@@ -337,8 +488,20 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload", default="multi_turn", help="multi_turn (default), few_shot, agentic or random"
     )
-    p.add_argument("--requests", type=int, default=400, metavar="N", help="default 400")
-    p.add_argument("--page-size", type=int, default=16, metavar="P", help="a power of two")
+    p.add_argument(
+        "--requests",
+        type=_int_in(1, MAX_REQUESTS),
+        default=400,
+        metavar="N",
+        help=f"default 400 (1 to {MAX_REQUESTS})",
+    )
+    p.add_argument(
+        "--page-size",
+        type=_int_in(1, 1024),
+        default=16,
+        metavar="P",
+        help="a power of two, at most 1024 (default 16)",
+    )
     p.add_argument(
         "--store",
         default="memory",
@@ -348,32 +511,32 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--pool-tokens",
-        type=int,
+        type=_int_in(1, MAX_TOKENS),
         default=DEFAULT_POOL_TOKENS,
         metavar="T",
-        help=f"device KV pool size in tokens (default {DEFAULT_POOL_TOKENS})",
+        help=f"device KV pool size in tokens (default {DEFAULT_POOL_TOKENS}, at most {MAX_TOKENS})",
     )
     p.add_argument(
         "--host-tokens",
-        type=int,
+        type=_int_in(0, MAX_TOKENS),
         default=0,
         metavar="H",
         help="host tier size in tokens: back up finished requests to the host and load "
-        "them back on a hit (default 0: no host tier)",
+        f"them back on a hit (default 0: no host tier; at most {MAX_TOKENS})",
     )
     p.add_argument(
         "--swa-window",
-        type=int,
+        type=_int_in(1, MAX_TOKENS),
         default=None,
         metavar="W",
-        help="sliding window in tokens: adds the SWA component",
+        help=f"sliding window in tokens (1 to {MAX_TOKENS}): adds the SWA component",
     )
     p.add_argument(
         "--chunk-size",
-        type=int,
+        type=_int_in(1, MAX_TOKENS),
         default=None,
         metavar="C",
-        help="chunked prefill: tokens per step (a multiple of P)",
+        help=f"chunked prefill: tokens per step (a multiple of P, at most {MAX_TOKENS})",
     )
     p.add_argument(
         "--faults",
@@ -381,26 +544,29 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="POLICY",
         help="fault injection, e.g. 'refuse_load=0.2,fail_batch_midway=every:5,seed=1'",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=_int_in(0, MAX_SEED), default=0, metavar="S", help="0 (default) to 2**64-1"
+    )
     p.add_argument("--executor", choices=["compiled", "reference"], default="compiled")
     p.add_argument(
         "--torch-threads",
-        type=int,
+        type=_int_in(1, MAX_TORCH_THREADS),
         default=1,
         metavar="N",
-        help="threads torch may use (default 1: a simulated step moves kilobytes, and "
-        "more threads only contend; measured 5-7x slower with 2 on 2 shared cores)",
+        help=f"threads torch may use, 1 to {MAX_TORCH_THREADS} (default 1: a simulated step "
+        "moves kilobytes, and more threads only contend; measured 5-7x slower with 2 on 2 "
+        "shared cores)",
     )
     p.add_argument(
         "--trace",
-        type=Path,
+        type=_path,
         default=None,
         metavar="FILE.jsonl",
         help="record every transition as JSON lines",
     )
     p.add_argument(
         "--coverage",
-        type=Path,
+        type=_path,
         default=None,
         metavar="FILE.json",
         help="write transition coverage (default with --trace: TRACE.coverage.json)",
@@ -416,14 +582,15 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--audit-every",
-        type=int,
+        type=_int_in(1, MAX_STEPS),
         default=None,
         metavar="N",
-        help="check every invariant each N steps, and once at the end (default 20)",
+        help=f"check every invariant each N steps, and once at the end (default 20, at most "
+        f"{MAX_STEPS})",
     )
     p.add_argument(
         "--report",
-        type=Path,
+        type=_path,
         default=None,
         metavar="DIR",
         help="write DIR/index.html: a self-contained page of charts over time and the "
@@ -433,9 +600,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_report_folder(folder: Path) -> None:
     """Refuse a --report DIR that cannot be written, before the run (not after it)."""
-    if folder.exists() and not folder.is_dir():
-        msg = f"--report {str(folder)!r} is a file; give a directory (created if missing)"
-        raise CliError(msg)
+    _output_folder("--report", folder)
     try:
         import plotly  # noqa: F401
     except ImportError:
@@ -445,13 +610,39 @@ def _check_report_folder(folder: Path) -> None:
         raise GraphvizNotFoundError("svg")
 
 
+def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> None:
+    """Every check that needs no workload, cheapest first; the store last (it is opened
+    and closed: one that cannot be reached or opened is refused before the run)."""
+    from unicache_fsm.scheduler.workloads import WORKLOADS, UnknownWorkloadError
+    from unicache_fsm.store.faults import FaultPolicy
+    from unicache_fsm.store.spec import open_store
+
+    config.validate_settings()
+    if config.workload not in WORKLOADS:
+        raise UnknownWorkloadError(config.workload)
+    if config.faults:
+        with _reading("--faults", config.faults):
+            FaultPolicy.parse(config.faults)
+    if args.trace is not None:
+        _output_file("--trace", args.trace)
+    coverage = args.coverage
+    if coverage is None and args.trace is not None:
+        coverage = Path(args.trace).with_suffix(".coverage.json")
+    if coverage is not None:
+        _output_file("--coverage", coverage)
+    if args.report is not None:
+        _check_report_folder(args.report)
+    with _reading("--store", config.store):
+        open_store(config.store).close()
+
+
 def _run_simulate(args: argparse.Namespace) -> int:
     import json
 
     import torch
 
     from unicache_fsm.console import print_table, progress
-    from unicache_fsm.scheduler import SimConfig, SimConfigError, Simulation, warm_up
+    from unicache_fsm.scheduler import SimConfig, Simulation, warm_up
     from unicache_fsm.tree.residency import ExecutorKind
 
     config = SimConfig(
@@ -469,12 +660,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     )
     if args.audit_every is not None:
         config = attrs.evolve(config, audit_every=args.audit_every)
-    if args.torch_threads < 1:
-        msg = f"--torch-threads must be at least 1, got {args.torch_threads}"
-        raise SimConfigError(msg)
+    _check_simulate_inputs(args, config)
     torch.set_num_threads(args.torch_threads)
-    if args.report is not None:
-        _check_report_folder(args.report)
     with progress("generating workload", config.requests) as generated:
         sim = Simulation(
             config,
@@ -515,7 +702,13 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--minutes", type=float, default=1.0, metavar="M", help="how long (default 1)")
+    p.add_argument(
+        "--minutes",
+        type=_minutes,
+        default=1.0,
+        metavar="M",
+        help=f"how long (default 1; above 0, at most {MAX_MINUTES:.0f})",
+    )
     p.add_argument(
         "--page-size",
         type=int,
@@ -532,7 +725,7 @@ def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--coverage",
-        type=Path,
+        type=_path,
         default=None,
         metavar="FILE.json",
         help="write the transitions taken (for diagram --coverage)",
@@ -545,10 +738,10 @@ def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=_int_in(0, MAX_SEED),
         default=None,
         metavar="S",
-        help="the walk's seed (default: a random one, printed)",
+        help="the walk's seed, 0 to 2**64-1 (default: a random one, printed)",
     )
 
 
@@ -559,17 +752,11 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     from unicache_fsm.console import progress
     from unicache_fsm.testing.machines import SystemMachine
 
-    if args.minutes <= 0:
-        msg = f"--minutes must be positive, got {args.minutes}"
-        raise CliError(msg)
     if args.seed is not None and args.driver != "walk":
         msg = "--seed drives the walk; Hypothesis chooses its own programs (--driver walk)"
         raise CliError(msg)
     if args.coverage is not None:  # before the campaign, not after it
-        folder = Path(args.coverage).parent
-        if not folder.is_dir():
-            msg = f"--coverage {str(args.coverage)!r}: no folder {str(folder)!r} to write it in"
-            raise CliError(msg)
+        _output_file("--coverage", args.coverage)
     swa = {"on": (True,), "off": (False,), "both": (False, True)}[args.swa]
     pages = (args.page_size,) if args.page_size else SystemMachine.page_sizes
     machine: type[SystemMachine] = type(
@@ -667,24 +854,38 @@ DEFAULT_EXPLORE_FAULTS = "refuse_load,fail_batch_midway"
 
 
 def _explore_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pages", type=int, default=4, metavar="N", help="FULL pool pages (4)")
-    p.add_argument("--requests", type=int, default=2, metavar="R", help="requests (2)")
-    p.add_argument("--page-size", type=int, default=1, metavar="P", help="tokens a page (1)")
+    pages = _int_in(1, MAX_EXPLORE_PAGES)
+    top = MAX_EXPLORE_PAGES
+    p.add_argument(
+        "--pages", type=pages, default=4, metavar="N", help=f"FULL pool pages (4; 1-{top})"
+    )
+    p.add_argument(
+        "--requests", type=_int_in(1, 9), default=2, metavar="R", help="requests (2; 1-9)"
+    )
+    p.add_argument(
+        "--page-size", type=pages, default=1, metavar="P", help=f"tokens a page (1; 1-{top})"
+    )
     p.add_argument(
         "--key-pages",
-        type=int,
+        type=pages,
         default=1,
         metavar="K",
-        help="pages of each request's key (1: every request asks for the same key)",
+        help=f"pages of each request's key (1: every request asks for the same key; 1-{top})",
     )
     p.add_argument(
         "--swa-window",
-        type=int,
+        type=_int_in(0, top),
         default=1,
         metavar="W",
-        help="SWA window in pages; 0 explores a FULL-only system (1)",
+        help=f"SWA window in pages; 0 explores a FULL-only system (1; 0-{top})",
     )
-    p.add_argument("--host-pages", type=int, default=0, metavar="H", help="host tier pages (0)")
+    p.add_argument(
+        "--host-pages",
+        type=_int_in(0, top),
+        default=0,
+        metavar="H",
+        help=f"host tier pages (0; 0-{top})",
+    )
     p.add_argument(
         "--faults",
         default=DEFAULT_EXPLORE_FAULTS,
@@ -708,26 +909,42 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--store-pages",
-        type=int,
+        type=_int_in(0, top),
         default=0,
         metavar="S",
-        help="the store holds at most S pages, evicting for room (0: unbounded)",
+        help=f"the store holds at most S pages, evicting for room (0: unbounded; 0-{top})",
     )
-    p.add_argument("--depth", type=int, default=None, metavar="D", help="stop after D operations")
-    p.add_argument("--minutes", type=float, default=None, metavar="M", help="stop after M minutes")
     p.add_argument(
-        "--workers", type=int, default=None, metavar="J", help="processes (default: one per core)"
+        "--depth",
+        type=_int_in(1, MAX_STEPS),
+        default=None,
+        metavar="D",
+        help=f"stop after D operations (1-{MAX_STEPS})",
+    )
+    p.add_argument(
+        "--minutes",
+        type=_minutes,
+        default=None,
+        metavar="M",
+        help=f"stop after M minutes (above 0, at most {MAX_MINUTES:.0f})",
+    )
+    p.add_argument(
+        "--workers",
+        type=_int_in(1, MAX_WORKERS),
+        default=None,
+        metavar="J",
+        help=f"processes (default: one per core; 1-{MAX_WORKERS})",
     )
     p.add_argument(
         "--coverage",
-        type=Path,
+        type=_path,
         default=None,
         metavar="FILE.json",
         help="write the transitions reached (for diagram --coverage)",
     )
     p.add_argument(
         "--test-out",
-        type=Path,
+        type=_path,
         default=None,
         metavar="FILE.py",
         help="write the counterexample test there too (on a violation)",
@@ -751,23 +968,10 @@ def _explore_scope(args: argparse.Namespace) -> Any:
             msg = f"--faults: unknown fault kind {bad[0]!r}; valid: all, none, {', '.join(kinds)}"
             raise CliError(msg)
         faults = tuple(dict.fromkeys(kinds[n] for n in names))
-    if args.swa_window < 0:
-        msg = f"--swa-window must be >= 0 pages, got {args.swa_window}"
-        raise CliError(msg)
-    for name in ("depth", "workers"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            msg = f"--{name} must be >= 1, got {value}"
-            raise CliError(msg)
-    if args.minutes is not None and args.minutes <= 0:
-        msg = f"--minutes must be positive, got {args.minutes}"
-        raise CliError(msg)
     for flag in ("coverage", "test_out"):
         path = getattr(args, flag)
-        if path is not None and not Path(path).parent.is_dir():
-            name = "--" + flag.replace("_", "-")
-            msg = f"{name} {str(path)!r}: no folder {str(Path(path).parent)!r} to write it in"
-            raise CliError(msg)
+        if path is not None:
+            _output_file("--" + flag.replace("_", "-"), path)
     try:
         return Scope(
             pages=args.pages,
@@ -824,26 +1028,36 @@ def _run_explore(args: argparse.Namespace) -> int:
 
 
 def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", type=Path, metavar="FILE.jsonl", help="a trace from --trace")
+    p.add_argument("trace", type=_path, metavar="FILE.jsonl", help="a trace from --trace")
     p.add_argument(
         "--spec",
-        type=Path,
+        type=_path,
         action="append",
         default=[],
         metavar="FILE_OR_DIR",
         help="a .toml spec, or a folder of them, for machines of your own (repeatable; "
         "the bundled machines stay known)",
     )
-    p.add_argument("--context", type=int, default=5, help="previous records shown (default 5)")
+    p.add_argument(
+        "--context",
+        type=_int_in(0, MAX_CONTEXT),
+        default=5,
+        metavar="N",
+        help=f"previous records shown (default 5; 0-{MAX_CONTEXT})",
+    )
 
 
 def _run_check_trace(args: argparse.Namespace) -> int:
-    if args.context < 0:
-        msg = f"--context must be 0 or more, got {args.context}"
-        raise CliError(msg)
-    specs = [spec for path in args.spec for spec in loader.load_specs(path)]
+    specs = []
+    for path in args.spec:
+        _spec_files("--spec", path)
+        with _reading("--spec", path):
+            specs.extend(loader.load_specs(path))
+    _input_file("FILE.jsonl", args.trace)
     try:
-        result = check_trace(read_trace(args.trace), spec_lookup(specs), context=args.context)
+        with _reading("FILE.jsonl", args.trace):
+            records = read_trace(args.trace)
+            result = check_trace(records, spec_lookup(specs), context=args.context)
     except TraceInputError as exc:
         if exc.machine is None:
             raise

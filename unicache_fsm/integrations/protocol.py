@@ -24,10 +24,10 @@ cache acts on it: every verdict is a `bool` (``"False"``, ``None`` or ``1`` is a
 violation, not a truthy verdict), a cancel answered True needs a queued load of that
 rid, ``start_layer_wise_loading`` answers an `int` that is not the index of a batch still
 in flight, and ``num_completed_offloads`` an `int` from 0 to the accepted offloads not
-popped yet. A call or an answer the protocol does not allow is a `ProtocolViolation`, an `IllegalTransitionError` that
-carries the history of the load, offload or linker concerned: raised in ``raise``
-mode, logged (and kept in `violations`) in ``record`` mode. A recorded violation changes
-no machine, so the rest of the run is still checked.
+popped yet. A call or an answer the protocol does not allow is a `ProtocolViolation`,
+an `IllegalTransitionError` that carries the history of the load, offload or linker
+concerned: raised in ``raise`` mode, logged (and kept in `violations`) in ``record``
+mode. A recorded violation changes no machine, so the rest of the run is still checked.
 
 `counter` counts every transition (`coverage()` gives the `Coverage` that
 ``unicache-fsm diagram --coverage`` draws); with `trace` every transition is written to
