@@ -185,9 +185,12 @@ def _reading(flag: str, path: object) -> Iterator[None]:
     except (UnicacheFsmError, OSError):
         raise
     except (ValueError, RecursionError, OverflowError, MemoryError) as exc:
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         if isinstance(exc, RecursionError):
             reason = "nested too deeply"
+        elif isinstance(exc, UnicodeDecodeError):
+            reason = f"not UTF-8 (byte {exc.start})"
+        else:
+            reason = " ".join(str(exc).split())[:160] or type(exc).__name__
         msg = f"{flag} {str(path)!r} cannot be read: {reason}"
         raise CliError(msg) from None
 
