@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def test_a_monitored_run_passes_check_trace_and_draws_its_coverage(tmp_path: Pat
     # the arrows SGLang took carry their counts, the others are marked never taken
     assert "queued --> started : start (1x)" in drawn.stdout
     assert "started --> landed : finish [accepted] (1x)" in drawn.stdout
-    assert "queued --> cancelled : cancel (never taken)" in drawn.stdout
+    assert "queued --> cancelled : cancel [accepted] (never taken)" in drawn.stdout
     assert engine.monitor.coverage().missing(bundled_spec("sglang_load")) == [
         "answer: requested -> refused",
         "finish: started -> failed",
@@ -131,3 +132,119 @@ def test_a_monitored_run_passes_check_trace_and_draws_its_coverage(tmp_path: Pat
         "drop: queued -> dropped",
         "drop: started -> dropped",
     ]
+
+
+# -- answers a linker of someone else's gets wrong (issue 31, item 6) -------------------
+
+
+class _Lying:
+    """A linker written elsewhere: `StoreLinker`'s answers, with one planted bug."""
+
+    def __init__(self, honest: object, **lies: object) -> None:
+        self.honest = honest
+        self.__dict__.update(lies)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.honest, name)
+
+
+def _lying_engine(mode: str = "raise", **lies: Callable[..., object]) -> Engine:
+    """SGLang's real cache, whose monitored linker has the planted bug `lies`."""
+    engine = Engine(MemoryStore(), mode=mode)
+    assert engine.monitor is not None
+    engine.monitor.linker = _Lying(engine.store_linker, **lies)
+    return engine
+
+
+def test_a_count_of_minus_one_is_caught_before_sglang_acts_on_it() -> None:
+    # the bug: -1 for "nothing yet", C style
+    engine = _lying_engine(num_completed_offloads=lambda: -1)
+    engine.compute(TOKENS)  # one offload in flight
+    with pytest.raises(ProtocolViolation) as info:
+        engine.poll()
+    assert (info.value.trigger, info.value.guard) == ("count_answer", "count_backed")
+    assert info.value.call == "num_completed_offloads() -> -1"
+    assert engine.pending_offloads() == 1  # SGLang took no completion
+
+
+def test_a_count_of_one_more_than_was_offloaded_is_caught() -> None:
+    engine = _lying_engine()
+    assert engine.monitor is not None
+    lying = engine.monitor.linker
+    lying.num_completed_offloads = lambda: engine.store_linker.num_completed_offloads() + 1
+    engine.compute(TOKENS)
+    with pytest.raises(ProtocolViolation) as info:
+        engine.poll()
+    assert info.value.call == "num_completed_offloads() -> 2"  # one offload was made
+
+
+def test_a_start_that_reuses_the_index_of_a_batch_in_flight_is_caught() -> None:
+    engine = _lying_engine()
+    assert engine.monitor is not None
+    honest = engine.store_linker
+
+    def first_index_forever() -> int:  # the bug: one counter slot for every batch
+        honest.start_layer_wise_loading()
+        return 0
+
+    engine.monitor.linker.start_layer_wise_loading = first_index_forever
+    engine.compute(TOKENS)
+    engine.settle_offloads()
+    engine.evict_all()
+    for rid in ("r1", "r2"):
+        req, result = engine.match(TOKENS, rid)
+        assert engine.load_back(req, result)[0] == 16
+        if rid == "r2":
+            with pytest.raises(ProtocolViolation) as info:
+                engine.cache.ready_to_load_host_cache()
+        else:
+            engine.cache.ready_to_load_host_cache()  # batch 0: r1, not finished yet
+    assert (info.value.trigger, info.value.guard) == ("start_answer", "index_free")
+    assert info.value.call == "start_layer_wise_loading() -> 0"
+
+
+def test_a_cancel_answered_true_for_a_rid_never_loaded_is_caught() -> None:
+    engine = _lying_engine(cancel_queued_load=lambda rid: True)  # the bug: always "done"
+    assert engine.monitor is not None
+    with pytest.raises(ProtocolViolation) as info:
+        engine.monitor.cancel_queued_load("ghost")
+    assert (info.value.machine, info.value.state, info.value.trigger) == (
+        "sglang_load",
+        "requested",
+        "cancel",
+    )
+
+
+def test_a_verdict_as_a_string_is_caught_not_taken_for_a_landing() -> None:
+    engine = _lying_engine()
+    assert engine.monitor is not None
+    honest = engine.store_linker
+    # the bug: a verdict relayed as text from another process
+    engine.monitor.linker.finish_layer_wise_loading = lambda i: str(
+        honest.finish_layer_wise_loading(i)
+    )
+    _stored_and_evicted(engine)
+    with pytest.raises(ProtocolViolation) as info:
+        engine.load(TOKENS, "r1")
+    assert (info.value.machine, info.value.state, info.value.trigger) == (
+        "sglang_load",
+        "started",
+        "finish",
+    )
+    assert info.value.call == "finish_layer_wise_loading(0) -> 'True'"
+
+
+def test_record_mode_logs_a_bad_answer_and_returns_it_unchanged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = _lying_engine(mode="record", cancel_queued_load=lambda rid: "False")
+    assert engine.monitor is not None
+    logging.disable(logging.NOTSET)
+    try:
+        with caplog.at_level(logging.ERROR, logger="unicache_fsm.integrations.protocol"):
+            answer = engine.monitor.cancel_queued_load("ghost")
+    finally:
+        logging.disable(logging.WARNING)
+    assert answer == "False"  # exactly what the wrapped linker said, never bool() of it
+    assert len(engine.monitor.monitor.violations) == 1
+    assert "cancel_queued_load('ghost') -> 'False'" in caplog.text
