@@ -158,6 +158,8 @@ VECTORS: list[tuple[list[str], str]] = [
     (["simulate", "--host-tokens", "3"], "--host-tokens"),
     (["simulate", "--swa-window", "0"], "--swa-window"),
     (["simulate", "--chunk-size", "0"], "--chunk-size"),
+    (["simulate", "--chunk-size", "7"], "multiple of the page size"),
+    (["simulate", "--pool-tokens", "100"], "too small for this workload"),
     (["simulate", "--torch-threads", "0"], "--torch-threads"),
     (["simulate", "--torch-threads", "1e12"], "--torch-threads"),
     (["simulate", "--torch-threads", "1000000000000"], "--torch-threads"),
@@ -306,3 +308,54 @@ def test_the_process_itself_survives_nonsense(template: list[str], tmp_path: Pat
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert template[1] in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_token_bound_is_the_simulations_pool_limit() -> None:
+    from unicache_fsm.cli import MAX_TOKENS
+    from unicache_fsm.scheduler.simulation import MAX_POOL_TOKENS
+
+    assert MAX_TOKENS == MAX_POOL_TOKENS
+
+
+def _help_of(text: str, flag: str) -> str:
+    """The help paragraph of `flag` in a subcommand's ``--help`` output."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(flag + " "))
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].strip().startswith("-")), len(lines)
+    )
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "bound"),
+    [
+        ("simulate", "--requests", "1000000"),
+        ("simulate", "--page-size", "1024"),
+        ("simulate", "--pool-tokens", "4194304"),
+        ("simulate", "--host-tokens", "4194304"),
+        ("simulate", "--swa-window", "4194304"),
+        ("simulate", "--chunk-size", "4194304"),
+        ("simulate", "--seed", "2**64-1"),
+        ("simulate", "--torch-threads", "256"),
+        ("simulate", "--audit-every", "1000000"),
+        ("fuzz", "--minutes", "1440"),
+        ("fuzz", "--seed", "2**64-1"),
+        ("explore", "--pages", "64"),
+        ("explore", "--requests", "9"),
+        ("explore", "--page-size", "64"),
+        ("explore", "--key-pages", "64"),
+        ("explore", "--swa-window", "64"),
+        ("explore", "--host-pages", "64"),
+        ("explore", "--store-pages", "64"),
+        ("explore", "--depth", "1000000"),
+        ("explore", "--minutes", "1440"),
+        ("explore", "--workers", "64"),
+        ("check-trace", "--context", "10000"),
+    ],
+)
+def test_help_states_the_bound_of_every_numeric_argument(
+    command: str, flag: str, bound: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command, "--help"]) == 0
+    assert bound in _help_of(capsys.readouterr().out, flag)
