@@ -4,6 +4,7 @@ eviction (maxmemory + LRU), and the server killed and restarted under the store.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -34,6 +35,7 @@ from unicache_fsm.store import (
     LoadBatchResult,
     StoreConfigError,
     StoreFaultError,
+    StoreUnavailableError,
 )
 from unicache_fsm.store.pageformat import HEADER_SIZE
 from unicache_fsm.store.redis import RedisStore
@@ -357,6 +359,50 @@ def test_bad_arguments_are_typed_errors() -> None:
         RedisStore(url, timeout=0)
     with pytest.raises(StoreConfigError):
         RedisStore(url, capacity_pages=0)
+
+
+def test_wrong_typed_arguments_are_typed_errors_naming_them() -> None:
+    """Regression: `RedisStore(42)` raised `AttributeError` from deep in redis-py."""
+    url = shared_server().url
+    for argument, options in [
+        ("url", {"url": 42}),
+        ("url", {"url": None}),
+        ("url", {"url": b"redis://127.0.0.1:6379"}),
+        ("timeout", {"url": url, "timeout": "5"}),
+        ("background", {"url": url, "background": "no"}),
+        ("history", {"url": url, "history": 1.5}),
+    ]:
+        with pytest.raises(StoreConfigError) as info:
+            RedisStore(**options)  # type: ignore[arg-type]
+        assert info.value.argument == argument, options
+
+
+def _unavailable(url: str, **options: Any) -> StoreUnavailableError:
+    with pytest.raises(StoreUnavailableError) as info:
+        RedisStore(url, **options)
+    error = info.value
+    assert isinstance(error, StoreConfigError) and error.argument == "url"
+    assert error.value == url and url in str(error)
+    assert len(str(error).splitlines()) == 1
+    return error
+
+
+def test_a_server_that_is_not_listening_is_refused_at_open() -> None:
+    """Regression: the store opened, and every later call failed one by one."""
+    server = RedisServer()
+    server.start()
+    url = server.url
+    server.stop()  # the port is free now: nothing listens there
+    _unavailable(url)
+
+
+def test_a_peer_that_never_answers_is_refused_at_open_within_the_timeout() -> None:
+    """Something listens but never speaks Redis: opening gives up after `timeout`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+        _unavailable(url, timeout=0.5)
 
 
 def test_foreign_values_under_our_keys_are_never_served() -> None:

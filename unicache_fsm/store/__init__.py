@@ -28,6 +28,7 @@ from unicache_fsm.store.errors import (
     StoreProtocolError,
     StoreStateError,
     StoreTransferError,
+    StoreUnavailableError,
     UnknownPoolError,
 )
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule, FaultyStore
@@ -79,6 +80,7 @@ __all__ = [
     "StoreProtocolError",
     "StoreStateError",
     "StoreTransferError",
+    "StoreUnavailableError",
     "UnknownPoolError",
     "lookup_result",
     "open_store",

@@ -115,8 +115,11 @@ class NewPages:
         return [self.transfer.keys[i] for i in self.indices]
 
 
-def check_options(capacity_pages: object, history: object) -> None:
+def check_options(capacity_pages: object, history: object, background: object = False) -> None:
     """The constructor arguments every backend shares (`StoreConfigError` naming one)."""
+    if not isinstance(background, bool):
+        msg = f"background must be True or False, got {background!r}"
+        raise StoreConfigError(msg, argument="background", value=background)
     if capacity_pages is not None and (
         isinstance(capacity_pages, bool)
         or not isinstance(capacity_pages, int)
@@ -137,9 +140,9 @@ class BaseStore(Generic[E]):
     def __init__(
         self, *, capacity_pages: int | None = None, background: bool = False, history: int = 256
     ) -> None:
-        check_options(capacity_pages, history)
+        check_options(capacity_pages, history, background)
         self.capacity_pages = capacity_pages
-        self.background = bool(background)
+        self.background = background
         self.last_error: BaseException | None = None
         # `with self._lock` is `with self._cond` (the condition's own lock) without the
         # condition's Python-level __enter__/__exit__ on every call

@@ -15,6 +15,9 @@ Malformed slot tensors and keys are reported with the pool errors the stores reu
 - `UnknownPoolError`: a transfer names a pool that is not attached.
 - `StoreConfigError`: a constructor or `attach` argument is unusable (pools of unequal
   page size, capacity below 1, a pool re-attached with another page layout).
+  - `StoreUnavailableError`: the store's medium cannot be reached or used, found when
+    the store is opened (a Redis server that does not answer at the URL, a directory
+    that cannot be created, read or locked, or that is not a store of this format).
 - `StoreStateError`: a call that the store's current state forbids (re-attaching while
   work is queued).
 - `StoreTransferError`: transfers that do not form a valid request (no KV transfer, a
@@ -40,6 +43,7 @@ __all__ = [
     "StoreProtocolError",
     "StoreStateError",
     "StoreTransferError",
+    "StoreUnavailableError",
     "UnknownPoolError",
 ]
 
@@ -80,6 +84,12 @@ class StoreConfigError(StoreError, ValueError):
         super().__init__(message)
         self.argument = argument
         self.value = value
+
+
+class StoreUnavailableError(StoreConfigError):
+    """The store named by `argument` (``"url"``, ``"directory"``) at `value` cannot be
+    reached or used; raised when the store is opened, never later. The message is one
+    line naming the address or path and the cause."""
 
 
 class StoreStateError(StoreError, RuntimeError):

@@ -57,10 +57,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import re
+import secrets
+import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -72,7 +76,7 @@ import torch
 from unicache_fsm.pools.transfer import PoolName, check_page_key
 from unicache_fsm.store.base import Ident
 from unicache_fsm.store.checksum import page_checksum
-from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.errors import StoreConfigError, StoreFaultError, StoreUnavailableError
 from unicache_fsm.store.jobs import StoreOffload
 from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import KnownPage, PageRead, PageWrite, SharedStore, TornPage
@@ -81,11 +85,103 @@ __all__ = ["MARKER", "FileStore", "Recovery"]
 
 MARKER = "unicache-store.json"
 _FORMAT = {"format": "unicache-fsm file store", "version": 1}
+_MARKER_BYTES = 4096  # a marker of this format is ~60 bytes; more is not ours
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _TMP = re.compile(r"\.([0-9a-f]{64})\.(\d+)\.(\d+)\.tmp")
+# a marker being written by an opening store (older versions wrote it without the token)
+_MARKER_TMP = re.compile(rf"\.{re.escape(MARKER)}\.(\d+)(?:\.[0-9a-f]+)?\.tmp")
+_PID_MAX = (1 << 22) - 1  # Linux's largest pid_max: a greater pid names no process
+# Opening a page never follows a symlink nor waits on a FIFO (the name is checked to be a
+# regular file first; these flags cover a name swapped in between).
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+# Errors of one name, not of the process or the file system: the page is unreadable.
+_UNREADABLE = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.ELOOP,
+        errno.EISDIR,
+        errno.ENOTDIR,
+        errno.ENXIO,
+        errno.ENODEV,
+        errno.ESPIPE,
+        errno.EINVAL,
+        errno.EIO,
+        errno.EAGAIN,
+    }
+)
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class _Unreadable(Exception):
+    """A name that is not a regular file this process can read (a directory, FIFO,
+    socket, device or symlink, or permission denied)."""
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file `path`; `FileNotFoundError` when there
+    is none, `_Unreadable` when the name is anything else or cannot be read. Special
+    files are refused before they are opened (opening a device or a FIFO has effects,
+    or waits); the flags make a name swapped in between harmless."""
+    try:
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            msg = f"{path} is not a regular file (mode {stat.filemode(mode)})"
+            raise _Unreadable(msg)
+        return os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in _UNREADABLE:
+            raise _Unreadable(f"{path}: {exc.strerror}") from exc
+        raise
+
+
+def _read_at_most(path: str, limit: int) -> bytes:
+    """The first `limit` + 1 bytes at most of the regular file `path` (see
+    `_open_regular` for what else it raises)."""
+    fd = _open_regular(path)
+    try:
+        return os.pread(fd, limit + 1, 0)
+    except OSError as exc:
+        if exc.errno in _UNREADABLE:
+            raise _Unreadable(f"{path}: {exc.strerror}") from exc
+        raise
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> bool:
+    """Remove the name `path`, whatever it is (a directory with what it holds: a name of
+    the store's own is never anyone else's data); whether it was there. `OSError` when
+    it cannot be removed."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _is_page_file(path: str) -> bool:
+    """Whether `path` names a regular file (not a symlink, directory or special file:
+    those are never offered as pages)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _discard(path: str) -> bool:
+    """`_remove`, for cleaning up: whether the name went; never raises."""
+    try:
+        return _remove(path)
+    except OSError:
+        return False
 
 
 @attrs.frozen
@@ -100,6 +196,8 @@ class Recovery:
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True  # another store of this process may be writing it right now
+    if not 0 < pid <= _PID_MAX:
+        return False  # no process has it (and 0 would signal our own process group)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -153,6 +251,10 @@ class FileStore(SharedStore):
             msg = f"io_threads must be an int >= 1, got {io_threads!r}"
             raise StoreConfigError(msg, argument="io_threads", value=io_threads)
         self.io_threads = io_threads
+        flag: object = verify_on_open
+        if not isinstance(flag, bool):
+            msg = f"verify_on_open must be True or False, got {verify_on_open!r}"
+            raise StoreConfigError(msg, argument="verify_on_open", value=verify_on_open)
         self._io: concurrent.futures.ThreadPoolExecutor | None = None
         if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
             msg = (
@@ -174,7 +276,13 @@ class FileStore(SharedStore):
         self._open_directory()
         self._lock_fd = self._open_lock()
         try:
-            self.recovered = self._recover(verify=verify_on_open)
+            try:
+                self.recovered = self._recover(verify=verify_on_open)
+            except OSError as exc:
+                msg = f"cannot open the store directory {self.directory}: {exc}"
+                raise StoreUnavailableError(
+                    msg, argument="directory", value=str(self.directory)
+                ) from exc
             if capacity_pages is not None:
                 with self._namespace_lock(), self._lock:
                     self._shrink(set())
@@ -196,110 +304,172 @@ class FileStore(SharedStore):
     # -- opening and recovery ------------------------------------------------------------
 
     def _open_directory(self) -> None:
-        marker = self.directory / MARKER
+        """Make the directory a store (or check that it is one) and create the namespace's
+        pool folders; `StoreUnavailableError` naming the path when it cannot be.
+
+        Several processes may open one new directory at once: each writes the marker
+        under a temporary name of its own and renames it into place (the contents are
+        equal, so the last rename wins harmlessly), and a directory that holds nothing
+        but markers in the making counts as empty."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            if marker.exists():
-                try:
-                    found = json.loads(marker.read_text())
-                except (ValueError, UnicodeDecodeError):
-                    found = None
-                if found != _FORMAT:
+            if not self._read_marker():
+                foreign = self._foreign_entries()
+                # another process may have made it a store between the two looks
+                if foreign and not self._read_marker():
                     msg = (
-                        f"{marker} does not describe a store of this format ({_FORMAT}); "
-                        "point the store at another directory"
+                        f"{self.directory} is not empty and holds no {MARKER} (found "
+                        f"{foreign[0]!r}): it is not a store directory; pass an empty or "
+                        "new directory"
                     )
-                    raise StoreConfigError(msg, argument="directory", value=str(self.directory))
-            else:
-                if any(self.directory.iterdir()):
-                    msg = (
-                        f"{self.directory} is not empty and holds no {MARKER}: it is not a "
-                        "store directory; pass an empty or new directory"
+                    raise StoreUnavailableError(
+                        msg, argument="directory", value=str(self.directory)
                     )
-                    raise StoreConfigError(msg, argument="directory", value=str(self.directory))
-                tmp = self.directory / f".{MARKER}.{os.getpid()}.tmp"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                try:
-                    _write_all(fd, [json.dumps(_FORMAT).encode()])
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, marker)
-                _fsync_dir(self.directory)
-            for pool in PoolName:
-                (self._root / pool.value).mkdir(parents=True, exist_ok=True)
+                if not foreign:
+                    self._write_marker()
+            for folder in (self._root, *(self._root / pool.value for pool in PoolName)):
+                folder.mkdir(exist_ok=True)
+                if not stat.S_ISDIR(os.lstat(folder).st_mode):  # never through a symlink
+                    msg = f"{folder} is not a directory of this store (a symlink or a file)"
+                    raise StoreUnavailableError(
+                        msg, argument="directory", value=str(self.directory)
+                    )
         except OSError as exc:
             msg = f"cannot open the store directory {self.directory}: {exc}"
-            raise StoreConfigError(msg, argument="directory", value=str(self.directory)) from exc
+            raise StoreUnavailableError(
+                msg, argument="directory", value=str(self.directory)
+            ) from exc
+
+    def _read_marker(self) -> bool:
+        """Whether there is a marker (one of this format); `StoreUnavailableError` naming
+        it when it is anything else (another format, not JSON, nested past parsing,
+        larger than any marker, not a regular file)."""
+        marker = self.directory / MARKER
+        try:
+            raw = _read_at_most(str(marker), _MARKER_BYTES)
+            found = json.loads(raw) if len(raw) <= _MARKER_BYTES else None
+        except FileNotFoundError:
+            return False
+        except (_Unreadable, ValueError, RecursionError):
+            found = None
+        if found != _FORMAT:
+            msg = (
+                f"{marker} does not describe a store of this format ({_FORMAT}); point the "
+                "store at another directory"
+            )
+            raise StoreUnavailableError(msg, argument="directory", value=str(self.directory))
+        return True
+
+    def _foreign_entries(self) -> list[str]:
+        """What the directory holds besides markers other openers are writing (those of
+        dead processes are deleted)."""
+        foreign: list[str] = []
+        for entry in os.scandir(self.directory):
+            tmp = _MARKER_TMP.fullmatch(entry.name)
+            if tmp is None:
+                foreign.append(entry.name)
+            elif not _pid_alive(int(tmp.group(1))):
+                _discard(entry.path)
+        return sorted(foreign)
+
+    def _write_marker(self) -> None:
+        tmp = self.directory / f".{MARKER}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                _write_all(fd, [json.dumps(_FORMAT).encode()])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.directory / MARKER)
+        except BaseException:
+            _discard(str(tmp))
+            raise
+        _fsync_dir(self.directory)
 
     def _recover(self, *, verify: bool) -> Recovery:
-        """Delete temporaries of dead writers and torn pages; rebuild the books."""
+        """Delete temporaries of dead writers and torn or unreadable pages; rebuild the
+        books. A name the store cannot list is `StoreUnavailableError`."""
         discarded: list[str] = []
         temporaries = 0
         found: list[tuple[float, Ident, KnownPage]] = []
         for pool in PoolName:
-            folder = self._root / pool.value
-            for entry in os.scandir(folder):
+            folder = self._folders[pool]
+            try:
+                entries = list(os.scandir(folder))
+            except OSError as exc:
+                msg = f"cannot list the store folder {folder}: {exc}"
+                raise StoreUnavailableError(
+                    msg, argument="directory", value=str(self.directory)
+                ) from exc
+            for entry in entries:
                 name = entry.name
                 tmp = _TMP.fullmatch(name)
                 if tmp is not None:
-                    if not _pid_alive(int(tmp.group(2))):
-                        self._unlink(Path(entry.path))
+                    if not _pid_alive(int(tmp.group(2))) and _discard(entry.path):
                         temporaries += 1
                     continue
-                if not _KEY.fullmatch(name) or not entry.is_file(follow_symlinks=False):
+                if not _KEY.fullmatch(name):
                     continue
-                known = self._check_file(Path(entry.path), pool, name, verify=verify)
-                if known is None:
-                    self._unlink(Path(entry.path))
+                checked = self._check_file(entry.path, pool, name, verify=verify)
+                if checked is None:
+                    _discard(entry.path)
                     discarded.append(f"{pool.value}/{name}")
                     continue
-                found.append((entry.stat().st_mtime, (pool, name), known))
+                known, mtime = checked
+                found.append((mtime, (pool, name), known))
         with self._lock:
             for _, ident, known in sorted(found, key=lambda f: f[0]):
                 self._insert(ident, known)
         return Recovery(len(found), tuple(discarded), temporaries)
 
     def _check_file(
-        self, path: Path, pool: PoolName, key: str, *, verify: bool
-    ) -> KnownPage | None:
-        """The books' entry for a page file, or None when the file is not a whole page."""
+        self, path: str, pool: PoolName, key: str, *, verify: bool
+    ) -> tuple[KnownPage, float] | None:
+        """The books' entry for a page file and its modification time, or None when the
+        name is not a whole, readable page (gone, torn, foreign, a special file)."""
         try:
-            with open(path, "rb") as f:
-                record = decode_header(f.read(HEADER_SIZE))
-                size = os.fstat(f.fileno()).st_size
-                if record is None or record.key != key or record.pool is not pool:
-                    return None
-                if size != HEADER_SIZE + record.nbytes:
-                    return None
-                if verify:
-                    payload = bytearray(record.nbytes)
-                    if f.readinto(payload) != record.nbytes:
-                        return None
-                    page = torch.frombuffer(payload, dtype=torch.uint8)
-                    if page_checksum(page) != record.checksum:
-                        return None
-        except FileNotFoundError:
+            fd = _open_regular(path)
+        except (FileNotFoundError, _Unreadable):
             return None
-        parent = (pool, record.parent) if record.parent is not None else None
-        return KnownPage(parent, record.nbytes)
-
-    @staticmethod
-    def _unlink(path: Path) -> bool:
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-        return True
+            st = os.fstat(fd)
+            record = decode_header(os.pread(fd, HEADER_SIZE, 0))
+            if record is None or record.key != key or record.pool is not pool:
+                return None
+            if st.st_size != HEADER_SIZE + record.nbytes:
+                return None
+            if verify:
+                payload = bytearray(record.nbytes)
+                if os.preadv(fd, [payload], HEADER_SIZE) != record.nbytes:
+                    return None
+                page = torch.frombuffer(payload, dtype=torch.uint8)
+                if page_checksum(page) != record.checksum:
+                    return None
+        except OSError:
+            return None  # unreadable (EIO, ...): not a page this store can serve
+        finally:
+            os.close(fd)
+        parent = (pool, record.parent) if record.parent is not None else None
+        return KnownPage(parent, record.nbytes), st.st_mtime
 
     # -- the namespace lock and directory-wide capacity ----------------------------------
 
     def _open_lock(self) -> int:
+        path = self._root / ".lock"
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            return os.open(self._root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, flags, 0o644)
         except OSError as exc:
-            msg = f"cannot open the store's lock file in {self._root}: {exc}"
-            raise StoreConfigError(msg, argument="directory", value=str(self.directory)) from exc
+            msg = f"cannot open the store's lock file {path}: {exc}"
+            raise StoreUnavailableError(
+                msg, argument="directory", value=str(self.directory)
+            ) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            msg = f"the store's lock file {path} is not a regular file"
+            raise StoreUnavailableError(msg, argument="directory", value=str(self.directory))
+        return fd
 
     @contextlib.contextmanager
     def _namespace_lock(self) -> Iterator[None]:
@@ -317,7 +487,11 @@ class FileStore(SharedStore):
         recovery."""
         for pool in PoolName:
             folder = self._folders[pool]
-            on_disk = sorted(e.name for e in os.scandir(folder) if _KEY.fullmatch(e.name))
+            try:
+                on_disk = sorted(e.name for e in os.scandir(folder) if _KEY.fullmatch(e.name))
+            except OSError as exc:
+                msg = f"cannot list the store folder {folder}: {exc}"
+                raise StoreFaultError(msg, operation="reconcile") from exc
             names = set(on_disk)
             for ident in [i for i in self._pages if i[0] is pool and i[1] not in names]:
                 self._forget(ident)
@@ -325,29 +499,34 @@ class FileStore(SharedStore):
                 ident = (pool, key)
                 if ident in self._pages:
                     continue
-                known = self._check_file(Path(folder) / key, pool, key, verify=False)
-                if known is not None:
-                    self._insert(ident, known)
+                checked = self._check_file(f"{folder}/{key}", pool, key, verify=False)
+                if checked is not None:
+                    self._insert(ident, checked[0])
                     if ident in self._leaves:
                         self._leaves.move_to_end(ident, last=False)
 
     def _shrink(self, protect: set[Ident]) -> None:
-        self._reconcile()  # pages others removed no longer count
+        try:
+            self._reconcile()  # pages others removed no longer count
+        except StoreFaultError as exc:  # shrink the books as they are
+            self.last_error = exc
         super()._shrink(protect)
 
     def _run_offload(self, record: StoreOffload) -> None:
         with self._namespace_lock():
             if self.capacity_pages is not None:
                 with self._lock:
-                    self._reconcile()  # room is made for the namespace, not the books
+                    try:
+                        self._reconcile()  # room is made for the namespace, not the books
+                    except StoreFaultError as exc:  # room is made from the books alone
+                        self.last_error = exc
             super()._run_offload(record)
 
     # -- the medium --------------------------------------------------------------------
 
     def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         folder = self._folders[pool]
-        exists, present = os.access, os.F_OK  # one access(2) per page, no stat result
-        return [exists(f"{folder}/{key}", present) for key in keys]
+        return [_is_page_file(f"{folder}/{key}") for key in keys]
 
     def _each(self, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
         """`fn` over `items` on the I/O threads (in order); the first failure is raised."""
@@ -382,7 +561,10 @@ class FileStore(SharedStore):
         def write(page: PageWrite) -> None:
             key, header, payload = page
             final = folder / key
-            if not final.exists():  # write-once (another process may have written it)
+            # write-once (another process may have written it); a name that is no page
+            # file (a directory, a special file, a symlink) is removed and written
+            if not _is_page_file(str(final)):
+                _remove(str(final))
                 self._write_file(folder, key, final, [header, payload])
 
         self._each(write, pages)  # concurrent fsyncs share the file system's commits
@@ -404,25 +586,30 @@ class FileStore(SharedStore):
                 os.close(fd)
             os.replace(tmp, final)
         except BaseException:
-            self._unlink(tmp)
+            _discard(str(tmp))
             raise
 
     def _read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         folder = self._folders[pool]
-        flags = os.O_RDONLY | os.O_CLOEXEC
 
         def read(i: int) -> PageRead | None:
             key, row = keys[i], rows[i]
             header = bytearray(HEADER_SIZE)
-            extra = bytearray(1)  # a longer file is torn too
+            extra = bytearray(1)  # a longer file is torn too (and a huge one reads no more)
             try:
-                fd = os.open(f"{folder}/{key}", flags)
+                fd = _open_regular(f"{folder}/{key}")
             except FileNotFoundError:
                 return None
+            except _Unreadable:
+                raise TornPage(key) from None
             try:  # one call: header, payload straight into its row, and any excess
                 got = os.preadv(fd, [header, row, extra], 0)
+            except OSError as exc:
+                if exc.errno in _UNREADABLE:
+                    raise TornPage(key) from exc
+                raise
             finally:
                 os.close(fd)
             record = decode_header(header)
@@ -433,8 +620,8 @@ class FileStore(SharedStore):
         return self._each(read, range(len(keys)))
 
     def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
-        folder = self._root / pool.value
-        return sum(self._unlink(folder / key) for key in keys)
+        folder = self._folders[pool]
+        return sum(_remove(f"{folder}/{key}") for key in keys)
 
     def _release(self) -> None:
         os.close(self._lock_fd)

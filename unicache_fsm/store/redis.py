@@ -20,6 +20,10 @@ or the server evicted are `unicache_fsm.store.shared.SharedStore`'s. What Redis 
   ordinary ``SET key value NX`` commands.
 - Loads and offloads run off the caller's thread by default (``background=True``); their
   completions come through the protocol as for every store.
+- A value under a page key that is not one whole page of this format (torn, foreign,
+  of another type: a list, a hash, a set) is unreadable: its load fails and the page is
+  deleted with the chain stored after it, like a torn one, so LOOKUP stops offering it
+  and a later offload stores the prefix again.
 - Server-side eviction (``maxmemory`` with an LRU policy) is store-side eviction: LOOKUP
   asks the server, so it stops reporting evicted pages (and the linker's
   `verify_stored` demotes their nodes); a load of an evicted page fails its batch.
@@ -27,6 +31,9 @@ or the server evicted are `unicache_fsm.store.shared.SharedStore`'s. What Redis 
   and `evict` raise `StoreFaultError`; a running offload completes False, a running load
   batch fails. The client reconnects by itself on the next call (one immediate retry,
   then the fault), and values are checked, so nothing stale or partial is ever served.
+- Opening pings the server: one that does not answer within `timeout` (nothing
+  listening, a wrong password, not Redis) is refused at once with
+  `StoreUnavailableError` naming the URL.
 - `client` is the `redis.Redis` in use; `close()` releases its connections.
 
 redis-py is an optional dependency (``pip install unicache-fsm[redis]``); without it the
@@ -37,11 +44,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.checksum import page_checksum
-from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
+from unicache_fsm.store.errors import (
+    StoreConfigError,
+    StoreFaultError,
+    StoreUnavailableError,
+)
 from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
 
@@ -85,6 +97,10 @@ class RedisStore(SharedStore):
         timeout: float = 5.0,
     ) -> None:
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        given: object = url
+        if not isinstance(given, str):
+            msg = f"url must be a Redis URL string (redis://HOST:PORT[/DB]), got {url!r}"
+            raise StoreConfigError(msg, argument="url", value=url)
         if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
             msg = f"namespace must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}, got {namespace!r}"
             raise StoreConfigError(msg, argument="namespace", value=namespace)
@@ -113,7 +129,21 @@ class RedisStore(SharedStore):
         self.url = url
         self.namespace = namespace
         self._prefix = f"{KEY_PREFIX}:{namespace}:"
+        self._reach()
         self._start_worker()
+
+    def _reach(self) -> None:
+        """Refuse a server that does not answer now (`StoreUnavailableError`, one line
+        naming the URL): a store that cannot be reached is refused when it is opened,
+        not discovered as one failed call after another."""
+        unreachable: tuple[type[BaseException], ...] = (*self._errors, ValueError)
+        try:
+            self.client.ping()
+        except unreachable as exc:
+            self.client.close()
+            cause = " ".join(str(exc).split()) or type(exc).__name__
+            msg = f"cannot reach the Redis server at {self.url}: {cause}"
+            raise StoreUnavailableError(msg, argument="url", value=self.url) from exc
 
     def __repr__(self) -> str:
         return (
@@ -135,11 +165,15 @@ class RedisStore(SharedStore):
             msg = f"{operation}: the Redis server at {self.url} failed: {exc}"
             raise StoreFaultError(msg, operation=operation) from exc
 
-    def _pipelined(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    def _pipelined(
+        self, commands: Sequence[tuple[Any, ...]], *, raise_on_error: bool = True
+    ) -> list[Any]:
+        """The replies to `commands`, sent in one round trip; with ``raise_on_error=False``
+        an error reply is returned in its command's place (an exception instance)."""
         pipe = self.client.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
-        return list(pipe.execute())
+        return list(pipe.execute(raise_on_error=raise_on_error))
 
     def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         if not keys:
@@ -198,13 +232,21 @@ class RedisStore(SharedStore):
         reads: list[PageRead | None] = []
         for start in range(0, len(keys), per_chunk):
             chunk = keys[start : start + per_chunk]
-            values = self._pipelined([("GET", self.key_of(pool, k)) for k in chunk])
+            commands = [("GET", self.key_of(pool, k)) for k in chunk]
+            values = self._call("load", partial(self._pipelined, commands, raise_on_error=False))
             for row, key, value in zip(
                 rows[start : start + len(chunk)], chunk, values, strict=True
             ):
                 if value is None:
                     reads.append(None)
                     continue
+                if isinstance(value, self._reply_error):
+                    if str(value).startswith("WRONGTYPE"):  # a list, a hash...: unreadable
+                        raise TornPage(key)
+                    msg = f"load: the Redis server at {self.url} refused GET {key}: {value}"
+                    raise StoreFaultError(msg, operation="load") from value
+                if not isinstance(value, bytes):
+                    raise TornPage(key)
                 record = decode_header(value)
                 if record is None or len(value) != HEADER_SIZE + nbytes:
                     raise TornPage(key)
