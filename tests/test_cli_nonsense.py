@@ -177,7 +177,6 @@ VECTORS: list[tuple[list[str], str]] = [
     (["simulate", "--store", "file:/proc/x"], "/proc/x"),
     (["simulate", "--store", "file:{F}/not_a_store"], "not_a_store"),
     (["simulate", "--store", "file:{F}/nested_marker"], "nested_marker"),
-    (["simulate", "--store", "file:{F}/huge_pid"], "huge_pid"),
     (["simulate", "--store", "redis://127.0.0.1:1"], "127.0.0.1:1"),
     (["simulate", "--store", "redis://localhost:port"], "redis://localhost:port"),
     (["simulate", "--report", "/proc/x"], "--report"),
@@ -203,7 +202,6 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of nonsense inputs (and of the outputs the vectors name)."""
-    from unicache_fsm.pools.transfer import PoolName
     from unicache_fsm.store import FileStore
     from unicache_fsm.store.file import MARKER
 
@@ -239,13 +237,8 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     os.mkfifo(f / "fifo_specs" / "z.toml")
     (f / "not_a_store").mkdir()
     (f / "not_a_store" / "notes.txt").write_text("mine\n")
-    for name in ("nested_marker", "huge_pid"):
-        store = FileStore(f / name)
-        folder = store.path_of(PoolName.KV, "0" * 64).parent
-        store.close()
+    FileStore(f / "nested_marker").close()
     (f / "nested_marker" / MARKER).write_text("[" * DEEP + "]" * DEEP)
-    folder = FileStore(f / "huge_pid").path_of(PoolName.KV, "0" * 64).parent
-    (folder / f".{'ab' * 32}.{2**40}.0.tmp").write_bytes(b"x")
     return f
 
 
