@@ -79,6 +79,7 @@ VECTORS: list[tuple[list[str], str]] = [
     (["docs", "--specs-dir", "{F}/bad_specs"], "z.toml' cannot be read: not UTF-8"),
     (["docs", "--specs-dir", "{F}/deep_specs"], "nested too deeply"),
     (["docs", "--specs-dir", "{F}/fifo_specs"], "not a regular file"),
+    (["docs", "--specs-dir", "{F}/fifo_doc"], "a_door.md' exists and is not a regular file"),
     (["docs", "--specs-dir", ""], "--specs-dir must be a path"),
     (["docs", "--check", "extra"], "unrecognized"),
     # -- check-trace
@@ -179,7 +180,7 @@ VECTORS: list[tuple[list[str], str]] = [
     (["simulate", "--store", "file:{F}/nested_marker"], "nested_marker"),
     (["simulate", "--store", "redis://127.0.0.1:1"], "127.0.0.1:1"),
     (["simulate", "--store", "redis://localhost:port"], "redis://localhost:port"),
-    (["simulate", "--report", "/proc/x"], "--report"),
+    (["simulate", "--report", "/proc/x"], "--report '/proc/x' cannot be written"),
     (["simulate", "--report", "{F}/file.txt"], "--report"),
     (["simulate", "--report", "{F}/file.txt/sub"], "under the file"),
     (["simulate", "--trace", "{F}/missing/t.jsonl"], "no folder"),
@@ -235,6 +236,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (f / "fifo_specs").mkdir()
     (f / "fifo_specs" / "a_door.toml").write_text(SPEC)
     os.mkfifo(f / "fifo_specs" / "z.toml")
+    (f / "fifo_doc").mkdir()
+    (f / "fifo_doc" / "a_door.toml").write_text(SPEC)
+    os.mkfifo(f / "fifo_doc" / "a_door.md")
     (f / "not_a_store").mkdir()
     (f / "not_a_store" / "notes.txt").write_text("mine\n")
     FileStore(f / "nested_marker").close()

@@ -463,6 +463,9 @@ def _run_docs(args: argparse.Namespace) -> int:
     stale: list[tuple[Path, str]] = []
     for spec_file in spec_files:
         target = spec_file.with_suffix(".md")
+        if target.exists() and not target.is_file():  # writing a FIFO blocks
+            msg = f"--specs-dir: {str(target)!r} exists and is not a regular file"
+            raise CliError(msg)
         with _reading("--specs-dir", spec_file):
             text = render_markdown_doc(loader.load_spec(spec_file))
         current = target.read_text(encoding="utf-8") if target.is_file() else None

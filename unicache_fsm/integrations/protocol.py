@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import numbers
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -174,8 +175,8 @@ def _declined(self: object, ok: object = None) -> bool:
 
 
 def _is_int(value: object) -> TypeGuard[int]:
-    """An `int` answer (a `bool` is an int to Python, not to the protocol)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer answer (NumPy's too); a `bool` is an int to Python, not to the protocol."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class _Record:
@@ -335,7 +336,8 @@ class ProtocolMonitor:
         queued = [r for r in self.loads if r.state == SglangLoadState.QUEUED]
         if not queued:
             return
-        assert isinstance(index, int)  # index_free held
+        assert _is_int(index)  # index_free held
+        index = int(index)
         batch = self.batches.setdefault(index, [])
         for rec in queued:
             rec.batch = index
@@ -397,9 +399,9 @@ class ProtocolMonitor:
         call = f"num_completed_offloads() -> {answer!r}"
         if not self._answer(SglangLinkerTrigger.COUNT_ANSWER, call, answer):
             return
-        assert isinstance(answer, int)  # count_backed held
+        assert _is_int(answer)  # count_backed held
         # the oldest `answer` offloads completed
-        for rec in list(self.offloads)[:answer]:
+        for rec in list(self.offloads)[: int(answer)]:
             if rec.state == SglangOffloadState.PENDING:
                 self._step(self.offload_machine, rec, SglangOffloadTrigger.REPORT, call)
 
