@@ -4,7 +4,12 @@
 0 on success, 1 when a check found something (``docs --check``), 2 on bad input
 (unknown machine or state, invalid spec file, Graphviz missing, bad arguments). Bad
 input prints exactly one line, ``unicache-fsm: error: ...``, on stderr and never a
-traceback.
+traceback, and is refused before any work, so nothing is written: every numeric
+argument has a range (stated in ``--help``, checked while parsing), every input file
+must be a regular file and whatever a malformed one does to its parser becomes that
+line, every output is probed for a place to write before the run, and ``simulate``
+opens (and closes) its ``--store`` before the run, so a store that cannot be reached
+or opened is refused at start.
 
 Subcommands (one `Command` each in `COMMANDS`; a new one is a function that adds
 its arguments, a function that runs it, and one entry in the table):
