@@ -42,8 +42,8 @@ call order raises `ProtocolViolation` (an `IllegalTransitionError` carrying that
 or offload's history) before the wrapped linker is called, or, with ``mode="record"``,
 logs it and calls through. Every answer of the wrapped linker is checked as it is
 (never coerced: a verdict of ``"False"`` is a violation, not a landing) and returned to
-the caller unchanged in either mode. With `trace` the protocol machines' transitions go to that
-JSONL file (``unicache-fsm check-trace`` accepts it); `coverage()` /
+the caller unchanged in either mode. With `trace` the protocol machines' transitions go
+to that JSONL file (``unicache-fsm check-trace`` accepts it); `coverage()` /
 `save_coverage(path)` give what ``unicache-fsm diagram --coverage`` draws.
 """
 
