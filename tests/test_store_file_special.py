@@ -304,12 +304,13 @@ def prefix_recomputes_once(
     once = returns(lambda: second.serve("b", KEY), root)
     assert once.outcome is not Outcome.COMMITTED or len(once.load.key) < len(KEY)  # type: ignore[union-attr]
     second.evict_all()
-    for system, rid in [(second, "c"), (System.build(P, store_factory=make), "d")]:
+    third = System.build(P, store_factory=make)
+    for system, rid in [(second, "c"), (third, "d")]:
         again = returns(lambda: system.serve(rid, KEY), root)  # noqa: B023 (called at once)
         assert again.outcome is Outcome.COMMITTED, rid
         assert again.load is not None and len(again.load.key) == len(KEY), rid
         system.audit()
-    for system in (first, second):
+    for system in (first, second, third):
         system.store.close()
 
 
