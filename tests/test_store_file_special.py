@@ -9,6 +9,7 @@ prefix with such a page recomputes once and is loaded again afterwards."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing
 import os
 import shutil
@@ -27,7 +28,7 @@ from test_store_memory import KV, Rig, drain, kv_lookup, load_now
 from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.serving.request import Outcome
-from unicache_fsm.store import ExternalStore, LoadBatchResult
+from unicache_fsm.store import ExternalStore, LoadBatchResult, StoreUnavailableError
 from unicache_fsm.store.file import FileStore
 from unicache_fsm.testing.system import System
 
@@ -335,3 +336,44 @@ def _unreadable_prefix(base: Path) -> None:
 
 def test_a_prefix_with_a_page_that_may_not_be_read_recomputes_once_then_loads() -> None:
     _in_an_unprivileged_child(_unreadable_prefix)
+
+
+# -- a peer that holds the namespace lock and never lets go ------------------------------------
+
+
+def _hold_lock(path: str, held: Any, release: Any) -> None:
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    held.set()
+    release.wait(BOUND)
+
+
+def test_an_offload_fails_when_a_peer_holds_the_namespace_lock_too_long(
+    tmp_path: Path, rig: Rig
+) -> None:
+    """Regression: a process stopped (or hung) while holding the lock blocked every other
+    process's offloads, and their `reset` and `close`, forever."""
+    store = FileStore(tmp_path / "s", background=True, lock_timeout=0.2)
+    store.attach(rig.pools)
+    ctx = multiprocessing.get_context("fork")
+    held, release = ctx.Event(), ctx.Event()
+    peer = ctx.Process(target=_hold_lock, args=(str(tmp_path / "s/default/.lock"), held, release))
+    peer.start()
+    try:
+        assert held.wait(BOUND)
+        keys, src = rig.chain(2), rig.fill(KV, 2)
+        assert store.offload([PoolTransfer(KV, src, keys)])
+        returns(store.progress, tmp_path)
+        assert drain(store)[1] == [False]
+        assert "stayed held by another process" in str(store.last_error)
+        assert not store.contains(KV, keys[0])
+        with pytest.raises(StoreUnavailableError, match="stayed held"):
+            FileStore(tmp_path / "s", capacity_pages=8, lock_timeout=0.2)
+    finally:
+        release.set()
+        peer.join(BOUND)
+    assert store.offload([PoolTransfer(KV, src, keys)])
+    store.progress()
+    assert drain(store)[1] == [True]
+    store.check_invariants()
+    returns(store.close, tmp_path)
