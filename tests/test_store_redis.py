@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -14,8 +15,9 @@ import torch
 from hypothesis import settings
 from hypothesis.stateful import invariant
 
-from redis_helpers import REDIS_SKIP, flush, open_store, shared_server
+from redis_helpers import REDIS_SKIP, flush, fresh_namespace, open_store, shared_server
 from test_store_file import as_version
+from test_store_file_special import THIRD, prefix_recomputes_once
 from test_store_memory import (
     KV,
     LargeRig,
@@ -429,6 +431,67 @@ def test_foreign_values_under_our_keys_are_never_served() -> None:
     assert store.lookup("r", kv_lookup(keys)) == [1]
     store.check_invariants()
     store.close()
+    flush()
+
+
+def _other_type(client: redis.Redis, name: str, kind: str) -> None:
+    """Replace the value at `name` by a value of another Redis type."""
+    client.delete(name)
+    if kind == "list":
+        client.rpush(name, b"x")
+    elif kind == "hash":
+        client.hset(name, "field", b"x")
+    elif kind == "set":
+        client.sadd(name, b"x")
+    else:
+        client.zadd(name, {b"x": 1.0})
+
+
+OTHER_TYPES = ["list", "hash", "set", "zset"]
+
+
+@pytest.mark.parametrize("kind", OTHER_TYPES)
+def test_a_value_of_another_type_is_an_unreadable_page_dropped_with_its_chain(kind: str) -> None:
+    """Regression: a list or hash under a page key was offered, its load failed
+    (WRONGTYPE), it stayed, and write-once offloads never replaced it: every request for
+    the prefix loaded, failed and recomputed, forever."""
+    rig = Rig()
+    store = open_store(background=False)
+    store.attach(rig.pools)
+    keys, src = _offload(store, rig, 4)
+    _other_type(store.client, store.key_of(KV, keys[1]), kind)
+    assert store.lookup("r", kv_lookup(keys)) == [1, 2, 3, 4]  # a key exists: offered once
+    dst = rig.alloc(KV, 4)
+    before = rig.read(KV, dst).clone()
+    assert not load_now(store, "r", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(rig.read(KV, dst), before)
+    assert store.lookup("r", kv_lookup(keys)) == [1]
+    assert [store.client.exists(store.key_of(KV, k)) for k in keys] == [1, 0, 0, 0]
+    assert store.offload([PoolTransfer(KV, src, keys)])
+    store.progress()
+    assert drain(store)[1] == [True]
+    assert load_now(store, "again", [PoolTransfer(KV, dst, keys)])
+    assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+    store.check_invariants()
+    store.close()
+    flush()
+
+
+@pytest.mark.parametrize("kind", ["list", "hash"])
+def test_a_prefix_with_a_value_of_another_type_recomputes_once_then_loads(
+    kind: str, tmp_path: Path
+) -> None:
+    """End to end on the real server: systems sharing a namespace (as processes would)."""
+    namespace = fresh_namespace()
+
+    def make() -> RedisStore:
+        return RedisStore(shared_server().url, namespace=namespace, background=False)
+
+    def poison(store: ExternalStore) -> None:
+        assert isinstance(store, RedisStore)
+        _other_type(store.client, store.key_of(KV, THIRD), kind)
+
+    prefix_recomputes_once(make, poison, tmp_path)
     flush()
 
 

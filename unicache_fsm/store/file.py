@@ -56,7 +56,6 @@ and forgetting pages other processes wrote or removed are
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import errno
 import fcntl
 import json
@@ -66,7 +65,8 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -245,8 +245,17 @@ class FileStore(SharedStore):
         history: int = 256,
         verify_on_open: bool = False,
         io_threads: int = 4,
+        lock_timeout: float = 30.0,
     ) -> None:
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        if (
+            isinstance(lock_timeout, bool)
+            or not isinstance(lock_timeout, (int, float))
+            or not 0 < lock_timeout < float("inf")
+        ):
+            msg = f"lock_timeout must be a number of seconds > 0, got {lock_timeout!r}"
+            raise StoreConfigError(msg, argument="lock_timeout", value=lock_timeout)
+        self.lock_timeout = float(lock_timeout)
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
             msg = f"io_threads must be an int >= 1, got {io_threads!r}"
             raise StoreConfigError(msg, argument="io_threads", value=io_threads)
@@ -284,8 +293,17 @@ class FileStore(SharedStore):
                     msg, argument="directory", value=str(self.directory)
                 ) from exc
             if capacity_pages is not None:
-                with self._namespace_lock(), self._lock:
-                    self._shrink(set())
+                try:
+                    self._lock_namespace()
+                except StoreFaultError as exc:
+                    raise StoreUnavailableError(
+                        str(exc), argument="directory", value=str(self.directory)
+                    ) from exc
+                try:
+                    with self._lock:
+                        self._shrink(set())
+                finally:
+                    self._unlock_namespace()
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -471,14 +489,29 @@ class FileStore(SharedStore):
             raise StoreUnavailableError(msg, argument="directory", value=str(self.directory))
         return fd
 
-    @contextlib.contextmanager
-    def _namespace_lock(self) -> Iterator[None]:
-        """Exclusive across processes (and across stores of one process)."""
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+    def _lock_namespace(self) -> None:
+        """Take the namespace lock, exclusive across processes (and across stores of one
+        process), waiting at most `lock_timeout` seconds: a peer that holds it longer
+        (stopped, or hung in I/O) makes this a `StoreFaultError`, not a wait forever."""
+        deadline = time.monotonic() + self.lock_timeout
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    msg = (
+                        f"the store's lock {self._root / '.lock'} stayed held by another "
+                        f"process for {self.lock_timeout:g} s"
+                    )
+                    raise StoreFaultError(msg, operation="lock") from None
+                time.sleep(min(pause, left))
+                pause = min(2 * pause, 0.05)
+
+    def _unlock_namespace(self) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _reconcile(self) -> None:
         """Make the books match the page files of the namespace (the lock is held):
@@ -513,7 +546,13 @@ class FileStore(SharedStore):
         super()._shrink(protect)
 
     def _run_offload(self, record: StoreOffload) -> None:
-        with self._namespace_lock():
+        try:
+            self._lock_namespace()
+        except StoreFaultError as exc:
+            with self._lock:
+                self._offload_failed(record, exc)
+            return
+        try:
             if self.capacity_pages is not None:
                 with self._lock:
                     try:
@@ -521,6 +560,8 @@ class FileStore(SharedStore):
                     except StoreFaultError as exc:  # room is made from the books alone
                         self.last_error = exc
             super()._run_offload(record)
+        finally:
+            self._unlock_namespace()
 
     # -- the medium --------------------------------------------------------------------
 

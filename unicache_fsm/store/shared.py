@@ -227,6 +227,13 @@ class SharedStore(BaseStore[KnownPage]):
                 self._shrink({ident for ident, _ in written})
             self._finish_offload(record, ok)
 
+    def _offload_failed(self, record: StoreOffload, exc: Exception) -> None:
+        """Complete `record` failed without touching the medium, which could not be used
+        (the lock is held); `exc` says why."""
+        self.last_error = exc
+        OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
+        self._finish_offload(record, False)
+
     def _write_new(
         self, new: NewPages, pool: KVPool, written: list[tuple[Ident, KnownPage]]
     ) -> None:
