@@ -91,14 +91,21 @@ def test_a_special_file_as_the_marker_is_refused_without_waiting(tmp_path: Path)
         _refused(directory, "does not describe a store of this format")
 
 
-def test_namespace_folders_that_are_symlinks_are_refused(tmp_path: Path) -> None:
-    """Pages are never written through a symlink out of the store's directory."""
+def test_namespace_folders_and_lock_files_that_are_symlinks_are_refused(tmp_path: Path) -> None:
+    """Nothing is ever written or created through a symlink out of the store's
+    directory."""
     outside = tmp_path / "outside"
     outside.mkdir()
     directory = tmp_path / "s"
     FileStore(directory, namespace="other").close()
     (directory / "default").symlink_to(outside)
     _refused(directory, "not a directory of this store")
+    assert os.listdir(outside) == []
+    (directory / "default").unlink()
+    FileStore(directory).close()
+    (directory / "default" / ".lock").unlink()
+    (directory / "default" / ".lock").symlink_to(outside / "lock")
+    _refused(directory, "lock file")
     assert os.listdir(outside) == []
 
 
