@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from test_store_memory import KV, Rig, kv_lookup
-from unicache_fsm.store import StoreConfigError, StoreError, StoreUnavailableError
+from unicache_fsm.store import StoreConfigError, StoreError, StoreUnavailableError, open_store
 from unicache_fsm.store.file import MARKER, FileStore
 
 
@@ -35,6 +35,15 @@ def test_a_directory_that_cannot_be_created_is_refused(tmp_path: Path) -> None:
     error = _refused(blocker / "sub", "cannot open the store directory")
     assert str(blocker / "sub") in str(error)
     assert blocker.read_text() == "x"
+
+
+def test_open_store_refuses_a_directory_it_cannot_use(tmp_path: Path) -> None:
+    """The CLI's ``--store file:DIR`` gets the same typed, one-line refusal."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StoreUnavailableError) as info:
+        open_store(f"file:{blocker / 'sub'}")
+    assert info.value.argument == "directory" and len(str(info.value).splitlines()) == 1
 
 
 def test_a_directory_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
@@ -82,14 +91,21 @@ def test_a_special_file_as_the_marker_is_refused_without_waiting(tmp_path: Path)
         _refused(directory, "does not describe a store of this format")
 
 
-def test_namespace_folders_that_are_symlinks_are_refused(tmp_path: Path) -> None:
-    """Pages are never written through a symlink out of the store's directory."""
+def test_namespace_folders_and_lock_files_that_are_symlinks_are_refused(tmp_path: Path) -> None:
+    """Nothing is ever written or created through a symlink out of the store's
+    directory."""
     outside = tmp_path / "outside"
     outside.mkdir()
     directory = tmp_path / "s"
     FileStore(directory, namespace="other").close()
     (directory / "default").symlink_to(outside)
     _refused(directory, "not a directory of this store")
+    assert os.listdir(outside) == []
+    (directory / "default").unlink()
+    FileStore(directory).close()
+    (directory / "default" / ".lock").unlink()
+    (directory / "default" / ".lock").symlink_to(outside / "lock")
+    _refused(directory, "lock file")
     assert os.listdir(outside) == []
 
 

@@ -203,11 +203,12 @@ def _in_an_unprivileged_child(scenario: Callable[[Path], None]) -> None:
         if os.geteuid() == 0:
             os.chmod(base, 0o755)
             os.chown(base, NOBODY, NOBODY)
-        reader, writer = multiprocessing.get_context("fork").Pipe(duplex=False)
         ctx = multiprocessing.get_context("fork")
+        reader, writer = ctx.Pipe(duplex=False)
 
         def child() -> None:
             try:
+                torch.set_num_threads(1)  # no OpenMP pool carried over the fork
                 if os.geteuid() == 0:
                     os.setgroups([])
                     os.setgid(NOBODY)

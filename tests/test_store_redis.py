@@ -39,6 +39,7 @@ from unicache_fsm.store import (
     StoreFaultError,
     StoreUnavailableError,
 )
+from unicache_fsm.store import open_store as store_from_spec
 from unicache_fsm.store.pageformat import HEADER_SIZE
 from unicache_fsm.store.redis import RedisStore
 from unicache_fsm.testing.redis_server import RedisServer
@@ -396,6 +397,8 @@ def test_a_server_that_is_not_listening_is_refused_at_open() -> None:
     url = server.url
     server.stop()  # the port is free now: nothing listens there
     _unavailable(url)
+    with pytest.raises(StoreUnavailableError, match="cannot reach the Redis server"):
+        store_from_spec(url)  # the CLI's --store redis://...
 
 
 def test_a_peer_that_never_answers_is_refused_at_open_within_the_timeout() -> None:

@@ -1,35 +1,50 @@
 """A crash-safe store of pages in a directory: `FileStore(directory)`.
 
 `FileStore(directory, *, namespace="default", capacity_pages=None, background=False,
-history=256, verify_on_open=False, io_threads=4)` implements every primitive of
-`unicache_fsm.store.protocol`; queues, completions, the worker and capacity eviction
-from chain ends are `unicache_fsm.store.base.BaseStore`'s, and checking pages, learning
-and forgetting pages other processes wrote or removed are
+history=256, verify_on_open=False, io_threads=4, lock_timeout=30.0)` implements every
+primitive of `unicache_fsm.store.protocol`; queues, completions, the worker and capacity
+eviction from chain ends are `unicache_fsm.store.base.BaseStore`'s, and checking pages,
+learning and forgetting pages other processes wrote or removed are
 `unicache_fsm.store.shared.SharedStore`'s. What the directory adds:
 
-- Layout: ``DIR/unicache-store.json`` marks the directory as a store (a non-empty
-  directory without it is refused: `StoreConfigError`); each page is one file
-  ``DIR/<namespace>/<pool>/<page key>`` holding the `pageformat` header (key, parent,
+- Opening: a directory the store cannot use is refused at once with
+  `StoreUnavailableError` naming it (one line): it cannot be created, listed or locked,
+  it is not empty and holds no marker, its marker is anything but this format's (read
+  at most 4 KiB, never through a symlink; nested or foreign JSON is not parsed past
+  that), or a namespace or pool folder is not a real directory (a symlink would lead
+  writes out of it). Several processes may open one new directory at once: each writes
+  the marker under a name of its own and renames it into place, and a directory that
+  holds only markers in the making counts as empty.
+- Layout: ``DIR/unicache-store.json`` marks the directory as a store; each page is one
+  file ``DIR/<namespace>/<pool>/<page key>`` holding the `pageformat` header (key, parent,
   pool, length, checksum) and the page's bytes. Keys are validated 64-hex page hashes
   and the namespace ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``, so no name escapes the
   directory. Use one namespace per model and KV layout.
 - Write-once and atomic: a page is written to a temporary name beside its final name
   (``.<key>.<pid>.<n>.tmp``), header and payload in one ``writev`` (one write lets the
   page cache hold the file in a few large folios, which later reads copy out faster
-  than many small ones), fsynced, then renamed into place; a page that already exists
-  is skipped. After the renames of an offload, each directory it wrote
-  into is fsynced; only then is the offload completed True. So a page is visible to
-  LOOKUP only once its bytes are durable, and a page of an offload reported published
-  survives a crash of the process (and, as far as fsync promises, of the machine).
+  than many small ones), fsynced, then renamed into place; a page file that already
+  exists is skipped (a name that is no regular file is removed and written). After the
+  renames of an offload, each directory it wrote into is fsynced; only then is the
+  offload completed True. So a page is visible to LOOKUP only once its bytes are
+  durable, and a page of an offload reported published survives a crash of the
+  process (and, as far as fsync promises, of the machine).
   The pages of one transfer are written (and read) by `io_threads` threads at once,
   each a stride of the pages, the calling thread one of them: concurrent fsyncs share
   the file system's journal commits. A read fetches header, payload and one byte more
   in one ``preadv`` (the payload straight into its slot for large CPU pages) and
   checksums the payload right after, while it is in cache.
+- Only regular files are pages. A directory, FIFO, socket, device or symlink under a
+  page's name is never offered by LOOKUP and never opened (so never waited on, nor read
+  through to a file outside the directory); a load that meets one (swapped in after
+  LOOKUP) or a page file this process may not read fails its batch in bounded time, and
+  the name is dropped with the chain after it, like a torn page. Reads are bounded by
+  the page's length, whatever the file's size.
 - Recovery on open: temporary files of dead writers (their pid names no live process on
-  this host) are deleted; a page file whose
-  header is invalid, names another key or pool, or whose length disagrees with its
-  header (a torn or partial file) is deleted, never served; ``verify_on_open=True``
+  this host, or no process at all) are deleted; a name under a page key that is not a
+  readable regular file, or a page file whose header is invalid, names another key or
+  pool, or whose length disagrees with its header (a torn or partial file) is deleted,
+  never served (`recovered.discarded` lists them); ``verify_on_open=True``
   also reads every page and deletes those whose checksum fails. The books are rebuilt
   from the headers (parents included), least recently modified first.
 - Several processes may share one directory (on one host): two writers of one page
@@ -39,7 +54,9 @@ and forgetting pages other processes wrote or removed are
   fails and the page is forgotten).
 - Capacity holds for the namespace in the directory, across processes: offloads take
   an exclusive lock on ``DIR/<namespace>/.lock`` (`fcntl.flock`; released by the kernel
-  if the process dies) around choosing, evicting and writing, and a store with
+  if the process dies; a peer that holds it past `lock_timeout` seconds, stopped or
+  hung, fails the offload, and opening with a capacity raises `StoreUnavailableError`,
+  instead of waiting forever) around choosing, evicting and writing, and a store with
   `capacity_pages` first reconciles its books with the files in the namespace (learning
   pages other processes wrote, parents from their headers; forgetting pages they
   removed), then evicts from chain ends so that the namespace holds at most

@@ -37,7 +37,8 @@ What `SharedStore` does with them:
   unchecked bytes left in the load's own reserved slots, which the protocol lets the
   caller free (no other slot is touched). Small pages, and pages of a pool on another
   device, are read into a staging buffer and the transfer is written into its slots in
-  one `write_pages` only when every page checked out. A bad page is deleted together
+  one `write_pages` only when every page checked out. A bad page (a wrong header or
+  checksum, or one the medium cannot read: `TornPage`) is deleted together
   with the chain stored after it (LOOKUP could never restore past it); a missing page
   fails the batch and is forgotten.
 """
@@ -68,8 +69,10 @@ PageRead = tuple[PageRecord, int]
 
 
 class TornPage(StoreError):
-    """A medium's value for `key` is not one whole page (torn, partial, foreign); the
-    shared store catches it and treats the page as missing."""
+    """A medium's value for `key` cannot be served as one whole page: torn, partial,
+    foreign, or unreadable (a directory or special file, a value of another type,
+    permission denied). The shared store catches it and drops the page with the chain
+    stored after it."""
 
     def __init__(self, key: str) -> None:
         super().__init__(key)
