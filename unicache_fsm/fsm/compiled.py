@@ -39,6 +39,7 @@ from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
+from unicache_fsm.fsm.errors import AwaitableGuardError
 from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec
@@ -55,9 +56,16 @@ def _call(name: str, bound: bool) -> str:
 
 
 def _value(name: str, ind: str, bound: bool, aio: bool) -> tuple[list[str], str]:
-    """Lines that compute a guard's value, and the expression that holds it."""
+    """Lines that compute a guard's value, and the expression that holds it.
+
+    A sync step refuses an awaitable answer (`AwaitableGuardError`, raised by
+    ``AWAITED``): a bool costs two identity tests, anything else one more call."""
     if not aio:
-        return [], _call(name, bound)
+        return [
+            f"{ind}_r = {_call(name, bound)}",
+            f"{ind}if _r is not True and _r is not False and ISAWAITABLE(_r):",
+            f"{ind}    AWAITED(_r, {name!r})",
+        ], "_r"
     return [
         f"{ind}_r = {_call(name, bound)}",
         f"{ind}if ISAWAITABLE(_r):",
@@ -201,8 +209,7 @@ class _CompiledDispatch(ExecutorBase):
         self._consts: dict[str, Any] = (
             {f"CB_{n}": getattr(handler, n) for n in self.spec.callback_names()} if bound else {}
         )
-        if self._aio:
-            self._consts["ISAWAITABLE"] = inspect.isawaitable
+        self._consts.update(self._helpers())
         # dispatch tables, filled on first use of each (configuration, trigger): an
         # executor costs nothing per pair it never fires (a system builds several, and a
         # fuzzing run builds a system per example)
@@ -215,6 +222,18 @@ class _CompiledDispatch(ExecutorBase):
         self._observed_for = ""
         self._observed_counter: TransitionCounter | None = None
         self._steps = self._plain
+
+    def _helpers(self) -> dict[str, Any]:
+        """Constants every generated function may use besides the callbacks."""
+        name = self.name
+
+        def awaited(value: Any, guard: str) -> None:
+            close = getattr(value, "close", None)
+            if callable(close):
+                close()  # a coroutine never awaited: no RuntimeWarning, no side effect
+            raise AwaitableGuardError(name, guard, value)
+
+        return {"ISAWAITABLE": inspect.isawaitable, "AWAITED": awaited}
 
     def _compile_step(
         self, steps: dict[str, dict[Any, _Step]], config: str, trigger: str, *, observed: bool
@@ -298,8 +317,7 @@ class _CompiledDispatch(ExecutorBase):
             if new._bound
             else {}
         )
-        if self._aio:
-            new._consts["ISAWAITABLE"] = inspect.isawaitable
+        new._consts.update(new._helpers())
         new._probes, new.sources, new._plain, new._observed = {}, {}, {}, None
         new._observed_for, new._observed_counter = "", None
         new._steps = new._plain

@@ -84,7 +84,7 @@ from unicache_fsm.fsm.flat import FlatMachine, flatten
 from unicache_fsm.fsm.identity import model_id
 from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.fsm.spec import MachineSpec
-from unicache_fsm.fsm.validate import check_binding
+from unicache_fsm.fsm.validate import check_binding, check_spec
 
 __all__ = ["INIT_TRIGGER", "AsyncExecutor", "Executor", "ExecutorBase", "Observer", "model_id"]
 
@@ -117,6 +117,7 @@ class ExecutorBase(abc.ABC):
     ) -> None:
         if isinstance(spec, str):
             spec = bundled_spec(spec)
+        check_spec(spec)  # a spec written in Python is held to what a spec file is
         check_binding(
             spec,
             model_cls,

@@ -41,6 +41,7 @@ from transitions import Machine, State, Transition
 from transitions.core import EventData, MachineError
 from transitions.extensions.asyncio import AsyncMachine, AsyncState, AsyncTransition
 
+from unicache_fsm.fsm.errors import AwaitableGuardError
 from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec, TransitionSpec
@@ -218,7 +219,13 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
         fn = self._fns[name]
 
         def check(event: EventData) -> bool:
-            result = bool(fn(event.model, *event.args, **event.kwargs))
+            value = fn(event.model, *event.args, **event.kwargs)
+            if inspect.isawaitable(value):
+                close = getattr(value, "close", None)
+                if callable(close):
+                    close()
+                raise AwaitableGuardError(self.name, name, value)
+            result = bool(value)
             if result is not expected:
                 self._record_veto(event.model, label)
             return result
