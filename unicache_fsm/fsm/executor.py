@@ -39,10 +39,11 @@ Primitives:
   the `on_enter` callbacks (traces, coverage counters), and for every `initialize`
   (trigger `INIT_TRIGGER`, source ``""``). Without observers nothing is paid for them.
   Adding or removing an observer during a notification takes effect from the next one.
-- `compile_all()` — build now what an executor otherwise builds at each
+- `compile_all(limit=10_000)` — build now what an executor otherwise builds at each
   `(configuration, trigger)` pair's first use (the compiled executors' steps; the
   reference executors build nothing), so a run that fires most pairs pays it before
-  its clock starts.
+  its clock starts; at most `limit` pairs, so a machine whose product of parallel
+  regions is huge is never walked whole (the rest is built on first use).
 
 Run-to-completion. A trigger fired on a model while one of that model's transitions is
 running (from its `prepare`, guards, `before`, `on_exit`, `on_enter` or `after`
@@ -144,9 +145,13 @@ class ExecutorBase(abc.ABC):
         # a tuple: changed only through add_observer / remove_observer, which tell the
         # executor (a compiled one specialises its steps on them); editing it in place fails
         self.observers: tuple[Observer, ...] = ()
-        # id(model) -> triggers queued behind its running transition (run-to-completion);
-        # an entry lives exactly as long as the outermost `fire` of that model
-        self._running: dict[int, list[_Queued]] = {}
+        # run-to-completion: the ids of the models whose outermost `fire` is running (a
+        # list: it holds one id or a few, and appending and removing an int is the
+        # cheapest mark there is; ints compare exactly, unlike models with an __eq__),
+        # and the triggers queued behind a running transition, per model id (an entry
+        # lives at most as long as that model's outermost `fire`)
+        self._active: list[int] = []
+        self._queued: dict[int, list[_Queued]] = {}
 
     def _callback(self, name: str) -> Callable[..., Any]:
         """The spec name `name` as a function of ``(model, *args, **kwargs)``."""
@@ -173,10 +178,10 @@ class ExecutorBase(abc.ABC):
         self.observers = tuple(observers)
         self._observers_changed()
 
-    def compile_all(self) -> int:
+    def compile_all(self, limit: int = 10_000) -> int:
         """Build whatever dispatch this executor builds lazily, for every legal
-        `(configuration, trigger)` pair, now; return how many pairs were built (the
-        reference executors build nothing: 0)."""
+        `(configuration, trigger)` pair (at most `limit` of them), now; return how many
+        pairs were built (the reference executors build nothing: 0)."""
         return 0
 
     def _observers_changed(self) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -260,20 +265,28 @@ class Executor(ExecutorBase):
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         """Run one transition, or queue it behind the model's running one (see the
         module docstring for the contract)."""
-        running = self._running
         key = id(model)
-        queue = running.get(key)
-        if queue is not None:
-            queue.append((trigger, args, kwargs))
+        active = self._active
+        if active and key in active:
+            self._queued.setdefault(key, []).append((trigger, args, kwargs))
             return
-        queue = running[key] = []  # (a list: it rarely holds more than one or two)
+        active.append(key)
         try:
             self._fire_one(model, trigger, args, kwargs)
-            while queue:
-                trigger, args, kwargs = queue.pop(0)
-                self._fire_one(model, trigger, args, kwargs)
+            if self._queued:
+                self._drain(model, key)
         finally:
-            del running[key]
+            active.remove(key)
+            if self._queued:
+                self._queued.pop(key, None)  # what an error left queued is dropped
+
+    def _drain(self, model: Any, key: int) -> None:
+        """Run the triggers queued behind `model`'s transition, in order (each may
+        queue more)."""
+        queue = self._queued.get(key)
+        while queue:
+            trigger, args, kwargs = queue.pop(0)
+            self._fire_one(model, trigger, args, kwargs)
 
     @abc.abstractmethod
     def _fire_one(
@@ -294,20 +307,21 @@ class AsyncExecutor(ExecutorBase):
     async def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         """Run one transition, awaiting its guards and callbacks, or queue it behind the
         model's running one (see the module docstring for the contract)."""
-        running = self._running
         key = id(model)
-        queue = running.get(key)
-        if queue is not None:
-            queue.append((trigger, args, kwargs))
+        active = self._active
+        if key in active:
+            self._queued.setdefault(key, []).append((trigger, args, kwargs))
             return
-        queue = running[key] = []
+        active.append(key)
         try:
             await self._fire_one(model, trigger, args, kwargs)
+            queue = self._queued.get(key)
             while queue:
                 trigger, args, kwargs = queue.pop(0)
                 await self._fire_one(model, trigger, args, kwargs)
         finally:
-            del running[key]
+            active.remove(key)
+            self._queued.pop(key, None)  # what an error left queued is dropped
 
     @abc.abstractmethod
     async def _fire_one(

@@ -271,6 +271,11 @@ class FlatMachine:
         (for messages that list a few known configurations)."""
         return tuple(itertools.islice(self._walk(), limit))
 
+    def iter_configs(self) -> Iterator[str]:
+        """The configurations of `configs`, one at a time, walked only as far as the
+        caller reads (a bounded pass over a machine whose product is huge)."""
+        return self._walk()
+
     # -- the whole product (cost: the number of reachable configurations) --------------
     @functools.cached_property
     def configs(self) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ class StateKind(str, enum.Enum):
     PARALLEL = "parallel"  # every child (region) active at once
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class StateSpec:
     """One declared state.
 
@@ -80,7 +80,7 @@ class StateSpec:
         return None
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class TransitionSpec:
     """One declared transition (possibly from several sources).
 
@@ -113,7 +113,7 @@ class TransitionSpec:
         return f"{self.trigger}: {'|'.join(self.sources)} -> {self.dest}"
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class MachineSpec:
     """A whole machine: states under `root`, transitions in declaration order.
 
