@@ -50,6 +50,15 @@ from unicache_fsm.fsm.trace import TransitionCounter
 
 __all__ = ["AsyncCompiledExecutor", "CompiledExecutor"]
 
+
+def _ignored(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The step of a trigger an `ignore_invalid` executor ignores: nothing happens."""
+
+
+async def _ignored_async(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """`_ignored` for the async executor."""
+
+
 #: How many pairs `compile_all` builds at most by default.
 COMPILE_ALL_LIMIT = 10_000
 
@@ -205,6 +214,8 @@ class _CompiledDispatch(ExecutorBase):
         triggers: type[enum.Enum] | None = None,
         states: type[enum.Enum] | None = None,
         handler: object | None = None,
+        ignore_invalid: bool = False,
+        model_methods: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -213,6 +224,8 @@ class _CompiledDispatch(ExecutorBase):
             triggers=triggers,
             states=states,
             handler=handler,
+            ignore_invalid=ignore_invalid,
+            model_methods=model_methods,
         )
         bound = handler is not None
         self._bound = bound
@@ -416,6 +429,8 @@ class _CompiledDispatch(ExecutorBase):
         except (KeyError, AttributeError, TypeError):
             name = self._reject_unfireable(model, trigger)  # raises unless legal after all
             state = self._get_state(model)
+            if name is None:  # ignored (`ignore_invalid`): a step that does nothing
+                return state, _ignored_async if self._aio else _ignored
             step = self._steps.get(state, {}).get(name) or self._compile_step(
                 self._steps, state, name, observed=self._steps is self._observed
             )

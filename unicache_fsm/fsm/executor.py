@@ -78,6 +78,8 @@ from typing import Any, ClassVar
 from unicache_fsm.fsm.errors import (
     GuardRejectedError,
     IllegalTransitionError,
+    InvalidSpecError,
+    SpecProblem,
     UnknownStateError,
     UnknownTriggerError,
 )
@@ -87,7 +89,15 @@ from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.validate import check_binding, check_spec
 
-__all__ = ["INIT_TRIGGER", "AsyncExecutor", "Executor", "ExecutorBase", "Observer", "model_id"]
+__all__ = [
+    "INIT_TRIGGER",
+    "AsyncExecutor",
+    "Executor",
+    "ExecutorBase",
+    "Observer",
+    "install_model_methods",
+    "model_id",
+]
 
 #: The trigger observers see when a model is initialized (never a spec trigger).
 INIT_TRIGGER = "<init>"
@@ -97,6 +107,57 @@ Observer = Callable[["ExecutorBase", Any, str, str, str], None]
 
 #: A trigger waiting for the running transition of its model: (trigger, args, kwargs).
 _Queued = tuple[Any, tuple[Any, ...], dict[str, Any]]
+
+
+def install_model_methods(executor: ExecutorBase, model_cls: type) -> None:
+    """Give `model_cls` a method per trigger (``model.open(*args)`` fires ``open``;
+    ``may_open(*args)`` asks `may_fire`) and ``is_<state>()`` per state (dots become
+    ``_``: ``is_prepared_loading()``), all going through `executor` (the opt-in
+    ``model_methods=True`` of the executors; an async executor's trigger methods are
+    coroutines). Nothing is overwritten: a name the class already has (its own
+    methods, a guard or callback of the spec, the state slot, another executor's
+    methods) is an `InvalidSpecError` listing every clash, and nothing is installed.
+    """
+    methods: dict[str, Callable[..., Any]] = {}
+    for trigger in executor.spec.triggers():
+        methods[trigger] = _trigger_method(executor, trigger)
+        methods[f"may_{trigger}"] = _may_method(executor, trigger)
+    for state in executor.spec.states():
+        name = "is_" + state.path.replace(".", "_")
+        methods[name] = _is_method(executor, state.path, name in methods)
+    taken = [n for n in methods if hasattr(model_cls, n) or n == executor.state_attribute]
+    taken += [n for n, fn in methods.items() if getattr(fn, "clash", False)]
+    if taken:
+        problem = SpecProblem(f"model method already defined on {model_cls.__name__}", taken)
+        raise InvalidSpecError(executor.name, executor.spec.source, [problem])
+    for name, fn in methods.items():
+        setattr(model_cls, name, fn)
+
+
+def _trigger_method(executor: ExecutorBase, trigger: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return executor.fire(self, trigger, *args, **kwargs)  # type: ignore[attr-defined]
+
+    method.__name__ = method.__qualname__ = trigger
+    method.__doc__ = f"Fire {trigger!r} ({executor.name})."
+    return method
+
+
+def _may_method(executor: ExecutorBase, trigger: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return executor.may_fire(self, trigger, *args, **kwargs)  # type: ignore[attr-defined]
+
+    method.__name__ = method.__qualname__ = f"may_{trigger}"
+    return method
+
+
+def _is_method(executor: ExecutorBase, path: str, clash: bool) -> Callable[..., bool]:
+    def method(self: Any) -> bool:
+        return executor.is_active(self, path)
+
+    method.__name__ = method.__qualname__ = "is_" + path.replace(".", "_")
+    method.clash = clash  # type: ignore[attr-defined]  # two states, one method name
+    return method
 
 
 class ExecutorBase(abc.ABC):
@@ -115,9 +176,21 @@ class ExecutorBase(abc.ABC):
         triggers: type[enum.Enum] | None = None,
         states: type[enum.Enum] | None = None,
         handler: object | None = None,
+        ignore_invalid: bool = False,
+        model_methods: bool = False,
     ) -> None:
         if isinstance(spec, str):
             spec = bundled_spec(spec)
+        # what `__getstate__` keeps: the executor is rebuilt from these
+        self._options: dict[str, Any] = {
+            "state_attribute": state_attribute,
+            "triggers": triggers,
+            "states": states,
+            "handler": handler,
+            "ignore_invalid": ignore_invalid,
+            "model_methods": model_methods,
+        }
+        self.ignore_invalid = ignore_invalid
         check_spec(spec)  # a spec written in Python is held to what a spec file is
         check_binding(
             spec,
@@ -152,6 +225,32 @@ class ExecutorBase(abc.ABC):
         # lives at most as long as that model's outermost `fire`)
         self._active: list[int] = []
         self._queued: dict[int, list[_Queued]] = {}
+        if model_methods:
+            install_model_methods(self, model_cls)
+
+    # -- pickling ----------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle keeps: the spec, the model class (by reference), the binding
+        options (the handler included) and the observers; everything else (dispatch
+        tables, the `transitions` machine) is rebuilt on load."""
+        return {
+            "spec": self.spec,
+            "model_cls": self.model_cls,
+            "options": self._options,
+            "observers": self.observers,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        options = dict(state["options"])
+        # the model class keeps the methods of the executor that installed them (this
+        # process), or gets this one's (a fresh process)
+        first = next(iter(state["spec"].triggers()), "")
+        if options["model_methods"] and hasattr(state["model_cls"], first):
+            options["model_methods"] = False
+        type(self).__init__(self, state["spec"], state["model_cls"], **options)
+        self._options = dict(state["options"])
+        for observer in state["observers"]:
+            self.add_observer(observer)
 
     def _callback(self, name: str) -> Callable[..., Any]:
         """The spec name `name` as a function of ``(model, *args, **kwargs)``."""
@@ -230,11 +329,12 @@ class ExecutorBase(abc.ABC):
         except TypeError:  # unhashable
             return None
 
-    def _reject_unfireable(self, model: object, trigger: object) -> str:
+    def _reject_unfireable(self, model: object, trigger: object) -> str | None:
         """Resolve `trigger` for a model whose fast lookup missed, or raise the right error.
 
         Returns the canonical trigger name when it is legal after all (an enum alias,
-        or a pair whose dispatch is built on first use).
+        or a pair whose dispatch is built on first use); None when it is a declared
+        trigger with no transition here and the executor ignores those.
         """
         state = self.state_of(model)
         allowed = self.flat.triggers_from(state)
@@ -244,6 +344,8 @@ class ExecutorBase(abc.ABC):
                 self.name, model_id(model), state, str(trigger), allowed, noun=self.noun
             )
         if name not in allowed:
+            if self.ignore_invalid:
+                return None
             raise IllegalTransitionError(
                 self.name, model_id(model), state, name, allowed, noun=self.noun
             )

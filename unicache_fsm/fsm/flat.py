@@ -536,6 +536,8 @@ class FlatMachine:
     def _apply(
         self, t: TransitionSpec, src: str, config: str, active: frozenset[str]
     ) -> tuple[FlatTransition, frozenset[str]] | None:
+        if t.internal:  # nothing exited, nothing entered: the configuration stays
+            return FlatTransition(config, config, t.trigger, t, (), (), (), ()), active
         dest = t.dest
         dest_anc = _ancestors(dest)
         domain = next(a for a in _ancestors(src) if a in dest_anc)

@@ -76,6 +76,7 @@ TRANSITION_KEYS = frozenset(
         "after",
         "requires",
         "description",
+        "internal",
     }
 )
 _NAME_LISTS = ("conditions", "unless", "prepare", "before", "after", "requires")
@@ -173,6 +174,7 @@ def _parse_transition(c: _Collector, i: int, table: Any) -> TransitionSpec | Non
         dest=dest,
         index=i,
         description=c.str_field(where, table, "description", ""),
+        internal=c.bool_field(where, table, "internal"),
         **lists,
     )
 

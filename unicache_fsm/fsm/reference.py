@@ -92,6 +92,8 @@ class _ReferenceGlue(ExecutorBase):
         triggers: type[enum.Enum] | None = None,
         states: type[enum.Enum] | None = None,
         handler: object | None = None,
+        ignore_invalid: bool = False,
+        model_methods: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -100,6 +102,8 @@ class _ReferenceGlue(ExecutorBase):
             triggers=triggers,
             states=states,
             handler=handler,
+            ignore_invalid=ignore_invalid,
+            model_methods=model_methods,
         )
         self._fns: dict[str, Callable[..., Any]] = {
             n: self._callback(n) for n in self.spec.callback_names()
@@ -160,13 +164,14 @@ class _ReferenceGlue(ExecutorBase):
             self._add(state, name)
         return state, name
 
-    def _event(self, model: Any, trigger: Any) -> tuple[str, str, Any]:
-        """For `fire`: configuration, trigger name and the `transitions` event, or the
-        error of an unfireable trigger."""
+    def _event(self, model: Any, trigger: Any) -> tuple[str, str, Any] | None:
+        """For `fire`: configuration, trigger name and the `transitions` event, None
+        for a trigger the executor ignores, or the error of an unfireable trigger."""
         state, name = self._legal(model, trigger)
         event = self.machine.events.get(name) if name is not None else None
         if name is None or event is None or state not in event.transitions:
-            self._reject_unfireable(model, trigger)  # raises
+            if self._reject_unfireable(model, trigger) is None:  # raises unless ignored
+                return None
             raise AssertionError("unreachable")  # pragma: no cover
         return state, name, event
 
@@ -244,7 +249,10 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
     def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        state, name, event = self._event(model, trigger)
+        found = self._event(model, trigger)
+        if found is None:
+            return
+        state, name, event = found
         key = id(model)
         self._vetoes[key] = ""
         try:
@@ -310,7 +318,10 @@ class AsyncReferenceExecutor(_ReferenceGlue, AsyncExecutor):
     async def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        state, name, event = self._event(model, trigger)
+        found = self._event(model, trigger)
+        if found is None:
+            return
+        state, name, event = found
         key = id(model)
         self._vetoes[key] = ""
         try:

@@ -89,7 +89,9 @@ class TransitionSpec:
     change, the entered states' `on_enter`, `after`. `requires` (parallel machines
     only) names states of *other* regions of which one per region must be active
     for the transition to exist at all; unlike a guard it is resolved when the spec
-    is compiled, so it shapes the diagram and the validation.
+    is compiled, so it shapes the diagram and the validation. An `internal` transition
+    (its dest is its source) changes nothing: no state is exited or entered, its
+    `prepare`, guards, `before` and `after` run (a tick, a counter, a timer check).
     """
 
     trigger: str
@@ -103,6 +105,7 @@ class TransitionSpec:
     after: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     requires: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     description: str = ""
+    internal: bool = False
 
     @property
     def guarded(self) -> bool:

@@ -141,6 +141,9 @@ def _shape_problems(spec: object) -> list[SpecProblem]:
                 add("field of the wrong type", f"transitions[{i}].{field} (expected names)")
         if not t.sources:
             add("field of the wrong type", f"transitions[{i}].sources (empty)")
+        internal: object = t.internal
+        if not isinstance(internal, bool):
+            add("field of the wrong type", f"transitions[{i}].internal (expected a bool)")
         if not isinstance(t.index, int) or t.index in indexes:
             add("inconsistent transition index", f"transitions[{i}] (index {t.index!r})")
         indexes.add(t.index)
@@ -205,6 +208,10 @@ def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> l
             for t in spec.transitions
             if t.requires and spec.root.kind is not StateKind.PARALLEL
         ],
+    )
+    add(
+        "internal transition that leaves its source",
+        [t.label() for t in spec.transitions if t.internal and set(t.sources) != {t.dest}],
     )
     add(
         "'*' mixed with other sources",

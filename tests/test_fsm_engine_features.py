@@ -1,0 +1,193 @@
+"""Issue 35, features: internal transitions, ignore mode, model methods, pickling, spec
+write-back; on the four executors (sync and async, compiled and reference)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any
+
+import pytest
+
+from unicache_fsm.fsm.compiled import AsyncCompiledExecutor, CompiledExecutor
+from unicache_fsm.fsm.errors import IllegalTransitionError, InvalidSpecError, UnknownTriggerError
+from unicache_fsm.fsm.loader import bundled_machines, bundled_spec, parse_spec
+from unicache_fsm.fsm.reference import AsyncReferenceExecutor, ReferenceExecutor
+from unicache_fsm.fsm.trace import TransitionCounter
+from unicache_fsm.fsm.writer import dump_spec
+
+EXECUTORS = (CompiledExecutor, ReferenceExecutor, AsyncCompiledExecutor, AsyncReferenceExecutor)
+
+PLAYER = """
+machine = "player"
+parallel = true
+[states.media]
+initial = "stopped"
+[states.media.states.stopped]
+[states.media.states.playing]
+on_enter = ["enter_playing"]
+on_exit = ["exit_playing"]
+[states.volume]
+[states.volume.states.quiet]
+[states.volume.states.loud]
+
+[[transitions]]
+trigger = "play"
+source = "media.stopped"
+dest = "media.playing"
+[[transitions]]
+trigger = "stop"
+source = "media.playing"
+dest = "media.stopped"
+[[transitions]]
+trigger = "tick"
+source = "media.playing"
+dest = "media.playing"
+internal = true
+before = ["count_tick"]
+[[transitions]]
+trigger = "restart"
+source = "media.playing"
+dest = "media.playing"
+[[transitions]]
+trigger = "louder"
+source = "volume.quiet"
+dest = "volume.loud"
+[[transitions]]
+trigger = "softer"
+source = "volume.loud"
+dest = "volume.quiet"
+"""
+
+
+class Player:
+    def __init__(self) -> None:
+        self.state = ""
+        self.log: list[str] = []
+
+    def enter_playing(self) -> None:
+        self.log.append("enter")
+
+    def exit_playing(self) -> None:
+        self.log.append("exit")
+
+    def count_tick(self) -> None:
+        self.log.append("tick")
+
+
+def _run(ex: Any, value: Any) -> Any:
+    return asyncio.run(value) if asyncio.iscoroutine(value) else value
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_an_internal_transition_exits_and_enters_nothing(cls: type) -> None:
+    ex = cls(parse_spec(PLAYER), Player)
+    counter = TransitionCounter()
+    ex.add_observer(counter)
+    p = Player()
+    ex.initialize(p)
+    for trigger in ("play", "louder", "tick", "tick"):
+        _run(ex, ex.fire(p, trigger))
+    assert p.state == "media.playing,volume.loud"
+    assert p.log == ["enter", "tick", "tick"]
+    _run(ex, ex.fire(p, "restart"))  # external: exits and re-enters
+    assert p.log[-2:] == ["exit", "enter"] and p.state == "media.playing,volume.loud"
+    key = ("player", "media.playing,volume.loud", "tick", "media.playing,volume.loud")
+    assert counter.counts[key] == 2
+
+
+def test_an_internal_transition_must_stay_in_its_source() -> None:
+    bad = PLAYER.replace(
+        'dest = "media.playing"\ninternal = true', 'dest = "media.stopped"\ninternal = true'
+    )
+    with pytest.raises(InvalidSpecError) as info:
+        parse_spec(bad)
+    assert info.value.names("internal transition that leaves its source") == (
+        "tick: media.playing -> media.stopped",
+    )
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_ignore_mode_skips_declared_triggers_only(cls: type) -> None:
+    ex = cls(parse_spec(PLAYER), Player, ignore_invalid=True)
+    p = Player()
+    ex.initialize(p)
+    assert _run(ex, ex.fire(p, "stop")) is None  # no transition from stopped: ignored
+    assert p.state == "media.stopped,volume.quiet" and p.log == []
+    with pytest.raises(UnknownTriggerError):
+        _run(ex, ex.fire(p, "stpo"))  # a typo still raises
+    strict = cls(parse_spec(PLAYER), Player)
+    with pytest.raises(IllegalTransitionError):
+        _run(strict, strict.fire(p, "stop"))
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_model_methods_are_opt_in_and_never_overwrite(cls: type) -> None:
+    class Model(Player):
+        pass
+
+    cls(parse_spec(PLAYER), Model)
+    assert not hasattr(Model, "play")
+    ex = cls(parse_spec(PLAYER), Model, model_methods=True)
+    p = Model()
+    ex.initialize(p)
+    assert p.is_media_stopped() and not p.is_media_playing()  # type: ignore[attr-defined]
+    assert _run(ex, p.may_play()) is True  # type: ignore[attr-defined]
+    _run(ex, p.play())  # type: ignore[attr-defined]
+    assert p.is_media_playing() and p.log == ["enter"]  # type: ignore[attr-defined]
+    with pytest.raises(InvalidSpecError) as info:
+        cls(parse_spec(PLAYER), Model, model_methods=True)  # a second install clashes
+    assert "play" in info.value.names("model method already defined on Model")
+
+    class Clash(Player):
+        def stop(self) -> None:  # pragma: no cover - never called
+            pass
+
+    with pytest.raises(InvalidSpecError) as info:
+        cls(parse_spec(PLAYER), Clash, model_methods=True)
+    assert info.value.names("model method already defined on Clash") == ("stop",)
+    assert not hasattr(Clash, "play")  # nothing installed
+
+
+class Jukebox:
+    """A picklable handler (module level)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def enter_playing(self, model: Any) -> None:
+        self.calls += 1
+
+    def exit_playing(self, model: Any) -> None:
+        self.calls += 1
+
+    def count_tick(self, model: Any) -> None:
+        self.calls += 1
+
+
+class Record:
+    __slots__ = ("state",)
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_an_executor_pickles_with_its_handler_and_observers(cls: type) -> None:
+    ex = cls(parse_spec(PLAYER), Record, handler=Jukebox(), ignore_invalid=True)
+    ex.add_observer(TransitionCounter())
+    r = Record()
+    ex.initialize(r)
+    _run(ex, ex.fire(r, "play"))
+    twin = pickle.loads(pickle.dumps(ex))
+    assert type(twin) is cls and twin.ignore_invalid and twin.handler.calls == 1
+    _run(twin, twin.fire(r, "tick"))
+    _run(twin, twin.fire(r, "play"))  # ignored, as the original would
+    assert twin.handler.calls == 2 and ex.handler.calls == 1
+    assert twin.observers[0].total() == 2  # the counter came along, and counts on
+
+
+@pytest.mark.parametrize("name", [*bundled_machines(), "player"])
+def test_a_spec_written_back_reads_back_equal(name: str) -> None:
+    spec = parse_spec(PLAYER) if name == "player" else bundled_spec(name)
+    text = dump_spec(spec)
+    again = parse_spec(text, spec.source)
+    assert again == spec
+    assert dump_spec(again) == text
