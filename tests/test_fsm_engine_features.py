@@ -191,3 +191,59 @@ def test_a_spec_written_back_reads_back_equal(name: str) -> None:
     again = parse_spec(text, spec.source)
     assert again == spec
     assert dump_spec(again) == text
+
+
+DOOR = """
+machine = "door"
+initial = "closed"
+[states.closed]
+on_exit = ["seen"]
+[states.open]
+on_enter = ["seen"]
+[[transitions]]
+trigger = "open"
+source = "closed"
+dest = "open"
+prepare = ["seen"]
+conditions = ["allowed"]
+before = ["seen"]
+after = ["seen"]
+[[transitions]]
+trigger = "close"
+source = "open"
+dest = "closed"
+"""
+
+
+class Door:
+    def __init__(self) -> None:
+        self.state = ""
+        self.events: list[tuple[str, str, str, Any]] = []
+
+    def seen(self, who: str = "", *, event: Any) -> None:
+        self.events.append((event.trigger, event.source, event.dest, who))
+
+    def allowed(self, who: str = "", *, event: Any) -> bool:
+        self.events.append(("guard", event.source, event.dest, who))
+        return True
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_event_data_reaches_every_guard_and_callback(cls: type) -> None:
+    ex = cls(parse_spec(DOOR), Door, event_data=True)
+    door = Door()
+    ex.initialize(door)
+    assert _run(ex, ex.may_fire(door, "open", "ann")) is True
+    _run(ex, ex.fire(door, "open", "bob"))
+    step = ("open", "closed", "open")
+    assert door.events == [
+        (*step, "ann"),  # may_fire: prepare
+        ("guard", "closed", "open", "ann"),
+        (*step, "bob"),  # prepare
+        ("guard", "closed", "open", "bob"),
+        *[(*step, "bob")] * 4,  # before, on_exit, on_enter, after
+    ]
+    bare = cls(parse_spec(DOOR), Door)  # without event_data, no `event` is passed
+    bare.initialize(door)
+    with pytest.raises(TypeError, match="event"):
+        _run(bare, bare.fire(door, "open"))

@@ -43,7 +43,7 @@ from types import CodeType
 from typing import Any
 
 from unicache_fsm.fsm.errors import AwaitableGuardError
-from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
+from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.trace import TransitionCounter
@@ -112,7 +112,8 @@ def _step_source(
     observed: str,
     bound: bool = False,
     aio: bool = False,
-) -> tuple[str, dict[str, str]]:
+    events: bool = False,
+) -> tuple[str, dict[str, Any]]:
     """Source of one `(configuration, trigger)` step function and its constants
     (generated once per process and shared: callers copy the constants, never edit them).
 
@@ -125,8 +126,10 @@ def _step_source(
     keeps its meaning (a change during a notification takes effect from the next one).
     With `bound`, callbacks are the handler's (``CB_<name>``).
     With `aio`, the step is a coroutine function awaiting awaitable results.
+    With `events`, every guard and callback of candidate ``i`` gets the keyword
+    argument ``event=EVENT<i>`` (its `TransitionEvent`, a constant).
     """
-    consts: dict[str, str] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
+    consts: dict[str, Any] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
     lines = [f"{'async ' if aio else ''}def step(model, args, kwargs):"]
     if any(ft.spec.guarded for ft in group):
         lines.append("    rejected = None")
@@ -154,6 +157,9 @@ def _step_source(
             ]
         body += _calls(ft.enters, ind, bound, aio) + _calls(t.after, ind, bound, aio)
         body.append(f"{ind}return None")
+        if events:
+            consts[f"EVENT{i}"] = TransitionEvent(ft.trigger, ft.source, ft.dest)
+            body = [f"{ind}_kw = {{**kwargs, 'event': EVENT{i}}}", *_with_event(body)]
         if guarded:
             lines.append(f"    while True:  # candidate {i}: a block that `break` leaves")
         lines += body
@@ -164,22 +170,34 @@ def _step_source(
     return "\n".join(lines) + "\n", consts
 
 
+def _with_event(lines: list[str]) -> list[str]:
+    """`lines` with every guard and callback call passed ``_kw`` (kwargs + event)."""
+    return [line.replace("**kwargs)", "**_kw)") for line in lines]
+
+
 @functools.lru_cache(maxsize=8192)
-def _probe_source(group: tuple[FlatTransition, ...], bound: bool = False, aio: bool = False) -> str:
-    """Source of the `may_fire` probe: `prepare` and guards of each candidate."""
+def _probe_source(
+    group: tuple[FlatTransition, ...], bound: bool = False, aio: bool = False, events: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """Source of the `may_fire` probe: `prepare` and guards of each candidate (with
+    `events`, as in `_step_source`), and its constants."""
     lines = [f"{'async ' if aio else ''}def probe(model, args, kwargs):"]
+    consts: dict[str, Any] = {}
     ind = "        "
-    for ft in group:
+    for i, ft in enumerate(group):
         t = ft.spec
         lines.append("    while True:")
-        lines += _calls(t.prepare, ind, bound, aio)
+        body = _calls(t.prepare, ind, bound, aio)
         for n in t.conditions:
-            lines += [*_guard(n, False, ind, bound, aio), f"{ind}    break"]
+            body += [*_guard(n, False, ind, bound, aio), f"{ind}    break"]
         for n in t.unless:
-            lines += [*_guard(n, True, ind, bound, aio), f"{ind}    break"]
-        lines.append(f"{ind}return True")
+            body += [*_guard(n, True, ind, bound, aio), f"{ind}    break"]
+        if events:
+            consts[f"EVENT{i}"] = TransitionEvent(ft.trigger, ft.source, ft.dest)
+            body = [f"{ind}_kw = {{**kwargs, 'event': EVENT{i}}}", *_with_event(body)]
+        lines += [*body, f"{ind}return True"]
     lines.append("    return False")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", consts
 
 
 @functools.lru_cache(maxsize=4096)
@@ -216,6 +234,7 @@ class _CompiledDispatch(ExecutorBase):
         handler: object | None = None,
         ignore_invalid: bool = False,
         model_methods: bool = False,
+        event_data: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -226,6 +245,7 @@ class _CompiledDispatch(ExecutorBase):
             handler=handler,
             ignore_invalid=ignore_invalid,
             model_methods=model_methods,
+            event_data=event_data,
         )
         bound = handler is not None
         self._bound = bound
@@ -278,7 +298,7 @@ class _CompiledDispatch(ExecutorBase):
         filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
         attr, bound, aio = self.state_attribute, self._bound, self._aio
         mode = self._observed_for if observed else ""
-        src, consts = _step_source(group, attr, mode, bound, aio)
+        src, consts = _step_source(group, attr, mode, bound, aio, self.event_data)
         extra: dict[str, Any] = {"EX": self} if observed else {}
         if mode == "count":  # one key per candidate, as the counter would build it
             extra["COUNTER"] = self._observed_counter
@@ -291,7 +311,7 @@ class _CompiledDispatch(ExecutorBase):
             table[alias] = step
         if (config, trigger) not in self.sources:
             self.sources[(config, trigger)] = (
-                _step_source(group, attr, "", bound, aio)[0] if mode else src
+                _step_source(group, attr, "", bound, aio, self.event_data)[0] if mode else src
             )
         return step
 
@@ -299,7 +319,8 @@ class _CompiledDispatch(ExecutorBase):
         """Compile the `may_fire` probe of one legal `(config, trigger)`."""
         group = self.flat.group(config, trigger)
         filename = f"<unicache_fsm {self.name}: may {config} --{trigger}-->"
-        probe = _compile(_probe_source(group, self._bound, self._aio), self._consts, filename)
+        src, consts = _probe_source(group, self._bound, self._aio, self.event_data)
+        probe = _compile(src, {**consts, **self._consts}, filename)
         self._probes.setdefault(config, {})[trigger] = probe
         return probe
 

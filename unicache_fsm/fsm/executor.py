@@ -75,6 +75,8 @@ import operator
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import attrs
+
 from unicache_fsm.fsm.errors import (
     GuardRejectedError,
     IllegalTransitionError,
@@ -95,6 +97,7 @@ __all__ = [
     "Executor",
     "ExecutorBase",
     "Observer",
+    "TransitionEvent",
     "install_model_methods",
     "model_id",
 ]
@@ -107,6 +110,18 @@ Observer = Callable[["ExecutorBase", Any, str, str, str], None]
 
 #: A trigger waiting for the running transition of its model: (trigger, args, kwargs).
 _Queued = tuple[Any, tuple[Any, ...], dict[str, Any]]
+
+
+@attrs.frozen
+class TransitionEvent:
+    """What an ``event_data=True`` executor passes to every guard and callback as the
+    keyword argument ``event``: the trigger, the source configuration and the dest
+    configuration of the candidate transition being tried or taken (for an internal
+    transition, dest is the source)."""
+
+    trigger: str
+    source: str
+    dest: str
 
 
 def install_model_methods(executor: ExecutorBase, model_cls: type) -> None:
@@ -178,6 +193,7 @@ class ExecutorBase(abc.ABC):
         handler: object | None = None,
         ignore_invalid: bool = False,
         model_methods: bool = False,
+        event_data: bool = False,
     ) -> None:
         if isinstance(spec, str):
             spec = bundled_spec(spec)
@@ -189,8 +205,10 @@ class ExecutorBase(abc.ABC):
             "handler": handler,
             "ignore_invalid": ignore_invalid,
             "model_methods": model_methods,
+            "event_data": event_data,
         }
         self.ignore_invalid = ignore_invalid
+        self.event_data = event_data
         check_spec(spec)  # a spec written in Python is held to what a spec file is
         check_binding(
             spec,

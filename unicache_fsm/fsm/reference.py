@@ -42,7 +42,7 @@ from transitions.core import EventData, MachineError
 from transitions.extensions.asyncio import AsyncMachine, AsyncState, AsyncTransition
 
 from unicache_fsm.fsm.errors import AwaitableGuardError
-from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
+from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec, TransitionSpec
 
@@ -94,6 +94,7 @@ class _ReferenceGlue(ExecutorBase):
         handler: object | None = None,
         ignore_invalid: bool = False,
         model_methods: bool = False,
+        event_data: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -104,6 +105,7 @@ class _ReferenceGlue(ExecutorBase):
             handler=handler,
             ignore_invalid=ignore_invalid,
             model_methods=model_methods,
+            event_data=event_data,
         )
         self._fns: dict[str, Callable[..., Any]] = {
             n: self._callback(n) for n in self.spec.callback_names()
@@ -175,6 +177,14 @@ class _ReferenceGlue(ExecutorBase):
             raise AssertionError("unreachable")  # pragma: no cover
         return state, name, event
 
+    def _kwargs(self, event: EventData) -> dict[str, Any]:
+        """The keyword arguments of a guard or callback: the trigger's, plus ``event``
+        (a `TransitionEvent` of the transition being tried) with ``event_data=True``."""
+        if not self.event_data:
+            return event.kwargs
+        flat = _flat_of(event)
+        return {**event.kwargs, "event": TransitionEvent(flat.trigger, flat.source, flat.dest)}
+
     def _record_veto(self, model: Any, label: str) -> None:
         key = id(model)
         if key in self._vetoes:
@@ -211,7 +221,7 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
         fn = self._fns[name]
 
         def callback(event: EventData) -> Any:
-            return fn(event.model, *event.args, **event.kwargs)
+            return fn(event.model, *event.args, **self._kwargs(event))
 
         callback.__qualname__ = callback.__name__ = name
         return callback
@@ -224,7 +234,7 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
         fn = self._fns[name]
 
         def check(event: EventData) -> bool:
-            value = fn(event.model, *event.args, **event.kwargs)
+            value = fn(event.model, *event.args, **self._kwargs(event))
             if inspect.isawaitable(value):
                 close = getattr(value, "close", None)
                 if callable(close):
@@ -244,7 +254,7 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
 
     def _run(self, names: tuple[str, ...], event: EventData) -> None:
         for name in names:
-            self._fns[name](event.model, *event.args, **event.kwargs)
+            self._fns[name](event.model, *event.args, **self._kwargs(event))
 
     def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -303,7 +313,7 @@ class AsyncReferenceExecutor(_ReferenceGlue, AsyncExecutor):
         async def guards(event: EventData) -> bool:
             for name, expected in checks:
                 fn = self._fns[name]
-                result = bool(await _settle(fn(event.model, *event.args, **event.kwargs)))
+                result = bool(await _settle(fn(event.model, *event.args, **self._kwargs(event))))
                 if result is not expected:
                     self._record_veto(event.model, name if expected else f"not {name}")
                     return False
@@ -313,7 +323,7 @@ class AsyncReferenceExecutor(_ReferenceGlue, AsyncExecutor):
 
     async def _run(self, names: tuple[str, ...], event: EventData) -> None:
         for name in names:
-            await _settle(self._fns[name](event.model, *event.args, **event.kwargs))
+            await _settle(self._fns[name](event.model, *event.args, **self._kwargs(event)))
 
     async def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
