@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 from typing import Any
 
 import pytest
@@ -247,3 +248,64 @@ def test_event_data_reaches_every_guard_and_callback(cls: type) -> None:
     bare.initialize(door)
     with pytest.raises(TypeError, match="event"):
         _run(bare, bare.fire(door, "open"))
+
+
+SWITCH = """
+machine = "switch"
+initial = "off"
+[states.off]
+[states.on]
+[[transitions]]
+trigger = "flip"
+source = "off"
+dest = "on"
+before = ["wait_for_rival"]
+[[transitions]]
+trigger = "flop"
+source = "on"
+dest = "off"
+before = ["note_thread"]
+"""
+
+
+class Switch:
+    def __init__(self) -> None:
+        self.state = ""
+        self.inside = threading.Event()
+        self.rival_called = threading.Event()
+        self.threads: list[str] = []
+
+    def wait_for_rival(self) -> None:
+        self.inside.set()
+        self.rival_called.wait(timeout=0.3)  # the rival fires meanwhile (or would)
+
+    def note_thread(self) -> None:
+        self.threads.append(threading.current_thread().name)
+
+
+@pytest.mark.parametrize("cls", (CompiledExecutor, ReferenceExecutor))
+def test_a_per_model_lock_keeps_another_threads_transition_in_that_thread(cls: type) -> None:
+    ex = cls(parse_spec(SWITCH), Switch, lock=True)
+    switch = Switch()
+    ex.initialize(switch)
+    first = threading.Thread(target=ex.fire, args=(switch, "flip"), name="first")
+    first.start()
+
+    def rival() -> None:
+        switch.rival_called.set()
+        ex.fire(switch, "flop")  # waits for "flip" to finish, then runs here
+
+    second = threading.Thread(target=rival, name="rival")
+    assert switch.inside.wait(timeout=10)  # "flip" is running in the first thread
+    second.start()
+    first.join()
+    second.join()
+    assert switch.threads == ["rival"] and switch.state == "off"
+    twin = pickle.loads(pickle.dumps(ex))
+    assert twin.lock
+
+
+def test_a_lock_on_an_async_executor_is_refused() -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        AsyncCompiledExecutor(parse_spec(SWITCH), Switch, lock=True)
+    assert info.value.kinds() == {"lock on an async executor"}

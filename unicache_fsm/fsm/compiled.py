@@ -235,6 +235,7 @@ class _CompiledDispatch(ExecutorBase):
         ignore_invalid: bool = False,
         model_methods: bool = False,
         event_data: bool = False,
+        lock: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -246,6 +247,7 @@ class _CompiledDispatch(ExecutorBase):
             ignore_invalid=ignore_invalid,
             model_methods=model_methods,
             event_data=event_data,
+            lock=lock,
         )
         bound = handler is not None
         self._bound = bound
@@ -272,6 +274,7 @@ class _CompiledDispatch(ExecutorBase):
             if alias is not name:
                 self._enum_aliases[name] = (*self._enum_aliases.get(name, ()), alias)
         self._install_fire()
+        self._install_lock()
 
     def _install_fire(self) -> Any:
         """Hook: an executor that generates its own `fire` puts it in the instance."""
@@ -401,7 +404,9 @@ class _CompiledDispatch(ExecutorBase):
         new._steps = new._plain
         new._observers_changed()
         vars(new).pop("fire", None)  # the original's generated fire: bound to it
+        vars(new).pop("locked", None)
         new._install_fire()
+        new._install_lock()
         return new
 
     def _observers_changed(self) -> None:

@@ -72,6 +72,8 @@ from __future__ import annotations
 import abc
 import enum
 import operator
+import threading
+import types
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -194,6 +196,7 @@ class ExecutorBase(abc.ABC):
         ignore_invalid: bool = False,
         model_methods: bool = False,
         event_data: bool = False,
+        lock: bool = False,
     ) -> None:
         if isinstance(spec, str):
             spec = bundled_spec(spec)
@@ -206,7 +209,12 @@ class ExecutorBase(abc.ABC):
             "ignore_invalid": ignore_invalid,
             "model_methods": model_methods,
             "event_data": event_data,
+            "lock": lock,
         }
+        self.lock = lock
+        if lock and self.awaits:
+            problem = SpecProblem("lock on an async executor", [type(self).__name__])
+            raise InvalidSpecError(spec.name, spec.source, [problem])
         self.ignore_invalid = ignore_invalid
         self.event_data = event_data
         check_spec(spec)  # a spec written in Python is held to what a spec file is
@@ -245,6 +253,38 @@ class ExecutorBase(abc.ABC):
         self._queued: dict[int, list[_Queued]] = {}
         if model_methods:
             install_model_methods(self, model_cls)
+
+    def _install_lock(self) -> None:
+        """With ``lock=True`` (sync executors): make `fire` hold a per-model re-entrant
+        lock for the whole of an outermost firing, queued triggers included, so two
+        threads never interleave one model's transitions (the second waits; nested
+        firings on the same thread re-enter). A lock lives only while some thread
+        fires the model: nothing is kept per model afterwards."""
+        if not self.lock or "locked" in vars(self):
+            return
+        inner = vars(self).get("fire") or types.MethodType(type(self).fire, self)  # type: ignore[attr-defined]
+        guard = threading.Lock()
+        locks: dict[int, list[Any]] = {}  # id(model) -> [RLock, threads using it]
+
+        def fire(model: Any, trigger: Any, /, *args: Any, **kwargs: Any) -> None:
+            key = id(model)
+            with guard:
+                entry = locks.get(key)
+                if entry is None:
+                    entry = locks[key] = [threading.RLock(), 0]
+                entry[1] += 1
+            try:
+                with entry[0]:
+                    inner(model, trigger, *args, **kwargs)
+            finally:
+                with guard:
+                    entry[1] -= 1
+                    if not entry[1]:
+                        del locks[key]
+
+        fire.__doc__ = inner.__doc__
+        vars(self)["fire"] = fire
+        vars(self)["locked"] = True
 
     # -- pickling ----------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

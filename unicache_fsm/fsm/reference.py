@@ -95,6 +95,7 @@ class _ReferenceGlue(ExecutorBase):
         ignore_invalid: bool = False,
         model_methods: bool = False,
         event_data: bool = False,
+        lock: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -106,6 +107,7 @@ class _ReferenceGlue(ExecutorBase):
             ignore_invalid=ignore_invalid,
             model_methods=model_methods,
             event_data=event_data,
+            lock=lock,
         )
         self._fns: dict[str, Callable[..., Any]] = {
             n: self._callback(n) for n in self.spec.callback_names()
@@ -128,6 +130,7 @@ class _ReferenceGlue(ExecutorBase):
         if self.flat.enumerated:
             for config, trigger in self.flat.table:
                 self._add(config, trigger)
+        self._install_lock()
 
     # -- building the machine ----------------------------------------------------------
     def _state(self, config: str) -> State:
