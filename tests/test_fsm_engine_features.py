@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from unicache_fsm.fsm.builder import MachineBuilder
 from unicache_fsm.fsm.compiled import AsyncCompiledExecutor, CompiledExecutor
 from unicache_fsm.fsm.errors import IllegalTransitionError, InvalidSpecError, UnknownTriggerError
 from unicache_fsm.fsm.loader import bundled_machines, bundled_spec, parse_spec
@@ -309,3 +310,32 @@ def test_a_lock_on_an_async_executor_is_refused() -> None:
     with pytest.raises(InvalidSpecError) as info:
         AsyncCompiledExecutor(parse_spec(SWITCH), Switch, lock=True)
     assert info.value.kinds() == {"lock on an async executor"}
+
+
+def test_the_builder_makes_the_spec_its_toml_twin_makes() -> None:
+    b = MachineBuilder("door", initial="closed")
+    b.state("closed").state("open")
+    b.transition("open", source="closed", dest="open", conditions="unlocked")
+    b.transition("close", source=["open"], dest="closed")
+    spec = b.build()
+    text = (
+        'machine = "door"\ninitial = "closed"\n[states.closed]\n[states.open]\n'
+        '[[transitions]]\ntrigger = "open"\nsource = "closed"\ndest = "open"\n'
+        'conditions = ["unlocked"]\n[[transitions]]\ntrigger = "close"\n'
+        'source = "open"\ndest = "closed"\n'
+    )
+    assert spec == parse_spec(text, "<builder>")
+
+
+def test_the_builder_validates_and_names_every_problem() -> None:
+    b = MachineBuilder("door", initial="closed")
+    b.state("closed").state("open").state("open").state("ajar.inner")
+    with pytest.raises(InvalidSpecError) as info:
+        b.build()
+    assert info.value.names("state declared twice") == ("open",)
+    assert info.value.names("state whose parent is not declared") == ("ajar.inner",)
+    b = MachineBuilder("door", initial="closed").state("closed").state("open")
+    b.transition("open", source="closed", dest="nowhere")
+    with pytest.raises(InvalidSpecError) as info:
+        b.build()
+    assert "nowhere" in info.value.names("unknown state")
