@@ -339,3 +339,50 @@ def test_the_builder_validates_and_names_every_problem() -> None:
     with pytest.raises(InvalidSpecError) as info:
         b.build()
     assert "nowhere" in info.value.names("unknown state")
+
+
+LIGHT = """
+machine = "light"
+initial = "red"
+[states.red]
+[states.green]
+[[transitions]]
+trigger = "tick"
+source = "red"
+dest = "green"
+conditions = ["expired"]
+[[transitions]]
+trigger = "tick"
+source = "red"
+dest = "red"
+internal = true
+after = ["count"]
+[[transitions]]
+trigger = "tick"
+source = "green"
+dest = "red"
+"""
+
+
+class Light:
+    def __init__(self) -> None:
+        self.state = ""
+        self.now = 0
+        self.waited = 0
+
+    def expired(self) -> bool:
+        return self.now >= 3
+
+    def count(self) -> None:
+        self.waited += 1
+
+
+@pytest.mark.parametrize("cls", EXECUTORS)
+def test_the_cookbook_timer_ticks_without_raising(cls: type) -> None:
+    ex = cls(parse_spec(LIGHT), Light)
+    light = Light()
+    ex.initialize(light)
+    for now in range(5):
+        light.now = now
+        _run(ex, ex.fire(light, "tick"))
+    assert (light.state, light.waited) == ("red", 3)  # 0,1,2 wait; 3 green; 4 red

@@ -63,8 +63,26 @@ awaitable, one after another in spec order, exactly where the sync executors cal
 them; plain functions are called as they are. Initialization and the queries are
 plain methods on both.
 
-Neither executor is thread-safe for one model: a model is driven from one thread (or
-task) at a time. Different models may be driven from different threads at once.
+Neither executor is thread-safe for one model unless built with ``lock=True``: a
+model is driven from one thread (or task) at a time. Different models may be driven
+from different threads at once.
+
+Options (keyword arguments of every executor, all off by default):
+
+- ``ignore_invalid`` — `fire` of a declared trigger that has no transition from the
+  model's configuration does nothing (returns, runs nothing, notifies no observer);
+  an undeclared trigger still raises `UnknownTriggerError`, a veto `GuardRejectedError`.
+- ``model_methods`` — `install_model_methods`: trigger, ``may_<trigger>`` and
+  ``is_<state>`` methods on the model class; a clash is an `InvalidSpecError`.
+- ``event_data`` — every guard and callback (in `may_fire` too) gets the keyword
+  argument ``event``, the `TransitionEvent` (trigger, source, dest) of its candidate.
+- ``lock`` — sync executors: a per-model re-entrant lock held for a whole outermost
+  firing (queued triggers included); a second thread waits, then runs its own
+  transition in its own thread. Refused on async executors (`InvalidSpecError`): their
+  run-to-completion already serialises one model's triggers across tasks.
+
+Executors pickle (`__getstate__`): the spec, the model class, the options (the handler
+included) and the observers; the rest is rebuilt on load.
 """
 
 from __future__ import annotations
