@@ -145,3 +145,25 @@ def test_a_deep_copy_fires_through_its_own_handler() -> None:
     ex.initialize(model)
     ex.fire(model, "go")
     assert (handler.calls, twin.handler.calls) == (1, 1)
+
+
+class Audited(CompiledExecutor):
+    """A subclass that overrides `fire` keeps its override (and `super().fire` works)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.fired: list[str] = []
+        super().__init__(*args, **kwargs)
+
+    def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
+        self.fired.append(trigger)
+        super().fire(model, trigger, *args, **kwargs)
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_a_subclass_override_of_fire_is_kept(lock: bool) -> None:
+    ex = Audited(_ring(3), Plain, lock=lock)
+    model = Plain()
+    ex.initialize(model)
+    ex.fire(model, "next")
+    ex.fire(model, "jump")
+    assert ex.fired == ["next", "jump"] and model.state == "s0"

@@ -276,9 +276,8 @@ class _CompiledDispatch(ExecutorBase):
         self._install_fire()
         self._install_lock()
 
-    def _install_fire(self) -> Any:
+    def _install_fire(self) -> None:
         """Hook: an executor that generates its own `fire` puts it in the instance."""
-        return None
 
     def _helpers(self) -> dict[str, Any]:
         """Constants every generated function may use besides the callbacks."""
@@ -404,6 +403,7 @@ class _CompiledDispatch(ExecutorBase):
         new._steps = new._plain
         new._observers_changed()
         vars(new).pop("fire", None)  # the original's generated fire: bound to it
+        vars(new).pop("_fast_fire", None)
         vars(new).pop("locked", None)
         new._install_fire()
         new._install_lock()
@@ -516,17 +516,19 @@ class CompiledExecutor(_CompiledDispatch, Executor):
         Each executor fires through a function generated for it (`_install_fire`, an
         instance attribute that shadows this method), with the state slot read as a
         plain attribute and its tables as constants; this method is what it does."""
-        fire = vars(self).get("fire") or self._install_fire()
-        fire(model, trigger, *args, **kwargs)
+        self._fast_fire(model, trigger, *args, **kwargs)
 
-    def _install_fire(self) -> Callable[..., None]:
-        """Generate this executor's `fire` and put it in the instance (see `fire`)."""
+    def _install_fire(self) -> None:
+        """Generate this executor's `fire` (`_fast_fire`) and put it in the instance as
+        `fire` (see `fire`), unless a subclass overrides `fire` (its `super().fire`
+        then runs the generated one)."""
         consts = {"EX": self, "ID": id, "ACTIVE": self._active, "QUEUED": self._queued}
         source = _FIRE_SOURCE.replace("STATE_SLOT", self.state_attribute)
         fire: Callable[..., None] = _compile(source, consts, f"<unicache_fsm {self.name}: fire>")
         fire.__doc__ = CompiledExecutor.fire.__doc__
-        vars(self)["fire"] = fire
-        return fire
+        self._fast_fire = fire
+        if type(self).fire is CompiledExecutor.fire:
+            vars(self)["fire"] = fire
 
     def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
