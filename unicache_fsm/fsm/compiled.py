@@ -42,7 +42,6 @@ from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
-from unicache_fsm.fsm.errors import AwaitableGuardError
 from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec
@@ -281,15 +280,7 @@ class _CompiledDispatch(ExecutorBase):
 
     def _helpers(self) -> dict[str, Any]:
         """Constants every generated function may use besides the callbacks."""
-        name = self.name
-
-        def awaited(value: Any, guard: str) -> None:
-            close = getattr(value, "close", None)
-            if callable(close):
-                close()  # a coroutine never awaited: no RuntimeWarning, no side effect
-            raise AwaitableGuardError(name, guard, value)
-
-        return {"ISAWAITABLE": inspect.isawaitable, "AWAITED": awaited}
+        return {"ISAWAITABLE": inspect.isawaitable, "AWAITED": self._refuse_awaitable}
 
     def _compile_step(
         self, steps: dict[str, dict[Any, _Step]], config: str, trigger: str, *, observed: bool

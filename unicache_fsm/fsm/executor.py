@@ -93,11 +93,12 @@ import operator
 import threading
 import types
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import attrs
 
 from unicache_fsm.fsm.errors import (
+    AwaitableGuardError,
     GuardRejectedError,
     IllegalTransitionError,
     InvalidSpecError,
@@ -426,6 +427,15 @@ class ExecutorBase(abc.ABC):
                 self.name, model_id(model), state, name, allowed, noun=self.noun
             )
         return name
+
+    def _refuse_awaitable(self, value: object, guard: str) -> NoReturn:
+        """A sync executor's guard answered with an awaitable: close it (a coroutine
+        never awaited: no RuntimeWarning, no side effect) and raise
+        `AwaitableGuardError`."""
+        close = getattr(value, "close", None)
+        if callable(close):
+            close()
+        raise AwaitableGuardError(self.name, guard, value)
 
     def _guard_rejected(self, model: object, state: str, trigger: str, guard: str) -> None:
         """Put the source configuration back (a guard may have written the slot) and

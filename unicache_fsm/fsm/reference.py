@@ -41,7 +41,6 @@ from transitions import Machine, State, Transition
 from transitions.core import EventData, MachineError
 from transitions.extensions.asyncio import AsyncMachine, AsyncState, AsyncTransition
 
-from unicache_fsm.fsm.errors import AwaitableGuardError
 from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec, TransitionSpec
@@ -239,10 +238,7 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
         def check(event: EventData) -> bool:
             value = fn(event.model, *event.args, **self._kwargs(event))
             if inspect.isawaitable(value):
-                close = getattr(value, "close", None)
-                if callable(close):
-                    close()
-                raise AwaitableGuardError(self.name, name, value)
+                self._refuse_awaitable(value, name)
             result = bool(value)
             if result is not expected:
                 self._record_veto(event.model, label)
