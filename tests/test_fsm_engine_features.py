@@ -8,6 +8,7 @@ import pickle
 import threading
 from typing import Any
 
+import attrs
 import pytest
 
 from unicache_fsm.fsm.builder import MachineBuilder
@@ -193,6 +194,13 @@ def test_a_spec_written_back_reads_back_equal(name: str) -> None:
     again = parse_spec(text, spec.source)
     assert again == spec
     assert dump_spec(again) == text
+
+
+def test_any_text_survives_the_write_back() -> None:
+    odd = 'tab\t "quote" back\\slash \x00\x1f\x7f é 🚪 \n'
+    spec = parse_spec(PLAYER)
+    spec = attrs.evolve(spec, description=odd, noun="player")
+    assert parse_spec(dump_spec(spec), spec.source) == spec
 
 
 DOOR = """

@@ -8,7 +8,9 @@
 
 Every state's `initial` is written out (the loader's default, the first child, would
 give the same spec); keys at their default are left out. Strings are TOML basic
-strings (JSON's escapes are TOML's), so any text survives the round trip.
+strings (JSON's escapes are TOML's; DEL is escaped too), so any text survives the
+round trip. Transitions are written in `index` order of declaration: read back, their
+`index` is their position.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ __all__ = ["dump_spec"]
 
 
 def _str(value: str) -> str:
-    return json.dumps(value, ensure_ascii=True)
+    # JSON escapes every control character but DEL, which TOML wants escaped too; other
+    # characters stay as they are (JSON's surrogate pairs are no TOML escape)
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _names(names: tuple[str, ...]) -> str:
