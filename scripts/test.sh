@@ -54,6 +54,7 @@ PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" \
 oracle_pid=$!
 trap 'kill -- -"$oracle_pid" 2>/dev/null || true' EXIT
 
+bash scripts/core_check.sh  # `pip install unicache-fsm` without torch runs the engine, diagrams, check-trace
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 "$PY" -m mypy

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fsm_models import (
@@ -46,6 +46,11 @@ def _spec(name: str) -> MachineSpec:
 
 MACHINES = ["load_transaction", "offload", "node_residency", "nested", "parallel"]
 BINDINGS = ["model", "handler", "model-async", "handler-async"]
+# the executor options that change what guards and callbacks see or what an illegal
+# trigger does (issue 35), on the machines with nesting, regions and internal transitions
+OPTIONS = {"ignore_invalid": True, "event_data": True}
+OPTION_MACHINES = ["nested", "parallel", "features"]
+OPTION_BINDINGS = ["options", "options-async"]
 PAIRS: dict[tuple[str, str], tuple[MachineSpec, ExecutorBase, ExecutorBase]] = {}
 
 
@@ -55,9 +60,9 @@ def _log_transition(
     model.log.append(("<transition>", (src, trig, dest), {}))
 
 
-for _name in MACHINES:
+for _name in dict.fromkeys([*MACHINES, *OPTION_MACHINES]):
     _s = _spec(_name)
-    for _aio in (False, True):
+    for _aio in (False, True) if _name in MACHINES else ():
         compiled = AsyncCompiledExecutor if _aio else CompiledExecutor
         reference = AsyncReferenceExecutor if _aio else ReferenceExecutor
         suffix = "-async" if _aio else ""
@@ -69,6 +74,16 @@ for _name in MACHINES:
             compiled(_s, RecordingModel, handler=_handler),
             reference(_s, RecordingModel, handler=_handler),
         )
+    if _name in OPTION_MACHINES:
+        for _aio in (False, True):
+            compiled = AsyncCompiledExecutor if _aio else CompiledExecutor
+            reference = AsyncReferenceExecutor if _aio else ReferenceExecutor
+            _cls = recording_model_class(_s, aio=_aio)
+            PAIRS[(_name, "options-async" if _aio else "options")] = (
+                _s,
+                compiled(_s, _cls, **OPTIONS),
+                reference(_s, _cls, **OPTIONS),
+            )
 for _pair in PAIRS.values():
     for _ex in _pair[1:]:
         _ex.add_observer(_log_transition)  # observers see the same transitions, same place
@@ -184,6 +199,17 @@ def _steps(
 @pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("name", MACHINES)
 def test_compiled_agrees_with_reference(name: str, binding: str) -> None:
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        _run(name, data, binding=binding)
+
+    check()
+
+
+@pytest.mark.parametrize("binding", OPTION_BINDINGS)
+@pytest.mark.parametrize("name", OPTION_MACHINES)
+def test_compiled_agrees_with_reference_with_options(name: str, binding: str) -> None:
+    @settings(max_examples=10)  # a small budget: six more runs of the whole generator
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
         _run(name, data, binding=binding)

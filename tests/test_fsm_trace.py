@@ -240,7 +240,7 @@ def test_ids_1_and_quoted_1_are_never_merged() -> None:
 
 def test_bad_utf8_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.jsonl"
-    trace.write_bytes(b'{"seq": 1}\n\xff\xfe\n')
+    trace.write_bytes(b'\xff\xfe\n{"seq": 1}\n')
     assert main(["check-trace", str(trace)]) == 2
     assert "not UTF-8" in capsys.readouterr().err
 

@@ -31,20 +31,35 @@ executors to the same observable behaviour as the reference executors.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import enum
 import functools
 import inspect
+import itertools
+import types
 from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
-from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
+from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.fsm.trace import TransitionCounter
 
 __all__ = ["AsyncCompiledExecutor", "CompiledExecutor"]
+
+
+def _ignored(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """The step of a trigger an `ignore_invalid` executor ignores: nothing happens."""
+
+
+async def _ignored_async(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """`_ignored` for the async executor."""
+
+
+#: How many pairs `compile_all` builds at most by default.
+COMPILE_ALL_LIMIT = 10_000
 
 _Step = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
@@ -55,9 +70,16 @@ def _call(name: str, bound: bool) -> str:
 
 
 def _value(name: str, ind: str, bound: bool, aio: bool) -> tuple[list[str], str]:
-    """Lines that compute a guard's value, and the expression that holds it."""
+    """Lines that compute a guard's value, and the expression that holds it.
+
+    A sync step refuses an awaitable answer (`AwaitableGuardError`, raised by
+    ``AWAITED``): a bool costs two identity tests, anything else one more call."""
     if not aio:
-        return [], _call(name, bound)
+        return [
+            f"{ind}_r = {_call(name, bound)}",
+            f"{ind}if _r is not True and _r is not False and ISAWAITABLE(_r):",
+            f"{ind}    AWAITED(_r, {name!r})",
+        ], "_r"
     return [
         f"{ind}_r = {_call(name, bound)}",
         f"{ind}if ISAWAITABLE(_r):",
@@ -89,7 +111,8 @@ def _step_source(
     observed: str,
     bound: bool = False,
     aio: bool = False,
-) -> tuple[str, dict[str, str]]:
+    events: bool = False,
+) -> tuple[str, dict[str, Any]]:
     """Source of one `(configuration, trigger)` step function and its constants
     (generated once per process and shared: callers copy the constants, never edit them).
 
@@ -102,8 +125,10 @@ def _step_source(
     keeps its meaning (a change during a notification takes effect from the next one).
     With `bound`, callbacks are the handler's (``CB_<name>``).
     With `aio`, the step is a coroutine function awaiting awaitable results.
+    With `events`, every guard and callback of candidate ``i`` gets the keyword
+    argument ``event=EVENT<i>`` (its `TransitionEvent`, a constant).
     """
-    consts: dict[str, str] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
+    consts: dict[str, Any] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
     lines = [f"{'async ' if aio else ''}def step(model, args, kwargs):"]
     if any(ft.spec.guarded for ft in group):
         lines.append("    rejected = None")
@@ -131,6 +156,9 @@ def _step_source(
             ]
         body += _calls(ft.enters, ind, bound, aio) + _calls(t.after, ind, bound, aio)
         body.append(f"{ind}return None")
+        if events:
+            consts[f"EVENT{i}"] = TransitionEvent(ft.trigger, ft.source, ft.dest)
+            body = [f"{ind}_kw = {{**kwargs, 'event': EVENT{i}}}", *_with_event(body)]
         if guarded:
             lines.append(f"    while True:  # candidate {i}: a block that `break` leaves")
         lines += body
@@ -141,34 +169,51 @@ def _step_source(
     return "\n".join(lines) + "\n", consts
 
 
+def _with_event(lines: list[str]) -> list[str]:
+    """`lines` with every guard and callback call passed ``_kw`` (kwargs + event)."""
+    return [line.replace("**kwargs)", "**_kw)") for line in lines]
+
+
 @functools.lru_cache(maxsize=8192)
-def _probe_source(group: tuple[FlatTransition, ...], bound: bool = False, aio: bool = False) -> str:
-    """Source of the `may_fire` probe: `prepare` and guards of each candidate."""
+def _probe_source(
+    group: tuple[FlatTransition, ...], bound: bool = False, aio: bool = False, events: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """Source of the `may_fire` probe: `prepare` and guards of each candidate (with
+    `events`, as in `_step_source`), and its constants."""
     lines = [f"{'async ' if aio else ''}def probe(model, args, kwargs):"]
+    consts: dict[str, Any] = {}
     ind = "        "
-    for ft in group:
+    for i, ft in enumerate(group):
         t = ft.spec
         lines.append("    while True:")
-        lines += _calls(t.prepare, ind, bound, aio)
+        body = _calls(t.prepare, ind, bound, aio)
         for n in t.conditions:
-            lines += [*_guard(n, False, ind, bound, aio), f"{ind}    break"]
+            body += [*_guard(n, False, ind, bound, aio), f"{ind}    break"]
         for n in t.unless:
-            lines += [*_guard(n, True, ind, bound, aio), f"{ind}    break"]
-        lines.append(f"{ind}return True")
+            body += [*_guard(n, True, ind, bound, aio), f"{ind}    break"]
+        if events:
+            consts[f"EVENT{i}"] = TransitionEvent(ft.trigger, ft.source, ft.dest)
+            body = [f"{ind}_kw = {{**kwargs, 'event': EVENT{i}}}", *_with_event(body)]
+        lines += [*body, f"{ind}return True"]
     lines.append("    return False")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", consts
 
 
 @functools.lru_cache(maxsize=4096)
-def _code(source: str, filename: str) -> CodeType:
-    """Compiled once per process: every executor of a spec shares the code objects."""
-    return compile(source, filename, "exec")
+def _code(source: str) -> CodeType:
+    """The code of the one function `source` defines, compiled once per process per
+    source text: every step of the same shape (a ring of ten thousand callback-free
+    states has one) shares it, whatever its pair, machine or executor."""
+    module = compile(source, "<unicache_fsm step>", "exec")
+    return next(c for c in module.co_consts if isinstance(c, CodeType))
 
 
-def _compile(source: str, name: str, consts: dict[str, Any], filename: str) -> Any:
-    namespace: dict[str, Any] = dict(consts)
-    exec(_code(source, filename), namespace)
-    return namespace[name]
+def _compile(source: str, consts: dict[str, Any], filename: str) -> Any:
+    """The function `source` defines, with `consts` as its globals; its code names
+    `filename` (the pair) in tracebacks."""
+    namespace: dict[str, Any] = {"__builtins__": builtins, **consts}
+    code = _code(source)
+    return types.FunctionType(code.replace(co_filename=filename), namespace, code.co_name)
 
 
 class _CompiledDispatch(ExecutorBase):
@@ -186,6 +231,10 @@ class _CompiledDispatch(ExecutorBase):
         triggers: type[enum.Enum] | None = None,
         states: type[enum.Enum] | None = None,
         handler: object | None = None,
+        ignore_invalid: bool = False,
+        model_methods: bool = False,
+        event_data: bool = False,
+        lock: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -194,6 +243,10 @@ class _CompiledDispatch(ExecutorBase):
             triggers=triggers,
             states=states,
             handler=handler,
+            ignore_invalid=ignore_invalid,
+            model_methods=model_methods,
+            event_data=event_data,
+            lock=lock,
         )
         bound = handler is not None
         self._bound = bound
@@ -201,8 +254,7 @@ class _CompiledDispatch(ExecutorBase):
         self._consts: dict[str, Any] = (
             {f"CB_{n}": getattr(handler, n) for n in self.spec.callback_names()} if bound else {}
         )
-        if self._aio:
-            self._consts["ISAWAITABLE"] = inspect.isawaitable
+        self._consts.update(self._helpers())
         # dispatch tables, filled on first use of each (configuration, trigger): an
         # executor costs nothing per pair it never fires (a system builds several, and a
         # fuzzing run builds a system per example)
@@ -215,49 +267,85 @@ class _CompiledDispatch(ExecutorBase):
         self._observed_for = ""
         self._observed_counter: TransitionCounter | None = None
         self._steps = self._plain
+        # trigger name -> its enum members (each a key of its own in the tables)
+        self._enum_aliases: dict[str, tuple[Any, ...]] = {}
+        for alias, name in self._alias.items():
+            if alias is not name:
+                self._enum_aliases[name] = (*self._enum_aliases.get(name, ()), alias)
+        self._install_fire()
+        self._install_lock()
+
+    def _install_fire(self) -> None:
+        """Hook: an executor that generates its own `fire` puts it in the instance."""
+
+    def _helpers(self) -> dict[str, Any]:
+        """Constants every generated function may use besides the callbacks."""
+        return {"ISAWAITABLE": inspect.isawaitable, "AWAITED": self._refuse_awaitable}
 
     def _compile_step(
         self, steps: dict[str, dict[Any, _Step]], config: str, trigger: str, *, observed: bool
     ) -> _Step:
-        """Compile the step of one legal `(config, trigger)` into `steps` (and its probe)."""
+        """Compile the step of one legal `(config, trigger)` into `steps`: only that pair
+        (its probe waits for a `may_fire`; other triggers wait for their first use)."""
         group = self.flat.group(config, trigger)
         filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
         attr, bound, aio = self.state_attribute, self._bound, self._aio
         mode = self._observed_for if observed else ""
-        src, consts = _step_source(group, attr, mode, bound, aio)
+        src, consts = _step_source(group, attr, mode, bound, aio, self.event_data)
         extra: dict[str, Any] = {"EX": self} if observed else {}
         if mode == "count":  # one key per candidate, as the counter would build it
             extra["COUNTER"] = self._observed_counter
             for i, ft in enumerate(group):
                 extra[f"KEY{i}"] = (self.name, ft.source, ft.trigger, ft.dest)
-        step: _Step = _compile(src, "step", {**consts, **self._consts, **extra}, filename)
+        step: _Step = _compile(src, {**consts, **self._consts, **extra}, filename)
         table = steps.setdefault(config, {})
         table[trigger] = step
-        for alias, name in self._alias.items():  # enum members hash by name: own keys
-            if name == trigger and alias is not name:
-                table[alias] = step
+        for alias in self._enum_aliases.get(trigger, ()):  # enum members hash by name
+            table[alias] = step
         if (config, trigger) not in self.sources:
-            self.sources[(config, trigger)] = _step_source(group, attr, "", bound, aio)[0]
-            probe = _compile(_probe_source(group, bound, aio), "probe", self._consts, filename)
-            self._probes.setdefault(config, {})[trigger] = probe
+            self.sources[(config, trigger)] = (
+                _step_source(group, attr, "", bound, aio, self.event_data)[0] if mode else src
+            )
         return step
 
-    def compile_all(self) -> int:
-        """Build the step (and probe) of every legal `(configuration, trigger)` pair
-        now, into the tables `fire` dispatches through (with observers: the observed
-        ones); return how many were built. Nothing fires, no callback runs. A caller
-        that knows it will fire most pairs (a simulation, before its clock starts) pays
-        the compilation up front instead of at each pair's first use."""
+    def _compile_probe(self, config: str, trigger: str) -> Any:
+        """Compile the `may_fire` probe of one legal `(config, trigger)`."""
+        group = self.flat.group(config, trigger)
+        filename = f"<unicache_fsm {self.name}: may {config} --{trigger}-->"
+        src, consts = _probe_source(group, self._bound, self._aio, self.event_data)
+        probe = _compile(src, {**consts, **self._consts}, filename)
+        self._probes.setdefault(config, {})[trigger] = probe
+        return probe
+
+    def compile_all(self, limit: int = COMPILE_ALL_LIMIT) -> int:
+        """Build the step of every legal `(configuration, trigger)` pair now, into
+        the tables `fire` dispatches through (with observers: the observed ones); return
+        how many were built. Nothing fires, no callback runs. A caller that knows it
+        will fire most pairs (a simulation, before its clock starts) pays compilation
+        up front instead of at each pair's first use.
+
+        `limit` bounds the pairs looked at, in breadth-first order of their
+        configurations, so a machine of many independent regions (3**20
+        configurations for 20 regions of 3 states) is never walked whole: pairs past
+        the bound are compiled at their first use, as always."""
         built = 0
         observed = self._steps is self._observed
-        for config, trigger in self.flat.table:
+        flat = self.flat
+        pairs = (
+            iter(flat.table)
+            if flat.enumerated
+            else ((c, t) for c in flat.iter_configs() for t in flat.triggers_from(c))
+        )
+        for config, trigger in itertools.islice(pairs, max(limit, 0)):
             if trigger not in self._steps.get(config, {}):
                 self._compile_step(self._steps, config, trigger, observed=observed)
                 built += 1
         return built
 
     # attributes a copy shares (immutable) or starts afresh (they hold the bound callbacks)
-    _SHARED = frozenset({"spec", "flat", "model_cls", "_get_state", "_triggers", "_alias"})
+    _SHARED = frozenset(
+        {"spec", "flat", "model_cls", "_get_state", "_triggers", "_alias", "_enum_aliases"}
+    )
     _FRESH = frozenset(
         {
             "_consts",
@@ -287,8 +375,10 @@ class _CompiledDispatch(ExecutorBase):
                 setattr(new, name, value)
             elif name == "observers":
                 new.observers = tuple(value)
-            elif name == "_running":
-                new._running = {}
+            elif name == "_active":
+                new._active = []
+            elif name == "_queued":
+                new._queued = {}
             elif name not in self._FRESH:
                 setattr(new, name, copy.deepcopy(value, memo))
         handler = new.handler
@@ -298,12 +388,16 @@ class _CompiledDispatch(ExecutorBase):
             if new._bound
             else {}
         )
-        if self._aio:
-            new._consts["ISAWAITABLE"] = inspect.isawaitable
+        new._consts.update(new._helpers())
         new._probes, new.sources, new._plain, new._observed = {}, {}, {}, None
         new._observed_for, new._observed_counter = "", None
         new._steps = new._plain
         new._observers_changed()
+        vars(new).pop("fire", None)  # the original's generated fire: bound to it
+        vars(new).pop("_fast_fire", None)
+        vars(new).pop("locked", None)
+        new._install_fire()
+        new._install_lock()
         return new
 
     def _observers_changed(self) -> None:
@@ -352,6 +446,8 @@ class _CompiledDispatch(ExecutorBase):
         except (KeyError, AttributeError, TypeError):
             name = self._reject_unfireable(model, trigger)  # raises unless legal after all
             state = self._get_state(model)
+            if name is None:  # ignored (`ignore_invalid`): a step that does nothing
+                return state, _ignored_async if self._aio else _ignored
             step = self._steps.get(state, {}).get(name) or self._compile_step(
                 self._steps, state, name, observed=self._steps is self._observed
             )
@@ -366,10 +462,36 @@ class _CompiledDispatch(ExecutorBase):
         if name is None or name not in self.flat.triggers_from(state):
             return None
         probe = self._probes.get(state, {}).get(name)
-        if probe is None:
-            self._compile_step(self._steps, state, name, observed=self._steps is self._observed)
-            probe = self._probes[state][name]
-        return probe
+        return probe if probe is not None else self._compile_probe(state, name)
+
+
+# The body of `CompiledExecutor.fire`, generated per executor (STATE_SLOT: its state
+# attribute, a validated identifier): the run-to-completion mark, one attribute read,
+# two dict lookups and the step call, in one frame.
+_FIRE_SOURCE = """\
+def fire(model, trigger, /, *args, **kwargs):
+    key = ID(model)
+    if ACTIVE and key in ACTIVE:
+        QUEUED.setdefault(key, []).append((trigger, args, kwargs))
+        return None
+    ACTIVE.append(key)
+    try:
+        try:
+            state = model.STATE_SLOT
+            step = EX._steps[state][trigger]
+        except (KeyError, AttributeError, TypeError):
+            state, step = EX._lookup(model, trigger)
+        rejected = step(model, args, kwargs)
+        if rejected is not None:
+            EX._guard_rejected(model, state, EX._alias[trigger], rejected)
+        if QUEUED:
+            EX._drain(model, key)
+    finally:
+        ACTIVE.remove(key)
+        if QUEUED:
+            QUEUED.pop(key, None)
+    return None
+"""
 
 
 class CompiledExecutor(_CompiledDispatch, Executor):
@@ -380,28 +502,24 @@ class CompiledExecutor(_CompiledDispatch, Executor):
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         """`Executor.fire` with the first transition's dispatch inlined: one frame per
         firing on the common path (a built step, no trigger queued), the same contract
-        (run-to-completion, errors, observers)."""
-        running = self._running
-        key = id(model)
-        queue = running.get(key)
-        if queue is not None:
-            queue.append((trigger, args, kwargs))
-            return
-        queue = running[key] = []
-        try:
-            try:
-                state: str = self._get_state(model)
-                step = self._steps[state][trigger]
-            except (KeyError, AttributeError, TypeError):
-                state, step = self._lookup(model, trigger)  # compiles, or raises the error
-            rejected = step(model, args, kwargs)
-            if rejected is not None:
-                self._guard_rejected(model, state, self._alias[trigger], rejected)
-            while queue:
-                trigger, args, kwargs = queue.pop(0)
-                self._fire_one(model, trigger, args, kwargs)
-        finally:
-            del running[key]
+        (run-to-completion, errors, observers).
+
+        Each executor fires through a function generated for it (`_install_fire`, an
+        instance attribute that shadows this method), with the state slot read as a
+        plain attribute and its tables as constants; this method is what it does."""
+        self._fast_fire(model, trigger, *args, **kwargs)
+
+    def _install_fire(self) -> None:
+        """Generate this executor's `fire` (`_fast_fire`) and put it in the instance as
+        `fire` (see `fire`), unless a subclass overrides `fire` (its `super().fire`
+        then runs the generated one)."""
+        consts = {"EX": self, "ID": id, "ACTIVE": self._active, "QUEUED": self._queued}
+        source = _FIRE_SOURCE.replace("STATE_SLOT", self.state_attribute)
+        fire: Callable[..., None] = _compile(source, consts, f"<unicache_fsm {self.name}: fire>")
+        fire.__doc__ = CompiledExecutor.fire.__doc__
+        self._fast_fire = fire
+        if type(self).fire is CompiledExecutor.fire:
+            vars(self)["fire"] = fire
 
     def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

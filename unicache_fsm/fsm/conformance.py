@@ -5,11 +5,15 @@ writes) model by model and checks every step against the machine's meaning
 (`fsm.flat`). A record is an object with ``seq`` (an integer) and ``machine``,
 ``model``, ``source``, ``trigger``, ``dest`` (strings). The rules:
 
-- ``seq`` strictly increases from one record to the next;
+- ``seq`` goes up by exactly one from one record to the next (a gap means records
+  were lost or deleted; the first record may have any ``seq``, as a ring buffer's
+  trace starts mid-run);
 - a model (a ``(machine, model)`` pair) starts with an initialization: trigger
-  ``"<init>"``, an empty source, and as dest the spec's initial configuration or the
-  configuration a live model of the same machine is in right now (a node born by
-  splitting another carries its sibling's residency);
+  ``"<init>"``, an empty source, and as dest the spec's initial configuration — or,
+  for a machine whose models may be born as copies (the *copy rule*, `copies`: by
+  default the bundled cache machines, where a node born by splitting another carries
+  its sibling's residency), the configuration a live model of the same machine is in
+  right now;
 - a model is initialized again only once it has reached a final configuration (its
   id was recycled); a second ``<init>`` of a live model would let a trace teleport it;
 - every other record leaves the configuration the model is in, with a trigger that
@@ -22,7 +26,8 @@ lacks a field or holds a value of the wrong type (a number where a model id stri
 belongs: ``1`` and ``"1"`` are never merged), a machine `specs` does not know — raises
 `TraceInputError` naming the record instead.
 
-- `read_trace(path)` — the records of a JSONL file (`TraceInputError` on a bad line).
+- `read_trace(path)` — the records of a JSONL file (`TraceInputError` naming the line
+  that is not UTF-8, not JSON, or nested or numbered beyond what can be read).
 - `spec_lookup(specs, fallback)` — a `specs` callable over given specs, then `fallback`.
 """
 
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +49,9 @@ from unicache_fsm.fsm.errors import (
 )
 from unicache_fsm.fsm.executor import INIT_TRIGGER
 from unicache_fsm.fsm.flat import FlatMachine, flatten
-from unicache_fsm.fsm.loader import bundled_spec
+from unicache_fsm.fsm.loader import bundled_machines, bundled_spec
 from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.fsm.validate import check_spec
 
 __all__ = ["TraceCheck", "TraceViolation", "check_trace", "read_trace", "spec_lookup"]
 
@@ -88,25 +94,29 @@ class TraceCheck:
 def read_trace(path: str | Path) -> Iterator[Any]:
     """The records of a JSONL trace file, in order (blank lines skipped).
 
-    Raises `TraceInputError` naming the line when a line is not JSON (or not UTF-8);
-    what the records hold is `check_trace`'s business.
+    Raises `TraceInputError` naming the line when a line is not UTF-8, not JSON, nested
+    too deep to parse or holds an integer too long to read; what the records hold is
+    `check_trace`'s business. Lines are decoded one at a time, so the culprit is the
+    line that holds the bad byte.
     """
-    with Path(path).open(encoding="utf-8-sig", errors="strict") as f:  # a BOM is tolerated
-        n = 0
-        while True:
-            n += 1
+    with Path(path).open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a BOM is tolerated
             try:
-                line = f.readline()
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise TraceInputError(f"line {n}", f"not UTF-8 ({exc.reason})") from None
-            if not line:
-                return
             if not line.strip():
                 continue
             try:
                 yield json.loads(line)
             except json.JSONDecodeError as exc:
                 raise TraceInputError(f"line {n}", f"not JSON ({exc.msg})") from None
+            except RecursionError:
+                raise TraceInputError(f"line {n}", "not readable (nested too deep)") from None
+            except ValueError as exc:  # an integer beyond the digit limit, say
+                raise TraceInputError(f"line {n}", f"not readable ({exc})") from None
 
 
 def spec_lookup(
@@ -115,11 +125,13 @@ def spec_lookup(
     """A machine-name -> spec function for `check_trace`: the given specs first, then
     `fallback` (the bundled machines by default; None: no others).
 
-    Raises `InvalidSpecError` when two of the given specs have the same machine name; the
+    Raises `InvalidSpecError` when a given spec is invalid (`check_spec`) or two of
+    them have the same machine name; the
     function it returns raises `InvalidSpecError` for a name it does not know.
     """
     by_name: dict[str, MachineSpec] = {}
     for spec in specs:
+        check_spec(spec)
         if spec.name in by_name:
             both = [by_name[spec.name].source, spec.source]
             raise InvalidSpecError(spec.name, spec.source, [SpecProblem("defined twice", both)])
@@ -169,12 +181,16 @@ def check_trace(
     specs: Callable[[str], MachineSpec] = bundled_spec,
     *,
     context: int = 5,
+    copies: Collection[str] | None = None,
 ) -> TraceCheck:
     """Replay `records` against the specs (`specs(name)` gives a machine's spec).
 
+    `copies` names the machines under the copy rule (an ``<init>`` may put a model in
+    the configuration of a live one); None: the bundled machines (`bundled_machines`).
     Returns the first illegal step, if any; raises `TraceInputError` on a record that
     cannot be checked (see the module docstring).
     """
+    copying = frozenset(bundled_machines() if copies is None else copies)
     flats: dict[str, FlatMachine] = {}
     state: dict[tuple[str, str], str] = {}
     # per machine: how many live (non-final) models are in each configuration
@@ -216,8 +232,9 @@ def check_trace(
         key = (machine, record["model"])
         seq: int = record["seq"]
         source, trigger, dest = record["source"], record["trigger"], record["dest"]
-        if last_seq is not None and seq <= last_seq:
-            return fail(record, f"seq {seq} does not follow seq {last_seq}", key)
+        if last_seq is not None and seq != last_seq + 1:
+            lost = " (records missing between them)" if seq > last_seq else ""
+            return fail(record, f"seq {seq} does not follow seq {last_seq}{lost}", key)
         last_seq = seq
         current = state.get(key)
         if trigger == INIT_TRIGGER:
@@ -227,11 +244,14 @@ def check_trace(
             if current is not None and not flat.is_final(current):
                 reason = f"{machine}: model {key[1]!r} initialized again while live in {current!r}"
                 return fail(record, reason, key)
-            if dest != flat.initial and occupied[machine][dest] <= 0:
-                reason = (
-                    f"{machine}: initialized into {dest!r}, which is neither the initial "
-                    f"configuration {flat.initial!r} nor that of a live {machine} model"
+            if dest != flat.initial and (machine not in copying or occupied[machine][dest] <= 0):
+                what = (
+                    f"neither the initial configuration {flat.initial!r} nor that of a live "
+                    f"{machine} model"
+                    if machine in copying
+                    else f"not the initial configuration {flat.initial!r}"
                 )
+                reason = f"{machine}: initialized into {dest!r}, which is {what}"
                 return fail(record, reason, key)
         elif current is None:
             return fail(record, f"{machine}: model {key[1]!r} moves before being initialized", key)

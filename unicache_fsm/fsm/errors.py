@@ -13,6 +13,7 @@ hierarchy (checked against the code by `tests/test_public_api.py`):
 
 ```text
 UnicacheFsmError (unicache_fsm.fsm.errors)
+  AwaitableGuardError (unicache_fsm.fsm.errors)
   CliError (unicache_fsm.cli)
   GraphvizFailedError (unicache_fsm.fsm.diagram)
   GraphvizNotFoundError (unicache_fsm.fsm.diagram)
@@ -86,6 +87,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "AwaitableGuardError",
     "GuardRejectedError",
     "IllegalTransitionError",
     "InvalidSpecError",
@@ -222,6 +224,22 @@ class GuardRejectedError(UnicacheFsmError, RuntimeError):
         what = noun or machine
         super().__init__(
             f"cannot {trigger} {what} {model!r} in state {state!r}: guard {guard!r} rejected it"
+        )
+
+
+class AwaitableGuardError(UnicacheFsmError, TypeError):
+    """A sync executor's guard returned an awaitable (an ``async def`` behind a plain
+    wrapper, say): its answer is unknowable without awaiting it, which only an async
+    executor does. The awaitable is closed unawaited; the model's state is unchanged.
+    """
+
+    def __init__(self, machine: str, guard: str, value: object) -> None:
+        self.machine = machine
+        self.guard = guard
+        super().__init__(
+            f"machine {machine!r}: guard {guard!r} returned an awaitable "
+            f"({type(value).__name__}); a sync executor cannot await it: use an async "
+            "executor, or make the guard a plain function"
         )
 
 

@@ -271,6 +271,11 @@ class FlatMachine:
         (for messages that list a few known configurations)."""
         return tuple(itertools.islice(self._walk(), limit))
 
+    def iter_configs(self) -> Iterator[str]:
+        """The configurations of `configs`, one at a time, walked only as far as the
+        caller reads (a bounded pass over a machine whose product is huge)."""
+        return self._walk()
+
     # -- the whole product (cost: the number of reachable configurations) --------------
     @functools.cached_property
     def configs(self) -> tuple[str, ...]:
@@ -531,6 +536,8 @@ class FlatMachine:
     def _apply(
         self, t: TransitionSpec, src: str, config: str, active: frozenset[str]
     ) -> tuple[FlatTransition, frozenset[str]] | None:
+        if t.internal:  # nothing exited, nothing entered: the configuration stays
+            return FlatTransition(config, config, t.trigger, t, (), (), (), ()), active
         dest = t.dest
         dest_anc = _ancestors(dest)
         domain = next(a for a in _ancestors(src) if a in dest_anc)

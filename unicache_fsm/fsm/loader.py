@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from unicache_fsm.fsm.errors import InvalidSpecError, SpecProblem
-from unicache_fsm.fsm.spec import MachineSpec, StateKind, StateSpec, TransitionSpec
+from unicache_fsm.fsm.spec import MAX_DEPTH, MachineSpec, StateKind, StateSpec, TransitionSpec
 from unicache_fsm.fsm.validate import structural_problems
 
 if sys.version_info >= (3, 11):
@@ -76,6 +76,7 @@ TRANSITION_KEYS = frozenset(
         "after",
         "requires",
         "description",
+        "internal",
     }
 )
 _NAME_LISTS = ("conditions", "unless", "prepare", "before", "after", "requires")
@@ -116,17 +117,20 @@ class _Collector:
                 self.malformed.append(f"{where}.{key} (unknown key; allowed: {sorted(allowed)})")
 
 
-def _parse_state(c: _Collector, name: str, path: str, table: Any) -> StateSpec:
+def _parse_state(c: _Collector, name: str, path: str, table: Any, depth: int = 1) -> StateSpec:
     where = f"states.{path}"
     if not isinstance(table, dict):
         c.malformed.append(f"{where} (expected a table, got {table!r})")
+        return StateSpec(name=name, path=path)
+    if depth > MAX_DEPTH:
+        c.malformed.append(f"{where} (states nested deeper than {MAX_DEPTH} levels)")
         return StateSpec(name=name, path=path)
     c.unknown_keys(where, table, STATE_KEYS)
     sub = table.get("states", {})
     if not isinstance(sub, dict):
         c.malformed.append(f"{where}.states (expected a table of states)")
         sub = {}
-    children = tuple(_parse_state(c, n, f"{path}.{n}", t) for n, t in sub.items())
+    children = tuple(_parse_state(c, n, f"{path}.{n}", t, depth + 1) for n, t in sub.items())
     parallel = c.bool_field(where, table, "parallel")
     kind = StateKind.PARALLEL if parallel else StateKind.COMPOUND if children else StateKind.ATOMIC
     initial = table.get("initial")
@@ -170,6 +174,7 @@ def _parse_transition(c: _Collector, i: int, table: Any) -> TransitionSpec | Non
         dest=dest,
         index=i,
         description=c.str_field(where, table, "description", ""),
+        internal=c.bool_field(where, table, "internal"),
         **lists,
     )
 
@@ -184,6 +189,9 @@ def parse_spec(text: str, source: str = "<string>") -> MachineSpec:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         problem = SpecProblem("toml syntax", [str(exc)])
+        raise InvalidSpecError(Path(source).stem, source, [problem]) from None
+    except RecursionError:  # inline tables or arrays nested beyond Python's stack
+        problem = SpecProblem("toml syntax", ["values nested too deep to read"])
         raise InvalidSpecError(Path(source).stem, source, [problem]) from None
     c = _Collector()
     c.unknown_keys("machine", doc, MACHINE_KEYS)
@@ -234,9 +242,17 @@ def parse_spec(text: str, source: str = "<string>") -> MachineSpec:
 
 
 def load_spec(path: str | Path) -> MachineSpec:
-    """Read, parse and validate a spec file."""
+    """Read, parse and validate a spec file (`InvalidSpecError` when it is not UTF-8,
+    naming the line of the first bad byte)."""
     p = Path(path)
-    return parse_spec(p.read_text(encoding="utf-8"), str(p))
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        problem = SpecProblem("not UTF-8", [f"line {line}: {exc.reason}"])
+        raise InvalidSpecError(p.stem, str(p), [problem]) from None
+    return parse_spec(text, str(p))
 
 
 def load_specs(path: str | Path) -> list[MachineSpec]:

@@ -41,7 +41,7 @@ from transitions import Machine, State, Transition
 from transitions.core import EventData, MachineError
 from transitions.extensions.asyncio import AsyncMachine, AsyncState, AsyncTransition
 
-from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase
+from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
 from unicache_fsm.fsm.spec import MachineSpec, TransitionSpec
 
@@ -91,6 +91,10 @@ class _ReferenceGlue(ExecutorBase):
         triggers: type[enum.Enum] | None = None,
         states: type[enum.Enum] | None = None,
         handler: object | None = None,
+        ignore_invalid: bool = False,
+        model_methods: bool = False,
+        event_data: bool = False,
+        lock: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -99,6 +103,10 @@ class _ReferenceGlue(ExecutorBase):
             triggers=triggers,
             states=states,
             handler=handler,
+            ignore_invalid=ignore_invalid,
+            model_methods=model_methods,
+            event_data=event_data,
+            lock=lock,
         )
         self._fns: dict[str, Callable[..., Any]] = {
             n: self._callback(n) for n in self.spec.callback_names()
@@ -121,6 +129,7 @@ class _ReferenceGlue(ExecutorBase):
         if self.flat.enumerated:
             for config, trigger in self.flat.table:
                 self._add(config, trigger)
+        self._install_lock()
 
     # -- building the machine ----------------------------------------------------------
     def _state(self, config: str) -> State:
@@ -159,15 +168,24 @@ class _ReferenceGlue(ExecutorBase):
             self._add(state, name)
         return state, name
 
-    def _event(self, model: Any, trigger: Any) -> tuple[str, str, Any]:
-        """For `fire`: configuration, trigger name and the `transitions` event, or the
-        error of an unfireable trigger."""
+    def _event(self, model: Any, trigger: Any) -> tuple[str, str, Any] | None:
+        """For `fire`: configuration, trigger name and the `transitions` event, None
+        for a trigger the executor ignores, or the error of an unfireable trigger."""
         state, name = self._legal(model, trigger)
         event = self.machine.events.get(name) if name is not None else None
         if name is None or event is None or state not in event.transitions:
-            self._reject_unfireable(model, trigger)  # raises
+            if self._reject_unfireable(model, trigger) is None:  # raises unless ignored
+                return None
             raise AssertionError("unreachable")  # pragma: no cover
         return state, name, event
+
+    def _kwargs(self, event: EventData) -> dict[str, Any]:
+        """The keyword arguments of a guard or callback: the trigger's, plus ``event``
+        (a `TransitionEvent` of the transition being tried) with ``event_data=True``."""
+        if not self.event_data:
+            return event.kwargs
+        flat = _flat_of(event)
+        return {**event.kwargs, "event": TransitionEvent(flat.trigger, flat.source, flat.dest)}
 
     def _record_veto(self, model: Any, label: str) -> None:
         key = id(model)
@@ -205,7 +223,7 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
         fn = self._fns[name]
 
         def callback(event: EventData) -> Any:
-            return fn(event.model, *event.args, **event.kwargs)
+            return fn(event.model, *event.args, **self._kwargs(event))
 
         callback.__qualname__ = callback.__name__ = name
         return callback
@@ -218,7 +236,10 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
         fn = self._fns[name]
 
         def check(event: EventData) -> bool:
-            result = bool(fn(event.model, *event.args, **event.kwargs))
+            value = fn(event.model, *event.args, **self._kwargs(event))
+            if inspect.isawaitable(value):
+                self._refuse_awaitable(value, name)
+            result = bool(value)
             if result is not expected:
                 self._record_veto(event.model, label)
             return result
@@ -232,12 +253,15 @@ class ReferenceExecutor(_ReferenceGlue, Executor):
 
     def _run(self, names: tuple[str, ...], event: EventData) -> None:
         for name in names:
-            self._fns[name](event.model, *event.args, **event.kwargs)
+            self._fns[name](event.model, *event.args, **self._kwargs(event))
 
     def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        state, name, event = self._event(model, trigger)
+        found = self._event(model, trigger)
+        if found is None:
+            return
+        state, name, event = found
         key = id(model)
         self._vetoes[key] = ""
         try:
@@ -288,7 +312,7 @@ class AsyncReferenceExecutor(_ReferenceGlue, AsyncExecutor):
         async def guards(event: EventData) -> bool:
             for name, expected in checks:
                 fn = self._fns[name]
-                result = bool(await _settle(fn(event.model, *event.args, **event.kwargs)))
+                result = bool(await _settle(fn(event.model, *event.args, **self._kwargs(event))))
                 if result is not expected:
                     self._record_veto(event.model, name if expected else f"not {name}")
                     return False
@@ -298,12 +322,15 @@ class AsyncReferenceExecutor(_ReferenceGlue, AsyncExecutor):
 
     async def _run(self, names: tuple[str, ...], event: EventData) -> None:
         for name in names:
-            await _settle(self._fns[name](event.model, *event.args, **event.kwargs))
+            await _settle(self._fns[name](event.model, *event.args, **self._kwargs(event)))
 
     async def _fire_one(
         self, model: Any, trigger: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        state, name, event = self._event(model, trigger)
+        found = self._event(model, trigger)
+        if found is None:
+            return
+        state, name, event = found
         key = id(model)
         self._vetoes[key] = ""
         try:

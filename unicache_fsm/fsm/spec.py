@@ -14,13 +14,30 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
+from typing import Any
 
 import attrs
 
-__all__ = ["ANY_STATE", "MachineSpec", "StateKind", "StateSpec", "TransitionSpec"]
+__all__ = ["ANY_STATE", "MAX_DEPTH", "MachineSpec", "StateKind", "StateSpec", "TransitionSpec"]
 
 #: A transition source meaning "every non-final configuration".
 ANY_STATE = "*"
+
+#: How deep states may nest (validation refuses deeper specs: it bounds the recursion
+#: of parsing, flattening and drawing).
+MAX_DEPTH = 32
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    """A sequence field as a tuple (a lone string is one name), so that a spec written
+    in Python with lists is still immutable and hashable; element types are checked by
+    validation (`fsm.validate`), not here."""
+    if isinstance(value, str):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:  # not iterable: kept as one element, for validation to name
+        return (value,)
 
 
 class StateKind(str, enum.Enum):
@@ -31,7 +48,7 @@ class StateKind(str, enum.Enum):
     PARALLEL = "parallel"  # every child (region) active at once
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class StateSpec:
     """One declared state.
 
@@ -43,11 +60,11 @@ class StateSpec:
     name: str
     path: str
     kind: StateKind = StateKind.ATOMIC
-    children: tuple[StateSpec, ...] = ()
+    children: tuple[StateSpec, ...] = attrs.field(default=(), converter=_as_tuple)
     initial: str | None = None
     final: bool = False
-    on_enter: tuple[str, ...] = ()
-    on_exit: tuple[str, ...] = ()
+    on_enter: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    on_exit: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     description: str = ""
 
     def walk(self) -> Iterator[StateSpec]:
@@ -63,7 +80,7 @@ class StateSpec:
         return None
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class TransitionSpec:
     """One declared transition (possibly from several sources).
 
@@ -72,20 +89,23 @@ class TransitionSpec:
     change, the entered states' `on_enter`, `after`. `requires` (parallel machines
     only) names states of *other* regions of which one per region must be active
     for the transition to exist at all; unlike a guard it is resolved when the spec
-    is compiled, so it shapes the diagram and the validation.
+    is compiled, so it shapes the diagram and the validation. An `internal` transition
+    (its dest is its source) changes nothing: no state is exited or entered, its
+    `prepare`, guards, `before` and `after` run (a tick, a counter, a timer check).
     """
 
     trigger: str
-    sources: tuple[str, ...]
+    sources: tuple[str, ...] = attrs.field(converter=_as_tuple)
     dest: str
     index: int
-    conditions: tuple[str, ...] = ()
-    unless: tuple[str, ...] = ()
-    prepare: tuple[str, ...] = ()
-    before: tuple[str, ...] = ()
-    after: tuple[str, ...] = ()
-    requires: tuple[str, ...] = ()
+    conditions: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    unless: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    prepare: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    before: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    after: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    requires: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     description: str = ""
+    internal: bool = False
 
     @property
     def guarded(self) -> bool:
@@ -96,7 +116,7 @@ class TransitionSpec:
         return f"{self.trigger}: {'|'.join(self.sources)} -> {self.dest}"
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class MachineSpec:
     """A whole machine: states under `root`, transitions in declaration order.
 
@@ -106,7 +126,7 @@ class MachineSpec:
 
     name: str
     root: StateSpec
-    transitions: tuple[TransitionSpec, ...]
+    transitions: tuple[TransitionSpec, ...] = attrs.field(converter=_as_tuple)
     noun: str = ""
     description: str = ""
     source: str = ""
