@@ -33,4 +33,12 @@ EOF
 "$py" "$root/examples/order.py" >/dev/null
 "$cli" diagram "$root/examples/order.toml" | grep -q "stateDiagram"
 "$cli" check-trace "$tmp/tcp.jsonl" --spec "$root/examples/tcp.toml" >/dev/null
+# a KV-cache command on the core install: exit 2 and one line naming the extra
+rc=0
+"$cli" simulate --requests 2 >/dev/null 2>"$tmp/kv.err" || rc=$?
+if [ "$rc" != 2 ] || [ "$(wc -l <"$tmp/kv.err")" != 1 ] || ! grep -q "unicache-fsm\[kv\]" "$tmp/kv.err"; then
+    echo "core_check: simulate on the core install did not ask for the kv extra (exit $rc):" >&2
+    cat "$tmp/kv.err" >&2
+    exit 1
+fi
 echo "core_check: the core install (no torch, NumPy, Hypothesis, xxhash) runs the engine"

@@ -97,6 +97,9 @@ PROG = "unicache-fsm"
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
+# what the ``kv`` extra adds to the core install: a command that needs one of them on
+# a core-only install gets one line naming the extra, not a traceback
+KV_EXTRA_MODULES = frozenset({"torch", "numpy", "hypothesis", "xxhash"})
 
 #: The device pool of ``simulate`` (tokens); `SimConfig`'s default, restated here so
 #: that ``--help`` does not import the scheduler (and torch). A test keeps them equal.
@@ -1151,6 +1154,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in KV_EXTRA_MODULES:
+            raise
+        print(
+            f"{PROG}: error: {args.command} needs the KV-cache extra ({missing} is not "
+            "installed): pip install 'unicache-fsm[kv]'",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     except (UnicacheFsmError, OSError) as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
