@@ -81,6 +81,7 @@ from unicache_fsm.fsm.diagram import (
 )
 from unicache_fsm.fsm.errors import InvalidSpecError, TraceInputError, UnicacheFsmError
 from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.integrations.linker_kit import cli as check_linker_cli
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_OK", "Command", "main"]
 
@@ -890,6 +891,7 @@ COMMANDS: tuple[Command, ...] = (
         _simulate_arguments,
         _run_simulate,
     ),
+    Command("check-linker", check_linker_cli.HELP, check_linker_cli.add_arguments, check_linker_cli.run),
 )
 
 
