@@ -34,9 +34,10 @@ class TruncatedPageIsAHit(DirLinker):
         return self.path(pool, key).exists()
 
     def read_page(self, pool: Any, key: str) -> bytes:
-        payload = self.path(pool, key).read_bytes()[32:]
-        if len(payload) != self.payload_size(pool):
-            raise PageError(f"{key}: short page")
+        data = self.path(pool, key).read_bytes()
+        payload = data[32:]
+        if len(payload) != self.payload_size(pool) or not self.checksum_ok(data[:32], payload):
+            raise PageError(f"{key}: damaged page")  # and the file stays
         return payload
 
     def start_layer_wise_loading(self) -> int:

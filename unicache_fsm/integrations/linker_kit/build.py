@@ -131,10 +131,9 @@ def linker_class(config: dict[str, Any]) -> type:
 
 
 def _shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    names = {"rid": "rid", 0: "index"}
-    parts = [names.get(a, "transfers") if not isinstance(a, int) else "index" for a in args]
+    parts = ["rid" if a == "rid" else "index" if isinstance(a, int) else "transfers" for a in args]
     parts += [f"{k}=..." for k in kwargs]
-    return f"({', '.join(str(p) for p in parts)})"
+    return f"({', '.join(parts)})"
 
 
 def server_args(config: dict[str, Any], model: str, page: int) -> ServerArgs:

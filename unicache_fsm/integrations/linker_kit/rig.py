@@ -76,6 +76,8 @@ PAGE = 16
 SWA_WINDOW = 32
 DTYPE = torch.bfloat16
 HEADS, HEAD_DIM = 2, 4
+#: what a load's slots hold until it lands (the KV model's values lie in -120..120)
+POISON = 200.0
 
 
 class Rig:
@@ -90,7 +92,7 @@ class Rig:
         ledger: Ledger,
         verdicts: Verdicts,
         tokens: int = 2048,
-        budget_s: float = 5.0,
+        budget_s: float = 2.0,
     ) -> None:
         self.page = PAGE
         self.model = KvModel(model)
@@ -272,6 +274,10 @@ class Rig:
             )
         )
         slots = self.cache.linker.private_load_indices.get(rid)
+        if slots is not None:  # no right byte in them until the load lands
+            for buf in (self.buffers[PoolName.KV].k_buffer, self.buffers[PoolName.KV].v_buffer):
+                for layer in buf:
+                    layer[slots] = POISON
         return req, result, loaded, slots, lock
 
     def load(self, tokens: Sequence[int], rid: str, damage: str | None = None) -> int:
