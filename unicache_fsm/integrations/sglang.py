@@ -219,7 +219,9 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.store = store
         self.pools = dict(pools)
         self.close_store = close_store
-        layers = max(m.layers for m in self._mirrors.values())
+        # the forward waits on the KV pool's own layer ids: an SWAKVPool numbers its
+        # Full and SWA layers together, so the counter holds both halves' layers
+        layers = sum(m.layers for m in self._mirrors.values())
         self.layer_done_counter = _SettlingCounter(layers, self._settle)
         self.counter = TransitionCounter()
         self.trace = TraceRecorder(trace) if trace is not None else None
