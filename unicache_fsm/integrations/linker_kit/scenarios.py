@@ -172,7 +172,8 @@ def run_scenarios(
     ledger: Ledger,
     only: Iterable[str] | None = None,
 ) -> list[ScenarioFailure]:
-    """Run every scenario (or those named in `only`); the failures, in order."""
+    """Run the scenarios (or those named in `only`) up to the first that fails; the
+    failure, if any, in a list."""
     wanted = set(only) if only is not None else None
     faults = frozenset(faults)
     failures = []
@@ -205,4 +206,6 @@ def run_scenarios(
                 verdicts.failed.setdefault(ob, detail)
             for ob, why in session.verdicts.not_applicable.items():
                 verdicts.skip(ob, why)
+        if failures:
+            break
     return failures
