@@ -97,7 +97,9 @@ def _without(name: str, **changes: Any) -> type:
 
 #: written for another revision: completions through its own list, no finish_layer_wise_loading
 NoFinishLayerWiseLoading = _without("finish_layer_wise_loading")
-NoFinishLayerWiseLoading.__name__ = NoFinishLayerWiseLoading.__qualname__ = "NoFinishLayerWiseLoading"
+NoFinishLayerWiseLoading.__name__ = NoFinishLayerWiseLoading.__qualname__ = (
+    "NoFinishLayerWiseLoading"
+)
 
 
 class NoForwardStream(DirLinker):

@@ -13,6 +13,7 @@ hierarchy (checked against the code by `tests/test_public_api.py`):
 
 ```text
 UnicacheFsmError (unicache_fsm.fsm.errors)
+  BadLinkerError (unicache_fsm.integrations.linker_kit.obligations)
   CliError (unicache_fsm.cli)
   GraphvizFailedError (unicache_fsm.fsm.diagram)
   GraphvizNotFoundError (unicache_fsm.fsm.diagram)
@@ -28,6 +29,7 @@ UnicacheFsmError (unicache_fsm.fsm.errors)
   InvalidSpecError (unicache_fsm.fsm.errors)
   InvariantViolation (unicache_fsm.serving.invariants)
   LinkerConfigError (unicache_fsm.integrations.errors)
+  LinkerViolation (unicache_fsm.integrations.linker_kit.obligations)
   MonitorConfigError (unicache_fsm.integrations.protocol)
   PoolError (unicache_fsm.pools.errors)
     DeviceMismatchError (unicache_fsm.pools.errors)

@@ -472,3 +472,14 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
         finally:
             self.monitor.after_close()
             self.monitor.close_trace()
+
+
+# The linker test kit (check any linker, as `unicache-fsm check-linker` does).
+from unicache_fsm.integrations.linker_kit import (  # noqa: E402
+    CheckedLinker,
+    LinkerMachine,
+    StorePlugin,
+    check_linker,
+)
+
+__all__ += ["CheckedLinker", "LinkerMachine", "StorePlugin", "check_linker"]

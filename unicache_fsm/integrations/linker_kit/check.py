@@ -87,7 +87,8 @@ def check_linker(
     ledger = Ledger()
     why_not = _builds(config, False, ledger)
     if why_not is not None:
-        msg = f"{cls.__module__}.{cls.__qualname__}: building it through SGLang's factory raised {why_not}"
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        msg = f"{where}: building it through SGLang's factory raised {why_not}"
         raise BadLinkerError(msg)
     shapes = [False]
     swa_why = _builds(config, True, ledger)

@@ -124,7 +124,8 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         return getattr(self.linker, "forward_stream", None)
 
     def record_offload_ready(self) -> list[Any]:
-        return self._call("record_offload_ready", self.linker.record_offload_ready)  # type: ignore[no-any-return]
+        events: list[Any] = self._call("record_offload_ready", self.linker.record_offload_ready)
+        return events
 
     def _call(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:

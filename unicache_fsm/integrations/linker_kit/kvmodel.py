@@ -49,7 +49,9 @@ class KvModel:
         self, hashes: torch.Tensor, pool: str, layer: int, kind: str, width: int
     ) -> torch.Tensor:
         """The model's rows (``[tokens, width]``, float32) for `layer`'s K or V."""
-        salt = int.from_bytes(hashlib.sha256(f"{pool}/{layer}/{kind}".encode()).digest()[:4], "little")
+        salt = int.from_bytes(
+            hashlib.sha256(f"{pool}/{layer}/{kind}".encode()).digest()[:4], "little"
+        )
         cols = torch.arange(width, dtype=torch.int64)
         mixed = (hashes.view(-1, 1) ^ salt) * _MUL_B + cols.view(1, -1) * _MUL_A
         mixed = mixed ^ (mixed >> 31)

@@ -24,14 +24,15 @@ verdicts, the steps run, and on a violation the shrunk program.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import attrs
 from hypothesis import HealthCheck, Phase, seed, settings
-from hypothesis.errors import HypothesisException
 from hypothesis import strategies as st
+from hypothesis.errors import HypothesisException
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     precondition,
@@ -148,10 +149,8 @@ class LinkerMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         if self.down:
-            try:
+            with contextlib.suppress(LinkerViolation):  # the run's verdict holds it
                 self.session.do(Step("recover"))
-            except LinkerViolation:
-                pass
         self.session.close()
 
 
@@ -183,7 +182,7 @@ def explore(
 ) -> Exploration:
     """Run `LinkerMachine` on `config` for about `seconds` (module docstring)."""
     out = Exploration(verdicts or Verdicts(), coverage or Coverage())
-    machine = type(
+    machine: type[LinkerMachine] = type(
         "CheckLinkerMachine",
         (LinkerMachine,),
         {
@@ -210,10 +209,10 @@ def explore(
         def factory() -> LinkerMachine:
             return machine()
 
-        seed(seed_value * 1_000_003 + out.runs)(factory)
+        seed(seed_value * 1_000_003 + out.runs)(factory)  # Hypothesis reads it off the factory
         out.runs += 1
         try:
-            run_state_machine_as_test(factory, settings=options)
+            run_state_machine_as_test(factory, settings=options)  # type: ignore[arg-type]
         except LinkerViolation as exc:
             out.violation = exc
         except HypothesisException:

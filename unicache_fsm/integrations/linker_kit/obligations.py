@@ -52,7 +52,9 @@ _DESCRIPTIONS = {
         "answer types and ranges: lookup a list of page counts in 1..tail pages, load / "
         "finish / cancel / offload / pop a bool, start an int, the count an int >= 0"
     ),
-    Obligation.NO_ESCAPE: "no exception escapes a linker call (0.5.23 has no handler: the worker dies)",
+    Obligation.NO_ESCAPE: (
+        "no exception escapes a linker call (0.5.23 has no handler: the worker dies)"
+    ),
     Obligation.LANDED_BYTES: (
         "a load finished as landed holds the model's bytes in every layer of every slot"
     ),

@@ -76,7 +76,7 @@ def test_shortest_failing_program() -> None:
 
 def _diagram(name: str, coverage: Coverage) -> str:
     spec = bundled_spec(name)
-    return render_mermaid(spec, None, coverage.declared(spec))  # type: ignore[arg-type]
+    return render_mermaid(spec, None, coverage.declared(spec))
 
 
 def write_report(
@@ -96,8 +96,7 @@ def write_report(
     coverage.save(cov)
     written.append(cov)
     diagrams = [
-        f"## {name}\n\n```mermaid\n{_diagram(name, coverage)}```\n"
-        for name in PROTOCOL_MACHINES
+        f"## {name}\n\n```mermaid\n{_diagram(name, coverage)}```\n" for name in PROTOCOL_MACHINES
     ]
     md = directory / "coverage.md"
     md.write_text("# Protocol coverage of the check\n\n" + "\n".join(diagrams), encoding="utf-8")

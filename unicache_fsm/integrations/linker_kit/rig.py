@@ -239,9 +239,7 @@ class Rig:
         self.verdicts.checked(Obligation.COMPLETIONS_ARRIVE)
 
     def evict(self) -> None:
-        self.cache.evict(
-            EvictParams(num_tokens=10**6, swa_num_tokens=10**6 if self.swa else 0)
-        )
+        self.cache.evict(EvictParams(num_tokens=10**6, swa_num_tokens=10**6 if self.swa else 0))
 
     def _match(self, tokens: Sequence[int], rid: str) -> tuple[Any, Any]:
         self.keys(tokens)

@@ -2,10 +2,11 @@
 
 Each `Scenario` is data -- a name, the obligation it targets, the backend faults it
 needs, and its steps (`session.Step`) -- run in a fresh `Session` by `run_scenarios`,
-before the random machine. The sessions of a run share the backing store, so each
-scenario has prompts of its own (numbers ``10 * k + ...``, past the machine's)., because most broken linkers fall to one of them within a
-second. A scenario needing a fault the linker does not offer (or ``--faults`` left
-out) is skipped and its obligation reported not applicable, with why. The list, in
+before the random machine, because most broken linkers fall to one of them within a
+second. The sessions of a run share the backing store, so each scenario has prompts of
+its own (numbers ``10 * k + ...``, past the machine's). A scenario needing a fault the
+linker does not offer (or ``--faults`` left out) is skipped and its obligation reported
+not applicable, with why. The list, in
 docs/contract.md's words, is `SCENARIOS`; a failing scenario's steps are its own
 shortest failing program.
 """
@@ -48,8 +49,16 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "round_trip_after_device_eviction",
         Obligation.LANDED_BYTES,
-        _s(("compute", 10), "quiesce", "evict", ("compute", 12), "quiesce", "evict",
-           ("load", 10), ("load", 12)),
+        _s(
+            ("compute", 10),
+            "quiesce",
+            "evict",
+            ("compute", 12),
+            "quiesce",
+            "evict",
+            ("load", 10),
+            ("load", 12),
+        ),
     ),
     Scenario(
         "round_trip_after_flush",
@@ -89,16 +98,28 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "reset_with_loads_queued",
         Obligation.BOUNDED_LIFECYCLE,
-        _s(("compute", 94), "quiesce", "evict", ("compute", 95), ("reset_queued", 94),
-           ("load", 94)),
+        _s(
+            ("compute", 94), "quiesce", "evict", ("compute", 95), ("reset_queued", 94), ("load", 94)
+        ),
     ),
     Scenario(
         "reset_with_loads_in_flight",
         Obligation.BOUNDED_LIFECYCLE,
-        _s(("compute", 104), "quiesce", "evict", ("reset_started", 104), ("compute", 101),
-           "quiesce", "evict", ("load", 101), ("load", 104)),
+        _s(
+            ("compute", 104),
+            "quiesce",
+            "evict",
+            ("reset_started", 104),
+            ("compute", 101),
+            "quiesce",
+            "evict",
+            ("load", 101),
+            ("load", 104),
+        ),
     ),
-    Scenario("close_twice", Obligation.BOUNDED_LIFECYCLE, _s(("compute", 110), "quiesce", "close_twice")),
+    Scenario(
+        "close_twice", Obligation.BOUNDED_LIFECYCLE, _s(("compute", 110), "quiesce", "close_twice")
+    ),
     Scenario(
         "two_models_one_namespace",
         Obligation.MODEL_ISOLATION,
@@ -107,8 +128,15 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "offload_failure",
         Obligation.COMPLETIONS_ORDERED,
-        _s("fail_next_write", ("compute", 130), ("compute", 133), "quiesce", "evict",
-           ("load", 133), ("load", 130)),
+        _s(
+            "fail_next_write",
+            ("compute", 130),
+            ("compute", 133),
+            "quiesce",
+            "evict",
+            ("load", 133),
+            ("load", 130),
+        ),
         frozenset({"write"}),
     ),
     Scenario(
@@ -120,15 +148,27 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "page_lost_between_load_and_start",
         Obligation.NO_ESCAPE,
-        _s(("compute", 150), ("compute", 153), "quiesce", "evict", ("load_damaged", 150, "lose"),
-           ("load", 153)),
+        _s(
+            ("compute", 150),
+            ("compute", 153),
+            "quiesce",
+            "evict",
+            ("load_damaged", 150, "lose"),
+            ("load", 153),
+        ),
         frozenset({"lose"}),
     ),
     Scenario(
         "failed_batch_then_an_intact_one",
         Obligation.NOTHING_QUEUED,
-        _s(("compute", 160), ("compute", 163), "quiesce", "evict", ("load_damaged", 160, "corrupt"),
-           ("load", 163)),
+        _s(
+            ("compute", 160),
+            ("compute", 163),
+            "quiesce",
+            "evict",
+            ("load_damaged", 160, "corrupt"),
+            ("load", 163),
+        ),
         frozenset({"corrupt"}),
     ),
     Scenario(
@@ -140,15 +180,34 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "truncated_page",
         Obligation.NO_ESCAPE,
-        _s(("compute", 180), "quiesce", "evict", ("damage", "truncate", 180), ("load", 180),
-           ("load", 180)),
+        _s(
+            ("compute", 180),
+            "quiesce",
+            "evict",
+            ("damage", "truncate", 180),
+            ("load", 180),
+            ("load", 180),
+        ),
         frozenset({"truncate"}),
     ),
     Scenario(
         "backend_outage",
         Obligation.NO_ESCAPE,
-        _s(("compute", 190), "quiesce", "outage", "evict", ("load", 190), ("compute", 193), "poll",
-           "recover", "quiesce", ("compute", 195), "quiesce", "evict", ("load", 195)),
+        _s(
+            ("compute", 190),
+            "quiesce",
+            "outage",
+            "evict",
+            ("load", 190),
+            ("compute", 193),
+            "poll",
+            "recover",
+            "quiesce",
+            ("compute", 195),
+            "quiesce",
+            "evict",
+            ("load", 195),
+        ),
         frozenset({"unreachable"}),
     ),
 )
