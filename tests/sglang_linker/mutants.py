@@ -145,6 +145,14 @@ class LookupOverclaims(DirLinker):
         return found
 
 
+class LookupAnswersItsMaximum(DirLinker):
+    """Answers the longest restorable prefix as one int (another revision's interface)."""
+
+    def lookup(self, rid: str, transfers: list[Any]) -> list[int]:
+        found = super().lookup(rid, transfers)
+        return max(found) if found else 0  # type: ignore[return-value]
+
+
 class CancelLies(DirLinker):
     """Answers True to a cancel but leaves the load queued."""
 
@@ -233,6 +241,7 @@ MUTANTS: dict[str, Obligation] = {
     "NoSessionId": Obligation.SIGNATURES,
     "CompletionBeforeCopy": Obligation.LANDED_BYTES,
     "LookupOverclaims": Obligation.LOOKUP_TRUTHFUL,
+    "LookupAnswersItsMaximum": Obligation.ANSWERS,
     "CancelLies": Obligation.NOTHING_QUEUED,
     "LostCompletion": Obligation.COMPLETIONS_ARRIVE,
     "PopsOutOfOrder": Obligation.COMPLETIONS_ORDERED,

@@ -151,3 +151,12 @@ def test_the_projects_store_linker_holds_every_obligation(store_kind: str, tmp_p
     assert result.verdicts.ok, result.verdicts.failed
     shared = result.verdicts.outcome(Obligation.SHARING)[0]
     assert shared is (Outcome.NOT_APPLICABLE if store_kind == "memory" else Outcome.PASS)
+
+
+def test_the_kit_is_reachable_from_the_sglang_integration_and_the_testing_kit() -> None:
+    from unicache_fsm import testing
+    from unicache_fsm.integrations import sglang
+    from unicache_fsm.integrations.linker_kit.machine import LinkerMachine
+
+    assert sglang.check_linker is check_linker and testing.check_linker is check_linker
+    assert testing.LinkerMachine is LinkerMachine and sglang.LinkerMachine is LinkerMachine

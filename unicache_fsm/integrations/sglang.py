@@ -474,12 +474,15 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
             self.monitor.close_trace()
 
 
-# The linker test kit (check any linker, as `unicache-fsm check-linker` does).
-from unicache_fsm.integrations.linker_kit import (  # noqa: E402
-    CheckedLinker,
-    LinkerMachine,
-    StorePlugin,
-    check_linker,
-)
+# The linker test kit (check any linker, as `unicache-fsm check-linker` does), loaded on
+# first use: the kit itself imports this module.
+_KIT = ("CheckedLinker", "LinkerMachine", "StorePlugin", "check_linker")
 
-__all__ += ["CheckedLinker", "LinkerMachine", "StorePlugin", "check_linker"]
+
+def __getattr__(name: str) -> Any:
+    if name not in _KIT:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    from unicache_fsm.integrations import linker_kit
+
+    return getattr(linker_kit, name)

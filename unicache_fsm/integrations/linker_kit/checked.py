@@ -4,9 +4,8 @@ It sits between SGLang 0.5.23's `UnifiedCacheLinkerWrapper` and the linker (SGLa
 wrapper caps the completions it pops, so it would hide an over-count) and raises
 `LinkerViolation` at the first broken obligation:
 
-- every call: nothing escapes (`NO_ESCAPE`), the answer has its type and range
-  (`ANSWERS`); ``finish_layer_wise_loading``, ``reset`` and ``close`` return within
-  ``bound_s`` (`BOUNDED_LIFECYCLE`).
+- every call: it returns within ``bound_s`` (`BOUNDED_LIFECYCLE`), nothing escapes
+  (`NO_ESCAPE`), the answer has its type and range (`ANSWERS`).
 - `lookup`: claims only pages an accepted offload of this model submitted
   (`LOOKUP_TRUTHFUL`; `MODEL_ISOLATION` when only another model submitted them).
 - `finish_layer_wise_loading` landed: every slot of every transfer of the batch holds
@@ -129,7 +128,7 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     def _call(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
-            out = fn(*args, **kwargs)
+            out = bounded(name, lambda: fn(*args, **kwargs), self.bound_s)
         except LinkerViolation:
             raise
         except Exception as exc:
@@ -205,12 +204,8 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         return index  # type: ignore[no-any-return]
 
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
-        landed = bounded(
-            "finish_layer_wise_loading",
-            lambda: self._call(
-                "finish_layer_wise_loading", self.linker.finish_layer_wise_loading, counter_index
-            ),
-            self.bound_s,
+        landed = self._call(
+            "finish_layer_wise_loading", self.linker.finish_layer_wise_loading, counter_index
         )
         self._answer("finish_layer_wise_loading", landed, isinstance(landed, bool), "a bool")
         loads = self._batches.pop(counter_index, [])
@@ -320,7 +315,7 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
     # -- lifecycle ------------------------------------------------------------------------
 
     def reset(self) -> None:
-        bounded("reset", lambda: self._call("reset", self.linker.reset), self.bound_s)
+        self._call("reset", self.linker.reset)
         self._offloads.clear()
         self._queued.clear()
         self._batches.clear()
@@ -334,7 +329,7 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.verdicts.checked(Obligation.BOUNDED_LIFECYCLE)
 
     def close(self) -> None:
-        bounded("close", lambda: self._call("close", self.linker.close), self.bound_s)
+        self._call("close", self.linker.close)
         self._offloads.clear()
         self._queued.clear()
         self._batches.clear()

@@ -74,8 +74,8 @@ _DESCRIPTIONS = {
         "nothing, and a later batch of intact pages lands"
     ),
     Obligation.BOUNDED_LIFECYCLE: (
-        "reset and close return in bounded time and leave nothing in flight (no "
-        "completion counted after reset; close twice is harmless)"
+        "every call, reset and close among them, returns in bounded time; reset and close "
+        "leave nothing in flight (no completion counted after reset; close twice is harmless)"
     ),
     Obligation.MODEL_ISOLATION: (
         "two models under one namespace string never see each other's pages"
