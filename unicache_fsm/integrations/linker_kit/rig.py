@@ -354,9 +354,8 @@ class Rig:
             )
         self.verdicts.checked(Obligation.NOTHING_QUEUED)
         self._forward()
-        failed = self.cache.finish_external_linker_loads([req])
+        self.cache.finish_external_linker_loads([req])  # landed or not, the request is gone
         self.allocator.free(slots)
-        del failed
         self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
 
     def reset_with_load(self, tokens: Sequence[int], rid: str, *, started: bool) -> None:
