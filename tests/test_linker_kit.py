@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
 
+from redis_helpers import REDIS_SKIP, fresh_namespace, shared_server
 from unicache_fsm.cli import main
-from unicache_fsm.integrations.linker_kit.faults import BackendFaults, DirectoryFaults
+from unicache_fsm.integrations.linker_kit.faults import BackendFaults, DirectoryFaults, RedisFaults
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel
 from unicache_fsm.integrations.linker_kit.obligations import (
     LinkerViolation,
@@ -86,3 +88,24 @@ def test_directory_faults_damage_real_files_and_take_the_directory_away(tmp_path
     with pytest.raises(OSError, match="injected write failure"):
         faults.guard_write()
     faults.guard_write()  # once only
+
+
+@REDIS_SKIP
+def test_redis_faults_damage_real_values_and_cut_the_server_off() -> None:
+    server = shared_server()
+    client = redis.Redis.from_url(server.url)
+    name = f"{fresh_namespace()}:page:abc123"
+    client.set(name, bytes(range(64)))
+    faults = RedisFaults(client)
+    assert isinstance(faults, BackendFaults)
+    assert faults.corrupt("abc123") and client.get(name) != bytes(range(64))
+    assert faults.truncate("abc123") and len(client.get(name) or b"") == 32
+    assert not faults.lose("zzz-no-such") and faults.lose("abc123") and client.get(name) is None
+    other = redis.Redis.from_url(server.url)
+    faults.set_reachable(False)
+    try:
+        with pytest.raises(redis.exceptions.RedisError):
+            other.ping()
+    finally:
+        faults.set_reachable(True)
+    assert redis.Redis.from_url(server.url).ping()
