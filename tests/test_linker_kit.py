@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from redis_helpers import REDIS_SKIP, fresh_namespace, shared_server
+from redis_helpers import REDIS_SKIP
 from unicache_fsm.cli import main
 from unicache_fsm.integrations.linker_kit.faults import BackendFaults, DirectoryFaults, RedisFaults
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel
@@ -22,6 +22,7 @@ from unicache_fsm.integrations.linker_kit.obligations import (
     Outcome,
     Verdicts,
 )
+from unicache_fsm.testing.redis_server import RedisServer
 
 NO_SGLANG = importlib.util.find_spec("sglang") is None
 
@@ -92,9 +93,13 @@ def test_directory_faults_damage_real_files_and_take_the_directory_away(tmp_path
 
 @REDIS_SKIP
 def test_redis_faults_damage_real_values_and_cut_the_server_off() -> None:
-    server = shared_server()
+    with RedisServer() as server:  # its own server: the outage drops every other client
+        _damage_and_cut_off(server)
+
+
+def _damage_and_cut_off(server: RedisServer) -> None:
     client = redis.Redis.from_url(server.url)
-    name = f"{fresh_namespace()}:page:abc123"
+    name = "ns:page:abc123"
     client.set(name, bytes(range(64)))
     faults = RedisFaults(client)
     assert isinstance(faults, BackendFaults)
