@@ -72,6 +72,7 @@ def test_commands_are_a_table() -> None:
         "fuzz",
         "explore",
         "simulate",
+        "check-linker",
     ]
 
 

@@ -55,6 +55,9 @@ its arguments, a function that runs it, and one entry in the table):
   draws, ``--host-tokens`` adds the host tier, ``--report DIR`` writes
   ``DIR/index.html`` (charts over time and the coverage-coloured diagrams; needs
   Graphviz and the ``report`` extra).
+- ``check-linker CONFIG_JSON_OR_@FILE [--minutes M] [--seed S] [--faults K] [--report
+  DIR]`` — check any SGLang 0.5.23 linker inside SGLang's real cache
+  (`unicache_fsm.integrations.linker_kit.cli`).
 
 Commands that never touch a tensor (``--help``, ``diagram``, ``docs``,
 ``check-trace``) never import torch: the heavy modules are imported inside the
@@ -90,6 +93,7 @@ from unicache_fsm.fsm.diagram import (
 )
 from unicache_fsm.fsm.errors import InvalidSpecError, TraceInputError, UnicacheFsmError
 from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.integrations.linker_kit import cli as check_linker_cli
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_OK", "Command", "main"]
 
@@ -1117,6 +1121,9 @@ COMMANDS: tuple[Command, ...] = (
         "serve a workload through the reference scheduler loop and report",
         _simulate_arguments,
         _run_simulate,
+    ),
+    Command(
+        "check-linker", check_linker_cli.HELP, check_linker_cli.add_arguments, check_linker_cli.run
     ),
 )
 

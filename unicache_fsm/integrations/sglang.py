@@ -221,7 +221,9 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.store = store
         self.pools = dict(pools)
         self.close_store = close_store
-        layers = max(m.layers for m in self._mirrors.values())
+        # the forward waits on the KV pool's own layer ids: an SWAKVPool numbers its
+        # Full and SWA layers together, so the counter holds both halves' layers
+        layers = sum(m.layers for m in self._mirrors.values())
         self.layer_done_counter = _SettlingCounter(layers, self._settle)
         self.counter = TransitionCounter()
         self.trace = TraceRecorder(trace) if trace is not None else None
@@ -472,3 +474,17 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
         finally:
             self.monitor.after_close()
             self.monitor.close_trace()
+
+
+# The linker test kit (check any linker, as `unicache-fsm check-linker` does), loaded on
+# first use: the kit itself imports this module.
+_KIT = ("CheckedLinker", "LinkerMachine", "StorePlugin", "check_linker")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _KIT:
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    from unicache_fsm.integrations import linker_kit
+
+    return getattr(linker_kit, name)

@@ -15,6 +15,10 @@
 - `store_machine` — `StoreMachine`: a store backend alone against a truth model;
   subclass it with `make_store()`.
 - `ranks` — the rank-agreement property (sparse restorable sets, MIN verdicts).
+- `linker` — the SGLang linker kit (`unicache_fsm.integrations.linker_kit`):
+  `LinkerMachine`, `check_linker`, `CheckedLinker`, `KvModel`, `Obligation`,
+  `LinkerViolation`, the fault interface `BackendFaults` and its ready `DirectoryFaults`
+  / `RedisFaults`. Needs SGLang 0.5.23 for the machine and the check.
 - `redis_server` — `RedisServer`: a real ``redis-server`` on a free loopback port, to
   fuzz and test the Redis store (or yours) against the real thing.
 
@@ -29,14 +33,23 @@ from typing import Any
 
 __all__ = [
     "POISON",
+    "BackendFaults",
     "Chain",
+    "CheckedLinker",
+    "DirectoryFaults",
     "InvariantViolation",
+    "KvModel",
+    "LinkerMachine",
+    "LinkerViolation",
     "LoadTicket",
     "MemoryStoreMachine",
+    "Obligation",
+    "RedisFaults",
     "RedisServer",
     "StoreMachine",
     "System",
     "SystemMachine",
+    "check_linker",
     "check_rank_agreement",
     "fault_policies",
     "keys_with_shared_prefixes",
@@ -65,6 +78,15 @@ _HOME = {
     "token_keys": "strategies",
     "load_profile": "profiles",
     "RedisServer": "redis_server",
+    "BackendFaults": "linker",
+    "CheckedLinker": "linker",
+    "DirectoryFaults": "linker",
+    "KvModel": "linker",
+    "LinkerMachine": "linker",
+    "LinkerViolation": "linker",
+    "Obligation": "linker",
+    "RedisFaults": "linker",
+    "check_linker": "linker",
 }
 
 
