@@ -12,6 +12,7 @@ threshold, events off) the model agrees with vLLM on every answer.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import pytest
@@ -74,13 +75,15 @@ def test_the_model_answers_as_vllms_cpu_manager(
     run_side_by_side(policy, chunks, steps, lambda n: data.draw(st.integers(0, n - 1)))
 
 
+@pytest.mark.parametrize("chunks", [3, 6])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_long_seeded_programs_agree_and_exercise_eviction(policy: str) -> None:
-    import random
-
-    rng = random.Random(36)
-    transcript = run_side_by_side(policy, 4, 600, rng.randrange)
+def test_longer_seeded_programs_agree_and_reach_every_path(policy: str, chunks: int) -> None:
+    # ARC's adaptation only shows over long runs (ghost hits with |B2| > |B1|, a T1 at
+    # exactly its target): twenty fixed 300-step programs per size reach them
+    transcript: list[tuple[object, ...]] = []
+    for program in range(20):
+        transcript += run_side_by_side(policy, chunks, 300, random.Random(program).randrange)
     evictions = [e for e in transcript if e[0] == "store" and len(e) == 5 and e[4]]
     refusals = [e for e in transcript if e[0] == "store" and e[-1] is None]
     failed = [e for e in transcript if e[0] == "complete_store" and e[2] is False]
-    assert evictions and refusals and failed  # the program reached the interesting paths
+    assert evictions and refusals and failed

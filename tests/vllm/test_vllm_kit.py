@@ -7,14 +7,15 @@ shell. Fixed seeds, short programs."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from vllm_mutants import CORRECT_CONFIGS, MUTANT_CONFIGS
 
-from unicache_fsm.integrations.vllm.kit import OffloadingKitConfigError, check_offloading_spec
+from unicache_fsm.integrations.vllm.kit import (
+    OffloadingKitConfigError,
+    check_offloading_spec,
+    main,
+)
 
 SEEDS = range(4)
 STEPS = 150
@@ -52,16 +53,13 @@ def test_a_bad_config_is_a_typed_error_naming_the_key(extra: dict[str, str], key
     assert info.value.key == key
 
 
-def test_the_shell_entry_point_exits_2_on_a_bad_config_and_1_on_findings() -> None:
-    run = [sys.executable, "-m", "unicache_fsm.integrations.vllm.kit"]
-    bad = subprocess.run([*run, "[1]"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    found = subprocess.run(
-        [*run, json.dumps(MUTANT_CONFIGS["HIT before the store completed"])],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=Path(__file__).parent,
-    )
-    assert found.returncode == 1, found.stdout + found.stderr
-    assert "found" in found.stdout
+def test_the_shell_entry_point_exits_2_on_a_bad_config_and_1_on_findings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["[1]"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert main(['{"spec_name": "NoSuchSpec"}']) == 2
+    assert "spec_name" in capsys.readouterr().err
+    assert main([json.dumps(MUTANT_CONFIGS["HIT before the store completed"])]) == 1
+    assert "found" in capsys.readouterr().out
+    assert main([json.dumps(CORRECT_CONFIGS["vLLM's CPU spec, ARC"])]) == 0

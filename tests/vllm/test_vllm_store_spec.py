@@ -31,7 +31,10 @@ from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.testing.redis_server import available
 
 BLOCKS = 8
-SPEC = {"spec_name": "StoreOffloadingSpec", "spec_module_path": "unicache_fsm.integrations.vllm.spec"}
+SPEC = {
+    "spec_name": "StoreOffloadingSpec",
+    "spec_module_path": "unicache_fsm.integrations.vllm.spec",
+}
 
 
 def _store(kind: str, tmp_path: Path) -> str:

@@ -108,7 +108,9 @@ class StoreWorker(OffloadingWorker):  # type: ignore[misc]
         hashes = tuple(store_key(k) for k in keys.keys)
         return [PoolTransfer(PoolName.KV, slots, hashes, PoolHitPolicy.ALL_PAGES)]
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
         slots = self._slots(src_spec)
         ids = slots - 1
         rows = torch.cat([self._rows(t).index_select(0, ids) for t in self.tensors], dim=1)
@@ -186,7 +188,11 @@ class StoreOffloadingSpec(OffloadingSpec):  # type: ignore[misc]
         self.store_spec = extra.get("store", "memory")
         self.num_blocks = extra.get("num_blocks", 4096)
         self.policy = extra.get("eviction_policy", "lru")
-        if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1:
+        if (
+            isinstance(self.num_blocks, bool)
+            or not isinstance(self.num_blocks, int)
+            or self.num_blocks < 1
+        ):
             msg = f"num_blocks must be an int >= 1, got {self.num_blocks!r}"
             raise StoreConfigError(msg, argument="num_blocks", value=self.num_blocks)
         if self.policy not in POLICIES:
