@@ -28,7 +28,7 @@ so a faulty store costs a miss, never a wrong byte: loads are checksummed by the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -69,7 +69,7 @@ class StoreManager(ModelManager):
         self.store = store
 
     def prepare_store(
-        self, keys: Sequence[OffloadKey], req_context: ReqContext
+        self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
         out = super().prepare_store(keys, req_context)
         if out is not None and out.evicted_keys:
