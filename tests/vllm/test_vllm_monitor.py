@@ -322,3 +322,17 @@ def test_worker_jobs_are_reported_once_and_ids_not_reused_in_flight() -> None:
     inner.finished = [TransferResult(2, False)]
     with pytest.raises(OffloadingViolation):
         w.get_finished()  # a refused job never finishes
+
+
+def test_a_manager_that_raises_leaves_the_books_as_they_were() -> None:
+    class Broken(CPUOffloadingManager):
+        def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext):  # type: ignore[no-untyped-def]
+            raise ConnectionError("backing tier down")
+
+    m = _monitored(Broken(num_chunks=2))
+    ctx = _begin(m)
+    with m.lock, pytest.raises(ConnectionError):
+        m.prepare_store([K[0]], ctx)
+    assert m.protocol.block_state(K[0]) is BlockState.ABSENT
+    assert m.protocol.manager.state == "unlocked"  # the lock was released on the way out
+    assert m.protocol.violations == []

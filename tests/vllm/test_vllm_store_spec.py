@@ -21,12 +21,13 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
-from unicache_fsm.integrations.vllm import MonitoredManager, MonitoredWorker
+from unicache_fsm.integrations.vllm import MonitoredManager, MonitoredWorker, OffloadingProtocol
 from unicache_fsm.integrations.vllm.driver import offload_keys
 from unicache_fsm.integrations.vllm.kit import check_offloading_spec, offloading_config
 from unicache_fsm.integrations.vllm.model import KeysSpec
-from unicache_fsm.integrations.vllm.spec import StoreOffloadingSpec, store_key
+from unicache_fsm.integrations.vllm.spec import StoreOffloadingSpec, StoreWorker, store_key
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store import FaultPolicy, FaultyStore, MemoryStore
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.testing.redis_server import available
 
@@ -147,3 +148,29 @@ def test_a_bad_extra_config_is_a_typed_error(extra: dict[str, Any], argument: st
     with pytest.raises(StoreConfigError) as info:
         StoreOffloadingSpec(offloading_config({**SPEC, **extra}))
     assert info.value.argument == argument
+
+
+@pytest.mark.parametrize(
+    "faults",
+    ["raise_error=1.0,seed=3", "garbage_answer=1.0,seed=3", "fail_batch_midway=1.0"],
+)
+def test_a_faulty_store_fails_jobs_and_never_lands_wrong_bytes(faults: str) -> None:
+    inner = MemoryStore()
+    caches = _kv_caches()
+    protocol = OffloadingProtocol()
+    worker = MonitoredWorker(StoreWorker(inner, caches), protocol=protocol)
+    keys = KeysSpec(offload_keys(2))
+    assert worker.submit_store(1, _gpu([1, 2]), keys)  # stored by a healthy store first
+    assert [r.success for r in worker.get_finished()] == [True]
+    store = FaultyStore(inner, FaultPolicy.parse(faults))
+    faulty = MonitoredWorker(StoreWorker(store, caches), protocol=protocol)
+    before = [t.tensor.clone() for t in caches.tensors]
+    submitted = [j for j, ok in ((2, faulty.submit_store(2, _gpu([3]), keys)),) if ok]
+    submitted += [j for j, ok in ((3, faulty.submit_load(3, keys, _gpu([5, 6]))),) if ok]
+    reported = faulty.get_finished() + faulty.get_finished()
+    assert sorted(r.job_id for r in reported) == sorted(submitted)  # each once, none raised
+    assert not any(r.success and r.job_id == 3 for r in reported)
+    assert sum(store.policy.injected.values()) > 0
+    for now, then in zip(caches.tensors, before, strict=True):
+        assert torch.equal(now.tensor, then)  # a failed load wrote nothing into vLLM's KV
+    assert protocol.violations == []
