@@ -37,7 +37,7 @@ from unicache_fsm.integrations.vllm import (
     WrongAnswerError,
 )
 from unicache_fsm.integrations.vllm.driver import offload_keys
-from unicache_fsm.integrations.vllm.machines import BlockState
+from unicache_fsm.integrations.vllm.machines import REMEMBERED, BlockState
 
 K = offload_keys(6)
 
@@ -336,3 +336,15 @@ def test_a_manager_that_raises_leaves_the_books_as_they_were() -> None:
     assert m.protocol.block_state(K[0]) is BlockState.ABSENT
     assert m.protocol.manager.state == "unlocked"  # the lock was released on the way out
     assert m.protocol.violations == []
+
+
+def test_the_books_stay_bounded_over_a_long_run() -> None:
+    p = OffloadingProtocol()
+    for i in range(REMEMBERED + 10):
+        p.acquire()
+        p.begin_request(f"r{i}")
+        p.finish_request(f"r{i}")
+        p.release()
+    assert p.requests == {} and len(p.finished) == REMEMBERED
+    with pytest.raises(OffloadingViolation, match="finished"):
+        p.submit(f"r{REMEMBERED + 9}", "lookup(...)")

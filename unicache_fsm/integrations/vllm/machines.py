@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -199,6 +199,16 @@ class BlockRecord(_Record):
         return self.loads > 1
 
 
+#: how many finished requests and reported jobs the books remember
+REMEMBERED = 4096
+
+
+def _remember(books: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    books[key] = value
+    if len(books) > REMEMBERED:
+        books.popitem(last=False)
+
+
 _GONE = frozenset({BlockState.EVICTED, BlockState.FAILED, BlockState.LOST, BlockState.CLEARED})
 
 
@@ -242,11 +252,13 @@ class OffloadingProtocol:
         self.manager_machine.initialize(self.manager)
         #: live residencies by key (absent and ended ones are dropped)
         self.blocks: dict[bytes, BlockRecord] = {}
+        #: requests not finished; finished ones are remembered in `finished` (the newest
+        #: `REMEMBERED`, so a long-running monitor stays bounded)
         self.requests: dict[str, RequestRecord] = {}
-        #: worker jobs in flight, by job id
+        self.finished: OrderedDict[str, RequestRecord] = OrderedDict()
+        #: worker jobs in flight, by job id, and the newest `REMEMBERED` reported ones
         self.jobs: dict[int, TransferRecord] = {}
-        #: every job id a worker accepted (for `wait`)
-        self.submitted: set[int] = set()
+        self.reported: OrderedDict[int, None] = OrderedDict()
         self.violations: list[OffloadingViolation | WrongAnswerError] = []
         self._residencies = 0
 
@@ -299,7 +311,12 @@ class OffloadingProtocol:
 
     def finish_request(self, req_id: str) -> bool:
         call = f"on_request_finished({req_id!r})"
-        return self._step(self.request_machine, self._request(req_id), RequestTrigger.FINISH, call)
+        rec = self._request(req_id)
+        ok = self._step(self.request_machine, rec, RequestTrigger.FINISH, call)
+        if ok:
+            del self.requests[req_id]
+            _remember(self.finished, req_id, rec)
+        return ok
 
     # -- blocks -------------------------------------------------------------------------
 
@@ -383,11 +400,12 @@ class OffloadingProtocol:
         legal = self._step(self.transfer_machine, rec, TransferTrigger.ANSWER, call, accepted)
         if legal and rec.state == TransferState.RUNNING:
             self.jobs[job_id] = rec
-            self.submitted.add(job_id)
 
     def after_finished(self, job_id: int, success: bool) -> None:
         call = f"get_finished() -> job {job_id} success={success}"
         rec = self.jobs.pop(job_id, None)
+        if rec is not None:
+            _remember(self.reported, job_id, None)
         if rec is None:
             rec = TransferRecord(f"job {job_id} (not in flight)")
             self.transfer_machine.initialize(rec)
@@ -396,7 +414,7 @@ class OffloadingProtocol:
         self._step(self.transfer_machine, rec, TransferTrigger.FINISH, call, success)
 
     def check_wait(self, job_ids: Iterable[int]) -> None:
-        unknown = sorted(j for j in job_ids if j not in self.submitted)
+        unknown = sorted(j for j in job_ids if j not in self.jobs and j not in self.reported)
         if unknown:
             self._wrong(f"wait({unknown})", unknown, "ids of jobs the worker accepted")
 
@@ -418,7 +436,7 @@ class OffloadingProtocol:
         self.violations.append(error)
 
     def _request(self, req_id: str) -> RequestRecord:
-        rec = self.requests.get(req_id)
+        rec = self.requests.get(req_id) or self.finished.get(req_id)
         if rec is None:
             rec = self.requests[req_id] = RequestRecord(f"request {req_id!r}")
             self.request_machine.initialize(rec)

@@ -11,7 +11,11 @@
   `on_new_request` announced and `on_request_finished` has not ended;
 - `prepare_load` only of blocks whose store completed (HIT), `complete_load` only of
   blocks a load holds; `prepare_store` may evict only stored blocks no load holds, and
-  lists in `keys_to_store` only keys it was offered, each once;
+  lists in `keys_to_store` only keys it was offered, each once, none already stored;
+- `lookup` answers HIT only for blocks whose store completed and MISS only for blocks
+  that left through a reported eviction, a failed store or a reset (with
+  ``shared=True``, for a store other processes write, blocks may also appear and, when
+  no load holds them, vanish);
 - every answer has the type the contract names (`LookupResult`, `LoadStoreSpec`,
   `PrepareStoreOutput | None` with lists of keys, `RequestOffloadingContext`,
   `OffloadingEvent` items, a bool from `has_pending_work`).
