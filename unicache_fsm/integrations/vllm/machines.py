@@ -50,6 +50,7 @@ from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
 from unicache_fsm.integrations.protocol import MONITOR_MODES, MonitorConfigError, ProtocolViolation
 
 __all__ = [
+    "REMEMBERED",
     "BlockRecord",
     "BlockState",
     "BlockTrigger",
