@@ -1,5 +1,5 @@
 """The conformance kit for vLLM (`check_offloading_spec`): vLLM's own CPU spec (LRU,
-ARC) and a correct out-of-tree policy conform; each of the seven planted mutants
+ARC) and a correct out-of-tree policy conform; each of the eight planted mutants
 (tests/vllm/vllm_mutants.py), selected through vLLM's own factories by the connector's
 extra config, is caught; a bad config is a typed error naming the key, exit 2 from the
 shell. Fixed seeds, short programs."""
@@ -34,8 +34,17 @@ def test_every_mutant_is_caught(name: str) -> None:
     assert "seed" in str(report)
 
 
-def test_seven_mutants_are_planted() -> None:
-    assert len(MUTANT_CONFIGS) >= 6
+def test_eight_mutants_are_planted() -> None:
+    assert len(MUTANT_CONFIGS) == 8
+
+
+def test_the_worker_check_catches_wrong_bytes_and_notes_a_worker_it_cannot_run() -> None:
+    report = check_offloading_spec(
+        MUTANT_CONFIGS["a worker lands bytes in the wrong block"], seeds=[], steps=0
+    )
+    assert [f.kind for f in report.findings] == ["wrong bytes"]
+    cpu = check_offloading_spec(CORRECT_CONFIGS["vLLM's CPU spec, LRU"], seeds=[], steps=0)
+    assert cpu.ok and "worker not checked" in cpu.notes[0]  # vLLM's CPU worker needs CUDA
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ code of its own:
 - an out-of-tree spec (``spec_name`` + ``spec_module_path``, loaded by vLLM's
   `OffloadingSpecFactory`): subclasses of vLLM's `CPUOffloadingSpec` whose manager
   (vLLM's `CPUOffloadingManager`, subclassed through its public methods only) gets one
-  answer or one bookkeeping step wrong.
+  answer or one bookkeeping step wrong, and one of the project's `StoreOffloadingSpec`
+  whose worker lands a load one block off.
 
 ``MUTANT_CONFIGS`` maps each mutant's name to the connector extra config that selects
 it; ``CORRECT_CONFIGS`` the configs that must pass.
@@ -23,8 +24,11 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
     LookupResult,
     OffloadingManager,
+    OffloadingWorker,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
@@ -32,6 +36,8 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+from unicache_fsm.integrations.vllm.spec import StoreOffloadingSpec, StoreWorker
 
 MODULE = __name__
 CPU_BYTES = {"cpu_bytes_to_use": 4096 * 5}  # five chunks of one 4 KiB block
@@ -168,6 +174,24 @@ class DropsAfterLoadSpec(_MutantSpec):
     manager_cls = DropsAfterLoadManager
 
 
+class OffByOneWorker(StoreWorker):
+    """Bug: a load lands each block one GPU block further than its spec says."""
+
+    def submit_load(
+        self, job_id: int, src_spec: Any, dst_spec: GPULoadStoreSpec, expedited: bool = False
+    ) -> bool:
+        shifted = [(int(b) + 1) % len(self.tensors[0]) for b in dst_spec.block_ids]
+        spec = GPULoadStoreSpec(shifted, dst_spec.group_sizes, dst_spec.block_indices)
+        return super().submit_load(job_id, src_spec, spec, expedited)
+
+
+class OffByOneWorkerSpec(StoreOffloadingSpec):
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if not getattr(self, "_off_by_one", None):
+            self._off_by_one = OffByOneWorker(self.get_manager().store, kv_caches)
+        return self._off_by_one
+
+
 def _policy(name: str) -> dict[str, Any]:
     return {**CPU_BYTES, "eviction_policy": name, "cache_policy_module_path": MODULE}
 
@@ -184,6 +208,11 @@ MUTANT_CONFIGS: dict[str, dict[str, Any]] = {
     "lookup answers a str": _spec("NameAnswerSpec"),
     "stores a block already stored": _spec("RestoresStoredSpec"),
     "drops blocks without reporting them": _spec("DropsAfterLoadSpec"),
+    "a worker lands bytes in the wrong block": {
+        "spec_name": "OffByOneWorkerSpec",
+        "spec_module_path": MODULE,
+        "num_blocks": 5,
+    },
 }
 
 CORRECT_CONFIGS: dict[str, dict[str, Any]] = {

@@ -12,6 +12,13 @@ no block lost or found behind the books' back, answers of the right types. The f
 breach of each program is a `Finding` (its seed and step, the violation, and the
 program's last answers); an exception of the manager on a legal call is one too.
 
+Then, with ``worker=True``, the worker: `spec.get_worker` on CPU tensors (random bytes,
+eight blocks, two tensors), three blocks stored through the manager and the worker
+(inside `MonitoredWorker`), the KV tensors zeroed, the blocks loaded back into other
+GPU blocks: every byte must come back where the load spec put it ("wrong bytes"
+otherwise). A spec whose worker cannot run here (vLLM's own CPU worker needs CUDA) is
+noted in `KitReport.notes`, not judged.
+
 `KitReport.ok` is True when no program found anything; `str(report)` is the report.
 A config that does not name a loadable spec is an `OffloadingKitConfigError` naming
 the key at fault; nothing runs.
@@ -29,7 +36,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
-from vllm.v1.kv_offload.base import OffloadingSpec
+import torch
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    GPULoadStoreSpec,
+    OffloadingSpec,
+    ReqContext,
+)
 from vllm.v1.kv_offload.config import (
     OffloadingCacheConfig,
     OffloadingConfig,
@@ -40,9 +55,9 @@ from vllm.v1.kv_offload.config import (
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
-from unicache_fsm.integrations.vllm.driver import Driver
+from unicache_fsm.integrations.vllm.driver import Driver, offload_keys
 from unicache_fsm.integrations.vllm.machines import OffloadingViolation, WrongAnswerError
-from unicache_fsm.integrations.vllm.monitor import MonitoredManager
+from unicache_fsm.integrations.vllm.monitor import MonitoredManager, MonitoredWorker
 
 __all__ = [
     "Finding",
@@ -88,6 +103,7 @@ class KitReport:
     programs: int
     steps: int
     findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -95,9 +111,11 @@ class KitReport:
 
     def __str__(self) -> str:
         head = f"{self.spec}: {self.programs} program(s) of {self.steps} step(s): "
+        notes = "".join(f"\n  note: {n}" for n in self.notes)
         if self.ok:
-            return head + "no breach of vLLM 0.33.0's offloading contract"
-        return head + f"{len(self.findings)} breach(es)\n" + "\n".join(map(str, self.findings))
+            return head + "no breach of vLLM 0.33.0's offloading contract" + notes
+        found = "\n".join(map(str, self.findings))
+        return head + f"{len(self.findings)} breach(es)\n{found}{notes}"
 
 
 def offloading_config(
@@ -151,26 +169,123 @@ def _spec_class(extra_config: Mapping[str, Any]) -> type[OffloadingSpec]:
 
 
 def check_offloading_spec(
-    extra_config: Mapping[str, Any], *, seeds: Iterable[int] = range(8), steps: int = 200
+    extra_config: Mapping[str, Any],
+    *,
+    seeds: Iterable[int] = range(8),
+    steps: int = 200,
+    worker: bool = True,
 ) -> KitReport:
-    """Run one seeded program per seed against fresh managers of the spec (module doc)."""
+    """Run one seeded program per seed against fresh managers of the spec, then check
+    its worker's bytes (module docstring)."""
     cls = _spec_class(extra_config)
     findings: list[Finding] = []
+    notes: list[str] = []
     seeds = list(seeds)
     for seed in seeds:
-        try:
-            spec = cls(offloading_config(extra_config))
-            manager = MonitoredManager(spec.get_manager(), mode="raise")
-        except Exception as exc:
-            msg = f"building {cls.__name__} and its manager failed: {exc!r}"
-            raise OffloadingKitConfigError(
-                msg, key="extra_config", value=dict(extra_config)
-            ) from exc
-        driver = Driver(manager, random.Random(seed).randrange)
-        finding = _run(driver, seed, steps)
+        _spec, manager = _build(cls, extra_config)
+        finding = _run(Driver(manager, random.Random(seed).randrange), seed, steps)
         if finding is not None:
             findings.append(finding)
-    return KitReport(cls.__name__, len(seeds), steps, tuple(findings))
+    if worker:
+        spec, manager = _build(cls, extra_config)
+        try:
+            finding = _check_worker(spec, manager)
+        except _NotHere as exc:
+            notes.append(str(exc))
+        else:
+            if finding is not None:
+                findings.append(finding)
+    return KitReport(cls.__name__, len(seeds), steps, tuple(findings), tuple(notes))
+
+
+def _build(
+    cls: type[OffloadingSpec], extra_config: Mapping[str, Any]
+) -> tuple[OffloadingSpec, MonitoredManager]:
+    try:
+        spec = cls(offloading_config(extra_config))
+        return spec, MonitoredManager(spec.get_manager(), mode="raise")
+    except Exception as exc:
+        msg = f"building {cls.__name__} and its manager failed: {exc!r}"
+        raise OffloadingKitConfigError(msg, key="extra_config", value=dict(extra_config)) from exc
+
+
+class _NotHere(Exception):
+    """The worker cannot be checked in this process (a note, not a finding)."""
+
+
+_BLOCKS = 8
+_STORE_FROM = [5, 2, 7]
+_LOAD_INTO = [0, 4, 6]
+
+
+def _gpu(block_ids: list[int]) -> GPULoadStoreSpec:
+    return GPULoadStoreSpec(block_ids, group_sizes=[len(block_ids)], block_indices=[0])
+
+
+def _await(worker: MonitoredWorker, job: int) -> bool:
+    """The job's success, driving the worker a bounded number of rounds."""
+    for _ in range(100):
+        worker.wait({job})
+        for result in worker.get_finished():
+            if result.job_id == job:
+                return bool(result.success)
+    raise WrongAnswerError(f"get_finished() for job {job}", None, "the job reported")
+
+
+def _caches() -> CanonicalKVCaches:
+    gen = torch.Generator().manual_seed(36)
+    sizes = (96, 160)
+    tensors = [
+        CanonicalKVCacheTensor(
+            torch.randint(-128, 128, (_BLOCKS, size), dtype=torch.int8, generator=gen), size
+        )
+        for size in sizes
+    ]
+    refs = [[CanonicalKVCacheRef(i, size)] for i, size in enumerate(sizes)]
+    return CanonicalKVCaches(tensors=tensors, group_data_refs=refs)
+
+
+def _check_worker(spec: OffloadingSpec, manager: MonitoredManager) -> Finding | None:
+    caches = _caches()
+    try:
+        inner = spec.get_worker(caches)
+    except Exception as exc:
+        raise _NotHere(f"worker not checked: get_worker on CPU tensors failed: {exc}") from None
+    worker = MonitoredWorker(inner, protocol=manager.protocol)
+    before = [t.tensor.clone() for t in caches.tensors]
+    keys = offload_keys(len(_STORE_FROM), 1)
+    ctx = ReqContext("kit-worker")
+    done: list[tuple[Any, ...]] = []
+    try:
+        with manager.lock:
+            manager.on_new_request(ctx)
+            out = manager.prepare_store(keys, ctx)
+        if out is None or list(out.keys_to_store) != keys:
+            raise _NotHere("worker not checked: the manager would not store three blocks")
+        ok = worker.submit_store(1, _gpu(_STORE_FROM), out.store_spec) and _await(worker, 1)
+        done.append(("store", ok))
+        with manager.lock:
+            manager.complete_store(keys, ctx, ok)
+            load = manager.prepare_load(keys, ctx) if ok else None
+        if load is None:
+            raise _NotHere("worker not checked: the worker failed the store")
+        for t in caches.tensors:
+            t.tensor.zero_()
+        ok = worker.submit_load(2, load, _gpu(_LOAD_INTO)) and _await(worker, 2)
+        done.append(("load", ok))
+        with manager.lock:
+            manager.complete_load(keys, ctx)
+            manager.on_request_finished(ctx)
+    except (OffloadingViolation, WrongAnswerError) as exc:
+        return Finding(-1, len(done), "worker", str(exc), tuple(done))
+    if not ok:
+        raise _NotHere("worker not checked: the worker failed the load")
+    for t, then in zip(caches.tensors, before, strict=True):
+        for src, dst in zip(_STORE_FROM, _LOAD_INTO, strict=True):
+            if not torch.equal(t.tensor[dst], then[src]):
+                msg = f"block {src}'s bytes did not come back into block {dst}"
+                return Finding(-1, len(done), "wrong bytes", msg, tuple(done))
+    return None
 
 
 def _run(driver: Driver, seed: int, steps: int) -> Finding | None:
