@@ -52,7 +52,11 @@ oracle_log=$(mktemp)
 PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" \
     setsid bash scripts/sglang_env.sh >"$oracle_log" 2>&1 &
 oracle_pid=$!
-trap 'kill -- -"$oracle_pid" 2>/dev/null || true' EXIT
+# the vLLM venv (scripts/vllm_env.sh: downloads only), likewise, for tests/vllm
+vllm_log=$(mktemp)
+setsid bash scripts/vllm_env.sh >"$vllm_log" 2>&1 &
+vllm_pid=$!
+trap 'kill -- -"$oracle_pid" 2>/dev/null || true; kill -- -"$vllm_pid" 2>/dev/null || true' EXIT
 
 bash scripts/core_check.sh  # `pip install unicache-fsm` without torch runs the engine, diagrams, check-trace
 "$PY" -m ruff check .
@@ -65,10 +69,16 @@ if ! wait "$oracle_pid"; then
     cat "$oracle_log" >&2
     exit 1
 fi
+if ! wait "$vllm_pid"; then
+    cat "$vllm_log" >&2
+    exit 1
+fi
 trap - EXIT
-cat "$oracle_log"
-rm -f "$oracle_log"
+cat "$oracle_log" "$vllm_log"
+rm -f "$oracle_log" "$vllm_log"
 # SGLang's vendored imports warn about their own deprecations; not ours to show
 PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" bash scripts/conformance.sh -- -q -p no:warnings
 # StoreLinker and ContractMonitor inside SGLang 0.5.23's real cache (tests/sglang_linker)
 PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" bash scripts/sglang_integration.sh -q -p no:warnings
+# the vLLM 0.33.0 offloading contract: monitor, differential suite, kit (tests/vllm)
+PYTHONWARNINGS="ignore::DeprecationWarning,ignore::UserWarning" bash scripts/vllm_integration.sh -q -p no:warnings

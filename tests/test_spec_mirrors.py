@@ -49,7 +49,9 @@ MIRRORS: dict[str, tuple[type[enum.Enum], type[enum.Enum] | None]] = {
 
 
 def test_every_bundled_spec_has_its_mirrors_listed() -> None:
-    assert set(MIRRORS) == set(bundled_machines())
+    # vllm_* mirror enums live in unicache_fsm.integrations.vllm, which imports only
+    # beside vLLM: tests/vllm/test_spec_mirrors.py holds them to their specs
+    assert set(MIRRORS) == {m for m in bundled_machines() if not m.startswith("vllm_")}
 
 
 @pytest.mark.parametrize("machine", sorted(MIRRORS))

@@ -34,8 +34,17 @@ SEEN = TransitionCounter()
 # fire_anything takes it on fresh store-job records, so nothing is exempt any more.
 UNREACHABLE_IN_SYNC_MODE: set[tuple[str, str]] = set()
 # SGLang 0.5.23's own linker protocol: driven by the SGLang integration, not by this
-# system (its arrows are all taken in tests/test_sglang_protocol.py).
-NOT_THIS_SYSTEMS = {"sglang_linker", "sglang_load", "sglang_offload"}
+# system (its arrows are all taken in tests/test_sglang_protocol.py); vLLM 0.33.0's
+# offloading contract likewise (tests/vllm).
+NOT_THIS_SYSTEMS = {
+    "sglang_linker",
+    "sglang_load",
+    "sglang_offload",
+    "vllm_block",
+    "vllm_manager",
+    "vllm_request",
+    "vllm_transfer",
+}
 
 
 def _machine(p: int, swa: bool, faults: bool) -> type[SystemMachine]:

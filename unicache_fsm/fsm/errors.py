@@ -80,6 +80,7 @@ UnicacheFsmError (unicache_fsm.fsm.errors)
   UnknownBatchError (unicache_fsm.integrations.errors)
   UnknownStateError (unicache_fsm.fsm.errors)
   UnknownWorkloadError (unicache_fsm.scheduler.workloads)
+  VllmUnavailableError (unicache_fsm.integrations.errors)
   WalkFailure (unicache_fsm.testing.walk)
 ```
 """

@@ -7,4 +7,8 @@
 - `unicache_fsm.integrations.sglang` — `StoreLinker` and `ContractMonitor`, real
   subclasses of SGLang 0.5.23's `UnifiedCacheLinker`. Importing it without SGLang 0.5.23
   raises `SglangUnavailableError`.
+- `unicache_fsm.integrations.vllm` — vLLM 0.33.0's KV-offloading contract: its machines,
+  a monitor for any `OffloadingManager`, a model of vLLM's CPU manager, the stores as an
+  `OffloadingSpec`, the conformance kit (docs/vllm.md). Importing it without vLLM 0.33.0
+  raises `VllmUnavailableError`.
 """

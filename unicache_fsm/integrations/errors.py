@@ -3,6 +3,9 @@
 - `SglangUnavailableError` — ``unicache_fsm.integrations.sglang`` was imported where
   SGLang 0.5.23 cannot be imported (not installed, another version, or its import
   failed); the message says which and what to do. An `ImportError` too.
+- `VllmUnavailableError` — ``unicache_fsm.integrations.vllm`` was imported where vLLM
+  0.33.0 cannot be imported (not installed, another version, or its import failed); the
+  message says which and what to do. An `ImportError` too.
 - `LinkerConfigError` — a `StoreLinker` was given pools it cannot serve (an unknown pool
   name, a KV layout that is not token-major); `argument` and `value` name the culprit.
 - `UnknownBatchError` — `finish_layer_wise_loading` got an index that no
@@ -13,11 +16,20 @@ from __future__ import annotations
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
 
-__all__ = ["LinkerConfigError", "SglangUnavailableError", "UnknownBatchError"]
+__all__ = [
+    "LinkerConfigError",
+    "SglangUnavailableError",
+    "UnknownBatchError",
+    "VllmUnavailableError",
+]
 
 
 class SglangUnavailableError(UnicacheFsmError, ImportError):
     """SGLang 0.5.23 cannot be imported in this Python (the message says why)."""
+
+
+class VllmUnavailableError(UnicacheFsmError, ImportError):
+    """vLLM 0.33.0 cannot be imported in this Python (the message says why)."""
 
 
 class LinkerConfigError(UnicacheFsmError, ValueError):
