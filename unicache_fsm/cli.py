@@ -1093,6 +1093,48 @@ def _run_check_trace(args: argparse.Namespace) -> int:
 
 # -- entry point -----------------------------------------------------------------------
 
+
+def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "config",
+        metavar="CONFIG_JSON_OR_@FILE",
+        help="the linker launch JSON (--unified-cache-external-linker-config), or @FILE",
+    )
+    p.add_argument(
+        "--minutes",
+        type=_minutes,
+        default=1.0,
+        help=f"machine budget, above 0 and at most {MAX_MINUTES:.0f} (default: 1)",
+    )
+    p.add_argument(
+        "--seed",
+        type=_int_in(0, MAX_SEED),
+        default=0,
+        help="seed of the machine, 0 to 2**64-1 (default: 0)",
+    )
+    kinds = ",".join(check_linker_cli.FAULT_KINDS)
+    p.add_argument(
+        "--faults",
+        type=check_linker_cli.fault_kinds,
+        default=frozenset(check_linker_cli.FAULT_KINDS),
+        help=f"backend faults to inject: a comma list of {kinds}, all or none (default: all)",
+    )
+    p.add_argument(
+        "--report",
+        type=_path,
+        default=Path("check-linker-report"),
+        help="report directory, created if missing (default: check-linker-report)",
+    )
+
+
+def _run_check_linker(args: argparse.Namespace) -> int:
+    config = str(args.config)
+    if config.startswith("@"):
+        _input_file("CONFIG", Path(config[1:]))
+    _output_folder("--report", args.report)
+    return check_linker_cli.run(args)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         "diagram", "draw machines as Mermaid, DOT, SVG or PNG", _diagram_arguments, _run_diagram
@@ -1122,9 +1164,7 @@ COMMANDS: tuple[Command, ...] = (
         _simulate_arguments,
         _run_simulate,
     ),
-    Command(
-        "check-linker", check_linker_cli.HELP, check_linker_cli.add_arguments, check_linker_cli.run
-    ),
+    Command("check-linker", check_linker_cli.HELP, _check_linker_arguments, _run_check_linker),
 )
 
 

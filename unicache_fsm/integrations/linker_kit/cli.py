@@ -26,48 +26,31 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from pathlib import Path
 
-__all__ = ["HELP", "add_arguments", "run"]
+__all__ = ["FAULT_KINDS", "HELP", "fault_kinds", "run"]
 
 HELP = "check any SGLang 0.5.23 linker inside SGLang's real cache; obligations table"
-_KINDS = ("lose", "corrupt", "truncate", "write", "unreachable")
+FAULT_KINDS = ("lose", "corrupt", "truncate", "write", "unreachable")
 
 
-def _faults(text: str) -> frozenset[str]:
+def fault_kinds(text: str) -> frozenset[str]:
+    """An argparse `type` for ``--faults``: a comma list of `FAULT_KINDS`, ``all`` or
+    ``none``; an unknown kind is refused naming it."""
     if text == "all":
-        return frozenset(_KINDS)
+        return frozenset(FAULT_KINDS)
     if text == "none":
         return frozenset()
     kinds = frozenset(k.strip() for k in text.split(",") if k.strip())
-    unknown = sorted(kinds - set(_KINDS))
+    unknown = sorted(kinds - set(FAULT_KINDS))
     if unknown:
-        msg = f"unknown fault kind {unknown[0]!r} (known: {', '.join(_KINDS)}, all, none)"
+        msg = f"unknown fault kind {unknown[0]!r} (known: {', '.join(FAULT_KINDS)}, all, none)"
         raise argparse.ArgumentTypeError(msg)
     return kinds
 
 
-def _minutes(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= 24 * 60:
-        msg = f"--minutes must be between 0 and 1440, got {text}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", metavar="CONFIG_JSON_OR_@FILE", help="the linker launch JSON")
-    p.add_argument("--minutes", type=_minutes, default=1.0, help="machine budget (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the machine (default 0)")
-    p.add_argument(
-        "--faults", type=_faults, default=frozenset(_KINDS), help="fault kinds, all, or none"
-    )
-    p.add_argument(
-        "--report", type=Path, default=Path("check-linker-report"), help="report directory"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
+    """Run the check `args` describes (``config``, ``minutes``, ``seed``, ``faults``,
+    ``report``; the command line checks their ranges) and print it; the exit code."""
     importlib.import_module("unicache_fsm.integrations.sglang")  # no SGLang: one line, exit 2
     from unicache_fsm.integrations.linker_kit.check import check_linker
 
