@@ -39,6 +39,7 @@ tests/test_spec_mirrors.py). This module imports nothing of SGLang.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import numbers
@@ -272,8 +273,10 @@ class ProtocolMonitor:
         self.counter = TransitionCounter()
         attach(self.counter, *self.executors)
         self.trace = TraceRecorder(trace) if trace is not None else None
+        #: why the trace stopped (a write that failed: a full disk, a pipe closed), if it did
+        self.trace_error: OSError | None = None
         if self.trace is not None:
-            attach(self.trace, *self.executors)
+            attach(self._write_trace, *self.executors)
         type(self)._serial += 1
         self.name = f"sglang linker #{type(self)._serial}"
         self.linker = LinkerRecord(self.name, self)
@@ -296,9 +299,32 @@ class ProtocolMonitor:
         return Coverage.from_counter(self.counter)
 
     def close_trace(self) -> None:
-        """Flush and close the JSONL trace (the monitor keeps counting)."""
+        """Flush and close the JSONL trace (the monitor keeps counting); a flush that
+        fails stops the trace as a failed write does (see `_write_trace`)."""
         if self.trace is not None:
-            self.trace.close()
+            try:
+                self.trace.close()
+            except OSError as exc:
+                self._trace_failed(exc)
+
+    def _write_trace(self, *transition: Any) -> None:
+        """The trace's observer. A trace is a record of the run, not part of it: a write
+        that fails (a full disk, a closed pipe) stops the trace, is logged and kept in
+        `trace_error`, and never reaches the caller nor leaves a transition half done."""
+        if self.trace_error is not None or self.trace is None:
+            return
+        try:
+            self.trace(*transition)
+        except OSError as exc:
+            self._trace_failed(exc)
+
+    def _trace_failed(self, exc: OSError) -> None:
+        if self.trace_error is None:
+            self.trace_error = exc
+            logger.error("SGLang linker protocol trace stopped: %s", exc)
+        if self.trace is not None:
+            with contextlib.suppress(OSError):  # the buffer that failed is dropped
+                self.trace.close()
 
     @property
     def closed(self) -> bool:
