@@ -54,7 +54,8 @@ learning and forgetting pages other processes wrote or removed are
   fails and the page is forgotten).
 - Capacity holds for the namespace in the directory, across processes: offloads take
   an exclusive lock on ``DIR/<namespace>/.lock`` (`fcntl.flock`; released by the kernel
-  if the process dies; a peer that holds it past `lock_timeout` seconds, stopped or
+  if the process dies; a peer that holds it past `lock_timeout` seconds (above 0, at
+  most a day: `StoreConfigError` otherwise), stopped or
   hung, fails the offload, and opening with a capacity raises `StoreUnavailableError`,
   instead of waiting forever) around choosing, evicting and writing, and a store with
   `capacity_pages` first reconciles its books with the files in the namespace (learning
@@ -91,7 +92,7 @@ import attrs
 import torch
 
 from unicache_fsm.pools.transfer import PoolName, check_page_key
-from unicache_fsm.store.base import Ident
+from unicache_fsm.store.base import Ident, check_seconds
 from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError, StoreFaultError, StoreUnavailableError
 from unicache_fsm.store.jobs import StoreOffload
@@ -265,14 +266,7 @@ class FileStore(SharedStore):
         lock_timeout: float = 30.0,
     ) -> None:
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
-        if (
-            isinstance(lock_timeout, bool)
-            or not isinstance(lock_timeout, (int, float))
-            or not 0 < lock_timeout < float("inf")
-        ):
-            msg = f"lock_timeout must be a number of seconds > 0, got {lock_timeout!r}"
-            raise StoreConfigError(msg, argument="lock_timeout", value=lock_timeout)
-        self.lock_timeout = float(lock_timeout)
+        self.lock_timeout = check_seconds("lock_timeout", lock_timeout)
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
             msg = f"io_threads must be an int >= 1, got {io_threads!r}"
             raise StoreConfigError(msg, argument="io_threads", value=io_threads)
