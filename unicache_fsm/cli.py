@@ -225,8 +225,9 @@ def _output_file(flag: str, path: Path) -> None:
     if not folder.is_dir():
         msg = f"{flag} {str(path)!r}: no folder {str(folder)!r} to write it in"
         raise CliError(msg)
-    if path.exists() and not path.is_file():
-        msg = f"{flag} {str(path)!r} exists and is not a regular file"
+    if path.exists() and not path.is_file():  # a FIFO would block, a device swallow
+        what = "is a directory," if path.is_dir() else "exists and is"
+        msg = f"{flag} {str(path)!r} {what} not a regular file"
         raise CliError(msg)
     _probe(flag, path, folder)
 
@@ -380,6 +381,8 @@ def _run_diagram(args: argparse.Namespace) -> int:
     specs = _machines(args.machine)
     coverage = _coverage_of(args.coverage)
     output: Path | None = args.output
+    if output is not None and not (fmt.is_image and output.is_dir()):
+        _output_file("-o", output)  # one file: never a FIFO (a wait) nor a device
     if fmt.is_image:
         for path in _write_images(specs, fmt, highlight, output, coverage):
             print(path)
@@ -425,6 +428,7 @@ def _write_images(
             if target.resolve().parent != folder.resolve():
                 msg = f"machine name {target.stem!r} would write outside {str(folder)!r}"
                 raise CliError(msg)
+            _output_file("-o", target)
     for target, (_, data) in zip(targets, images, strict=True):
         target.write_bytes(data)
     return targets
