@@ -3,6 +3,7 @@ never raises into the caller, in record mode nor in raise mode, and keeps checki
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from unicache_fsm.integrations.protocol import ProtocolMonitor
@@ -38,3 +39,29 @@ def test_a_full_trace_leaves_violations_checked_and_recorded() -> None:
     monitor.close_trace()
     assert len(monitor.violations) == 1
     assert monitor.trace_error is not None
+
+
+@pytest.mark.parametrize(
+    "index",
+    [np.array(3), [3], {"batch": 3}, np.float64(3.0)],
+    ids=["ndarray", "list", "dict", "float"],
+)
+def test_an_unhashable_batch_index_is_recorded_never_raised(index: object) -> None:
+    """A linker answering `start_layer_wise_loading` with something unhashable gets it
+    back from the cache in `finish_layer_wise_loading`: each call is a violation, and
+    the monitor in record mode raises nothing into the caller."""
+    monitor = ProtocolMonitor(mode="record")
+    monitor.before_lookup("r")
+    monitor.before_load("r")
+    monitor.after_load("r", True)
+    monitor.before_start()
+    monitor.after_start(index)  # not an int: a violation, the load stays queued
+    monitor.before_finish(index)  # type: ignore[arg-type]
+    monitor.after_finish(index, True)  # type: ignore[arg-type]
+    assert len(monitor.violations) == 2
+    assert "start_layer_wise_loading()" in str(monitor.violations[0])
+    assert "finish_layer_wise_loading" in str(monitor.violations[1])
+    monitor.before_cancel("r")
+    monitor.after_cancel("r", True)  # the load was still queued: a legal cancel
+    assert len(monitor.violations) == 2
+    assert monitor.loads == []

@@ -229,7 +229,7 @@ class LinkerRecord(_Record):
         self.monitor = monitor
 
     def batch_started(self, index: object = None) -> bool:
-        return index in self.monitor.batches
+        return self.monitor.in_flight_batch(index)
 
     def completion_reported(self) -> bool:
         oldest = self.monitor.oldest_offload()
@@ -237,7 +237,7 @@ class LinkerRecord(_Record):
 
     def index_free(self, index: object = None) -> bool:
         """Guard of `start_answer`: an int that names no batch still in flight."""
-        return _is_int(index) and index not in self.monitor.batches
+        return _is_int(index) and not self.monitor.in_flight_batch(index)
 
     def count_backed(self, count: object = None) -> bool:
         """Guard of `count_answer`: an int from 0 to the accepted offloads not popped."""
@@ -331,6 +331,12 @@ class ProtocolMonitor:
         """Whether the linker saw its `close`."""
         return self.linker.state == SglangLinkerState.CLOSED
 
+    def in_flight_batch(self, index: object) -> bool:
+        """Whether `index` names a batch started and not finished; False for anything
+        that is no integer (a list, an array: what a linker answered is never trusted
+        to be hashable)."""
+        return _is_int(index) and index in self.batches
+
     def oldest_offload(self) -> OffloadRecord | None:
         return self.offloads[0] if self.offloads else None
 
@@ -372,7 +378,7 @@ class ProtocolMonitor:
 
     def before_finish(self, index: int) -> bool:
         call = f"finish_layer_wise_loading({index})"
-        if index not in self.batches:
+        if not self.in_flight_batch(index):
             # finish before start: the oldest queued load shows it best
             queued = [r for r in self.loads if r.state == SglangLoadState.QUEUED]
             if queued:
@@ -381,7 +387,7 @@ class ProtocolMonitor:
 
     def after_finish(self, index: int, answer: object) -> None:
         call = f"finish_layer_wise_loading({index}) -> {answer!r}"
-        batch = self.batches.pop(index, [])
+        batch = self.batches.pop(index, []) if self.in_flight_batch(index) else []
         for rec in batch:  # the batch ended whatever it answered
             self._forget_load(rec)
         for rec in batch:
