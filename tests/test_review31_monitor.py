@@ -3,10 +3,14 @@ never raises into the caller, in record mode nor in raise mode, and keeps checki
 
 from __future__ import annotations
 
+import os
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from unicache_fsm.integrations.protocol import ProtocolMonitor
+from unicache_fsm.integrations.protocol import MonitorConfigError, ProtocolMonitor
 
 FULL = "/dev/full"  # every write fails with ENOSPC
 
@@ -65,3 +69,41 @@ def test_an_unhashable_batch_index_is_recorded_never_raised(index: object) -> No
     monitor.after_cancel("r", True)  # the load was still queued: a legal cancel
     assert len(monitor.violations) == 2
     assert monitor.loads == []
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_trace_that_would_block_or_fail_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """Opening a FIFO to write waits for a reader forever: the monitor is refused
+    instead (a directory too), with the argument named."""
+    path = tmp_path / "trace.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    with pytest.raises(MonitorConfigError, match="trace") as info:
+        _in_bounded_time(path)
+    assert info.value.argument == "trace"
+
+
+def _in_bounded_time(path: Path) -> ProtocolMonitor:
+    """`ProtocolMonitor(trace=path)` on a thread, failing the test (not hanging it)
+    past 10 s; a blocked open of a FIFO is then released by opening its reading end."""
+    out: list[ProtocolMonitor] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(ProtocolMonitor(mode="record", trace=path))
+        except BaseException as exc:  # handed to the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        thread.join(10)
+        pytest.fail(f"ProtocolMonitor(trace={str(path)!r}) blocked")
+    if errors:
+        raise errors[0]
+    return out[0]

@@ -31,7 +31,10 @@ mode. A recorded violation changes no machine, so the rest of the run is still c
 
 `counter` counts every transition (`coverage()` gives the `Coverage` that
 ``unicache-fsm diagram --coverage`` draws); with `trace` every transition is written to
-that JSONL file, which ``unicache-fsm check-trace`` replays against the specs.
+that JSONL file, which ``unicache-fsm check-trace`` replays against the specs. A trace
+path that is a directory, FIFO or socket is refused (`MonitorConfigError`); a write that
+fails later (a full disk) stops the trace, is logged and kept in `trace_error`, and is
+never raised into the caller.
 
 The enums mirror the specs (checked when the executors are bound and by
 tests/test_spec_mirrors.py). This module imports nothing of SGLang.
@@ -180,6 +183,12 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _blocks_or_fails(path: Path) -> bool:
+    """Whether opening `path` to write would wait forever (a FIFO with no reader) or
+    fail (a directory, a socket); a device such as /dev/null is a file to write."""
+    return path.is_dir() or path.is_fifo() or path.is_socket()
+
+
 class _Record:
     __slots__ = ("__weakref__", "fsm_id", "history", "state")
 
@@ -272,6 +281,9 @@ class ProtocolMonitor:
         )
         self.counter = TransitionCounter()
         attach(self.counter, *self.executors)
+        if trace is not None and _blocks_or_fails(Path(trace)):
+            msg = f"trace {str(trace)!r} is a directory, FIFO or socket, not a file to write"
+            raise MonitorConfigError(msg, argument="trace", value=trace)
         self.trace = TraceRecorder(trace) if trace is not None else None
         #: why the trace stopped (a write that failed: a full disk, a pipe closed), if it did
         self.trace_error: OSError | None = None
