@@ -381,8 +381,10 @@ def _run_diagram(args: argparse.Namespace) -> int:
     specs = _machines(args.machine)
     coverage = _coverage_of(args.coverage)
     output: Path | None = args.output
-    if output is not None and not (fmt.is_image and output.is_dir()):
-        _output_file("-o", output)  # one file: never a FIFO (a wait) nor a device
+    # one file is checked here (never a FIFO: a wait; nor a device or a directory);
+    # images into a folder are checked as they are named
+    if output is not None and (not fmt.is_image or (len(specs) == 1 and not output.is_dir())):
+        _output_file("-o", output)
     if fmt.is_image:
         for path in _write_images(specs, fmt, highlight, output, coverage):
             print(path)
