@@ -232,8 +232,9 @@ def _output_file(flag: str, path: Path) -> None:
     if not folder.is_dir():
         msg = f"{flag} {str(path)!r}: no folder {str(folder)!r} to write it in"
         raise CliError(msg)
-    if path.exists() and not path.is_file():
-        msg = f"{flag} {str(path)!r} exists and is not a regular file"
+    if path.exists() and not path.is_file():  # a FIFO would block, a device swallow
+        what = "is a directory," if path.is_dir() else "exists and is"
+        msg = f"{flag} {str(path)!r} {what} not a regular file"
         raise CliError(msg)
     _probe(flag, path, folder)
 
@@ -387,6 +388,10 @@ def _run_diagram(args: argparse.Namespace) -> int:
     specs = _machines(args.machine)
     coverage = _coverage_of(args.coverage)
     output: Path | None = args.output
+    # one file is checked here (never a FIFO: a wait; nor a device or a directory);
+    # images into a folder are checked as they are named
+    if output is not None and (not fmt.is_image or (len(specs) == 1 and not output.is_dir())):
+        _output_file("-o", output)
     if fmt.is_image:
         for path in _write_images(specs, fmt, highlight, output, coverage):
             print(path)
@@ -432,6 +437,7 @@ def _write_images(
             if target.resolve().parent != folder.resolve():
                 msg = f"machine name {target.stem!r} would write outside {str(folder)!r}"
                 raise CliError(msg)
+            _output_file("-o", target)
     for target, (_, data) in zip(targets, images, strict=True):
         target.write_bytes(data)
     return targets

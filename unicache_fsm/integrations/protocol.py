@@ -31,7 +31,10 @@ mode. A recorded violation changes no machine, so the rest of the run is still c
 
 `counter` counts every transition (`coverage()` gives the `Coverage` that
 ``unicache-fsm diagram --coverage`` draws); with `trace` every transition is written to
-that JSONL file, which ``unicache-fsm check-trace`` replays against the specs.
+that JSONL file, which ``unicache-fsm check-trace`` replays against the specs. A trace
+path that is a directory, FIFO or socket is refused (`MonitorConfigError`); a write that
+fails later (a full disk) stops the trace, is logged and kept in `trace_error`, and is
+never raised into the caller.
 
 The enums mirror the specs (checked when the executors are bound and by
 tests/test_spec_mirrors.py). This module imports nothing of SGLang.
@@ -39,6 +42,7 @@ tests/test_spec_mirrors.py). This module imports nothing of SGLang.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import numbers
@@ -179,6 +183,12 @@ def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _blocks_or_fails(path: Path) -> bool:
+    """Whether opening `path` to write would wait forever (a FIFO with no reader) or
+    fail (a directory, a socket); a device such as /dev/null is a file to write."""
+    return path.is_dir() or path.is_fifo() or path.is_socket()
+
+
 class _Record:
     __slots__ = ("__weakref__", "fsm_id", "history", "state")
 
@@ -228,7 +238,7 @@ class LinkerRecord(_Record):
         self.monitor = monitor
 
     def batch_started(self, index: object = None) -> bool:
-        return index in self.monitor.batches
+        return self.monitor.in_flight_batch(index)
 
     def completion_reported(self) -> bool:
         oldest = self.monitor.oldest_offload()
@@ -236,7 +246,7 @@ class LinkerRecord(_Record):
 
     def index_free(self, index: object = None) -> bool:
         """Guard of `start_answer`: an int that names no batch still in flight."""
-        return _is_int(index) and index not in self.monitor.batches
+        return _is_int(index) and not self.monitor.in_flight_batch(index)
 
     def count_backed(self, count: object = None) -> bool:
         """Guard of `count_answer`: an int from 0 to the accepted offloads not popped."""
@@ -271,9 +281,14 @@ class ProtocolMonitor:
         )
         self.counter = TransitionCounter()
         attach(self.counter, *self.executors)
+        if trace is not None and _blocks_or_fails(Path(trace)):
+            msg = f"trace {str(trace)!r} is a directory, FIFO or socket, not a file to write"
+            raise MonitorConfigError(msg, argument="trace", value=trace)
         self.trace = TraceRecorder(trace) if trace is not None else None
+        #: why the trace stopped (a write that failed: a full disk, a pipe closed), if it did
+        self.trace_error: OSError | None = None
         if self.trace is not None:
-            attach(self.trace, *self.executors)
+            attach(self._write_trace, *self.executors)
         type(self)._serial += 1
         self.name = f"sglang linker #{type(self)._serial}"
         self.linker = LinkerRecord(self.name, self)
@@ -296,14 +311,43 @@ class ProtocolMonitor:
         return Coverage.from_counter(self.counter)
 
     def close_trace(self) -> None:
-        """Flush and close the JSONL trace (the monitor keeps counting)."""
+        """Flush and close the JSONL trace (the monitor keeps counting); a flush that
+        fails stops the trace as a failed write does (see `_write_trace`)."""
         if self.trace is not None:
-            self.trace.close()
+            try:
+                self.trace.close()
+            except OSError as exc:
+                self._trace_failed(exc)
+
+    def _write_trace(self, *transition: Any) -> None:
+        """The trace's observer. A trace is a record of the run, not part of it: a write
+        that fails (a full disk, a closed pipe) stops the trace, is logged and kept in
+        `trace_error`, and never reaches the caller nor leaves a transition half done."""
+        if self.trace_error is not None or self.trace is None:
+            return
+        try:
+            self.trace(*transition)
+        except OSError as exc:
+            self._trace_failed(exc)
+
+    def _trace_failed(self, exc: OSError) -> None:
+        if self.trace_error is None:
+            self.trace_error = exc
+            logger.error("SGLang linker protocol trace stopped: %s", exc)
+        if self.trace is not None:
+            with contextlib.suppress(OSError):  # the buffer that failed is dropped
+                self.trace.close()
 
     @property
     def closed(self) -> bool:
         """Whether the linker saw its `close`."""
         return self.linker.state == SglangLinkerState.CLOSED
+
+    def in_flight_batch(self, index: object) -> bool:
+        """Whether `index` names a batch started and not finished; False for anything
+        that is no integer (a list, an array: what a linker answered is never trusted
+        to be hashable)."""
+        return _is_int(index) and index in self.batches
 
     def oldest_offload(self) -> OffloadRecord | None:
         return self.offloads[0] if self.offloads else None
@@ -346,7 +390,7 @@ class ProtocolMonitor:
 
     def before_finish(self, index: int) -> bool:
         call = f"finish_layer_wise_loading({index})"
-        if index not in self.batches:
+        if not self.in_flight_batch(index):
             # finish before start: the oldest queued load shows it best
             queued = [r for r in self.loads if r.state == SglangLoadState.QUEUED]
             if queued:
@@ -355,7 +399,7 @@ class ProtocolMonitor:
 
     def after_finish(self, index: int, answer: object) -> None:
         call = f"finish_layer_wise_loading({index}) -> {answer!r}"
-        batch = self.batches.pop(index, [])
+        batch = self.batches.pop(index, []) if self.in_flight_batch(index) else []
         for rec in batch:  # the batch ended whatever it answered
             self._forget_load(rec)
         for rec in batch:

@@ -132,6 +132,26 @@ def check_options(capacity_pages: object, history: object, background: object = 
         raise StoreConfigError(msg, argument="history", value=history)
 
 
+#: the longest wait a store accepts (a lock, a server's reply): any wait a store makes
+#: is bounded, and a socket timeout must fit the platform's time_t
+MAX_WAIT_SECONDS = 86_400.0
+
+
+def check_seconds(argument: str, value: object) -> float:
+    """A wait in seconds, above 0 and at most `MAX_WAIT_SECONDS`, as a float;
+    `StoreConfigError` naming `argument` for anything else (a bool, nan, inf, an int
+    too large for a float, a string)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    # compared before `float()`: an int too large for a float is refused, not an overflow
+    if not (number and 0 < value <= MAX_WAIT_SECONDS):  # type: ignore[operator]
+        msg = (
+            f"{argument} must be a number of seconds above 0 and at most "
+            f"{MAX_WAIT_SECONDS:g}, got {value!r}"
+        )
+        raise StoreConfigError(msg, argument=argument, value=value)
+    return float(value)  # type: ignore[arg-type]
+
+
 class BaseStore(Generic[E]):
     """The shared half of every store backend; see the module docstring."""
 

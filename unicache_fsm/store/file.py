@@ -45,7 +45,8 @@ learning and forgetting pages other processes wrote or removed are
   readable regular file, or a page file whose header is invalid, names another key or
   pool, or whose length disagrees with its header (a torn or partial file) is deleted,
   never served (`recovered.discarded` lists them); ``verify_on_open=True``
-  also reads every page and deletes those whose checksum fails. The books are rebuilt
+  also reads every page (a piece at a time: memory stays bounded whatever length a
+  header claims) and deletes those whose checksum fails. The books are rebuilt
   from the headers (parents included), least recently modified first.
 - Several processes may share one directory (on one host): two writers of one page
   write identical bytes and the renames make that safe; a reader never sees a partial
@@ -54,7 +55,8 @@ learning and forgetting pages other processes wrote or removed are
   fails and the page is forgotten).
 - Capacity holds for the namespace in the directory, across processes: offloads take
   an exclusive lock on ``DIR/<namespace>/.lock`` (`fcntl.flock`; released by the kernel
-  if the process dies; a peer that holds it past `lock_timeout` seconds, stopped or
+  if the process dies; a peer that holds it past `lock_timeout` seconds (above 0, at
+  most a day: `StoreConfigError` otherwise), stopped or
   hung, fails the offload, and opening with a capacity raises `StoreUnavailableError`,
   instead of waiting forever) around choosing, evicting and writing, and a store with
   `capacity_pages` first reconciles its books with the files in the namespace (learning
@@ -88,10 +90,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import attrs
-import torch
+import xxhash
 
 from unicache_fsm.pools.transfer import PoolName, check_page_key
-from unicache_fsm.store.base import Ident
+from unicache_fsm.store.base import Ident, check_seconds
 from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import StoreConfigError, StoreFaultError, StoreUnavailableError
 from unicache_fsm.store.jobs import StoreOffload
@@ -108,6 +110,7 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _TMP = re.compile(r"\.([0-9a-f]{64})\.(\d+)\.(\d+)\.tmp")
 # a marker being written by an opening store (older versions wrote it without the token)
 _MARKER_TMP = re.compile(rf"\.{re.escape(MARKER)}\.(\d+)(?:\.[0-9a-f]+)?\.tmp")
+_VERIFY_PIECE = 4 << 20  # verify_on_open reads a page this much at a time
 _PID_MAX = (1 << 22) - 1  # Linux's largest pid_max: a greater pid names no process
 # Opening a page never follows a symlink nor waits on a FIFO (the name is checked to be a
 # regular file first; these flags cover a name swapped in between).
@@ -210,6 +213,23 @@ class Recovery:
     temporaries: int
 
 
+def _payload_checksum(fd: int, nbytes: int) -> int | None:
+    """`page_checksum` of the `nbytes` payload bytes of the page file `fd`, read a piece
+    at a time (memory bounded, whatever length a header claims), or None when the file
+    ends before them."""
+    state = xxhash.xxh3_64()  # page_checksum's XXH3-64, seed 0, in its streaming form
+    piece = bytearray(min(nbytes, _VERIFY_PIECE))
+    at = 0
+    while at < nbytes:
+        view = memoryview(piece)[: min(len(piece), nbytes - at)]
+        got = os.preadv(fd, [view], HEADER_SIZE + at)
+        if got == 0:
+            return None
+        state.update(view[:got])
+        at += got
+    return state.intdigest()
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True  # another store of this process may be writing it right now
@@ -265,14 +285,7 @@ class FileStore(SharedStore):
         lock_timeout: float = 30.0,
     ) -> None:
         super().__init__(capacity_pages=capacity_pages, background=background, history=history)
-        if (
-            isinstance(lock_timeout, bool)
-            or not isinstance(lock_timeout, (int, float))
-            or not 0 < lock_timeout < float("inf")
-        ):
-            msg = f"lock_timeout must be a number of seconds > 0, got {lock_timeout!r}"
-            raise StoreConfigError(msg, argument="lock_timeout", value=lock_timeout)
-        self.lock_timeout = float(lock_timeout)
+        self.lock_timeout = check_seconds("lock_timeout", lock_timeout)
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
             msg = f"io_threads must be an int >= 1, got {io_threads!r}"
             raise StoreConfigError(msg, argument="io_threads", value=io_threads)
@@ -474,13 +487,8 @@ class FileStore(SharedStore):
                 return None
             if st.st_size != HEADER_SIZE + record.nbytes:
                 return None
-            if verify:
-                payload = bytearray(record.nbytes)
-                if os.preadv(fd, [payload], HEADER_SIZE) != record.nbytes:
-                    return None
-                page = torch.frombuffer(payload, dtype=torch.uint8)
-                if page_checksum(page) != record.checksum:
-                    return None
+            if verify and _payload_checksum(fd, record.nbytes) != record.checksum:
+                return None
         except OSError:
             return None  # unreadable (EIO, ...): not a page this store can serve
         finally:

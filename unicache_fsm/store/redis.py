@@ -33,7 +33,9 @@ or the server evicted are `unicache_fsm.store.shared.SharedStore`'s. What Redis 
   then the fault), and values are checked, so nothing stale or partial is ever served.
 - Opening pings the server: one that does not answer within `timeout` (nothing
   listening, a wrong password, not Redis) is refused at once with
-  `StoreUnavailableError` naming the URL.
+  `StoreUnavailableError` naming the URL. `timeout` bounds every wait on the server
+  (above 0, at most a day); a URL's ``?socket_timeout=`` or ``?socket_connect_timeout=``
+  replaces it and is bounded alike (`StoreConfigError` naming the URL otherwise).
 - `client` is the `redis.Redis` in use; `close()` releases its connections.
 
 redis-py is an optional dependency (``pip install unicache-fsm[redis]``); without it the
@@ -48,6 +50,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.base import check_seconds
 from unicache_fsm.store.checksum import page_checksum
 from unicache_fsm.store.errors import (
     StoreConfigError,
@@ -104,9 +107,7 @@ class RedisStore(SharedStore):
         if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
             msg = f"namespace must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}, got {namespace!r}"
             raise StoreConfigError(msg, argument="namespace", value=namespace)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            msg = f"timeout must be a number of seconds > 0, got {timeout!r}"
-            raise StoreConfigError(msg, argument="timeout", value=timeout)
+        timeout = check_seconds("timeout", timeout)
         try:
             import redis as redis_py
             from redis.backoff import NoBackoff
@@ -124,6 +125,16 @@ class RedisStore(SharedStore):
         except (ValueError, TypeError) as exc:
             msg = f"not a Redis URL (redis://HOST:PORT[/DB], rediss://, unix://): {url!r}"
             raise StoreConfigError(msg, argument="url", value=url) from exc
+        # a URL's own ``?socket_timeout=`` / ``?socket_connect_timeout=`` replace `timeout`:
+        # they are bounded alike (an endless or overflowing one would hang or crash a call)
+        settings = self.client.connection_pool.connection_kwargs
+        for option in ("socket_timeout", "socket_connect_timeout"):
+            try:
+                check_seconds(option, settings.get(option))
+            except StoreConfigError as exc:
+                self.client.close()
+                msg = f"url {url!r}: {exc}"
+                raise StoreConfigError(msg, argument="url", value=url) from None
         self._errors: tuple[type[BaseException], ...] = (redis_py.RedisError, OSError)
         self._reply_error: type[Exception] = redis_py.ResponseError
         self.url = url
