@@ -97,7 +97,10 @@ def key_of(pages: int, base: int = 100) -> tuple[int, ...]:
 
 
 def built(**kw: Any) -> tuple[System, Liar]:
+    """A system over a `Liar`; the linker does not reset an idle store by itself (the
+    tests watch the quarantine wait for the store's own signal) unless asked to."""
     store = Liar()
+    kw.setdefault("reset_when_idle", False)
     return System.build(P, store_factory=lambda: store, **kw), store
 
 
@@ -381,5 +384,27 @@ def test_a_failing_reset_quarantines_what_the_store_may_still_touch() -> None:
     del store.reset
     s.linker.reset()
     assert len(s.linker.quarantine) == 0
+    finish(s, "r", x)
+    s.assert_quiet()
+
+
+def test_an_idle_linker_resets_the_store_to_release_its_quarantine() -> None:
+    """By default (`LinkerConfig.reset_when_idle`), once nothing of the linker's is in
+    flight, it resets the store: the reset returning is the trusted signal, the slots
+    come back, and the quiesced store writes nothing more into them."""
+    s, store = built(reset_when_idle=True)
+    x = key_of(4)
+    stored_then_evicted(s, x)
+    prepared(s, "r", x)
+    s.linker.start_loading()
+    store.extra_loads = 1
+    s.finish_loads()
+    store.extra_loads = 0
+    assert s.linker.stats.idle_resets == 1
+    assert len(s.linker.quarantine) == 0
+    other = another_owner(s)
+    store.progress()
+    assert untouched(s, other)
+    s.allocator.free(other)
     finish(s, "r", x)
     s.assert_quiet()

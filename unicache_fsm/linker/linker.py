@@ -163,9 +163,19 @@ class _Batch:
 
 @attrs.frozen
 class LinkerConfig:
-    """`executor` picks the executor that drives the load and offload machines."""
+    """`executor` picks the executor that drives the load and offload machines.
+
+    `reset_when_idle`: when the quarantine holds something and nothing of the linker's
+    is in flight in the store (no prepared load, no batch of ours, no offload), the end
+    of `finish_loads` / `poll_offloads` resets the store — its reset returning is the
+    trusted signal that releases the quarantine, and with nothing in flight it ends
+    nothing else. Off, the quarantine waits for the store's own completions or for an
+    explicit `reset` / `close` (a store that consumed a completion it never answered
+    then holds its slots until one).
+    """
 
     executor: ExecutorKind = ExecutorKind.COMPILED
+    reset_when_idle: bool = True
 
 
 @attrs.define(slots=True)
@@ -189,6 +199,7 @@ class LinkerStats:
     loads_quarantined: int = 0  # loads whose slots went to the quarantine
     offloads_quarantined: int = 0  # offloads held in the quarantine (nodes locked)
     quarantine_released: int = 0  # loads and offloads the trusted signal released
+    idle_resets: int = 0  # store resets made to release the quarantine (`reset_when_idle`)
 
 
 @attrs.frozen
@@ -401,6 +412,7 @@ class ExternalLinker:
         self._take_completions()
         held = list(self.held.values())
         if not held:
+            self._reclaim()
             return []
         mine = [
             _FAILED
@@ -440,6 +452,7 @@ class ExternalLinker:
                 self._abort(load, load.abort_pending or AbortReason.LOAD_FAILED)
             if load.awaited:  # not a load whose load_back already answered False
                 ended.append(load)
+        self._reclaim()
         return ended
 
     def _take_completions(self) -> None:
@@ -823,6 +836,7 @@ class ExternalLinker:
             assert record is not None  # (`count` stops before the first placeholder)
             self.offload_machine.fire(record, OFF.COMPLETE, success)
             done.append(record)
+        self._reclaim()
         return done
 
     # -- spec callbacks of offload (called by `offload_machine` only) -----------------
@@ -914,6 +928,33 @@ class ExternalLinker:
                 self.stats.offloads_quarantined += 1
         if quiet:
             self._release_quarantine()
+
+    def _reclaim(self) -> None:
+        """`LinkerConfig.reset_when_idle`: reset an idle store to release the quarantine.
+
+        Collective where the tree would change (held offloads unlock nodes: every rank
+        holds the same ones, and all reset or none); held load slots are per rank."""
+        held = self.quarantine
+        offloads = any(r is not None for r in held.offloads)
+        if not self.config.reset_when_idle or not (held.loads or offloads):
+            return
+        idle = not self.held and not self.offloads and not any(b.loads for b in self.batches)
+        if offloads:
+            idle = agree(self.group, idle)
+        if not idle:
+            return
+        self.stats.idle_resets += 1
+        calls = self.calls
+        if not calls.reset():
+            return  # not quiesced: held as before (a later call tries again)
+        self._drain(
+            calls.num_completed_loads,
+            calls.pop_completed_load,
+            len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
+        )
+        self._drain(calls.num_completed_offloads, calls.pop_completed_offload, len(held.offloads))
+        self.batches.clear()  # (empty ones only: nothing of ours was in flight)
+        self._release_quarantine()
 
     def _release_quarantine(self) -> None:
         """The store quiesced (a reset or close returned): free and unlock what it held."""

@@ -28,6 +28,7 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
 
 A count is checked for its type only: how many completions can be in flight is the
 caller's to know (the linker pops at most that many and reports the rest as a fault).
+- `progress() -> int | None` — the jobs it saw finish; None on a fault.
 - `reset() -> bool` — False when the store's reset raised.
 
 Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through.
@@ -177,6 +178,9 @@ class CheckedStore:
         return success
 
     # -- lifecycle -------------------------------------------------------------------------
+    def progress(self) -> int | None:
+        return self._count("progress", self.store.progress)
+
     def reset(self) -> bool:
         try:
             self.store.reset()
