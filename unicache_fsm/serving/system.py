@@ -177,8 +177,8 @@ class System:
         ledger = StoreLedger(backend if faulty is None else faulty)
         store: ExternalStore = ledger
         store.attach(pools)
-        config = LinkerConfig(executor=executor, reset_when_idle=reset_when_idle)
-        linker = ExternalLinker(tree, store, group=group, config=config)
+        linking = LinkerConfig(executor=executor, reset_when_idle=reset_when_idle)
+        linker = ExternalLinker(tree, store, group=group, config=linking)
         return cls(
             page_size=p,
             swa=swa,
