@@ -344,9 +344,18 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         pages = max((len(t.keys) for t in ours if t.name is PoolName.KV), default=0)
         return self.calls.lookup(rid, ours, pages) or []
 
+    def _fenced(self, transfers: Sequence[PoolTransfer]) -> bool:
+        """Whether the store may still touch rows of `transfers` (its completions taken
+        first: the one that releases them may have come)."""
+        if not self._fence.touches(transfers):
+            return False
+        if self._fence.loads:
+            self._take_load_completions()
+        return self._fence.touches(transfers)
+
     def load(self, rid: str, transfers: list[Any]) -> bool:
         ours = _ours(transfers)
-        if self._fence.touches(ours):  # the store may still touch those rows
+        if self._fenced(ours):  # the store may still touch those rows
             return False
         if not self.calls.load(rid, ours):
             return False
@@ -482,7 +491,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     def offload(self, transfers: list[Any], session_id: str | None = None) -> bool:
         ours = _ours(transfers)
-        if self._fence.touches(ours):  # the store may still touch those rows
+        if self._fenced(ours):  # the store may still touch those rows
             return False
         for t in ours:
             if t.device_indices is not None and t.name in self._mirrors:
