@@ -28,7 +28,15 @@ store's format without changing SGLang's pools. The calls:
   `pop_completed_offload` pops them in submission order.
 - `reset` — quiesces the store and discards every completion and every load in
   flight; `close` resets, detaches the trace and closes the store (unless
-  ``close_store=False``). Nothing is left behind either way.
+  ``close_store=False``). Nothing is left behind either way, except the fence below
+  when the store's reset or close failed.
+
+No store call raises into SGLang (every call goes through a `CheckedStore`; faults are
+counted in `faults`), every completion loop pops at most what can be in flight, and a
+batch whose completion is faulty, missing or unproven answers "not landed" (SGLang
+aborts its requests, which recompute) while its mirror rows stay fenced — no load or
+offload may use them — until the store's own completion or a reset (`fenced()`); see
+``docs/contract.md``, "Stores can lie".
 
 Its loads and offloads are the store's own machines (`specs/store_load.toml`,
 `specs/store_offload.toml`): `counter` counts them (`coverage()`), and with `trace` they

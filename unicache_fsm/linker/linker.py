@@ -19,8 +19,8 @@ Primitives, in the order a scheduler step uses them:
   is agreed across ranks (MIN), so a load runs everywhere or nowhere. False when it
   aborted instead (the request recomputes).
 - `start_loading()` — start every queued store load as one batch.
-- `finish_loads()` — take this rank's completed batches (FIFO: each completion ends
-  the oldest batch in flight), then agree per prepared load (one MIN all-reduce) on
+- `finish_loads()` — take this rank's completed batches (at most those in flight; each
+  completion ends the batch it names), then agree per prepared load (one MIN all-reduce) on
   whether every rank's store is done with it and every page landed; LAND and COMMIT
   those (LAND then ABORT where the request gave the load up meanwhile), ABORT the ones
   done but failed, keep waiting for the rest. Returns the loads that
@@ -40,7 +40,8 @@ Primitives, in the order a scheduler step uses them:
   back, else when its store is done with it (a running batch ends, or a lost
   `cancel_queued_load` answer is settled).
 - `reset()` / `close()` — quiesce the store first, then abort every load and fail
-  every offload, releasing their locks.
+  every offload, releasing their locks; a store reset that returned also releases the
+  quarantine (below).
 
 Store faults: the linker talks to its store through a `CheckedStore`. Any exception or
 malformed answer from any store call is a fault of that call (counted in
@@ -48,10 +49,18 @@ malformed answer from any store call is a fault of that call (counted in
 for an ill-typed answer), never an error for the caller: a failed LOOKUP is a miss, a
 failed `load` a refusal (the load aborts, the request recomputes), a failed `offload`
 a refusal (its nodes return to unstored, unlocked), a verdict that is not a real
-``True`` a failure, a completion naming a batch that is not the oldest in flight a
-protocol error that ends that oldest batch as failed. Slots are freed only when the
-store acknowledged it will write no more into them (a confirmed cancel, a completed
-batch, a reset).
+``True`` a failure. Slots are freed only when the store acknowledged it will write no
+more into them (a confirmed cancel, the batch's own well-formed completion, a reset
+that returned). When the store breaks the protocol instead — a completion count it
+cannot back, a faulty pop, a completion naming an unknown batch, skipping an older one
+or naming other loads, a lost `start_loading` answer — the loads involved abort (their
+requests recompute) and their slots go to the quarantine (`linker.quarantine`, the
+fourth term of slot conservation), released only by that batch's own completion or a
+reset; after a faulty offload pop, every offload in flight is held (nodes locked),
+published never, released one per later completion (see `poll_offloads`). Completion
+loops pop at most what can be in flight, so every call returns in bounded time.
+With `LinkerConfig.reset_when_idle` a linker holding a quarantine and nothing in flight
+resets its store to release it.
 
 Every reserved slot ends exactly one way: adopted by the tree at COMMIT, freed as a
 duplicate at COMMIT, or freed by ABORT. Nothing is published before the verdict, so no
