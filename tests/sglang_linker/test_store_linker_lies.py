@@ -36,6 +36,7 @@ class Liar:
       with nothing there raises `IndexError`.
     - `answer`: what `pop_completed_load` answers instead of the real completion
       (a callable of the real one), consumed either way.
+    - `lose_start`: `start_loading` starts the batch, then its answer is lost (raises).
     Past `runaway` pops a pop raises `Runaway`.
     """
 
@@ -45,6 +46,7 @@ class Liar:
         self.extra_loads = 0
         self.extra_offloads = 0
         self.answer: Any = None
+        self.lose_start = False
         self.pops = 0
         self.runaway = 1000
         self._queued: set[str] = set()
@@ -83,6 +85,8 @@ class Liar:
         self._queued.clear()
         batch = self.inner.start_loading()
         self._next = batch + 1
+        if self.lose_start:
+            raise ConnectionError("start_loading: the reply was lost")
         return batch
 
     def run_loads(self) -> None:
@@ -224,3 +228,24 @@ def test_an_overcounted_offload_completion_raises_nothing(lied: tuple[Engine, Li
     store.extra_offloads = 0
     assert store.pops <= 1
     assert engine.store_linker.faults["num_completed_offloads"] >= 1
+
+
+def test_a_lost_start_answer_fails_the_batch_and_fences_its_rows_until_a_reset(
+    lied: tuple[Engine, Liar, Any],
+) -> None:
+    """1. `start_loading` started the batch, but its answer was lost: nothing raises into
+    SGLang's `ready_to_load_host_cache`, the batch fails (SGLang aborts and recomputes),
+    and its rows stay fenced — the store's completion names a batch never acknowledged —
+    until a reset of the store returns."""
+    engine, store, _ = lied
+    store.lose_start = True
+    _, loaded, slots, failed = start_and_finish(engine, "r1")
+    store.lose_start = False
+    assert loaded == 16 and slots is not None and failed == ["r1"]
+    linker = engine.store_linker
+    assert linker.faults["start_loading"] == 1 and linker.fenced() == 1
+    engine.free(slots)
+    req, result = engine.match(TOKENS, "r2")  # the same slots again: refused
+    assert engine.load_back(req, result) == (0, None)
+    engine.cache.reset()  # SGLang's reset: the store's reset returns, the fence goes
+    assert linker.fenced() == 0

@@ -385,8 +385,9 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         if batch == -1:  # the store holds none of them: nothing was started, none lands
             self._batches[index] = (-1, rids)
             return index
-        if batch is not None and batch in {b for b, _ in self._batches.values()}:
-            msg = f"start_loading: the store answered batch {batch}, which is already in flight"
+        known = {b for b, _ in self._batches.values()} | {k for k, _ in self._fence.loads}
+        if batch is not None and batch in known:
+            msg = f"start_loading: the store answered batch {batch}, already in flight or fenced"
             self._protocol_fault("start_loading", batch, msg)
             batch = None
         # None: the store may have started them (its answer was lost): they fail, and
