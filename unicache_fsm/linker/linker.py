@@ -83,6 +83,7 @@ starts them later; agreement per load makes the ranks end them together.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -817,7 +818,7 @@ class ExternalLinker:
             calls.pop_completed_offload()
             fifo.popleft()
         run = 0
-        for record in [*held, *self.offloads]:
+        for record in itertools.chain(held, self.offloads):
             if record is None:
                 break
             run += 1
