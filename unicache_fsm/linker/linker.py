@@ -908,21 +908,15 @@ class ExternalLinker:
         load's slots, an offload's locked nodes — until a later reset or `close`
         returns.
         """
-        calls = self.calls
-        quiet = calls.reset()
         held = self.quarantine
-        self._drain(
-            calls.num_completed_loads,
-            calls.pop_completed_load,
-            len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
-        )
-        self._drain(
-            calls.num_completed_offloads,
-            calls.pop_completed_offload,
-            len(self.offloads) + len(held.offloads),
-        )
+        quiet = agree(self.group, self.calls.reset())  # (the ranks' trees stay alike)
+        if quiet:
+            self._drain_completions()
+        else:  # their own completions, when they come, release them
+            for batch in self.batches:
+                self._suspect_batch(batch, batch.id)
         for load in [*self.loads.values(), *self.draining]:
-            if load.in_flight:
+            if load.in_flight and load.settled is None:
                 if quiet:
                     load.settled = False  # quiesced: the store writes no more into it
                 else:
@@ -954,17 +948,30 @@ class ExternalLinker:
         if not idle:
             return
         self.stats.idle_resets += 1
-        calls = self.calls
-        if not calls.reset():
-            return  # not quiesced: held as before (a later call tries again)
+        quiet = self.calls.reset()
+        if offloads:
+            quiet = agree(self.group, quiet)
+        if not quiet:
+            return  # held as before (a later call tries again)
+        self._drain_completions()
+        self.batches.clear()  # (empty ones only: nothing of ours was in flight)
+        self._release_quarantine()
+
+    def _drain_completions(self) -> None:
+        """After a reset of the store returned: drop the completions it still holds (a
+        stale one would be taken for a later batch's or offload's), at most what can
+        be in flight."""
+        calls, held = self.calls, self.quarantine
         self._drain(
             calls.num_completed_loads,
             calls.pop_completed_load,
             len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
         )
-        self._drain(calls.num_completed_offloads, calls.pop_completed_offload, len(held.offloads))
-        self.batches.clear()  # (empty ones only: nothing of ours was in flight)
-        self._release_quarantine()
+        self._drain(
+            calls.num_completed_offloads,
+            calls.pop_completed_offload,
+            len(self.offloads) + len(held.offloads),
+        )
 
     def _release_quarantine(self) -> None:
         """The store quiesced (a reset or close returned): free and unlock what it held."""
