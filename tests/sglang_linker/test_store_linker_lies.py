@@ -249,3 +249,24 @@ def test_a_lost_start_answer_fails_the_batch_and_fences_its_rows_until_a_reset(
     assert engine.load_back(req, result) == (0, None)
     engine.cache.reset()  # SGLang's reset: the store's reset returns, the fence goes
     assert linker.fenced() == 0
+
+
+def test_a_failing_reset_raises_nothing_and_fences_what_was_in_flight(
+    lied: tuple[Engine, Liar, Any],
+) -> None:
+    """4. The store's reset raises: SGLang's `cache.reset()` still returns, and the rows
+    of the offload in flight stay fenced (the store may still read them) until a reset
+    of the store returns."""
+    engine, store, _ = lied
+    engine.compute(list(range(100, 116)))  # an offload in flight
+
+    def stuck() -> None:
+        raise TimeoutError("reset: no answer")
+
+    store.reset = stuck  # type: ignore[method-assign]
+    engine.cache.reset()
+    linker = engine.store_linker
+    assert linker.faults["reset"] == 1 and linker.fenced() == 1
+    del store.reset
+    engine.cache.reset()
+    assert linker.fenced() == 0

@@ -553,23 +553,25 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
     def reset(self) -> None:
         """Quiesce the store and discard every completion and every load in flight
         (bounded: at most what can be in flight is popped). A reset of the store that
-        returned releases the fence; one that failed fences every row in flight."""
+        returned releases the fence; one that failed fences every row in flight (a
+        batch's own completion, when it comes, still releases its rows)."""
         calls = self.calls
-        quiet = calls.reset()
-        running = sum(1 for b, _ in self._batches.values() if b is not None and b >= 0)
-        self._drain(
-            calls.num_completed_offloads,
-            calls.pop_completed_offload,
-            len(self._offloads) + len(self._fence.owed),
-        )
-        self._drain(
-            calls.num_completed_loads,
-            calls.pop_completed_load,
-            running + len(self._fence.loads) + _COUNT_SLACK,
-        )
-        if quiet:
+        if calls.reset():
+            running = sum(1 for b, _ in self._batches.values() if b is not None and b >= 0)
+            self._drain(
+                calls.num_completed_offloads,
+                calls.pop_completed_offload,
+                len(self._offloads) + len(self._fence.owed),
+            )
+            self._drain(
+                calls.num_completed_loads,
+                calls.pop_completed_load,
+                running + len(self._fence.loads) + _COUNT_SLACK,
+            )
             self._fence.clear()
-        else:
+        else:  # not quiesced: fenced until their own completions (or a reset) come
+            for index, (batch, _) in list(self._batches.items()):
+                self._distrust(index, batch if batch is not None and batch >= 0 else None)
             self._fence.hold(None, [r for rows in self._loads.values() for r in rows])
             self._fence.owed.extend(self._offloads)
         self._loads.clear()
