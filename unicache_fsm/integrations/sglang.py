@@ -213,8 +213,6 @@ def _ours(transfers: Sequence[Any]) -> list[PoolTransfer]:
 #: completions a store may report beyond the batches the linker knows in flight (one
 #: started by a `start_loading` whose answer was lost); more is a miscount, a fault
 _COUNT_SLACK = 2
-#: how often `reset` asks again for a completion count the store failed to give
-_DRAIN_RETRIES = 32
 
 #: a load batch's `_Fence` key (the store batch id whose own completion releases it;
 #: None: only a reset or close of the store that returned)
@@ -333,18 +331,6 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
     def _protocol_fault(self, operation: str, value: object, msg: str) -> None:
         self._fault(operation, StoreProtocolError(msg, operation=operation, value=value))
 
-    def _bounded(self, operation: str, count: int | None, limit: int) -> int:
-        if count is None:
-            return 0
-        if count > limit:
-            msg = (
-                f"{operation}: the store reports {count} completions, but at most {limit} "
-                "can be in flight; the rest are not backed by any job"
-            )
-            self._protocol_fault(operation, count, msg)
-            return limit
-        return count
-
     # -- loads -------------------------------------------------------------------------
 
     def lookup(self, rid: str, transfers: list[Any]) -> list[int]:
@@ -427,7 +413,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         calls.progress()
         running = [b for b, _ in self._batches.values() if b is not None and b >= 0]
         limit = len(running) + len(self._fence.loads) + _COUNT_SLACK
-        for _ in range(self._bounded("num_completed_loads", calls.num_completed_loads(), limit)):
+        for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
             result = calls.pop_completed_load()
             if result is not None and self._fence.release(result.batch):
                 continue  # the store's own completion of a fenced batch: it is done
@@ -525,7 +511,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         fence = self._fence
         limit = len(self._offloads) + len(fence.owed)
         for _ in range(
-            self._bounded("num_completed_offloads", calls.num_completed_offloads(), limit)
+            calls.bounded("num_completed_offloads", calls.num_completed_offloads(), limit)
         ):
             verdict = calls.pop_completed_offload()
             if verdict is None:  # which offload ended is unknown from here on
@@ -558,12 +544,12 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         calls = self.calls
         if calls.reset():
             running = sum(1 for b, _ in self._batches.values() if b is not None and b >= 0)
-            self._drain(
+            calls.drain(
                 calls.num_completed_offloads,
                 calls.pop_completed_offload,
                 len(self._offloads) + len(self._fence.owed),
             )
-            self._drain(
+            calls.drain(
                 calls.num_completed_loads,
                 calls.pop_completed_load,
                 running + len(self._fence.loads) + _COUNT_SLACK,
@@ -584,21 +570,6 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._ready.clear()
         self._unreported = 0
         self.layer_done_counter.reset()
-
-    def _drain(
-        self, count: Callable[[], int | None], pop: Callable[[], object], limit: int
-    ) -> None:
-        popped = 0
-        for _ in range(_DRAIN_RETRIES):
-            n = count()
-            if n is None:
-                continue
-            if n == 0 or popped >= limit:
-                return
-            n = self._bounded("reset", popped + n, limit) - popped
-            for _ in range(n):
-                pop()  # consumed, whatever it answers
-            popped += n
 
     def close(self) -> None:
         if self._closed:

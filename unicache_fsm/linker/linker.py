@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -131,8 +131,6 @@ PREPARE, COMMIT, ABORT = (
 
 # per-load settlement values, agreed by MIN across ranks in `finish_loads`
 _UNSETTLED, _FAILED, _LANDED = 0, 1, 2
-# how often `reset` asks again for a completion count the store failed to give
-_DRAIN_RETRIES = 32
 # completions a store may report beyond those the linker knows in flight (a batch
 # started by a `start_loading` whose answer was lost); more is a miscount, a fault
 _COUNT_SLACK = 2
@@ -284,19 +282,6 @@ class ExternalLinker:
     def _protocol_fault(self, operation: str, value: object, msg: str) -> None:
         """The store broke the protocol in a way only the linker can see."""
         self._store_fault(operation, StoreProtocolError(msg, operation=operation, value=value))
-
-    def _bounded(self, operation: str, count: int | None, limit: int) -> int:
-        """A completion count, at most `limit` (what can be in flight); more is a fault."""
-        if count is None:
-            return 0
-        if count > limit:
-            msg = (
-                f"{operation}: the store reports {count} completions, but at most {limit} "
-                "can be in flight; the rest are not backed by any job"
-            )
-            self._protocol_fault(operation, count, msg)
-            return limit
-        return count
 
     # -- LOOKUP ------------------------------------------------------------------------
     def match(
@@ -478,7 +463,7 @@ class ExternalLinker:
                 self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
         calls = self.calls
         limit = len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK
-        for _ in range(self._bounded("num_completed_loads", calls.num_completed_loads(), limit)):
+        for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
             self._end_batch(calls.pop_completed_load())
 
     def _end_batch(self, result: LoadBatchResult | None) -> None:
@@ -823,7 +808,7 @@ class ExternalLinker:
                 break
             run += 1
         outstanding = len(held) + len(self.offloads)
-        reported = self._bounded(
+        reported = calls.bounded(
             "num_completed_offloads", calls.num_completed_offloads(), outstanding
         )
         count = self.group.all_reduce_min([min(reported, run)])[0]
@@ -962,12 +947,12 @@ class ExternalLinker:
         stale one would be taken for a later batch's or offload's), at most what can
         be in flight."""
         calls, held = self.calls, self.quarantine
-        self._drain(
+        calls.drain(
             calls.num_completed_loads,
             calls.pop_completed_load,
             len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
         )
-        self._drain(
+        calls.drain(
             calls.num_completed_offloads,
             calls.pop_completed_offload,
             len(self.offloads) + len(held.offloads),
@@ -985,32 +970,6 @@ class ExternalLinker:
             if record is not None:
                 self.offload_machine.fire(record, OFF.COMPLETE, False)
                 self.stats.quarantine_released += 1
-
-    def _drain(
-        self, count: Callable[[], int | None], pop: Callable[[], object], limit: int
-    ) -> None:
-        """Pop the completions the store holds (a stale one would be taken for a later
-        batch's or offload's): at most `limit` pops and `_DRAIN_RETRIES` counts asked,
-        whatever the store reports (a count it cannot back is a fault)."""
-        popped = 0
-        for _ in range(_DRAIN_RETRIES):
-            n = count()
-            if n is None:
-                continue
-            if n == 0:
-                return
-            if popped + n > limit:
-                msg = (
-                    f"reset: the store reports {n} completions after {popped} were popped; "
-                    f"at most {limit} could have been in flight"
-                )
-                self._protocol_fault("reset", n, msg)
-                n = limit - popped
-            for _ in range(n):
-                pop()  # consumed, whatever it answers
-            popped += n
-            if popped >= limit:
-                return
 
     def close(self) -> None:
         """`reset()`, then close the store (a failing close is a fault, not an error);
