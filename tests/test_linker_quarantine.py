@@ -100,7 +100,6 @@ def built(**kw: Any) -> tuple[System, Liar]:
     """A system over a `Liar`; the linker does not reset an idle store by itself (the
     tests watch the quarantine wait for the store's own signal) unless asked to."""
     store = Liar()
-    kw.setdefault("reset_when_idle", False)
     return System.build(P, store_factory=lambda: store, **kw), store
 
 

@@ -179,7 +179,8 @@ class LinkerConfig:
     trusted signal that releases the quarantine, and with nothing in flight it ends
     nothing else. Off, the quarantine waits for the store's own completions or for an
     explicit `reset` / `close` (a store that consumed a completion it never answered
-    then holds its slots until one).
+    then holds its slots until one). `serving.System` (the test and fuzzing harness)
+    builds its linker with it off unless asked; `simulate` turns it on.
     """
 
     executor: ExecutorKind = ExecutorKind.COMPILED

@@ -138,15 +138,17 @@ class System:
         sliding_window: int | None = None,
         num_layers: int = NUM_LAYERS,
         width: int = WIDTH,
-        reset_when_idle: bool = True,
+        reset_when_idle: bool = False,
     ) -> System:
         """Wire a system; `store_factory` puts your own store backend in it (default: a
         `MemoryStore`), `host_pages` adds the host backup tier. With `swa`, the sliding
         window is `sliding_window` tokens (default: ``window_pages`` pages less half a
         page, so with P > 1 it is no page multiple); requests keep SWA KV for the
         window rounded up to whole pages. `num_layers` x `width` is a KV row's shape.
-        `reset_when_idle` is the linker's (`LinkerConfig`): off, its quarantine waits for
-        the store's own completions or an explicit reset."""
+        `reset_when_idle` is the linker's (`LinkerConfig`), off here by default: a
+        harness sees the quarantine wait for the store's own completions or an explicit
+        reset (the store's behaviour, not the linker's resets, drives a fuzzer's search);
+        `simulate` turns it on, as a deployed linker has it."""
         p = page_size
         kv = KVPool(full_pages * p, p, num_layers, width)
         pools = {PoolName.KV: kv}
