@@ -50,7 +50,15 @@ CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
     (
         "pop_completed_load",
         (),
-        [None, 0, LoadBatchResult(1, ("r",), "false"), LoadBatchResult("1", (), True)],  # type: ignore[arg-type]
+        [
+            None,
+            0,
+            LoadBatchResult(1, ("r",), "false"),  # type: ignore[arg-type]
+            LoadBatchResult("1", (), True),  # type: ignore[arg-type]
+            LoadBatchResult(1, None, True),  # type: ignore[arg-type]
+            LoadBatchResult(1, ("r", 3), True),  # type: ignore[arg-type]
+            LoadBatchResult(1, "r", True),  # type: ignore[arg-type]
+        ],
         None,
         LoadBatchResult(1, ("r",), False),
         LoadBatchResult(1, ("r",), False),
@@ -58,7 +66,7 @@ CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
     ("cancel_queued_load", ("r",), [None, "no", 0], None, False, False),
     ("offload", (LOOKUP,), [None, "ok", 1], False, True, True),
     ("num_completed_offloads", (), [None, -3, "1"], None, 1, 1),
-    ("pop_completed_offload", (), [None, "false", 1, "true"], False, True, True),
+    ("pop_completed_offload", (), [None, "false", 1, "true"], None, True, True),
 ]
 
 
@@ -105,3 +113,24 @@ def test_reset_reports_a_failure_and_keyboard_interrupt_passes() -> None:
     answers.answer = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
         store.load("r", LOOKUP)
+
+
+def test_a_count_above_what_can_be_in_flight_is_capped_and_reported() -> None:
+    store, _, faults = checked()
+    assert store.bounded("num_completed_loads", 10**6, 3) == 3
+    ((op, err),) = faults
+    assert op == "num_completed_loads" and isinstance(err, StoreProtocolError)
+    assert err.value == 10**6 and "at most 3" in str(err)
+    assert store.bounded("num_completed_loads", None, 3) == 0
+    assert store.bounded("num_completed_loads", 2, 3) == 2 and len(faults) == 1
+
+
+def test_drain_stops_when_the_count_never_drops() -> None:
+    store, _, faults = checked()
+    pops: list[int] = []
+    store.drain(lambda: 5, lambda: pops.append(1), 4)  # always 5 more, pops change nothing
+    assert len(pops) == 4
+    assert faults and faults[-1][0] == "reset"
+    asked: list[int] = []
+    store.drain(lambda: asked.append(1), lambda: pops.append(1), 4)  # a count that fails
+    assert len(asked) == 32 and len(pops) == 4

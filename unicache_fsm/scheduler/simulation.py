@@ -198,6 +198,7 @@ class Simulation:
             num_layers=config.num_layers,
             width=config.width,
             host_pages=config.host_tokens // p,
+            reset_when_idle=True,  # a lying store's quarantine must not starve the run
         )
         # the store holds every stored node's pages unless faults or the store drop some
         s.check_stored = (self.policy is None or not self.policy.rules) and not store_loses_pages(

@@ -17,13 +17,20 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
 - `start_loading() -> int | None` — the batch id (>= 0) or -1; None on a fault (the
   caller cannot tell whether anything started).
 - `num_completed_loads() -> int | None` — a count >= 0; None on a fault.
-- `pop_completed_load() -> LoadBatchResult | None` — a result with an int batch and a
-  real bool verdict; None on a fault (the completion is consumed either way).
+- `pop_completed_load() -> LoadBatchResult | None` — a result with an int batch, a
+  tuple of str rids and a real bool verdict; None on a fault (the store may or may not
+  have consumed a completion: the caller cannot tell which batch, if any, ended).
 - `cancel_queued_load(rid) -> bool | None` — the store's bool; None on a fault (the
   store may still hold the load).
 - `offload(transfers) -> bool` — True only for a real ``True``.
-- `num_completed_offloads() -> int | None`, `pop_completed_offload() -> bool` — as for
-  loads; a faulty verdict is a failure.
+- `num_completed_offloads() -> int | None`, `pop_completed_offload() -> bool | None` —
+  as for loads: None on a fault (which offload, if any, completed is unknown).
+
+A count is checked for its type only: how many completions can be in flight is the
+caller's to know. `bounded(operation, count, limit)` caps a count at that (the rest is
+a fault), and `drain(count, pop, limit)` empties the store's completions after a reset
+in bounded time.
+- `progress() -> int | None` — the jobs it saw finish; None on a fault.
 - `reset() -> bool` — False when the store's reset raised.
 
 Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through.
@@ -53,6 +60,9 @@ def _all_ints(values: list[object] | tuple[object, ...]) -> bool:
 
 
 _INT = frozenset({int})
+
+#: how often `drain` asks again for a completion count the store failed to give
+DRAIN_ASKS = 32
 
 
 class CheckedStore:
@@ -121,11 +131,18 @@ class CheckedStore:
             not isinstance(result, LoadBatchResult)
             or not _is_int(result.batch)
             or not isinstance(result.success, bool)
+            or not isinstance(result.rids, (tuple, list))
+            or not all(isinstance(rid, str) for rid in result.rids)
         ):
             self._protocol(
-                "pop_completed_load", result, "a LoadBatchResult with an int batch and a bool"
+                "pop_completed_load",
+                result,
+                "a LoadBatchResult with an int batch, a tuple of str rids and a bool",
             )
             return None
+        rids: object = result.rids
+        if isinstance(rids, list):  # a list where the protocol says tuple: the same rids
+            return LoadBatchResult(result.batch, tuple(rids), result.success)
         return result
 
     def cancel_queued_load(self, rid: str) -> bool | None:
@@ -154,18 +171,21 @@ class CheckedStore:
     def num_completed_offloads(self) -> int | None:
         return self._count("num_completed_offloads", self.store.num_completed_offloads)
 
-    def pop_completed_offload(self) -> bool:
+    def pop_completed_offload(self) -> bool | None:
         try:
             success: object = self.store.pop_completed_offload()
         except Exception as exc:
             self.on_fault("pop_completed_offload", exc)
-            return False
+            return None
         if not isinstance(success, bool):
             self._protocol("pop_completed_offload", success, "a bool")
-            return False
+            return None
         return success
 
     # -- lifecycle -------------------------------------------------------------------------
+    def progress(self) -> int | None:
+        return self._count("progress", self.store.progress)
+
     def reset(self) -> bool:
         try:
             self.store.reset()
@@ -173,6 +193,36 @@ class CheckedStore:
             self.on_fault("reset", exc)
             return False
         return True
+
+    # -- completion counts a caller can trust --------------------------------------------
+    def bounded(self, operation: str, count: int | None, limit: int) -> int:
+        """A checked completion `count` (None: a fault, 0) capped at `limit`, what the
+        caller knows can be in flight; a count above it is a fault of `operation`."""
+        if count is None:
+            return 0
+        if count > limit:
+            msg = (
+                f"{operation}: the store reports {count} completions, but at most {limit} "
+                "can be in flight; the rest are not backed by any job"
+            )
+            self.on_fault(operation, StoreProtocolError(msg, operation=operation, value=count))
+            return limit
+        return count
+
+    def drain(self, count: Callable[[], int | None], pop: Callable[[], object], limit: int) -> None:
+        """Pop and drop what the store still holds after a reset: at most `limit` pops
+        and `DRAIN_ASKS` counts asked, whatever it reports (more is a fault of reset)."""
+        popped = 0
+        for _ in range(DRAIN_ASKS):
+            n = count()
+            if n is None:
+                continue
+            if n == 0 or popped >= limit:
+                return
+            n = self.bounded("reset", popped + n, limit) - popped
+            for _ in range(n):
+                pop()  # consumed, whatever it answers
+            popped += n
 
     def _count(self, operation: str, call: Callable[[], int]) -> int | None:
         try:
