@@ -12,7 +12,9 @@ A request may leave its matched prefix unpinned (`begin(lock=False)`) and LOAD l
 (`prepare`), so other requests' inserts, evictions and host load-backs run inside the
 match -> load_back gap. The store may raise arbitrary exception types and answer
 ill-typed values on every call the linker makes (`FaultKind.RAISE_ERROR`,
-`FaultKind.GARBAGE_ANSWER`), besides the classic faults, with capacity-limited and
+`FaultKind.GARBAGE_ANSWER`), and lie about its work (`store.faults.LYING`: completion
+counts over or under the truth, malformed completions, replies lost after the work was
+done, batch ids never started), besides the classic faults, with capacity-limited and
 unbounded stores.
 
 Preconditions mirror guards; every invariant of `serving.invariants` runs after every
@@ -35,7 +37,7 @@ attributes, or put your own store backend in the whole system::
 
 Class attributes: `page_sizes`, `swa_choices`, `fault_rates`, `store_capacities` (each
 run draws one of each), `fault_kinds` (the kinds injected at the drawn rate; every one
-by default, `RAISE_ERROR` and `GARBAGE_ANSWER` at half of it), `host_pages` (0 turns
+by default, `MISBEHAVIOUR`'s at half of it), `host_pages` (0 turns
 the host tier off); `walk_config` names those a walk's reproduction pins. Every
 transition any run takes is counted in the class's `coverage` (a `TransitionCounter`),
 for coverage reports.
@@ -60,7 +62,7 @@ from unicache_fsm.serving.kv import kv_bytes, same_kv
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
-from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.store.faults import MISBEHAVIOUR, FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.testing.walk import (
@@ -181,9 +183,11 @@ class SystemMachine(RuleBasedStateMachine):
         rate = choose(data, cls.fault_rates, "fault_rate")
         seed = choose_int(data, 0, 2**16, "seed")
         capacity = choose(data, cls.store_capacities, "capacity_pages")
-        wild = (FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER)  # every call: rarer
-        rules = (
-            {k: FaultRule(probability=rate / 2 if k in wild else rate) for k in cls.fault_kinds}
+        rules = (  # misbehaviour (wild and lying kinds: most calls are eligible) is rarer
+            {
+                k: FaultRule(probability=rate / 2 if k in MISBEHAVIOUR else rate)
+                for k in cls.fault_kinds
+            }
             if rate
             else {}
         )
