@@ -40,7 +40,7 @@ The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on re
 - `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
 
 `offload`, `load`, `load_restorable` and `start_loading` take a `settle` flag: then
-they also run `progress()` and poll, as a serving loop would, so that most programs
+they also run `progress()` and poll (loads: poll, progress, poll), as a serving loop would, so that most programs
 reach completions (the plain interleavings stay reachable with ``settle=False``).
 
 The model, per page ``(pool, key)``: *may* — could be in the store (an accepted offload
@@ -472,10 +472,12 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._load_calls_since_start > 0)
     @rule(settle=st.booleans())
     def start_loading(self, settle: bool) -> None:
-        """Start every queued load as one batch; with `settle`, then `progress()` and
-        `poll_loads()`."""
+        """Start every queued load as one batch; with `settle`, then poll, `progress()`
+        and poll again (as a serving loop polls each step, whether the store progressed
+        or not)."""
         self._start_loading()
         if settle:
+            self.poll_loads()
             self.progress()
             self.poll_loads()
 
@@ -864,10 +866,11 @@ class StoreMachine(RuleBasedStateMachine):
         return LoadTicket(rid)
 
     def _settled(self, ticket: LoadTicket, settle: bool) -> LoadTicket:
-        """With `settle`: start_loading, progress, poll_loads (whether or not the load
-        was accepted: the guards must not depend on the store's answers)."""
+        """With `settle`: start_loading, poll_loads, progress, poll_loads (whether or not
+        the load was accepted: the guards must not depend on the store's answers)."""
         if settle:
             self._start_loading()
+            self.poll_loads()
             self.progress()
             self.poll_loads()
         return ticket
