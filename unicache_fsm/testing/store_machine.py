@@ -40,8 +40,9 @@ The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on re
 - `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
 
 `offload`, `load`, `load_restorable` and `start_loading` take a `settle` flag: then
-they also run `progress()` and poll (loads: poll, progress, poll), as a serving loop would, so that most programs
-reach completions (the plain interleavings stay reachable with ``settle=False``).
+they also run `progress()` and poll (loads: poll, progress, poll), as a serving loop
+would, so that most programs reach completions (the plain interleavings stay reachable
+with ``settle=False``).
 
 The model, per page ``(pool, key)``: *may* — could be in the store (an accepted offload
 named it and the test has not evicted it since, or evicted it while an accepted offload
