@@ -261,8 +261,10 @@ class StoreMachine(RuleBasedStateMachine):
         self._load_calls_since_start = 0
         self._calls_since_reset = 0
         self._evict_number = 0
-        # pages the machine freed, by pool: first slot -> why (kept until allocated again)
+        # pages the machine freed, by pool: first slot -> why (kept until allocated again),
+        # and their slots as one tensor (rebuilt only after a change: checked every step)
         self.freed: dict[PoolName, dict[int, str]] = {}
+        self._freed_slots: dict[PoolName, torch.Tensor] = {}
 
     # -- what a subclass provides ------------------------------------------------------
 
@@ -641,16 +643,18 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def freed_slots_untouched(self) -> None:
+        p = self.page_size
         for pool, pages in self.freed.items():
             if not pages:
                 continue
-            firsts = torch.tensor(sorted(pages), dtype=torch.int64)
-            p = self.page_size
-            slots = (firsts[:, None] + torch.arange(p)).flatten()
-            rows = self.kv_pools[pool].read_pages(slots).view(len(firsts), -1)
+            slots = self._freed_slots.get(pool)
+            if slots is None:
+                firsts = torch.tensor(sorted(pages), dtype=torch.int64)
+                slots = self._freed_slots[pool] = (firsts[:, None] + torch.arange(p)).flatten()
+            rows = self.kv_pools[pool].read_pages(slots).view(len(pages), -1)
             touched = ~(rows == FREED).all(1)
             if bool(touched.any()):
-                first = int(firsts[int(touched.nonzero()[0, 0])])
+                first = int(slots[int(touched.nonzero()[0, 0]) * p])
                 raise AssertionError(
                     f"{pool.value} slots {first}..{first + p - 1} were written after the "
                     f"machine freed them ({pages[first]}): the store still writes into "
@@ -698,6 +702,7 @@ class StoreMachine(RuleBasedStateMachine):
         if freed:
             for first in slots[:: self.page_size].tolist():
                 freed.pop(first, None)
+            self._freed_slots.pop(pool, None)
         return slots
 
     def _free(self, parts: tuple[_Part, ...], why: str) -> None:
@@ -708,6 +713,7 @@ class StoreMachine(RuleBasedStateMachine):
             freed = self.freed.setdefault(part.pool, {})
             for first in part.slots[:: self.page_size].tolist():
                 freed[first] = why
+            self._freed_slots.pop(part.pool, None)
 
     def _pop(self, what: str, k: int, count: int, pop: Callable[[], T]) -> T:
         """The `k`-th of `count` pops the store's count promised (`what`: load or offload)."""
