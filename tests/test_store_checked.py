@@ -50,7 +50,15 @@ CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
     (
         "pop_completed_load",
         (),
-        [None, 0, LoadBatchResult(1, ("r",), "false"), LoadBatchResult("1", (), True)],  # type: ignore[arg-type]
+        [
+            None,
+            0,
+            LoadBatchResult(1, ("r",), "false"),  # type: ignore[arg-type]
+            LoadBatchResult("1", (), True),  # type: ignore[arg-type]
+            LoadBatchResult(1, None, True),  # type: ignore[arg-type]
+            LoadBatchResult(1, ("r", 3), True),  # type: ignore[arg-type]
+            LoadBatchResult(1, "r", True),  # type: ignore[arg-type]
+        ],
         None,
         LoadBatchResult(1, ("r",), False),
         LoadBatchResult(1, ("r",), False),
@@ -58,7 +66,7 @@ CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
     ("cancel_queued_load", ("r",), [None, "no", 0], None, False, False),
     ("offload", (LOOKUP,), [None, "ok", 1], False, True, True),
     ("num_completed_offloads", (), [None, -3, "1"], None, 1, 1),
-    ("pop_completed_offload", (), [None, "false", 1, "true"], False, True, True),
+    ("pop_completed_offload", (), [None, "false", 1, "true"], None, True, True),
 ]
 
 

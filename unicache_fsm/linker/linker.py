@@ -88,6 +88,7 @@ from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.reference import ReferenceExecutor
 from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadState, OffloadTrigger, PendingOffload
+from unicache_fsm.linker.quarantine import Quarantine
 from unicache_fsm.linker.ranks import RankGroup, SingleRank, agree, intersect_restorable
 from unicache_fsm.pools.transfer import (
     ExternalLinkerLoadPhase,
@@ -97,7 +98,7 @@ from unicache_fsm.pools.transfer import (
 )
 from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.errors import StoreProtocolError
-from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 from unicache_fsm.tree.components import LoadContext, components_for
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import InsertParams, MatchResult
@@ -122,6 +123,13 @@ PREPARE, COMMIT, ABORT = (
 _UNSETTLED, _FAILED, _LANDED = 0, 1, 2
 # how often `reset` asks again for a completion count the store failed to give
 _DRAIN_RETRIES = 32
+# completions a store may report beyond those the linker knows in flight (a batch
+# started by a `start_loading` whose answer was lost); more is a miscount, a fault
+_COUNT_SLACK = 2
+# empty batches the store acknowledged (nothing of ours to load) kept for their completion
+_EMPTY_KEPT = 8
+# ids of batches ended by a fault kept for their own completion (the quarantine's key)
+_UNCONFIRMED_KEPT = 64
 
 
 def _token_key(key: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
@@ -178,6 +186,9 @@ class LinkerStats:
     pages_offloaded: int = 0
     nodes_demoted: int = 0
     store_faults: dict[str, int] = attrs.field(factory=dict)  # by store call
+    loads_quarantined: int = 0  # loads whose slots went to the quarantine
+    offloads_quarantined: int = 0  # offloads held in the quarantine (nodes locked)
+    quarantine_released: int = 0  # loads and offloads the trusted signal released
 
 
 @attrs.frozen
@@ -232,6 +243,11 @@ class ExternalLinker:
         # accepted offloads not completed, FIFO; None marks a store offload this rank
         # queued but the group refused: its completion is popped and dropped locally
         self.offloads: deque[PendingOffload | None] = deque()
+        # what the store may still touch after it broke the protocol (`quarantine`)
+        self.quarantine = Quarantine()
+        # ids of batches ended without their own completion (a fault), newest last: the
+        # completion, when it comes, releases what they hold and is no fault
+        self.unconfirmed: deque[int] = deque(maxlen=_UNCONFIRMED_KEPT)
         self.stats = LinkerStats()
         self._offload_ids = 0
         self._prepared_seq = 0
@@ -243,6 +259,23 @@ class ExternalLinker:
         if operation == "lookup":
             self.stats.lookup_faults += 1
         self.last_store_fault = error
+
+    def _protocol_fault(self, operation: str, value: object, msg: str) -> None:
+        """The store broke the protocol in a way only the linker can see."""
+        self._store_fault(operation, StoreProtocolError(msg, operation=operation, value=value))
+
+    def _bounded(self, operation: str, count: int | None, limit: int) -> int:
+        """A completion count, at most `limit` (what can be in flight); more is a fault."""
+        if count is None:
+            return 0
+        if count > limit:
+            msg = (
+                f"{operation}: the store reports {count} completions, but at most {limit} "
+                "can be in flight; the rest are not backed by any job"
+            )
+            self._protocol_fault(operation, count, msg)
+            return limit
+        return count
 
     # -- LOOKUP ------------------------------------------------------------------------
     def match(
@@ -331,18 +364,36 @@ class ExternalLinker:
         """
         queued = [ld for ld in self.held.values() if ld.state == LoadState.QUEUED]
         batch = self.calls.start_loading()
-        if batch is None:
+        started = [ld for ld in queued if ld.settled is None]
+        if batch is None:  # the store may have started them anyway: its answer is lost
+            for load in started:
+                load.maybe_started = True
             return -1
         if batch < 0:
-            for load in queued:
-                if load.settled is None:
+            for load in started:
+                if load.maybe_started:  # perhaps in the batch whose answer was lost
+                    self._suspect(load, None)
+                else:
                     load.settled = False  # the store holds nothing queued
             return -1
-        started = [ld for ld in queued if ld.settled is None]
+        known = {b.id for b in self.batches} | set(self.unconfirmed)
+        if batch in known:
+            msg = (
+                f"start_loading: the store answered batch {batch}, which is already in "
+                "flight or held; its loads cannot be told apart from that batch's"
+            )
+            self._protocol_fault("start_loading", batch, msg)
+            for load in started:
+                self._suspect(load, None)
+            return -1
         for load in started:
             self.load_machine.fire(load, L.START)
             load.batch = batch
         self.batches.append(_Batch(batch, started))
+        if not started:  # the store started nothing of ours: keep a few for their completion
+            empty = [b for b in self.batches if not b.loads]
+            if len(empty) > _EMPTY_KEPT:
+                self.batches.remove(empty[0])
         return batch
 
     def finish_loads(self) -> list[ExternalLoad]:
@@ -400,36 +451,96 @@ class ExternalLinker:
                 load.state == LoadState.QUEUED
                 and load.abort_pending is not None
                 and load.settled is None
-                and self.calls.cancel_queued_load(load.rid) is not None
             ):
-                load.settled = False  # the store answered: it holds the load no more
-        for _ in range(self.calls.num_completed_loads() or 0):
-            result = self.calls.pop_completed_load()
-            head = self.batches.popleft() if self.batches else None
-            if head is None:
-                if result is not None:
-                    msg = f"pop_completed_load: batch {result.batch} completed, none in flight"
-                    self._store_fault(
-                        "pop_completed_load",
-                        StoreProtocolError(msg, operation="pop_completed_load", value=result),
-                    )
-                continue
-            ok = result is not None and result.success
-            named = set(result.rids) if result is not None else set()
-            if result is not None and result.batch != head.id:
-                msg = (
-                    f"pop_completed_load: the completion names batch {result.batch}, but the "
-                    f"oldest batch in flight is {head.id}; it ends failed"
-                )
-                self._store_fault(
-                    "pop_completed_load",
-                    StoreProtocolError(msg, operation="pop_completed_load", value=result),
-                )
-                ok = False
-            for load in head.loads:
-                if load.state == LoadState.LOADING and load.settled is None:
-                    # a load the store does not name was not in its batch: not landed
-                    load.settled = ok and load.rid in named
+                self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
+        calls = self.calls
+        limit = len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK
+        for _ in range(self._bounded("num_completed_loads", calls.num_completed_loads(), limit)):
+            self._end_batch(calls.pop_completed_load())
+
+    def _end_batch(self, result: LoadBatchResult | None) -> None:
+        """One popped completion: it ends its own batch, or releases what the quarantine
+        held for it. Anything else is a fault that ends the oldest batch in flight with
+        its slots quarantined (its requests recompute; the store may still write)."""
+        if result is None:  # a faulty pop: which batch, if any, ended is unknown
+            if self.batches:
+                head = self.batches.popleft()
+                self._suspect_batch(head, head.id)
+            return
+        if result.batch in self.unconfirmed:  # the store's own completion, come late
+            self.unconfirmed.remove(result.batch)
+            for load in [*self.held.values(), *self.draining]:
+                if load.suspect and load.held_for == result.batch:
+                    load.suspect = False  # not ended yet: it is freed when it ends
+            for load in self.quarantine.take_batch(result.batch):
+                self._release_load(load)
+            return
+        position = next((i for i, b in enumerate(self.batches) if b.id == result.batch), None)
+        if position is None:
+            oldest = self.batches[0].id if self.batches else None
+            msg = (
+                f"pop_completed_load: the completion names batch {result.batch}, which is "
+                f"neither in flight nor held (oldest in flight: {oldest})"
+            )
+            self._protocol_fault("pop_completed_load", result, msg)
+            if self.batches:
+                skipped = self.batches.popleft()
+                self._suspect_batch(skipped, skipped.id)
+            return
+        for _ in range(position):  # completions are FIFO: the store skipped these
+            skipped = self.batches.popleft()
+            msg = (
+                f"pop_completed_load: batch {result.batch} completed before batch "
+                f"{skipped.id}, which was started first"
+            )
+            self._protocol_fault("pop_completed_load", result, msg)
+            self._suspect_batch(skipped, skipped.id)
+        batch = self.batches.popleft()
+        mine = sorted(ld.rid for ld in batch.loads)
+        if sorted(result.rids) != mine:
+            msg = (
+                f"pop_completed_load: the completion of batch {batch.id} names "
+                f"{sorted(result.rids)}, the batch holds {mine}"
+            )
+            self._protocol_fault("pop_completed_load", result, msg)
+            self._suspect_batch(batch, None)  # its own completion came, and is wrong
+            return
+        for load in batch.loads:
+            if load.state == LoadState.LOADING and load.settled is None:
+                load.settled = result.success
+
+    def _suspect_batch(self, batch: _Batch, held_for: int | None) -> None:
+        """Every load of `batch` the store may still write: see `_suspect`."""
+        if held_for is not None:
+            self.unconfirmed.append(held_for)
+        for load in batch.loads:
+            if load.state == LoadState.LOADING and load.settled is None:
+                self._suspect(load, held_for)
+
+    def _suspect(self, load: ExternalLoad, held_for: int | None) -> None:
+        """The store broke the protocol about `load`: it ends (agreed in `finish_loads`)
+        as failed, and its slots go to the quarantine, released by `held_for`'s own
+        completion (None: only by a reset or close of the store that returned)."""
+        load.settled = False
+        load.suspect = True
+        load.held_for = held_for
+
+    def _settle_cancel(self, load: ExternalLoad, cancelled: bool | None) -> None:
+        """The store's answer to cancelling a queued load (None: lost; nothing known)."""
+        if cancelled is None:
+            return
+        if cancelled or not load.maybe_started:
+            load.settled = False  # the store holds the load no more
+        else:  # not queued: perhaps in the batch whose `start_loading` answer was lost
+            self._suspect(load, None)
+
+    def _release_load(self, load: ExternalLoad) -> None:
+        """The store's job for a quarantined load ended: free what it reserved."""
+        assert load.ctx is not None
+        for c, t in reversed(list(zip(self.components, load.transfers, strict=True))):
+            c.update_external_linker_load(ABORT, t, load.ctx)
+        load.transfers = []
+        self.stats.quarantine_released += 1
 
     # -- spec callbacks of load_transaction (called by `load_machine` only) -----------
     def reserve_slots(self, load: ExternalLoad) -> None:
@@ -523,17 +634,21 @@ class ExternalLinker:
         slots must not be freed while the store may still write into them."""
         if load.settled is not None:
             return
-        if self.calls.cancel_queued_load(load.rid) is None:
+        self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
+        if load.settled is None:
             raise _StoreHoldsLoad(load.rid)
-        load.settled = False
 
     def free_reservation(self, load: ExternalLoad, reason: AbortReason) -> None:
         """Before ``abort`` from prepared: free exactly what LOAD reserved (reverse
         component order), unmap SWA, release the anchor lock; publish nothing."""
         assert load.ctx is not None
-        for c, t in reversed(list(zip(self.components, load.transfers, strict=True))):
-            c.update_external_linker_load(ABORT, t, load.ctx)
-        load.transfers = []
+        if load.suspect:  # the store may still write them: held, not freed
+            self.quarantine.hold_load(load, load.held_for)
+            self.stats.loads_quarantined += 1
+        else:
+            for c, t in reversed(list(zip(self.components, load.transfers, strict=True))):
+                c.update_external_linker_load(ABORT, t, load.ctx)
+            load.transfers = []
         self.tree.dec_lock_ref(load.anchor)
 
     def record_abort(self, load: ExternalLoad, reason: AbortReason) -> None:
@@ -560,12 +675,8 @@ class ExternalLinker:
         A collective call (one MIN): a load still queued is withdrawn from this rank's
         store first; one in a running batch is not done until the batch completes.
         """
-        if (
-            load.state == LoadState.QUEUED
-            and load.settled is None
-            and self.calls.cancel_queued_load(load.rid) is not None
-        ):
-            load.settled = False  # the store answered: it holds the load no more
+        if load.state == LoadState.QUEUED and load.settled is None:
+            self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
         done = load.state == LoadState.IDLE or load.settled is not None
         if agree(self.group, done):
             self._abort(load, reason)
@@ -609,13 +720,22 @@ class ExternalLinker:
         self.offload_machine.initialize(record)
         queued = self.calls.offload(transfers)  # any fault of the call is a refusal
         accepted = agree(self.group, queued)
-        if queued and not accepted:
-            self.offloads.append(None)  # drop its completion when it comes
+        if queued and not accepted:  # drop its completion when it comes
+            (self.quarantine.offloads or self.offloads).append(None)
         self.stats.offloads_submitted += 1
         self.offload_machine.fire(record, OFF.SUBMIT, accepted)
         if accepted:
-            self.offloads.append(record)
+            self._queue_offload(record)
         return record
+
+    def _queue_offload(self, record: PendingOffload) -> None:
+        """Behind the quarantined offloads while any is held (their completions come
+        first, and cannot be told from this one's), else in the FIFO."""
+        if self.quarantine.offloads:
+            self.quarantine.offloads.append(record)
+            self.stats.offloads_quarantined += 1
+        else:
+            self.offloads.append(record)
 
     def _link_page(self, chain: Sequence[TreeNode]) -> TreeNode | None:
         """The chain's parent, whose last page links the chain in the store, when there is
@@ -659,23 +779,48 @@ class ExternalLinker:
 
     def poll_offloads(self) -> list[PendingOffload]:
         """Complete the offloads every rank has finished, FIFO, with agreed verdicts
-        (a collective call: one count all-reduce, then one verdict per offload)."""
+        (a collective call: one count all-reduce, then one verdict per offload).
+
+        A faulty pop (an exception, not a bool, more completions reported than can be
+        in flight) tells nothing about which offload ended: every offload in flight is
+        quarantined (its nodes stay locked and offloading, the store may still read
+        them) and each later well-formed completion releases the oldest held, failed.
+        """
         calls = self.calls
-        while self.offloads and self.offloads[0] is None and calls.num_completed_offloads():
-            calls.pop_completed_offload()  # this rank's offload the group refused
-            self.offloads.popleft()
+        held = self.quarantine.offloads
+        while True:  # this rank's offloads the group refused: popped and dropped locally
+            fifo = held if held else self.offloads
+            if not fifo or fifo[0] is not None or not calls.num_completed_offloads():
+                break
+            calls.pop_completed_offload()
+            fifo.popleft()
         run = 0
-        for record in self.offloads:
+        for record in [*held, *self.offloads]:
             if record is None:
                 break
             run += 1
-        local = min(calls.num_completed_offloads() or 0, run)
-        count = self.group.all_reduce_min([local])[0]
+        outstanding = len(held) + len(self.offloads)
+        reported = self._bounded(
+            "num_completed_offloads", calls.num_completed_offloads(), outstanding
+        )
+        count = self.group.all_reduce_min([min(reported, run)])[0]
         done = []
         for _ in range(count):
-            record = self.offloads.popleft()
-            assert record is not None
-            success = agree(self.group, calls.pop_completed_offload())
+            verdict = calls.pop_completed_offload()
+            # 0: a faulty pop on some rank; 1: failed; 2: succeeded (MIN across ranks)
+            value = self.group.all_reduce_min([0 if verdict is None else 1 + verdict])[0]
+            if value == 0:
+                while self.offloads:  # which offload ended is unknown from here on
+                    moved = self.offloads.popleft()
+                    held.append(moved)
+                    self.stats.offloads_quarantined += moved is not None
+                continue
+            if held:  # the store is done with the oldest held (FIFO); its verdict is unknown
+                record, success = held.popleft(), False
+                self.stats.quarantine_released += 1
+            else:
+                record, success = self.offloads.popleft(), value == 2
+            assert record is not None  # (`count` stops before the first placeholder)
             self.offload_machine.fire(record, OFF.COMPLETE, success)
             done.append(record)
         return done
@@ -730,47 +875,95 @@ class ExternalLinker:
     def reset(self) -> None:
         """Quiesce the store, then abort every load and fail every pending offload.
 
-        The store's own results of what it quiesced are drained and dropped: the
-        records they belong to end here, failed. Even when the store's reset fails,
-        every record ends (its slots are freed): a store that cannot reset cannot be
-        trusted with later writes either, so close it.
+        The store's own results of what it quiesced are drained and dropped (at most
+        what can be in flight, asked a bounded number of times): the records they
+        belong to end here, failed. A reset of the store that returned is the trusted
+        signal that it touches nothing any more: the quarantine is released too. When
+        the store's reset fails, the records end all the same (loads abort, their
+        requests recompute), but what the store may still touch is quarantined — a
+        load's slots, an offload's locked nodes — until a later reset or `close`
+        returns.
         """
         calls = self.calls
-        calls.reset()
-        self._drain(calls.num_completed_loads, calls.pop_completed_load)
-        self._drain(calls.num_completed_offloads, calls.pop_completed_offload)
+        quiet = calls.reset()
+        held = self.quarantine
+        self._drain(
+            calls.num_completed_loads,
+            calls.pop_completed_load,
+            len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
+        )
+        self._drain(
+            calls.num_completed_offloads,
+            calls.pop_completed_offload,
+            len(self.offloads) + len(held.offloads),
+        )
         for load in [*self.loads.values(), *self.draining]:
             if load.in_flight:
-                load.settled = False  # quiesced: the store writes no more into it
+                if quiet:
+                    load.settled = False  # quiesced: the store writes no more into it
+                else:
+                    self._suspect(load, None)
             self._abort(load, AbortReason.RESET)
         self.batches.clear()
         while self.offloads:
             record = self.offloads.popleft()
-            if record is None:
-                continue
-            self.offload_machine.fire(record, OFF.COMPLETE, False)
+            if quiet and record is not None:
+                self.offload_machine.fire(record, OFF.COMPLETE, False)
+            elif record is not None:
+                held.offloads.append(record)
+                self.stats.offloads_quarantined += 1
+        if quiet:
+            self._release_quarantine()
 
-    def _drain(self, count: Callable[[], int | None], pop: Callable[[], object]) -> None:
-        """Pop every completion the store holds (a stale one would be taken for a later
-        batch's or offload's). A faulty count is asked again, a bounded number of times."""
-        faults = 0
-        while faults < _DRAIN_RETRIES:
+    def _release_quarantine(self) -> None:
+        """The store quiesced (a reset or close returned): free and unlock what it held."""
+        held = self.quarantine
+        self.unconfirmed.clear()
+        loads, held.loads = held.loads, []
+        for _, load in loads:
+            self._release_load(load)
+        while held.offloads:
+            record = held.offloads.popleft()
+            if record is not None:
+                self.offload_machine.fire(record, OFF.COMPLETE, False)
+                self.stats.quarantine_released += 1
+
+    def _drain(
+        self, count: Callable[[], int | None], pop: Callable[[], object], limit: int
+    ) -> None:
+        """Pop the completions the store holds (a stale one would be taken for a later
+        batch's or offload's): at most `limit` pops and `_DRAIN_RETRIES` counts asked,
+        whatever the store reports (a count it cannot back is a fault)."""
+        popped = 0
+        for _ in range(_DRAIN_RETRIES):
             n = count()
             if n is None:
-                faults += 1
                 continue
             if n == 0:
                 return
+            if popped + n > limit:
+                msg = (
+                    f"reset: the store reports {n} completions after {popped} were popped; "
+                    f"at most {limit} could have been in flight"
+                )
+                self._protocol_fault("reset", n, msg)
+                n = limit - popped
             for _ in range(n):
                 pop()  # consumed, whatever it answers
+            popped += n
+            if popped >= limit:
+                return
 
     def close(self) -> None:
-        """`reset()`, then close the store (a failing close is a fault, not an error)."""
+        """`reset()`, then close the store (a failing close is a fault, not an error);
+        a close that returned releases the quarantine."""
         self.reset()
         try:
             self.store.close()
         except Exception as exc:
             self._store_fault("close", exc)
+            return
+        self._release_quarantine()
 
     # -- audit helpers -----------------------------------------------------------------
     def reserved_slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -783,15 +976,26 @@ class ExternalLinker:
                 (swa if t.name is PoolName.SWA else full).append(t.device_indices)
         return full, swa
 
+    def quarantined_slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(FULL, SWA) slots in the quarantine: held outside the tree, neither free nor
+        any live load's (the fourth term of slot conservation)."""
+        return self.quarantine.slots()
+
     def locks_held(self) -> list[TreeNode]:
-        """The node each of the linker's outstanding locks is anchored on."""
+        """The node each of the linker's outstanding locks is anchored on (the
+        quarantined offloads' included)."""
         held = [ld.anchor for ld in [*self.loads.values(), *self.draining] if ld.transfers]
-        held += [rec.ticket.anchor for rec in self.offloads if rec is not None]
+        held += [
+            rec.ticket.anchor
+            for rec in [*self.offloads, *self.quarantine.offloads]
+            if rec is not None
+        ]
         return held
 
     def busy(self) -> bool:
-        """Whether any load or offload is still in flight (prepared, or pending)."""
-        return bool(self.held or self.batches or self.offloads)
+        """Whether any load or offload is still in flight (prepared, or pending); what
+        the quarantine holds is not: only the store's own signal releases it."""
+        return bool(self.held or any(b.loads for b in self.batches) or self.offloads)
 
     def describe(self) -> dict[str, Any]:
         return attrs.asdict(self.stats)

@@ -17,7 +17,9 @@ happens and the linker *how* (see ``specs/load_transaction.toml``):
 - ``abort(reason)`` — per source: nothing to undo (idle); `withdraw_store_load` then
   `free_reservation` (queued; the withdrawal raises, and nothing changes, when the
   store does not confirm it gave the load back); `free_reservation` (after the batch
-  ended). Entering ``aborted`` runs `record_abort`, which keeps the reason.
+  ended). A `suspect` load's slots are quarantined instead of freed (the store broke
+  the protocol about it and may still write them; `linker.quarantine`). Entering
+  ``aborted`` runs `record_abort`, which keeps the reason.
 
 Who may touch what: the linker owns every field; `state` is written only by the
 executor.
@@ -98,6 +100,14 @@ class ExternalLoad:
     # why it aborts once every rank's store is done with it (released, refused while
     # the store may still hold it)
     abort_pending: AbortReason | None = None
+    # the store broke the protocol about this load: its slots go to the linker's
+    # quarantine when it ends (not freed), released by `held_for`'s own completion
+    # (None: only by a reset or close of the store that returned)
+    suspect: bool = False
+    held_for: int | None = None
+    # a `start_loading` whose answer was lost may have started it: a store that then
+    # says nothing is queued is no proof that it writes nothing into its slots
+    maybe_started: bool = False
     endpoint: TreeNode | None = None
     committed: list[PoolTransfer] = attrs.field(factory=list)
     slots: torch.Tensor | None = None  # after commit: FULL slots of the whole key

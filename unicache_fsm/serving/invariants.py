@@ -8,16 +8,19 @@ them (``list(tree.nodes())``) in the same audit, with nothing changed since, so 
 one audit walks the tree once (`System.audit` lists them once per audit; default: each
 function lists them itself).
 
-- `slot_conservation(tree, outside_full, outside_swa)` — free ⊎ tree-owned ⊎ held
-  outside = capacity, per pool, no slot owned twice; includes the tree's own audit
-  (`RadixTree.check`: structure, residency vs data, mapping consistency, hash chain).
+- `slot_conservation(tree, outside_full, outside_swa, quarantined_full=...,
+  quarantined_swa=...)` — free ⊎ tree-owned ⊎ held outside (load-reserved, a live
+  request's) ⊎ quarantined (what a misbehaving store may still touch,
+  `ExternalLinker.quarantined_slots()`) = capacity, per pool, no slot owned twice;
+  includes the tree's own audit (`RadixTree.check`: structure, residency vs data,
+  mapping consistency, hash chain).
 - `mapping_consistency(tree)` — ``mapping[FULL slot] == SWA slot`` for every node with
   SWA data, 0 for tombstones (also part of `slot_conservation`).
 - `hash_chain(tree)` — every node's page hashes chain from its parent's.
 - `lock_balance(tree, holders)` — each node's lock_ref equals the locks whose anchor is
   the node or below it: every lock taken is accounted for, none is stranded.
 - `nothing_in_flight_evicted(tree, linker)` — the anchors of live loads and the nodes
-  of pending offloads are still in the tree, on the device.
+  of pending offloads (quarantined ones included) are still in the tree, on the device.
 - `no_concurrent_offloads(tree)` — a node is in at most one pending offload, and is
   ``offloading`` exactly while it is.
 - `stored_pages_landed(tree, landed)` — every page of every node marked stored was
@@ -126,25 +129,37 @@ def slot_conservation(
     outside_full: Sequence[torch.Tensor] = (),
     outside_swa: Sequence[torch.Tensor] = (),
     *,
+    quarantined_full: Sequence[torch.Tensor] = (),
+    quarantined_swa: Sequence[torch.Tensor] = (),
     nodes: Sequence[TreeNode] | None = None,
 ) -> None:
     nodes = _listed(tree, nodes)
-    findings = _tree_findings(tree, {FULL: outside_full, SWA: outside_swa}, nodes)
+    every_full = [*outside_full, *quarantined_full]
+    every_swa = [*outside_swa, *quarantined_swa]
+    findings = _tree_findings(tree, {FULL: every_full, SWA: every_swa}, nodes)
     if findings:
         raise InvariantViolation("slot conservation", "; ".join(findings[:8]))
     alloc = tree.allocator
     owned = sum(int(f.numel()) for n in nodes if (f := n.slots(FULL)) is not None)
     held = sum(int(t.numel()) for t in outside_full)
+    fenced = sum(int(t.numel()) for t in quarantined_full)
     size = alloc.full_size if isinstance(alloc, SWAAllocator) else alloc.size
-    if alloc.available_size() + owned + held != size:
-        detail = f"FULL: {alloc.available_size()} free + {owned} tree + {held} held != {size}"
+    if alloc.available_size() + owned + held + fenced != size:
+        detail = (
+            f"FULL: {alloc.available_size()} free + {owned} tree + {held} held + "
+            f"{fenced} quarantined != {size}"
+        )
         raise InvariantViolation("slot conservation", detail)
     if isinstance(alloc, SWAAllocator):
         owned_swa = sum(int(s.numel()) for n in nodes if (s := n.slots(SWA)) is not None)
         held_swa = sum(int(t.numel()) for t in outside_swa)
+        fenced_swa = sum(int(t.numel()) for t in quarantined_swa)
         free = alloc.available_swa_size()
-        if free + owned_swa + held_swa != alloc.swa_size:
-            detail = f"SWA: {free} free + {owned_swa} tree + {held_swa} held != {alloc.swa_size}"
+        if free + owned_swa + held_swa + fenced_swa != alloc.swa_size:
+            detail = (
+                f"SWA: {free} free + {owned_swa} tree + {held_swa} held + "
+                f"{fenced_swa} quarantined != {alloc.swa_size}"
+            )
             raise InvariantViolation("slot conservation", detail)
 
 
@@ -186,7 +201,8 @@ def lock_balance(
 
 def nothing_in_flight_evicted(tree: RadixTree, linker: ExternalLinker) -> None:
     live = [ld.anchor for ld in [*linker.loads.values(), *linker.draining] if ld.transfers]
-    pending = [n for rec in linker.offloads if rec is not None for n in rec.ticket.publish]
+    records = [*linker.offloads, *linker.quarantine.offloads]
+    pending = [n for rec in records if rec is not None for n in rec.ticket.publish]
     for node in [*live, *pending]:
         if node is not tree.root and not node.device_resident:
             detail = f"node {node.id} is in flight but {node.residency}"

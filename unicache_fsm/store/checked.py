@@ -17,13 +17,17 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
 - `start_loading() -> int | None` — the batch id (>= 0) or -1; None on a fault (the
   caller cannot tell whether anything started).
 - `num_completed_loads() -> int | None` — a count >= 0; None on a fault.
-- `pop_completed_load() -> LoadBatchResult | None` — a result with an int batch and a
-  real bool verdict; None on a fault (the completion is consumed either way).
+- `pop_completed_load() -> LoadBatchResult | None` — a result with an int batch, a
+  tuple of str rids and a real bool verdict; None on a fault (the store may or may not
+  have consumed a completion: the caller cannot tell which batch, if any, ended).
 - `cancel_queued_load(rid) -> bool | None` — the store's bool; None on a fault (the
   store may still hold the load).
 - `offload(transfers) -> bool` — True only for a real ``True``.
-- `num_completed_offloads() -> int | None`, `pop_completed_offload() -> bool` — as for
-  loads; a faulty verdict is a failure.
+- `num_completed_offloads() -> int | None`, `pop_completed_offload() -> bool | None` —
+  as for loads: None on a fault (which offload, if any, completed is unknown).
+
+A count is checked for its type only: how many completions can be in flight is the
+caller's to know (the linker pops at most that many and reports the rest as a fault).
 - `reset() -> bool` — False when the store's reset raised.
 
 Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through.
@@ -121,11 +125,18 @@ class CheckedStore:
             not isinstance(result, LoadBatchResult)
             or not _is_int(result.batch)
             or not isinstance(result.success, bool)
+            or not isinstance(result.rids, (tuple, list))
+            or not all(isinstance(rid, str) for rid in result.rids)
         ):
             self._protocol(
-                "pop_completed_load", result, "a LoadBatchResult with an int batch and a bool"
+                "pop_completed_load",
+                result,
+                "a LoadBatchResult with an int batch, a tuple of str rids and a bool",
             )
             return None
+        rids: object = result.rids
+        if isinstance(rids, list):  # a list where the protocol says tuple: the same rids
+            return LoadBatchResult(result.batch, tuple(rids), result.success)
         return result
 
     def cancel_queued_load(self, rid: str) -> bool | None:
@@ -154,15 +165,15 @@ class CheckedStore:
     def num_completed_offloads(self) -> int | None:
         return self._count("num_completed_offloads", self.store.num_completed_offloads)
 
-    def pop_completed_offload(self) -> bool:
+    def pop_completed_offload(self) -> bool | None:
         try:
             success: object = self.store.pop_completed_offload()
         except Exception as exc:
             self.on_fault("pop_completed_offload", exc)
-            return False
+            return None
         if not isinstance(success, bool):
             self._protocol("pop_completed_offload", success, "a bool")
-            return False
+            return None
         return success
 
     # -- lifecycle -------------------------------------------------------------------------

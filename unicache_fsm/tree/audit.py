@@ -16,8 +16,9 @@ Findings (each reported with the node id, all at once):
   heap; the node count is the number of nodes; the packed key matches the key;
 - hashes: one per page, equal to the chain seeded by the parent's last hash (or the
   namespace at the root);
-- slot conservation: tree-owned ⊎ outside ⊎ free = capacity, per pool (each
-  component's, `TreeComponent.audit_pool`, and the host's), with no slot owned twice.
+- slot conservation: tree-owned ⊎ outside (load-reserved, a live request's, or
+  quarantined by the linker) ⊎ free = capacity, per pool (each component's,
+  `TreeComponent.audit_pool`, and the host's), with no slot owned twice.
 
 `page_ids` and `check_conservation` are the helpers components audit their pools with.
 
