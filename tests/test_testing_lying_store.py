@@ -71,7 +71,7 @@ def test_the_walk_finds_no_violation_with_a_lying_store(kind: FaultKind) -> None
     lying = type(
         "LyingSystem",
         (SystemMachine,),
-        {"page_sizes": (1, 4), "fault_rates": (0.25,), "fault_kinds": (kind,)},
+        {"page_sizes": (1, 4), "fault_rates": (1.0,), "fault_kinds": (kind,)},
     )
     assert walk.fuzz(lying, seed=0, runs=60, steps=40) == 60
     assert lying.steps > 0
