@@ -308,7 +308,7 @@ BUGS = [
     Bug(
         "free_after_lost_start",
         _free_after_lost_start,
-        _config(4, False, True, kinds=(K.LOST_REPLY,)),
+        _config(4, False, True, rate=0.5, kinds=(K.LOST_REPLY,)),
         ("KV bytes", "loads landed", "COMMIT soundness", "slot conservation"),
     ),
 ]
