@@ -97,7 +97,10 @@ def key_of(pages: int, base: int = 100) -> tuple[int, ...]:
 
 
 def built(**kw: Any) -> tuple[System, Liar]:
+    """A system over a `Liar`; the linker does not reset an idle store by itself (the
+    tests watch the quarantine wait for the store's own signal) unless asked to."""
     store = Liar()
+    kw.setdefault("reset_when_idle", False)
     return System.build(P, store_factory=lambda: store, **kw), store
 
 
@@ -321,6 +324,75 @@ def test_a_phantom_batch_leaves_completions_in_step() -> None:
     s.assert_quiet()
 
 
+def test_a_batch_id_already_in_flight_is_a_fault_and_frees_nothing() -> None:
+    """The store answers the id of the batch in flight again: the second batch's loads
+    cannot be told from the first's; they end, their slots held until a reset."""
+    s, store = built()
+    x, y = key_of(2), key_of(2, base=900)
+    s.compute("X", x)
+    s.compute("Y", y)
+    s.evict_all()
+    rx = prepared(s, "rx", x)
+    first = s.linker.start_loading()
+    ry = prepared(s, "ry", y)
+    store.start_loading = lambda: first  # type: ignore[method-assign]
+    assert s.linker.start_loading() == -1
+    del store.start_loading
+    assert "already in flight" in str(protocol_fault(s, "start_loading"))
+    s.finish_loads()
+    load = s.requests["ry"].load
+    assert load is not None and load.state == "aborted"
+    other = another_owner(s)
+    assert not set(other.tolist()) & set(ry.tolist()), "slots reused under the store"
+    s.allocator.free(other)
+    store.progress()
+    s.drive()
+    assert s.requests["rx"].load is not None
+    assert s.requests["rx"].load.state == "committed", "the first batch is its own"
+    assert not set(rx.tolist()) & set(torch.cat(s.linker.quarantined_slots()[0]).tolist())
+    finish(s, "rx", x)
+    finish(s, "ry", y)
+    s.linker.reset()
+    s.assert_quiet()
+
+
+def test_a_completion_popped_twice_ends_nothing_twice() -> None:
+    """The store answers one completion twice: the repeat names a batch no longer in
+    flight (a fault); the batch after it recomputes, and its own completion frees it."""
+    s, store = built()
+    x, y = key_of(2), key_of(2, base=900)
+    s.compute("X", x)
+    s.compute("Y", y)
+    s.evict_all()
+    prepared(s, "rx", x)
+    s.linker.start_loading()
+    ry = prepared(s, "ry", y)
+    s.linker.start_loading()
+    store.progress()
+    real = store.pop_completed_load
+    answers = [real()]
+    answers.append(answers[0])  # the repeat
+
+    def twice() -> LoadBatchResult:
+        return answers.pop(0) if answers else real()
+
+    store.pop_completed_load = twice  # type: ignore[method-assign]
+    store.extra_loads = 1
+    s.finish_loads()
+    store.extra_loads = 0
+    del store.pop_completed_load
+    rx_load, ry_load = s.requests["rx"].load, s.requests["ry"].load
+    assert rx_load is not None and rx_load.state == "committed"
+    assert ry_load is not None and ry_load.state == "aborted"
+    assert torch.equal(torch.cat(s.linker.quarantined_slots()[0]), ry)
+    s.finish_loads()  # the second batch's own completion
+    assert s.linker.quarantined_slots() == ([], []), "its own completion came: freed"
+    assert not set(ry.tolist()) & {int(v) for v in s.tree.path_slots(rx_load.endpoint)}
+    finish(s, "rx", x)
+    finish(s, "ry", y)
+    s.assert_quiet()
+
+
 # -- 4. bounded calls ---------------------------------------------------------------------
 def test_reset_returns_when_the_count_never_drops_and_every_pop_fails() -> None:
     s, store = built()
@@ -380,6 +452,28 @@ def test_a_failing_reset_quarantines_what_the_store_may_still_touch() -> None:
     s.audit()
     del store.reset
     s.linker.reset()
+    assert len(s.linker.quarantine) == 0
+    finish(s, "r", x)
+    s.assert_quiet()
+
+
+def test_an_idle_linker_resets_the_store_to_release_its_quarantine() -> None:
+    """By default (`LinkerConfig.reset_when_idle`), once nothing of the linker's is in
+    flight, it resets the store: the reset returning is the trusted signal, the slots
+    come back, and the quiesced store writes nothing more into them."""
+    s, store = built(reset_when_idle=True)
+    x = key_of(4)
+    stored_then_evicted(s, x)
+    prepared(s, "r", x)
+    s.linker.start_loading()
+    store.extra_loads = 1
+    s.finish_loads()
+    store.extra_loads = 0
+    other = another_owner(s)
+    store.progress()
+    assert untouched(s, other), "the store wrote into another owner's KV"
+    s.allocator.free(other)
+    assert s.linker.stats.idle_resets == 1
     assert len(s.linker.quarantine) == 0
     finish(s, "r", x)
     s.assert_quiet()

@@ -113,3 +113,24 @@ def test_reset_reports_a_failure_and_keyboard_interrupt_passes() -> None:
     answers.answer = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
         store.load("r", LOOKUP)
+
+
+def test_a_count_above_what_can_be_in_flight_is_capped_and_reported() -> None:
+    store, _, faults = checked()
+    assert store.bounded("num_completed_loads", 10**6, 3) == 3
+    ((op, err),) = faults
+    assert op == "num_completed_loads" and isinstance(err, StoreProtocolError)
+    assert err.value == 10**6 and "at most 3" in str(err)
+    assert store.bounded("num_completed_loads", None, 3) == 0
+    assert store.bounded("num_completed_loads", 2, 3) == 2 and len(faults) == 1
+
+
+def test_drain_stops_when_the_count_never_drops() -> None:
+    store, _, faults = checked()
+    pops: list[int] = []
+    store.drain(lambda: 5, lambda: pops.append(1), 4)  # always 5 more, pops change nothing
+    assert len(pops) == 4
+    assert faults and faults[-1][0] == "reset"
+    asked: list[int] = []
+    store.drain(lambda: asked.append(1), lambda: pops.append(1), 4)  # a count that fails
+    assert len(asked) == 32 and len(pops) == 4

@@ -18,7 +18,6 @@ from unicache_fsm.fsm.errors import IllegalTransitionError
 from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.integrations.protocol import ProtocolViolation
 from unicache_fsm.store import MemoryStore
-from unicache_fsm.store.errors import NoCompletionError
 
 TOKENS = list(range(1, 17))
 
@@ -88,11 +87,10 @@ def test_record_mode_logs_the_misuse_and_calls_through(
     wrapper.take_completed_offloads(1)
     logging.disable(logging.NOTSET)
     try:
-        with (
-            caplog.at_level(logging.ERROR, logger="unicache_fsm.integrations.protocol"),
-            pytest.raises(NoCompletionError),  # called through: the store has nothing to pop
-        ):
-            wrapper.take_completed_offloads(1)
+        with caplog.at_level(logging.ERROR, logger="unicache_fsm.integrations.protocol"):
+            # called through: StoreLinker has no completion to give, and raises nothing
+            # into SGLang's scheduler (it answers failed)
+            assert wrapper.take_completed_offloads(1) == [False]
     finally:
         logging.disable(logging.WARNING)
     assert engine.monitor is not None and len(engine.monitor.monitor.violations) == 1

@@ -28,7 +28,15 @@ store's format without changing SGLang's pools. The calls:
   `pop_completed_offload` pops them in submission order.
 - `reset` — quiesces the store and discards every completion and every load in
   flight; `close` resets, detaches the trace and closes the store (unless
-  ``close_store=False``). Nothing is left behind either way.
+  ``close_store=False``). Nothing is left behind either way, except the fence below
+  when the store's reset or close failed.
+
+No store call raises into SGLang (every call goes through a `CheckedStore`; faults are
+counted in `faults`), every completion loop pops at most what can be in flight, and a
+batch whose completion is faulty, missing or unproven answers "not landed" (SGLang
+aborts its requests, which recompute) while its mirror rows stay fenced — no load or
+offload may use them — until the store's own completion or a reset (`fenced()`); see
+``docs/contract.md``, "Stores can lie".
 
 Its loads and offloads are the store's own machines (`specs/store_load.toml`,
 `specs/store_offload.toml`): `counter` counts them (`coverage()`), and with `trace` they
@@ -48,6 +56,7 @@ JSONL file (``unicache-fsm check-trace`` accepts it); `coverage()` /
 from __future__ import annotations
 
 import importlib.metadata
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +73,8 @@ from unicache_fsm.integrations.errors import (
 from unicache_fsm.integrations.protocol import ProtocolMonitor
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
+from unicache_fsm.store.checked import CheckedStore
+from unicache_fsm.store.errors import StoreProtocolError
 from unicache_fsm.store.jobs import LOAD_MACHINE, OFFLOAD_MACHINE
 from unicache_fsm.store.protocol import ExternalStore
 
@@ -199,8 +210,77 @@ def _ours(transfers: Sequence[Any]) -> list[PoolTransfer]:
     return out
 
 
+#: completions a store may report beyond the batches the linker knows in flight (one
+#: started by a `start_loading` whose answer was lost); more is a miscount, a fault
+_COUNT_SLACK = 2
+
+#: a load batch's `_Fence` key (the store batch id whose own completion releases it;
+#: None: only a reset or close of the store that returned)
+_Release = int | None
+
+
+class _Fence:
+    """Mirror rows a misbehaving store may still touch (write for a load, read for an
+    offload), held until its own job for them ended: no new load or offload may use
+    them, so a late write or read of the store meets nobody else's bytes.
+
+    Loads are held by the batch whose completion releases them (`hold` / `release`);
+    offloads whose completion can no longer be told from the next one's are `owed`,
+    oldest first: each later well-formed offload completion releases the oldest.
+    """
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[_Release, list[tuple[PoolName, torch.Tensor]]]] = []
+        self.owed: deque[list[tuple[PoolName, torch.Tensor]]] = deque()
+
+    def hold(self, key: _Release, rows: list[tuple[PoolName, torch.Tensor]]) -> None:
+        if rows:
+            self.loads.append((key, rows))
+
+    def release(self, key: int) -> bool:
+        kept = [(k, rows) for k, rows in self.loads if k != key]
+        released = len(kept) != len(self.loads)
+        self.loads = kept
+        return released
+
+    def clear(self) -> None:
+        self.loads.clear()
+        self.owed.clear()
+
+    def touches(self, transfers: Sequence[PoolTransfer]) -> bool:
+        """Whether any transfer's slots meet a held row of its pool."""
+        held: dict[PoolName, list[torch.Tensor]] = {}
+        for rows in [*(r for _, r in self.loads), *self.owed]:
+            for name, slots in rows:
+                held.setdefault(name, []).append(slots)
+        for t in transfers:
+            fenced = held.get(t.name)
+            idx = t.device_indices
+            if fenced and idx is not None and bool(torch.isin(idx, torch.cat(fenced)).any()):
+                return True
+        return False
+
+    def __len__(self) -> int:
+        return len(self.loads) + len(self.owed)
+
+
+def _rows(transfers: Sequence[PoolTransfer]) -> list[tuple[PoolName, torch.Tensor]]:
+    return [(t.name, t.device_indices) for t in transfers if t.device_indices is not None]
+
+
 class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
-    """SGLang 0.5.23's linker interface over an `ExternalStore` (module docstring)."""
+    """SGLang 0.5.23's linker interface over an `ExternalStore` (module docstring).
+
+    Every store call goes through a `CheckedStore`: an exception or an ill-typed answer
+    is a fault of that call (counted in `faults`, the last kept in `last_fault`), never
+    raised into SGLang's scheduler (with 0.5.23 that kills the worker). A lookup fault
+    is a miss, a load or offload fault a refusal, a batch whose completion is faulty,
+    missing or names other loads fails (SGLang aborts its requests, which recompute).
+    Mirror rows the store may still touch after it broke the protocol are fenced
+    (`_Fence`) until its own completion for that job, or a reset or close of the store
+    that returned: a load or an offload that would use one is refused. Completion loops
+    pop at most what can be in flight.
+    """
 
     def __init__(
         self,
@@ -217,6 +297,9 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._mirrors = {name: _PoolMirror(name, kv) for name, kv in halves.items()}
         store.attach({name: m.mirror for name, m in self._mirrors.items()})
         self.store = store
+        self.calls = CheckedStore(store, self._fault)
+        self.faults: dict[str, int] = {}  # store faults by call
+        self.last_fault: BaseException | None = None
         self.pools = dict(pools)
         self.close_store = close_store
         layers = max(m.layers for m in self._mirrors.values())
@@ -228,29 +311,54 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             attach(observer, LOAD_MACHINE, OFFLOAD_MACHINE)
         self._loads: dict[str, list[tuple[PoolName, torch.Tensor]]] = {}
         self._queued: list[str] = []
-        self._batches: dict[int, tuple[int, list[str]]] = {}  # counter index -> store batch
+        # counter index -> (store batch id, None when the store's answer was lost or
+        # cannot be trusted; its rids), in start order
+        self._batches: dict[int, tuple[int | None, list[str]]] = {}
         self._results: dict[int, bool] = {}  # store batch -> verdict, popped early
         self._verdicts: dict[int, bool] = {}  # counter index -> settled verdict
         self._empty: set[int] = set()  # counter indices of batches with nothing to load
+        self._fence = _Fence()
+        # mirror rows of the offloads the store accepted and has not completed, FIFO
+        self._offloads: deque[list[tuple[PoolName, torch.Tensor]]] = deque()
+        self._ready: deque[bool] = deque()  # verdicts popped, not yet taken by SGLang
+        self._unreported = 0  # accepted offloads SGLang has no verdict for yet
         self._closed = False
+
+    def _fault(self, operation: str, error: BaseException) -> None:
+        self.faults[operation] = self.faults.get(operation, 0) + 1
+        self.last_fault = error
+
+    def _protocol_fault(self, operation: str, value: object, msg: str) -> None:
+        self._fault(operation, StoreProtocolError(msg, operation=operation, value=value))
 
     # -- loads -------------------------------------------------------------------------
 
     def lookup(self, rid: str, transfers: list[Any]) -> list[int]:
-        return self.store.lookup(rid, _ours(transfers))
+        ours = _ours(transfers)
+        pages = max((len(t.keys) for t in ours if t.name is PoolName.KV), default=0)
+        return self.calls.lookup(rid, ours, pages) or []
+
+    def _fenced(self, transfers: Sequence[PoolTransfer]) -> bool:
+        """Whether the store may still touch rows of `transfers` (its completions taken
+        first: the one that releases them may have come)."""
+        if not self._fence.touches(transfers):
+            return False
+        if self._fence.loads:
+            self._take_load_completions()
+        return self._fence.touches(transfers)
 
     def load(self, rid: str, transfers: list[Any]) -> bool:
         ours = _ours(transfers)
-        if not self.store.load(rid, ours):
+        if self._fenced(ours):  # the store may still touch those rows
             return False
-        self._loads[rid] = [
-            (t.name, t.device_indices) for t in ours if t.device_indices is not None
-        ]
+        if not self.calls.load(rid, ours):
+            return False
+        self._loads[rid] = _rows(ours)
         self._queued.append(rid)
         return True
 
     def start_layer_wise_loading(self) -> int:
-        batch = self.store.start_loading()
+        batch = self.calls.start_loading()
         index: int = self.layer_done_counter.update_producer()
         self.layer_done_counter.set_consumer(index)
         if batch == -1 and not self._queued:  # nothing to load (SGLang starts every batch)
@@ -259,8 +367,18 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             if len(self._empty) > _EMPTY_KEPT:  # SGLang never finishes them: keep the newest
                 self._empty.discard(min(self._empty))
             return index
-        self._batches[index] = (batch, self._queued)
-        self._queued = []
+        rids, self._queued = self._queued, []
+        if batch == -1:  # the store holds none of them: nothing was started, none lands
+            self._batches[index] = (-1, rids)
+            return index
+        known = {b for b, _ in self._batches.values()} | {k for k, _ in self._fence.loads}
+        if batch is not None and batch in known:
+            msg = f"start_loading: the store answered batch {batch}, already in flight or fenced"
+            self._protocol_fault("start_loading", batch, msg)
+            batch = None
+        # None: the store may have started them (its answer was lost): they fail, and
+        # their rows stay fenced until a reset
+        self._batches[index] = (batch, rids)
         return index
 
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
@@ -281,26 +399,76 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         return landed
 
     def cancel_queued_load(self, rid: str) -> bool:
-        if not self.store.cancel_queued_load(rid):
+        if rid not in self._queued or not self.calls.cancel_queued_load(rid):
             return False
         self._loads.pop(rid, None)
-        if rid in self._queued:
-            self._queued.remove(rid)
+        self._queued.remove(rid)
         return True
+
+    def _take_load_completions(self) -> None:
+        """Pop the store's load completions (at most what can be in flight): each ends
+        its own batch's wait (`_results`) or releases fenced rows; a faulty or unknown
+        one fences the oldest batch in flight (it fails)."""
+        calls = self.calls
+        calls.progress()
+        running = [b for b, _ in self._batches.values() if b is not None and b >= 0]
+        limit = len(running) + len(self._fence.loads) + _COUNT_SLACK
+        for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
+            result = calls.pop_completed_load()
+            if result is not None and self._fence.release(result.batch):
+                continue  # the store's own completion of a fenced batch: it is done
+            waiting = [(i, b) for i, (b, _) in self._batches.items() if b is not None and b >= 0]
+            waiting = [(i, b) for i, b in waiting if b not in self._results]
+            if result is not None and any(b == result.batch for _, b in waiting):
+                position = [b for _, b in waiting].index(result.batch)
+                for index, skipped in waiting[:position]:  # FIFO: the store skipped these
+                    msg = f"pop_completed_load: batch {result.batch} completed before {skipped}"
+                    self._protocol_fault("pop_completed_load", result, msg)
+                    self._distrust(index, skipped)
+                index, batch = waiting[position]
+                rids = self._batches[index][1]
+                if sorted(result.rids) != sorted(rids):
+                    msg = (
+                        f"pop_completed_load: the completion of batch {batch} names "
+                        f"{sorted(result.rids)}, the batch holds {sorted(rids)}"
+                    )
+                    self._protocol_fault("pop_completed_load", result, msg)
+                    self._distrust(index, None)
+                else:
+                    self._results[batch] = result.success
+                continue
+            if result is not None:
+                msg = f"pop_completed_load: batch {result.batch} is not in flight"
+                self._protocol_fault("pop_completed_load", result, msg)
+            if waiting:  # a faulty pop, or a completion of no known batch
+                index, batch = waiting[0]
+                self._distrust(index, batch)
+
+    def _distrust(self, index: int, release: _Release) -> None:
+        """Batch `index` fails; its rows stay fenced until `release`'s own completion."""
+        _, rids = self._batches[index]
+        self._batches[index] = (None, rids)
+        self._fence.hold(release, [r for rid in rids for r in self._loads.pop(rid, [])])
 
     def _settle(self, index: int) -> None:
         """Finish batch `index` in the store and copy what landed into SGLang's pools."""
         if index in self._verdicts or index not in self._batches:
             return
+        batch, _ = self._batches[index]
+        if batch is not None and batch >= 0 and batch not in self._results:
+            self._take_load_completions()
+            batch, _ = self._batches[index]
         batch, rids = self._batches.pop(index)
-        landed = True
-        if batch != -1:
-            if batch not in self._results:
-                self.store.progress()
-                while self.store.num_completed_loads() > 0:
-                    result = self.store.pop_completed_load()
-                    self._results[result.batch] = result.success
-            landed = self._results.pop(batch, False)
+        if batch is None:  # not to be trusted: rows fenced (until a reset, at least)
+            landed = False
+            self._fence.hold(None, [r for rid in rids for r in self._loads.pop(rid, [])])
+        elif batch == -1:
+            landed = False
+        elif batch in self._results:
+            landed = self._results.pop(batch)
+        else:  # the store has not finished it: it may still write the rows
+            landed = False
+            self._fence.hold(batch, [r for rid in rids for r in self._loads.pop(rid, [])])
         for rid in rids:
             for name, slots in self._loads.pop(rid, []):
                 if landed:
@@ -318,32 +486,89 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     def offload(self, transfers: list[Any], session_id: str | None = None) -> bool:
         ours = _ours(transfers)
+        if self._fenced(ours):  # the store may still touch those rows
+            return False
         for t in ours:
             if t.device_indices is not None and t.name in self._mirrors:
                 self._mirrors[t.name].to_mirror(t.device_indices)
-        return self.store.offload(ours)
+        if not self.calls.offload(ours):
+            return False
+        rows = _rows(ours)
+        if self._fence.owed:  # behind the held ones: completions cannot be told apart
+            self._fence.owed.append(rows)
+        else:
+            self._offloads.append(rows)
+        self._unreported += 1
+        return True
 
     def num_completed_offloads(self) -> int:
-        self.store.progress()
-        return self.store.num_completed_offloads()
+        """Pop the store's completions now (at most what can be in flight); SGLang takes
+        their verdicts with `pop_completed_offload`. After a faulty pop no verdict can
+        be matched to its offload: each later one is reported failed, and releases the
+        oldest fenced offload's rows."""
+        calls = self.calls
+        calls.progress()
+        fence = self._fence
+        limit = len(self._offloads) + len(fence.owed)
+        for _ in range(
+            calls.bounded("num_completed_offloads", calls.num_completed_offloads(), limit)
+        ):
+            verdict = calls.pop_completed_offload()
+            if verdict is None:  # which offload ended is unknown from here on
+                fence.owed.extend(self._offloads)
+                self._offloads.clear()
+                self._report(False)
+            elif fence.owed:
+                fence.owed.popleft()  # the store is done with the oldest held one
+                self._report(False)
+            else:
+                self._offloads.popleft()
+                self._report(verdict)
+        return len(self._ready)
+
+    def _report(self, verdict: bool) -> None:
+        if self._unreported > 0:
+            self._unreported -= 1
+            self._ready.append(verdict)
 
     def pop_completed_offload(self) -> bool:
-        return self.store.pop_completed_offload()
+        return self._ready.popleft() if self._ready else False
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def reset(self) -> None:
-        self.store.reset()
-        while self.store.num_completed_offloads() > 0:
-            self.store.pop_completed_offload()
-        while self.store.num_completed_loads() > 0:
-            self.store.pop_completed_load()
+        """Quiesce the store and discard every completion and every load in flight
+        (bounded: at most what can be in flight is popped). A reset of the store that
+        returned releases the fence; one that failed fences every row in flight (a
+        batch's own completion, when it comes, still releases its rows)."""
+        calls = self.calls
+        if calls.reset():
+            running = sum(1 for b, _ in self._batches.values() if b is not None and b >= 0)
+            calls.drain(
+                calls.num_completed_offloads,
+                calls.pop_completed_offload,
+                len(self._offloads) + len(self._fence.owed),
+            )
+            calls.drain(
+                calls.num_completed_loads,
+                calls.pop_completed_load,
+                running + len(self._fence.loads) + _COUNT_SLACK,
+            )
+            self._fence.clear()
+        else:  # not quiesced: fenced until their own completions (or a reset) come
+            for index, (batch, _) in list(self._batches.items()):
+                self._distrust(index, batch if batch is not None and batch >= 0 else None)
+            self._fence.hold(None, [r for rows in self._loads.values() for r in rows])
+            self._fence.owed.extend(self._offloads)
         self._loads.clear()
         self._queued.clear()
         self._batches.clear()
         self._results.clear()
         self._verdicts.clear()
         self._empty.clear()
+        self._offloads.clear()
+        self._ready.clear()
+        self._unreported = 0
         self.layer_done_counter.reset()
 
     def close(self) -> None:
@@ -357,7 +582,12 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         if self.trace is not None:
             self.trace.close()
         if self.close_store:
-            self.store.close()
+            try:
+                self.store.close()
+            except Exception as exc:
+                self._fault("close", exc)
+                return
+            self._fence.clear()
 
     def coverage(self) -> Coverage:
         """The store job transitions this linker's store took (``diagram --coverage``)."""
@@ -370,6 +600,11 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             "batches": len(self._batches),
             "verdicts": len(self._verdicts),
         }
+
+    def fenced(self) -> int:
+        """Jobs whose mirror rows a misbehaving store may still touch: load batches
+        and offloads, held until the store's own completion or a reset returns."""
+        return len(self._fence)
 
 
 class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]

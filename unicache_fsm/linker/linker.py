@@ -19,8 +19,8 @@ Primitives, in the order a scheduler step uses them:
   is agreed across ranks (MIN), so a load runs everywhere or nowhere. False when it
   aborted instead (the request recomputes).
 - `start_loading()` — start every queued store load as one batch.
-- `finish_loads()` — take this rank's completed batches (FIFO: each completion ends
-  the oldest batch in flight), then agree per prepared load (one MIN all-reduce) on
+- `finish_loads()` — take this rank's completed batches (at most those in flight; each
+  completion ends the batch it names), then agree per prepared load (one MIN all-reduce) on
   whether every rank's store is done with it and every page landed; LAND and COMMIT
   those (LAND then ABORT where the request gave the load up meanwhile), ABORT the ones
   done but failed, keep waiting for the rest. Returns the loads that
@@ -40,7 +40,8 @@ Primitives, in the order a scheduler step uses them:
   back, else when its store is done with it (a running batch ends, or a lost
   `cancel_queued_load` answer is settled).
 - `reset()` / `close()` — quiesce the store first, then abort every load and fail
-  every offload, releasing their locks.
+  every offload, releasing their locks; a store reset that returned also releases the
+  quarantine (below).
 
 Store faults: the linker talks to its store through a `CheckedStore`. Any exception or
 malformed answer from any store call is a fault of that call (counted in
@@ -48,10 +49,18 @@ malformed answer from any store call is a fault of that call (counted in
 for an ill-typed answer), never an error for the caller: a failed LOOKUP is a miss, a
 failed `load` a refusal (the load aborts, the request recomputes), a failed `offload`
 a refusal (its nodes return to unstored, unlocked), a verdict that is not a real
-``True`` a failure, a completion naming a batch that is not the oldest in flight a
-protocol error that ends that oldest batch as failed. Slots are freed only when the
-store acknowledged it will write no more into them (a confirmed cancel, a completed
-batch, a reset).
+``True`` a failure. Slots are freed only when the store acknowledged it will write no
+more into them (a confirmed cancel, the batch's own well-formed completion, a reset
+that returned). When the store breaks the protocol instead — a completion count it
+cannot back, a faulty pop, a completion naming an unknown batch, skipping an older one
+or naming other loads, a lost `start_loading` answer — the loads involved abort (their
+requests recompute) and their slots go to the quarantine (`linker.quarantine`, the
+fourth term of slot conservation), released only by that batch's own completion or a
+reset; after a faulty offload pop, every offload in flight is held (nodes locked),
+published never, released one per later completion (see `poll_offloads`). Completion
+loops pop at most what can be in flight, so every call returns in bounded time.
+With `LinkerConfig.reset_when_idle` a linker holding a quarantine and nothing in flight
+resets its store to release it.
 
 Every reserved slot ends exactly one way: adopted by the tree at COMMIT, freed as a
 duplicate at COMMIT, or freed by ABORT. Nothing is published before the verdict, so no
@@ -74,8 +83,9 @@ starts them later; agreement per load makes the ranks end them together.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -121,8 +131,6 @@ PREPARE, COMMIT, ABORT = (
 
 # per-load settlement values, agreed by MIN across ranks in `finish_loads`
 _UNSETTLED, _FAILED, _LANDED = 0, 1, 2
-# how often `reset` asks again for a completion count the store failed to give
-_DRAIN_RETRIES = 32
 # completions a store may report beyond those the linker knows in flight (a batch
 # started by a `start_loading` whose answer was lost); more is a miscount, a fault
 _COUNT_SLACK = 2
@@ -163,9 +171,19 @@ class _Batch:
 
 @attrs.frozen
 class LinkerConfig:
-    """`executor` picks the executor that drives the load and offload machines."""
+    """`executor` picks the executor that drives the load and offload machines.
+
+    `reset_when_idle`: when the quarantine holds something and nothing of the linker's
+    is in flight in the store (no prepared load, no batch of ours, no offload), the end
+    of `finish_loads` / `poll_offloads` resets the store — its reset returning is the
+    trusted signal that releases the quarantine, and with nothing in flight it ends
+    nothing else. Off, the quarantine waits for the store's own completions or for an
+    explicit `reset` / `close` (a store that consumed a completion it never answered
+    then holds its slots until one).
+    """
 
     executor: ExecutorKind = ExecutorKind.COMPILED
+    reset_when_idle: bool = True
 
 
 @attrs.define(slots=True)
@@ -189,6 +207,7 @@ class LinkerStats:
     loads_quarantined: int = 0  # loads whose slots went to the quarantine
     offloads_quarantined: int = 0  # offloads held in the quarantine (nodes locked)
     quarantine_released: int = 0  # loads and offloads the trusted signal released
+    idle_resets: int = 0  # store resets made to release the quarantine (`reset_when_idle`)
 
 
 @attrs.frozen
@@ -263,19 +282,6 @@ class ExternalLinker:
     def _protocol_fault(self, operation: str, value: object, msg: str) -> None:
         """The store broke the protocol in a way only the linker can see."""
         self._store_fault(operation, StoreProtocolError(msg, operation=operation, value=value))
-
-    def _bounded(self, operation: str, count: int | None, limit: int) -> int:
-        """A completion count, at most `limit` (what can be in flight); more is a fault."""
-        if count is None:
-            return 0
-        if count > limit:
-            msg = (
-                f"{operation}: the store reports {count} completions, but at most {limit} "
-                "can be in flight; the rest are not backed by any job"
-            )
-            self._protocol_fault(operation, count, msg)
-            return limit
-        return count
 
     # -- LOOKUP ------------------------------------------------------------------------
     def match(
@@ -401,6 +407,7 @@ class ExternalLinker:
         self._take_completions()
         held = list(self.held.values())
         if not held:
+            self._reclaim()
             return []
         mine = [
             _FAILED
@@ -440,6 +447,7 @@ class ExternalLinker:
                 self._abort(load, load.abort_pending or AbortReason.LOAD_FAILED)
             if load.awaited:  # not a load whose load_back already answered False
                 ended.append(load)
+        self._reclaim()
         return ended
 
     def _take_completions(self) -> None:
@@ -455,7 +463,7 @@ class ExternalLinker:
                 self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
         calls = self.calls
         limit = len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK
-        for _ in range(self._bounded("num_completed_loads", calls.num_completed_loads(), limit)):
+        for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
             self._end_batch(calls.pop_completed_load())
 
     def _end_batch(self, result: LoadBatchResult | None) -> None:
@@ -795,12 +803,12 @@ class ExternalLinker:
             calls.pop_completed_offload()
             fifo.popleft()
         run = 0
-        for record in [*held, *self.offloads]:
+        for record in itertools.chain(held, self.offloads):
             if record is None:
                 break
             run += 1
         outstanding = len(held) + len(self.offloads)
-        reported = self._bounded(
+        reported = calls.bounded(
             "num_completed_offloads", calls.num_completed_offloads(), outstanding
         )
         count = self.group.all_reduce_min([min(reported, run)])[0]
@@ -823,6 +831,7 @@ class ExternalLinker:
             assert record is not None  # (`count` stops before the first placeholder)
             self.offload_machine.fire(record, OFF.COMPLETE, success)
             done.append(record)
+        self._reclaim()
         return done
 
     # -- spec callbacks of offload (called by `offload_machine` only) -----------------
@@ -884,21 +893,15 @@ class ExternalLinker:
         load's slots, an offload's locked nodes — until a later reset or `close`
         returns.
         """
-        calls = self.calls
-        quiet = calls.reset()
         held = self.quarantine
-        self._drain(
-            calls.num_completed_loads,
-            calls.pop_completed_load,
-            len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
-        )
-        self._drain(
-            calls.num_completed_offloads,
-            calls.pop_completed_offload,
-            len(self.offloads) + len(held.offloads),
-        )
+        quiet = agree(self.group, self.calls.reset())  # (the ranks' trees stay alike)
+        if quiet:
+            self._drain_completions()
+        else:  # their own completions, when they come, release them
+            for batch in self.batches:
+                self._suspect_batch(batch, batch.id)
         for load in [*self.loads.values(), *self.draining]:
-            if load.in_flight:
+            if load.in_flight and load.settled is None:
                 if quiet:
                     load.settled = False  # quiesced: the store writes no more into it
                 else:
@@ -915,6 +918,46 @@ class ExternalLinker:
         if quiet:
             self._release_quarantine()
 
+    def _reclaim(self) -> None:
+        """`LinkerConfig.reset_when_idle`: reset an idle store to release the quarantine.
+
+        Collective where the tree would change (held offloads unlock nodes: every rank
+        holds the same ones, and all reset or none); held load slots are per rank."""
+        held = self.quarantine
+        offloads = any(r is not None for r in held.offloads)
+        if not self.config.reset_when_idle or not (held.loads or offloads):
+            return
+        idle = not self.held and not self.offloads and not any(b.loads for b in self.batches)
+        if offloads:
+            idle = agree(self.group, idle)
+        if not idle:
+            return
+        self.stats.idle_resets += 1
+        quiet = self.calls.reset()
+        if offloads:
+            quiet = agree(self.group, quiet)
+        if not quiet:
+            return  # held as before (a later call tries again)
+        self._drain_completions()
+        self.batches.clear()  # (empty ones only: nothing of ours was in flight)
+        self._release_quarantine()
+
+    def _drain_completions(self) -> None:
+        """After a reset of the store returned: drop the completions it still holds (a
+        stale one would be taken for a later batch's or offload's), at most what can
+        be in flight."""
+        calls, held = self.calls, self.quarantine
+        calls.drain(
+            calls.num_completed_loads,
+            calls.pop_completed_load,
+            len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
+        )
+        calls.drain(
+            calls.num_completed_offloads,
+            calls.pop_completed_offload,
+            len(self.offloads) + len(held.offloads),
+        )
+
     def _release_quarantine(self) -> None:
         """The store quiesced (a reset or close returned): free and unlock what it held."""
         held = self.quarantine
@@ -927,32 +970,6 @@ class ExternalLinker:
             if record is not None:
                 self.offload_machine.fire(record, OFF.COMPLETE, False)
                 self.stats.quarantine_released += 1
-
-    def _drain(
-        self, count: Callable[[], int | None], pop: Callable[[], object], limit: int
-    ) -> None:
-        """Pop the completions the store holds (a stale one would be taken for a later
-        batch's or offload's): at most `limit` pops and `_DRAIN_RETRIES` counts asked,
-        whatever the store reports (a count it cannot back is a fault)."""
-        popped = 0
-        for _ in range(_DRAIN_RETRIES):
-            n = count()
-            if n is None:
-                continue
-            if n == 0:
-                return
-            if popped + n > limit:
-                msg = (
-                    f"reset: the store reports {n} completions after {popped} were popped; "
-                    f"at most {limit} could have been in flight"
-                )
-                self._protocol_fault("reset", n, msg)
-                n = limit - popped
-            for _ in range(n):
-                pop()  # consumed, whatever it answers
-            popped += n
-            if popped >= limit:
-                return
 
     def close(self) -> None:
         """`reset()`, then close the store (a failing close is a fault, not an error);

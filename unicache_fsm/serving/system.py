@@ -138,12 +138,15 @@ class System:
         sliding_window: int | None = None,
         num_layers: int = NUM_LAYERS,
         width: int = WIDTH,
+        reset_when_idle: bool = True,
     ) -> System:
         """Wire a system; `store_factory` puts your own store backend in it (default: a
         `MemoryStore`), `host_pages` adds the host backup tier. With `swa`, the sliding
         window is `sliding_window` tokens (default: ``window_pages`` pages less half a
         page, so with P > 1 it is no page multiple); requests keep SWA KV for the
-        window rounded up to whole pages. `num_layers` x `width` is a KV row's shape."""
+        window rounded up to whole pages. `num_layers` x `width` is a KV row's shape.
+        `reset_when_idle` is the linker's (`LinkerConfig`): off, its quarantine waits for
+        the store's own completions or an explicit reset."""
         p = page_size
         kv = KVPool(full_pages * p, p, num_layers, width)
         pools = {PoolName.KV: kv}
@@ -174,7 +177,8 @@ class System:
         ledger = StoreLedger(backend if faulty is None else faulty)
         store: ExternalStore = ledger
         store.attach(pools)
-        linker = ExternalLinker(tree, store, group=group, config=LinkerConfig(executor=executor))
+        linking = LinkerConfig(executor=executor, reset_when_idle=reset_when_idle)
+        linker = ExternalLinker(tree, store, group=group, config=linking)
         return cls(
             page_size=p,
             swa=swa,

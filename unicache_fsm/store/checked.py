@@ -27,7 +27,10 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
   as for loads: None on a fault (which offload, if any, completed is unknown).
 
 A count is checked for its type only: how many completions can be in flight is the
-caller's to know (the linker pops at most that many and reports the rest as a fault).
+caller's to know. `bounded(operation, count, limit)` caps a count at that (the rest is
+a fault), and `drain(count, pop, limit)` empties the store's completions after a reset
+in bounded time.
+- `progress() -> int | None` — the jobs it saw finish; None on a fault.
 - `reset() -> bool` — False when the store's reset raised.
 
 Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through.
@@ -57,6 +60,9 @@ def _all_ints(values: list[object] | tuple[object, ...]) -> bool:
 
 
 _INT = frozenset({int})
+
+#: how often `drain` asks again for a completion count the store failed to give
+DRAIN_ASKS = 32
 
 
 class CheckedStore:
@@ -177,6 +183,9 @@ class CheckedStore:
         return success
 
     # -- lifecycle -------------------------------------------------------------------------
+    def progress(self) -> int | None:
+        return self._count("progress", self.store.progress)
+
     def reset(self) -> bool:
         try:
             self.store.reset()
@@ -184,6 +193,36 @@ class CheckedStore:
             self.on_fault("reset", exc)
             return False
         return True
+
+    # -- completion counts a caller can trust --------------------------------------------
+    def bounded(self, operation: str, count: int | None, limit: int) -> int:
+        """A checked completion `count` (None: a fault, 0) capped at `limit`, what the
+        caller knows can be in flight; a count above it is a fault of `operation`."""
+        if count is None:
+            return 0
+        if count > limit:
+            msg = (
+                f"{operation}: the store reports {count} completions, but at most {limit} "
+                "can be in flight; the rest are not backed by any job"
+            )
+            self.on_fault(operation, StoreProtocolError(msg, operation=operation, value=count))
+            return limit
+        return count
+
+    def drain(self, count: Callable[[], int | None], pop: Callable[[], object], limit: int) -> None:
+        """Pop and drop what the store still holds after a reset: at most `limit` pops
+        and `DRAIN_ASKS` counts asked, whatever it reports (more is a fault of reset)."""
+        popped = 0
+        for _ in range(DRAIN_ASKS):
+            n = count()
+            if n is None:
+                continue
+            if n == 0 or popped >= limit:
+                return
+            n = self.bounded("reset", popped + n, limit) - popped
+            for _ in range(n):
+                pop()  # consumed, whatever it answers
+            popped += n
 
     def _count(self, operation: str, call: Callable[[], int]) -> int | None:
         try:

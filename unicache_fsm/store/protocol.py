@@ -43,13 +43,17 @@ Primitives, in the order a caller uses them (one line each, with the contract):
 Value type: `LoadBatchResult(batch, rids, success)`.
 
 Faults (what a caller may rely on, and what it must survive; the linker's side is
-`unicache_fsm.store.checked`): any exception from a call, of any type, and any answer of
-the wrong type (a verdict that is not a bool, None for a list, an unknown batch id) is a
-fault of that call. A call that raises has changed nothing in the store — except a pop,
-which consumed its completion whatever it answered, and `load` / `cancel_queued_load`,
-whose caller withdraws or defers the load when it cannot tell. The caller counts a
-faulty `lookup` as a miss, `load` / `offload` as refused, a faulty verdict as failed,
-and a completion that does not name the oldest batch in flight as that batch failed.
+`unicache_fsm.store.checked` and `unicache_fsm.linker.quarantine`): any exception from a
+call, of any type, and any answer of the wrong type (a verdict that is not a bool, None
+for a list, rids that are not a tuple of str, an unknown batch id, a count no job backs)
+is a fault of that call. A conforming store's call that raises has changed nothing in
+it — except a pop, which consumed its completion whatever it answered, and `load` /
+`cancel_queued_load` / `start_loading`, whose effect the caller cannot tell. The caller
+counts a faulty `lookup` as a miss, `load` / `offload` as refused, and a faulty
+completion as a failure of the job it may belong to — but it never frees or reuses
+device slots the store may still write or read on the strength of a faulty answer:
+only the store's own well-formed completion for that job, or a `reset` / `close` that
+returned, ends it (until then the caller quarantines those slots).
 """
 
 from __future__ import annotations

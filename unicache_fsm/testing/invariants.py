@@ -1,7 +1,10 @@
 """The kit's invariants: `unicache_fsm.serving.invariants`, re-exported.
 
 They live below both the reference scheduler and the kit, so `simulate`'s audits and
-the kit's `System.audit` run the same functions; see that module for each one.
+the kit's `System.audit` run the same functions; see that module for each one. Slot
+conservation has four terms: free ⊎ tree-owned ⊎ held outside ⊎ quarantined (what a
+misbehaving store may still touch: `ExternalLinker.quarantined_slots()`, passed as
+``quarantined_full`` / ``quarantined_swa``; `System.audit` does).
 """
 
 from __future__ import annotations
