@@ -253,9 +253,9 @@ class Scope:
         With a store of `store_pages` pages (which drops pages for room on its own, and
         nothing LOOKUPs before an audit), or with faults that raise or answer garbage (a
         LOOKUP that should demote what the store lost may fail), the audit checks the
-        pages the store acknowledged, not those it still holds (`System.check_stored`); with a capacity store, also
-        that its chains stay whole (`System.check_chains`, until an operation removes a
-        page from a chain's middle on purpose)."""
+        pages the store acknowledged, not those it still holds (`System.check_stored`);
+        with a capacity store, also that its chains stay whole (`System.check_chains`,
+        until an operation removes a page from a chain's middle on purpose)."""
         s = System.build(
             self.page_size,
             swa=self.swa,

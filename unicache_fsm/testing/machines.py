@@ -4,9 +4,10 @@ Rules are a scheduler's moves and the world's events — requests computing (fro
 device prefix, or from scratch, replacing SWA tombstones) or loading prefixes, the
 store progressing (or not, while the scheduler polls), loads landing or failing,
 completing, releasing, evicting (device, SWA, host), backing up and loading back from
-the host tier, the store losing or corrupting pages, LOOKUPs that demote stale stored flags, resets — plus one rule that
-fires arbitrary triggers at a shadow of an arbitrary live machine and checks that the
-engine either allows each or raises exactly `IllegalTransitionError`.
+the host tier, the store losing or corrupting pages, LOOKUPs that demote stale stored
+flags, resets — plus one rule that fires arbitrary triggers at a shadow of an arbitrary
+live machine and checks that the engine either allows each or raises exactly
+`IllegalTransitionError`.
 
 A request may leave its matched prefix unpinned (`begin(lock=False)`) and LOAD later
 (`prepare`), so other requests' inserts, evictions and host load-backs run inside the
