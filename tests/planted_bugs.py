@@ -15,10 +15,11 @@ import attrs
 import pytest
 
 from unicache_fsm.linker import linker as linker_mod
-from unicache_fsm.linker.load import LoadState
+from unicache_fsm.linker.load import LoadState, LoadTrigger
+from unicache_fsm.linker.offload import OffloadTrigger
 from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase
 from unicache_fsm.store.checked import CheckedStore
-from unicache_fsm.store.faults import FaultKind
+from unicache_fsm.store.faults import LYING, FaultKind
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import LoadBatchResult
 from unicache_fsm.testing.machines import SystemMachine
@@ -135,6 +136,72 @@ def _corrupt_page_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(MemoryStore, "_drop_rejected", lambda self, ident, entry: None)
 
 
+# -- issue 31: "free on a miscount" -------------------------------------------------------
+# Each is an independent rewrite of one piece of the linker's completion handling that
+# trusts what a lying store says about its work, so it frees (or unlocks) slots the store
+# still writes into or reads from. Each is caught by data: the store's late write lands in
+# slots another request owns (KV bytes), or a record ends on a completion that was not its
+# own (stored pages landed, loads landed).
+
+
+def _free_on_overcount(monkeypatch: pytest.MonkeyPatch) -> None:
+    def trusting(self: Any) -> None:
+        for _ in range(self.calls.num_completed_loads() or 0):
+            result = self.calls.pop_completed_load()  # None: the count was a lie
+            head = self.batches.popleft() if self.batches else None
+            for load in head.loads if head is not None else ():
+                if load.state == LoadState.LOADING and load.settled is None:
+                    # the oldest batch ends on the count alone: its slots are freed
+                    named = result is not None and load.rid in (result.rids or ())
+                    load.settled = named and result.success is True  # type: ignore[union-attr]
+
+    monkeypatch.setattr(linker_mod.ExternalLinker, "_take_completions", trusting)
+
+
+def _release_on_overcount(monkeypatch: pytest.MonkeyPatch) -> None:
+    def trusting(self: Any) -> list[Any]:
+        while self.offloads and self.offloads[0] is None and self.calls.num_completed_offloads():
+            self.calls.pop_completed_offload()
+            self.offloads.popleft()
+        run = 0
+        for record in self.offloads:
+            if record is None:
+                break
+            run += 1
+        count = min(self.calls.num_completed_offloads() or 0, run)  # believed
+        done = []
+        for _ in range(count):
+            record = self.offloads.popleft()
+            # a pop that fails ends the record failed: its nodes unlock under the store
+            ok = self.calls.pop_completed_offload()
+            self.offload_machine.fire(record, OffloadTrigger.COMPLETE, ok)
+            done.append(record)
+        return done
+
+    monkeypatch.setattr(linker_mod.ExternalLinker, "poll_offloads", trusting)
+
+
+def _free_after_lost_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def trusting(self: Any) -> int:
+        queued = [ld for ld in self.held.values() if ld.state == LoadState.QUEUED]
+        batch = self.calls.start_loading()
+        if batch is None:
+            return -1  # the reply was lost: the loads are taken to be queued still
+        if batch < 0:  # "nothing queued": the loads it started are settled failed
+            for load in queued:
+                if load.settled is None:
+                    load.settled = False
+            return -1
+        started = [ld for ld in queued if ld.settled is None]
+        for load in started:
+            self.load_machine.fire(load, LoadTrigger.START)
+            load.batch = batch
+        self.batches.append(linker_mod._Batch(batch, started))
+        return batch
+
+    monkeypatch.setattr(linker_mod.ExternalLinker, "start_loading", trusting)
+
+
 def _config(
     p: int,
     swa: bool,
@@ -142,7 +209,7 @@ def _config(
     *,
     rate: float = 0.25,
     capacities: tuple[int | None, ...] = (None,),
-    kinds: tuple[FaultKind, ...] = tuple(FaultKind),
+    kinds: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k not in LYING),
 ) -> dict[str, Any]:
     return {
         "page_sizes": (p,),
@@ -221,5 +288,27 @@ BUGS = [
         _corrupt_page_kept,
         _config(1, False, False),
         ("failed verification but are still stored",),
+    ),
+    # issue 31's "free on a miscount", each hunted with the one lie that exposes it:
+    # 1. a completion count the store cannot back still ends the oldest batch in flight
+    Bug(
+        "free_on_overcount",
+        _free_on_overcount,
+        _config(4, False, True, kinds=(K.OVERCOUNT_COMPLETIONS,)),
+        ("KV bytes", "loads landed", "COMMIT soundness", "slot conservation"),
+    ),
+    # 2. ... ends the oldest offload failed: its nodes unlock while the store reads them
+    Bug(
+        "release_on_overcount",
+        _release_on_overcount,
+        _config(4, False, True, kinds=(K.OVERCOUNT_COMPLETIONS,)),
+        ("KV bytes", "stored pages landed", "slot conservation"),
+    ),
+    # 3. a start whose reply was lost, then "nothing queued": the loads it started fail
+    Bug(
+        "free_after_lost_start",
+        _free_after_lost_start,
+        _config(4, False, True, rate=0.5, kinds=(K.LOST_REPLY,)),
+        ("KV bytes", "loads landed", "COMMIT soundness", "slot conservation"),
     ),
 ]

@@ -328,6 +328,7 @@ OPS_PER_RULE = {
     "begin": lambda args: 2 if "prepare=True" in args else 1,  # + load_back
     "revisit": lambda args: 6,  # compute, progress, poll, evict, begin, load_back
     "step": lambda args: 4,  # start, progress, finish, poll
+    "poll_only": lambda args: 2,  # finish, poll
     # the unpinned match -> load gap: compute the head and the key (each settled: compute,
     # progress, poll), evict the tail, an unpinned begin, the meddling, then load_back
     "gap": lambda args: 3 + 3 + 1 + 1 + 1 + _MEDDLE_OPS[args.split("meddle='")[1].split("'")[0]],

@@ -362,3 +362,125 @@ def test_garbage_answer_is_ill_typed_and_a_pop_still_consumes() -> None:
     assert not (isinstance(junk, LoadBatchResult) and junk == LoadBatchResult(batch, ("r",), True))
     store.policy = FaultPolicy()
     assert store.num_completed_loads() == 0  # consumed
+
+
+# -- the lying store: answers that misstate work the store really has ---------------------
+
+
+def _policy(kind: FaultKind) -> FaultPolicy:
+    return FaultPolicy({kind: FaultRule(every=1)}, seed=2)
+
+
+def test_an_overcount_claims_a_running_batch_done_and_the_batch_still_writes() -> None:
+    rig, _, store = _stores("")
+    keys, src = _stored(rig, store, 2)
+    dst = rig.alloc(KV, 2)
+    assert store.load("r", [PoolTransfer(KV, dst, keys)])
+    batch = store.start_loading()
+    store.policy = _policy(FaultKind.OVERCOUNT_COMPLETIONS)
+    assert store.num_completed_loads() == 1  # nothing has run yet
+    with pytest.raises(NoCompletionError):  # ... and the store cannot back its count
+        store.pop_completed_load()
+    store.policy = FaultPolicy()
+    store.progress()  # the batch runs on: it writes into the slots after all
+    assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+    assert drain(store)[0] == [LoadBatchResult(batch, ("r",), True)]
+    # offloads alike: one more than ready while an accepted offload is still queued
+    assert store.offload([PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
+    store.policy = _policy(FaultKind.OVERCOUNT_COMPLETIONS)
+    assert store.num_completed_offloads() == 1
+    store.policy = FaultPolicy()
+    assert store.num_completed_offloads() == 0
+    store.progress()
+    assert drain(store)[1] == [True]
+    store.policy = _policy(FaultKind.OVERCOUNT_COMPLETIONS)
+    assert drain(store) == ([], [])  # nothing in flight: no count to inflate
+    assert not store.policy.injected
+
+
+def test_an_undercount_hides_a_completion_that_stays_poppable() -> None:
+    rig, _, store = _stores("")
+    keys, _ = _stored(rig, store, 1)
+    assert store.load("r", [PoolTransfer(KV, rig.alloc(KV, 1), keys)])
+    batch = store.start_loading()
+    assert store.offload([PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
+    store.progress()
+    store.policy = _policy(FaultKind.UNDERCOUNT_COMPLETIONS)
+    assert (store.num_completed_loads(), store.num_completed_offloads()) == (0, 0)
+    store.policy = FaultPolicy()
+    assert drain(store) == ([LoadBatchResult(batch, ("r",), True)], [True])
+
+
+def test_a_malformed_completion_is_consumed_in_every_form() -> None:
+    rig, _, store = _stores("")
+    keys, _ = _stored(rig, store, 1)
+    forms: list[object] = []
+    flags: list[object] = []
+    for i in range(24):
+        store.policy = FaultPolicy()
+        assert store.load(f"r{i}", [PoolTransfer(KV, rig.alloc(KV, 1), keys)])
+        batch = store.start_loading()
+        assert store.offload([PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
+        store.progress()
+        store.policy = FaultPolicy({FaultKind.MALFORMED_COMPLETION: FaultRule(every=1)}, seed=i)
+        got = store.pop_completed_load()
+        assert got != LoadBatchResult(batch, (f"r{i}",), True)
+        forms.append(got)
+        flags.append(store.pop_completed_offload())
+        store.policy = FaultPolicy()
+        assert drain(store) == ([], [])  # both consumed
+    results = [f for f in forms if isinstance(f, LoadBatchResult)]
+    assert any(r.rids is None for r in results)
+    assert any(isinstance(r.rids, str) for r in results)
+    assert any(isinstance(r.batch, str) for r in results)
+    assert any(isinstance(r.rids, tuple) and len(r.rids) == 2 for r in results)
+    assert any(type(f) is tuple for f in forms)
+    assert all(not isinstance(f, bool) for f in flags) and {type(f) for f in flags} >= {int, str}
+
+
+def test_a_lost_reply_comes_after_the_work_was_done() -> None:
+    rig, inner, store = _stores("")
+    keys, src = _stored(rig, store, 1)
+    dst = rig.alloc(KV, 1)
+    store.policy = _policy(FaultKind.LOST_REPLY)
+    with pytest.raises(TimeoutError, match="lost_reply"):
+        store.load("r", [PoolTransfer(KV, dst, keys)])  # queued all the same
+    with pytest.raises(TimeoutError, match="lost_reply"):
+        store.start_loading()  # ... and started
+    assert store.start_loading() == -1  # nothing is queued any more (no work: no lie)
+    with pytest.raises(TimeoutError):
+        store.offload([PoolTransfer(KV, rig.fill(KV, 1), rig.chain(1))])
+    store.policy = FaultPolicy()
+    store.progress()
+    (result,), flags = drain(store)
+    assert (result.rids, result.success, flags) == (("r",), True, [True])
+    assert torch.equal(rig.read(KV, dst), rig.read(KV, src))
+    assert inner.start_loading() == -1
+
+
+def test_an_unknown_batch_id_starts_nothing() -> None:
+    rig, _, store = _stores("")
+    keys, _ = _stored(rig, store, 1)
+    store.policy = _policy(FaultKind.UNKNOWN_BATCH)
+    phantom = store.start_loading()  # nothing queued: a batch id all the same, not -1
+    assert phantom >= 0
+    assert store.load("r", [PoolTransfer(KV, rig.alloc(KV, 1), keys)])
+    never = store.start_loading()
+    assert never >= 0 and never != phantom
+    store.progress()
+    store.policy = FaultPolicy()
+    assert store.num_completed_loads() == 0  # neither id started anything
+    real = store.start_loading()  # the load was still queued
+    assert real not in (phantom, never)
+    store.progress()
+    assert drain(store)[0] == [LoadBatchResult(real, ("r",), True)]
+
+
+def test_lying_kinds_are_misbehaviour_and_parse_by_name() -> None:
+    from unicache_fsm.store.faults import LYING, MISBEHAVIOUR
+
+    assert LYING <= MISBEHAVIOUR
+    names = "overcount_completions,undercount_completions,malformed_completion,lost_reply"
+    policy = FaultPolicy.parse(f"{names},unknown_batch=every:3".replace(",", "=0.5,", 4))
+    assert set(policy.rules) == LYING
+    assert FaultPolicy.parse(str(policy)).rules == policy.rules

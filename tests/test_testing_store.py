@@ -9,6 +9,7 @@ and run: it must fail the same way (every value in it has a valid-Python repr).
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import re
 from pathlib import Path
@@ -24,9 +25,9 @@ from hypothesis.stateful import initialize, run_state_machine_as_test
 from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName, check_page_key
-from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultyStore
+from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule, FaultyStore
 from unicache_fsm.store.memory import MemoryStore
-from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 from unicache_fsm.store.requests import CheckedTransfer
 from unicache_fsm.testing.store_machine import (
     Chain,
@@ -266,3 +267,99 @@ def test_chain_records_paste_back() -> None:
     assert eval(repr(chain), {"Chain": Chain}) == chain
     assert chain.keys == tuple(page_hashes((0, 0, 3, 3), 2))
     assert eval(repr(LoadTicket("load-1")), {"LoadTicket": LoadTicket}) == LoadTicket("load-1")
+
+
+# -- the lying store (issue 31) --------------------------------------------------------------
+
+
+class HastyStore:
+    """A store whose load completions run ahead of its writes (a planted "free on a
+    miscount" in a store): each batch is reported failed ("timed out") as soon as it
+    starts, while the memory store inside still runs it and writes its pages later; the
+    inner store's own late result is dropped. Everything else is the memory store's."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.queued: list[str] = []
+        self.results: collections.deque[LoadBatchResult] = collections.deque()
+        self.hasty: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def load(self, rid: str, transfers: Any) -> bool:
+        accepted = self.inner.load(rid, transfers)
+        if accepted:
+            self.queued.append(rid)
+        return accepted
+
+    def cancel_queued_load(self, rid: str) -> bool:
+        cancelled = self.inner.cancel_queued_load(rid)
+        if cancelled:
+            self.queued.remove(rid)
+        return cancelled
+
+    def start_loading(self) -> int:
+        batch = self.inner.start_loading()
+        if batch >= 0:
+            self.results.append(LoadBatchResult(batch, tuple(self.queued), False))
+            self.hasty.add(batch)
+        self.queued.clear()
+        return batch
+
+    def num_completed_loads(self) -> int:
+        self._absorb()
+        return len(self.results)
+
+    def pop_completed_load(self) -> LoadBatchResult:
+        self._absorb()
+        if not self.results:
+            return self.inner.pop_completed_load()  # (raises NoCompletionError)
+        return self.results.popleft()
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.queued.clear()
+
+    def _absorb(self) -> None:
+        while self.inner.num_completed_loads():
+            result = self.inner.pop_completed_load()
+            if result.batch in self.hasty:
+                self.hasty.discard(result.batch)  # reported already
+            else:
+                self.results.append(result)
+
+
+class HastyStoreMachine(StoreMachine):
+    pool_names = (PoolName.KV,)
+
+    def make_store(self) -> ExternalStore:
+        return HastyStore()  # type: ignore[return-value]
+
+
+def test_a_store_whose_completions_run_ahead_of_its_writes_is_caught_by_data() -> None:
+    error = _caught(HastyStoreMachine, r"written after the machine freed them \(load 'load-\d+'")
+    assert "still writes into slots it gave back" in str(error)
+
+
+LIES = {
+    FaultKind.OVERCOUNT_COMPLETIONS: r"a count the store cannot back with a completion",
+    FaultKind.UNDERCOUNT_COMPLETIONS: r"a result was lost|a completion was lost",
+    FaultKind.MALFORMED_COMPLETION: r"expected a LoadBatchResult|expected a bool|reports rids",
+    FaultKind.LOST_REPLY: r"lost_reply",
+    FaultKind.UNKNOWN_BATCH: r"want -1|a result was lost",
+}
+
+
+@pytest.mark.parametrize("kind", list(LIES), ids=lambda k: k.value)
+def test_every_lie_of_a_lying_store_is_caught(kind: FaultKind) -> None:
+    class Lying(StoreMachine):
+        pool_names = (PoolName.KV,)
+
+        def make_store(self) -> ExternalStore:
+            policy = FaultPolicy({kind: FaultRule(probability=0.5)}, seed=3)
+            return FaultyStore(MemoryStore(), policy)
+
+    # a lost reply raises where the store did its work: the store's exception propagates
+    with pytest.raises((AssertionError, TimeoutError), match=LIES[kind]):
+        run_state_machine_as_test(Lying, settings=CATCH)  # type: ignore[no-untyped-call]

@@ -29,6 +29,25 @@ purpose, reproducibly, in every way the linker must survive.
     not allow — None, a string (``"false"`` as a verdict, ``"1"``), a number out of
     range, a boundary outside ``1..n``, a completion naming an unknown batch — with the
     same rules for what reached the inner store.
+  The lying store (`LYING`): a store that says one thing and does another. Each lie is
+  told about work the inner store really has, so a caller that believes it frees slots
+  the store still writes into (a load) or reads from (an offload):
+  - OVERCOUNT_COMPLETIONS (``overcount_completions``): `num_completed_loads` /
+    `num_completed_offloads` answer one more than the completions ready, while a started
+    batch (an accepted offload) of this wrapper is still running; the pop the store
+    cannot back raises `NoCompletionError`, and the job runs on.
+  - UNDERCOUNT_COMPLETIONS (``undercount_completions``): the same counts answer one
+    fewer than ready (at least one ready); the hidden completion stays poppable.
+  - MALFORMED_COMPLETION (``malformed_completion``): a pop consumes its completion and
+    answers it malformed: a load result whose `rids` is None, a str, or names a rid
+    the batch does not hold, whose batch id is a str or a batch never started, or a
+    bare tuple; an offload flag that is not a bool (``1``, ``"True"``, ``[True]``).
+  - LOST_REPLY (``lost_reply``): `load`, `start_loading` and `offload` do their work
+    in the inner store (the load queued, the batch started, the offload queued), then
+    the reply is lost: `TimeoutError`. The work completes later, as usual.
+  - UNKNOWN_BATCH (``unknown_batch``): `start_loading` answers a fresh batch id it
+    never started: the queued loads stay queued (a later call starts them under
+    another id), and with nothing queued the id names an empty batch, not -1.
 - `FaultRule(probability=0.0, every=0)` — when a kind fires: with `probability` per
   eligible call, or deterministically on every `every`-th eligible call.
 - `FaultPolicy(rules, *, seed=0, delay_steps=2)` — one rule per kind, a
@@ -64,7 +83,15 @@ from unicache_fsm.store.errors import (
 )
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
-__all__ = ["ERROR_TYPES", "MISBEHAVIOUR", "FaultKind", "FaultPolicy", "FaultRule", "FaultyStore"]
+__all__ = [
+    "ERROR_TYPES",
+    "LYING",
+    "MISBEHAVIOUR",
+    "FaultKind",
+    "FaultPolicy",
+    "FaultRule",
+    "FaultyStore",
+]
 
 
 class FaultKind(str, enum.Enum):
@@ -78,11 +105,27 @@ class FaultKind(str, enum.Enum):
     DELAY_COMPLETION = "delay_completion"
     RAISE_ERROR = "raise_error"
     GARBAGE_ANSWER = "garbage_answer"
+    OVERCOUNT_COMPLETIONS = "overcount_completions"
+    UNDERCOUNT_COMPLETIONS = "undercount_completions"
+    MALFORMED_COMPLETION = "malformed_completion"
+    LOST_REPLY = "lost_reply"
+    UNKNOWN_BATCH = "unknown_batch"
 
+
+#: The lying store: answers that misstate the work the store really has in hand.
+LYING = frozenset(
+    {
+        FaultKind.OVERCOUNT_COMPLETIONS,
+        FaultKind.UNDERCOUNT_COMPLETIONS,
+        FaultKind.MALFORMED_COMPLETION,
+        FaultKind.LOST_REPLY,
+        FaultKind.UNKNOWN_BATCH,
+    }
+)
 
 #: The kinds a conforming store never shows (the protocol's checks in `testing`'s
 #: `StoreMachine` flag them); a caller must survive them all the same.
-MISBEHAVIOUR = frozenset({FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER})
+MISBEHAVIOUR = frozenset({FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER, *LYING})
 
 #: What RAISE_ERROR raises: the failures a real backend's client library throws.
 ERROR_TYPES: tuple[type[Exception], ...] = (
@@ -345,6 +388,7 @@ class FaultyStore:
         accepted = self.inner.load(rid, transfers)
         if accepted:
             self._queued.append(rid)
+            self._lose_reply("load")
         return accepted
 
     def start_loading(self) -> int:
@@ -352,6 +396,9 @@ class FaultyStore:
         mischief = self._mischief()
         if mischief is not None:  # before the inner store: nothing started
             return self._misbehave("start_loading", mischief, [None, "0", 0.5, -7])  # type: ignore[no-any-return]
+        if self.policy.roll(FaultKind.UNKNOWN_BATCH):  # nothing starts; the loads stay queued
+            self._next_batch += 1
+            return self._next_batch - 1
         if not self._queued:
             return -1
         rids = tuple(self._queued)
@@ -369,6 +416,7 @@ class FaultyStore:
         self._loads.append(entry)
         if entry.inner_batch is None:
             self._settle(entry, False)
+        self._lose_reply("start_loading")
         return batch
 
     def num_completed_loads(self) -> int:
@@ -376,7 +424,7 @@ class FaultyStore:
         mischief = self._mischief()
         if mischief is not None:
             return self._misbehave("num_completed_loads", mischief, [None, -1, "1", 1.5])  # type: ignore[no-any-return]
-        return self._count_loads()
+        return self._miscount(self._count_loads(), len(self._loads))
 
     def pop_completed_load(self) -> LoadBatchResult:
         self._check_open("pop_completed_load")
@@ -396,6 +444,17 @@ class FaultyStore:
                 LoadBatchResult(entry.batch + 10_000, entry.rids, entry.success),
             ]
             return self._misbehave("pop_completed_load", mischief, junk)  # type: ignore[no-any-return]
+        if self.policy.roll(FaultKind.MALFORMED_COMPLETION):
+            self._next_batch += 1  # an id no batch of this store will ever have
+            malformed: list[object] = [
+                LoadBatchResult(entry.batch, None, entry.success),  # type: ignore[arg-type]
+                LoadBatchResult(entry.batch, ",".join(entry.rids), entry.success),  # type: ignore[arg-type]
+                LoadBatchResult(entry.batch, (*entry.rids, "unknown-rid"), entry.success),
+                LoadBatchResult(str(entry.batch), entry.rids, entry.success),  # type: ignore[arg-type]
+                LoadBatchResult(self._next_batch - 1, entry.rids, entry.success),
+                (entry.batch, entry.rids, entry.success),
+            ]
+            return self.policy.pick(malformed)  # type: ignore[return-value]
         return result
 
     def cancel_queued_load(self, rid: str) -> bool:
@@ -419,6 +478,7 @@ class FaultyStore:
         accepted = self.inner.offload(transfers)
         if accepted:
             self._offloads.append(_OffloadEntry(self.policy.roll(FaultKind.FAIL_OFFLOAD)))
+            self._lose_reply("offload")
         return accepted
 
     def num_completed_offloads(self) -> int:
@@ -426,7 +486,7 @@ class FaultyStore:
         mischief = self._mischief()
         if mischief is not None:
             return self._misbehave("num_completed_offloads", mischief, [None, -1, "2"])  # type: ignore[no-any-return]
-        return self._count_offloads()
+        return self._miscount(self._count_offloads(), len(self._offloads))
 
     def pop_completed_offload(self) -> bool:
         self._check_open("pop_completed_offload")
@@ -439,6 +499,9 @@ class FaultyStore:
         if mischief is not None:
             junk: list[object] = [None, "false", "true", 1, 0]
             return self._misbehave("pop_completed_offload", mischief, junk)  # type: ignore[no-any-return]
+        if self.policy.roll(FaultKind.MALFORMED_COMPLETION):
+            flags: list[object] = [int(entry.success), str(entry.success), [entry.success]]
+            return self.policy.pick(flags)  # type: ignore[return-value]
         return entry.success
 
     def progress(self) -> int:
@@ -497,6 +560,21 @@ class FaultyStore:
     def _count_offloads(self) -> int:
         self._pull()
         return self._ready(self._offloads)
+
+    def _miscount(self, ready: int, jobs: int) -> int:
+        """The completion count to answer: `ready`, or a lie about it (see LYING): one
+        more while a job of the `jobs` in flight is still running, one fewer."""
+        if jobs > ready and self.policy.roll(FaultKind.OVERCOUNT_COMPLETIONS):
+            return ready + 1
+        if ready and self.policy.roll(FaultKind.UNDERCOUNT_COMPLETIONS):
+            return ready - 1
+        return ready
+
+    def _lose_reply(self, operation: str) -> None:
+        """After `operation` did its work in the inner store: lose its reply (LOST_REPLY)."""
+        if self.policy.roll(FaultKind.LOST_REPLY):
+            msg = f"{operation}: the reply was lost (injected fault {FaultKind.LOST_REPLY.value})"
+            raise TimeoutError(msg)
 
     def _mischief(self) -> FaultKind | None:
         """RAISE_ERROR or GARBAGE_ANSWER when one fires for this call (rolled in order)."""

@@ -23,7 +23,12 @@ linker makes: their variants of an operation are one per eligible call it makes 
 first, the second, ...) and per option the store picks from there (`GARBAGE_ANSWER`:
 each wrong answer that call has, a ``"false"`` verdict, None, a foreign batch, ...;
 `RAISE_ERROR`: two, since the linker contains every exception type alike and only a
-cancel that did or did not reach the store differs). An operation that the tiny pools
+cancel that did or did not reach the store differs). The lying store's faults
+(`store.faults.LYING`: a completion count one over or under the truth, a malformed
+completion, a reply lost after the work was done, a batch id never started) are
+variants the same way, one per call they apply to (and per malformed form of a
+completion): "the store said this batch was done while it was still writing" is a
+state the search reaches on purpose. An operation that the tiny pools
 cannot serve (the harness cannot allocate) is not enabled there.
 
 Scope options add operations (each off by default, so a scope without them keeps its
@@ -122,7 +127,7 @@ from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
 from unicache_fsm.store.checksum import page_checksum
-from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.store.faults import LYING, FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.testing.search import Successor, breadth_first, summary
 from unicache_fsm.tree import EvictParams
 from unicache_fsm.tree.node import TreeNode
@@ -161,8 +166,22 @@ _LOSING_FAULTS = (FaultKind.EVICT_AFTER_LOOKUP,)  # the store drops pages itself
 # choosing, answering the option it chooses (`inject`): how many options are explored
 # (RAISE_ERROR: the linker contains every exception type alike, so two options cover the
 # one choice that matters, a cancel that reached the store or not; GARBAGE_ANSWER: the
-# longest list of wrong answers a call has)
-_WILD_FAULTS = {FaultKind.RAISE_ERROR: 2, FaultKind.GARBAGE_ANSWER: 6}
+# longest list of wrong answers a call has). The lying store's kinds (`LYING`) hit the
+# calls they apply to the same way, one call of the search's choosing at a time (a count
+# of completions, a pop, a call whose reply is lost, a start), with every malformed form
+# of a completion (MALFORMED_COMPLETION: the longest list a pop has)
+_WILD_FAULTS = {
+    FaultKind.RAISE_ERROR: 2,
+    FaultKind.GARBAGE_ANSWER: 6,
+    FaultKind.OVERCOUNT_COMPLETIONS: 1,
+    FaultKind.UNDERCOUNT_COMPLETIONS: 1,
+    FaultKind.MALFORMED_COMPLETION: 6,
+    FaultKind.LOST_REPLY: 1,
+    FaultKind.UNKNOWN_BATCH: 1,
+}
+assert set(_WILD_FAULTS) == {FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER, *LYING}
+# the faults after which no LOOKUP can be trusted to tell what the store still holds
+_UNTRUSTED = (FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER)
 
 
 # -- scope -------------------------------------------------------------------------------
@@ -232,11 +251,11 @@ class Scope:
         """A fresh system of this scope, with an (inactive) fault wrapper.
 
         With a store of `store_pages` pages (which drops pages for room on its own, and
-        nothing LOOKUPs before an audit), or with wild faults (a LOOKUP that should demote
-        what the store lost may fail), the audit checks the pages the store acknowledged,
-        not those it still holds (`System.check_stored`); with a capacity store, also
-        that its chains stay whole (`System.check_chains`, until an operation removes a
-        page from a chain's middle on purpose)."""
+        nothing LOOKUPs before an audit), or with faults that raise or answer garbage (a
+        LOOKUP that should demote what the store lost may fail), the audit checks the
+        pages the store acknowledged, not those it still holds (`System.check_stored`);
+        with a capacity store, also that its chains stay whole (`System.check_chains`,
+        until an operation removes a page from a chain's middle on purpose)."""
         s = System.build(
             self.page_size,
             swa=self.swa,
@@ -247,7 +266,7 @@ class Scope:
             host_pages=self.host_pages,
             capacity_pages=self.store_pages or None,
         )
-        if self.store_pages or self.wild:
+        if self.store_pages or any(kind in self.faults for kind in _UNTRUSTED):
             s.check_stored = False
         if self.store_pages:
             s.check_chains = True
@@ -255,8 +274,8 @@ class Scope:
 
     @property
     def wild(self) -> bool:
-        """Whether the store may raise or answer garbage on any call (then no LOOKUP can
-        be trusted to tell what it still holds)."""
+        """Whether a fault of the scope hits one call of the search's choosing (it may
+        raise or answer garbage on any call, or lie about its work)."""
         return any(kind in self.faults for kind in _WILD_FAULTS)
 
     def source(self) -> str:

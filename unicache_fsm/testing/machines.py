@@ -2,17 +2,20 @@
 
 Rules are a scheduler's moves and the world's events — requests computing (from their
 device prefix, or from scratch, replacing SWA tombstones) or loading prefixes, the
-store progressing, loads landing or failing, completing, releasing, evicting (device,
-SWA, host), backing up and loading back from the host tier, the store losing or
-corrupting pages, LOOKUPs that demote stale stored flags, resets — plus one rule that
-fires arbitrary triggers at a shadow of an arbitrary live machine and checks that the
-engine either allows each or raises exactly `IllegalTransitionError`.
+store progressing (or not, while the scheduler polls), loads landing or failing,
+completing, releasing, evicting (device, SWA, host), backing up and loading back from
+the host tier, the store losing or corrupting pages, LOOKUPs that demote stale stored
+flags, resets — plus one rule that fires arbitrary triggers at a shadow of an arbitrary
+live machine and checks that the engine either allows each or raises exactly
+`IllegalTransitionError`.
 
 A request may leave its matched prefix unpinned (`begin(lock=False)`) and LOAD later
 (`prepare`), so other requests' inserts, evictions and host load-backs run inside the
 match -> load_back gap. The store may raise arbitrary exception types and answer
 ill-typed values on every call the linker makes (`FaultKind.RAISE_ERROR`,
-`FaultKind.GARBAGE_ANSWER`), besides the classic faults, with capacity-limited and
+`FaultKind.GARBAGE_ANSWER`), and lie about its work (`store.faults.LYING`: completion
+counts over or under the truth, malformed completions, replies lost after the work was
+done, batch ids never started), besides the classic faults, with capacity-limited and
 unbounded stores.
 
 Preconditions mirror guards; every invariant of `serving.invariants` runs after every
@@ -35,7 +38,7 @@ attributes, or put your own store backend in the whole system::
 
 Class attributes: `page_sizes`, `swa_choices`, `fault_rates`, `store_capacities` (each
 run draws one of each), `fault_kinds` (the kinds injected at the drawn rate; every one
-by default, `RAISE_ERROR` and `GARBAGE_ANSWER` at half of it), `host_pages` (0 turns
+but `NOT_YET_CONTAINED` by default, `MISBEHAVIOUR`'s at half of it), `host_pages` (0 turns
 the host tier off); `walk_config` names those a walk's reproduction pins. Every
 transition any run takes is counted in the class's `coverage` (a `TransitionCounter`),
 for coverage reports.
@@ -60,7 +63,7 @@ from unicache_fsm.serving.kv import kv_bytes, same_kv
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
 from unicache_fsm.store import jobs
-from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.store.faults import MISBEHAVIOUR, FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
 from unicache_fsm.testing.walk import (
@@ -79,7 +82,16 @@ from unicache_fsm.testing.walk import (
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import EvictParams
 
-__all__ = ["SystemMachine"]
+__all__ = ["NOT_YET_CONTAINED", "SystemMachine"]
+
+#: Lies of the store (`store.faults.LYING`) the linker does not contain yet, left out of
+#: the default `fault_kinds` until it does (issue 31's note names each failing case): an
+#: undercount while `reset` drains, a reply to `offload` lost after the store queued it,
+#: and an unknown batch id followed by a malformed completion. Name them in `fault_kinds`
+#: to hunt them.
+NOT_YET_CONTAINED = frozenset(
+    {FaultKind.UNDERCOUNT_COMPLETIONS, FaultKind.LOST_REPLY, FaultKind.UNKNOWN_BATCH}
+)
 
 DOCS = 3
 MAX_PAGES = 8
@@ -137,7 +149,9 @@ class SystemMachine(RuleBasedStateMachine):
     fault_rates: ClassVar[tuple[float, ...]] = (0.0, 0.1, 0.25)
     host_pages: ClassVar[int] = 12
     store_capacities: ClassVar[tuple[int | None, ...]] = (None, 24, 6)
-    fault_kinds: ClassVar[tuple[FaultKind, ...]] = tuple(FaultKind)  # injected at the rate
+    fault_kinds: ClassVar[tuple[FaultKind, ...]] = tuple(  # injected at the drawn rate
+        k for k in FaultKind if k not in NOT_YET_CONTAINED
+    )
     # the configuration a walk's reproduction pins (`testing.walk.reproduction`)
     walk_config: ClassVar[tuple[str, ...]] = (
         "page_sizes",
@@ -181,9 +195,11 @@ class SystemMachine(RuleBasedStateMachine):
         rate = choose(data, cls.fault_rates, "fault_rate")
         seed = choose_int(data, 0, 2**16, "seed")
         capacity = choose(data, cls.store_capacities, "capacity_pages")
-        wild = (FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER)  # every call: rarer
-        rules = (
-            {k: FaultRule(probability=rate / 2 if k in wild else rate) for k in cls.fault_kinds}
+        rules = (  # misbehaviour (wild and lying kinds: most calls are eligible) is rarer
+            {
+                k: FaultRule(probability=rate / 2 if k in MISBEHAVIOUR else rate)
+                for k in cls.fault_kinds
+            }
             if rate
             else {}
         )
@@ -381,6 +397,15 @@ class SystemMachine(RuleBasedStateMachine):
         s = self.sys
         s.linker.start_loading()
         s.store.progress()
+        s.finish_loads()
+        s.linker.poll_offloads()
+        self.after_store_call()
+
+    @move(when=_live)
+    def poll_only(self) -> None:
+        """A scheduler step in which the store made no progress: take the completions
+        it reports now (a lying store may report work it is still doing)."""
+        s = self.sys
         s.finish_loads()
         s.linker.poll_offloads()
         self.after_store_call()

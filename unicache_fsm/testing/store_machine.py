@@ -40,8 +40,9 @@ The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on re
 - `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
 
 `offload`, `load`, `load_restorable` and `start_loading` take a `settle` flag: then
-they also run `progress()` and poll, as a serving loop would, so that most programs
-reach completions (the plain interleavings stay reachable with ``settle=False``).
+they also run `progress()` and poll (loads: poll, progress, poll), as a serving loop
+would, so that most programs reach completions (the plain interleavings stay reachable
+with ``settle=False``).
 
 The model, per page ``(pool, key)``: *may* — could be in the store (an accepted offload
 named it and the test has not evicted it since, or evicted it while an accepted offload
@@ -71,7 +72,14 @@ What is checked, in the rules and after every step (invariants):
   *stored*; `contains` is True on *stored*; `evict` removes every *stored* page named;
   a load of *stored* pages (or of a boundary a lookup just reported) is accepted, and
   its batch lands unless the test evicted, corrupted or reset under it;
-- the store's own ``check_invariants()``, when it has one.
+- the store's own ``check_invariants()``, when it has one;
+- slots given back: every slot the machine freed (a load's or an offload's once its
+  completion was popped or it was cancelled, a refused job's at once) holds `FREED`
+  until the machine allocates it again — a store whose completion (or count of
+  completions) runs ahead of its writes, so that a caller frees slots it still writes
+  into, shows there; a count the store cannot back with a pop, and a completion of the
+  wrong shape (rids that are not a tuple of str, a batch id that is not an int), are
+  named as such.
 
 A store may raise `StoreFaultError` from `lookup`, `load` or `offload` (a failing
 backend): the machine treats it as the linker does — a miss, a refusal. A store with a
@@ -96,7 +104,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import attrs
 import torch
@@ -115,18 +123,23 @@ from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
 from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
-from unicache_fsm.store.errors import StoreFaultError
+from unicache_fsm.store.errors import NoCompletionError, StoreFaultError
 from unicache_fsm.store.lookup import restorable_prefix_pages
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
 __all__ = ["POISON", "Chain", "LoadTicket", "MemoryStoreMachine", "StoreMachine"]
 
+T = TypeVar("T")
 KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
 Ident = tuple[PoolName, str]
 
 POISON = 2048.0
 """Written into every load destination first; truth bytes are integers in (-1000, 1000)."""
+
+FREED = -4096.0
+"""Written into every slot the machine frees (a popped completion's, a refused job's): a
+store that still writes into slots it gave back shows there."""
 
 _TRUTH_BOUND = 1000
 # Built, not sampled: Hypothesis prints a str-mixin enum member with its angle-bracket
@@ -248,6 +261,10 @@ class StoreMachine(RuleBasedStateMachine):
         self._load_calls_since_start = 0
         self._calls_since_reset = 0
         self._evict_number = 0
+        # pages the machine freed, by pool: first slot -> why (kept until allocated again),
+        # and their slots as one tensor (rebuilt only after a change: checked every step)
+        self.freed: dict[PoolName, dict[int, str]] = {}
+        self._freed_slots: dict[PoolName, torch.Tensor] = {}
 
     # -- what a subclass provides ------------------------------------------------------
 
@@ -341,7 +358,7 @@ class StoreMachine(RuleBasedStateMachine):
                 f"offload #{number} of {len(chain.keys)} page(s) was refused, but the store "
                 "is lossless (set lossless = False if it may refuse)"
             )
-            self._free(parts)
+            self._free(parts, f"offload #{number}'s source, refused")
             for ident in idents - self.may:
                 self.absent_because.setdefault(ident, "every offload naming it was refused")
         if settle:  # whatever the answer: what the machine does next must not depend on it
@@ -375,8 +392,8 @@ class StoreMachine(RuleBasedStateMachine):
         """Pop every recorded offload flag; each settles the oldest pending offload."""
         count = self.store.num_completed_offloads()
         self._check_offload_count(count)
-        for _ in range(count):
-            ok = self.store.pop_completed_offload()
+        for k in range(count):
+            ok = self._pop("offload", k, count, self.store.pop_completed_offload)
             record = self.offloads.popleft()
             self._check_bool(f"pop_completed_offload() for offload #{record.number}", ok)
             for part in record.parts:
@@ -385,7 +402,7 @@ class StoreMachine(RuleBasedStateMachine):
                     f"the device slots offload #{record.number} reads from were written "
                     f"while it was pending: {part.pool.value} page {wrong}"
                 )
-                self.allocators[part.pool].free(part.slots)
+            self._free(record.parts, f"offload #{record.number}'s source, its flag popped")
             if ok:
                 self.stored |= record.idents - record.evicted
             else:
@@ -458,10 +475,12 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._load_calls_since_start > 0)
     @rule(settle=st.booleans())
     def start_loading(self, settle: bool) -> None:
-        """Start every queued load as one batch; with `settle`, then `progress()` and
-        `poll_loads()`."""
+        """Start every queued load as one batch; with `settle`, then poll, `progress()`
+        and poll again (as a serving loop polls each step, whether the store progressed
+        or not)."""
         self._start_loading()
         if settle:
+            self.poll_loads()
             self.progress()
             self.poll_loads()
 
@@ -489,8 +508,8 @@ class StoreMachine(RuleBasedStateMachine):
         """Pop every recorded batch result and check it (rids, order, bytes)."""
         count = self.store.num_completed_loads()
         self._check_load_count("num_completed_loads()", recorded=count)
-        for _ in range(count):
-            self._settle_batch(self.store.pop_completed_load())
+        for k in range(count):
+            self._settle_batch(self._pop("load", k, count, self.store.pop_completed_load))
 
     @rule(ticket=consumes(loads))
     def cancel_queued_load(self, ticket: LoadTicket) -> None:
@@ -516,7 +535,7 @@ class StoreMachine(RuleBasedStateMachine):
             "started; a queued load must be cancellable"
         )
         self.done.add(rid)
-        self._free(record.parts)
+        self._free(record.parts, f"load {rid!r}'s destination, cancelled")
 
     # -- rules: eviction, reset, corruption ----------------------------------------------
 
@@ -623,6 +642,27 @@ class StoreMachine(RuleBasedStateMachine):
                 )
 
     @invariant()
+    def freed_slots_untouched(self) -> None:
+        p = self.page_size
+        for pool, pages in self.freed.items():
+            if not pages:
+                continue
+            slots = self._freed_slots.get(pool)
+            if slots is None:
+                firsts = torch.tensor(sorted(pages), dtype=torch.int64)
+                slots = self._freed_slots[pool] = (firsts[:, None] + torch.arange(p)).flatten()
+            rows = self.kv_pools[pool].read_pages(slots).view(len(pages), -1)
+            touched = ~(rows == FREED).all(1)
+            if bool(touched.any()):
+                first = int(slots[int(touched.nonzero()[0, 0]) * p])
+                raise AssertionError(
+                    f"{pool.value} slots {first}..{first + p - 1} were written after the "
+                    f"machine freed them ({pages[first]}): the store still writes into "
+                    "slots it gave back (its completion, or its count of completions, ran "
+                    "ahead of its work)"
+                )
+
+    @invariant()
     def store_books_hold(self) -> None:
         check = getattr(self.store, "check_invariants", None)
         if callable(check):
@@ -658,11 +698,33 @@ class StoreMachine(RuleBasedStateMachine):
     def _alloc(self, pool: PoolName, pages: int) -> torch.Tensor:
         slots = self.allocators[pool].alloc(pages * self.page_size)
         assert slots is not None, "the _has_room precondition keeps a chain's worth free"
+        freed = self.freed.get(pool)
+        if freed:
+            for first in slots[:: self.page_size].tolist():
+                freed.pop(first, None)
+            self._freed_slots.pop(pool, None)
         return slots
 
-    def _free(self, parts: tuple[_Part, ...]) -> None:
+    def _free(self, parts: tuple[_Part, ...], why: str) -> None:
+        """Give `parts`' slots back, marked `FREED` (checked by `freed_slots_untouched`)."""
         for part in parts:
+            self.kv_pools[part.pool].fill_pages(part.slots, FREED)
             self.allocators[part.pool].free(part.slots)
+            freed = self.freed.setdefault(part.pool, {})
+            for first in part.slots[:: self.page_size].tolist():
+                freed[first] = why
+            self._freed_slots.pop(part.pool, None)
+
+    def _pop(self, what: str, k: int, count: int, pop: Callable[[], T]) -> T:
+        """The `k`-th of `count` pops the store's count promised (`what`: load or offload)."""
+        try:
+            return pop()
+        except NoCompletionError as exc:
+            msg = (
+                f"num_completed_{what}s() said {count}, but pop number {k + 1} found no "
+                f"completion ({exc}): a count the store cannot back with a completion"
+            )
+            raise AssertionError(msg) from exc
 
     def _truth(self, ident: Ident) -> torch.Tensor:
         """The bytes of page `ident`: integers in (-1000, 1000), fixed by pool and key."""
@@ -798,7 +860,7 @@ class StoreMachine(RuleBasedStateMachine):
             accepted = False
         self._check_bool(f"load({rid!r})", accepted)
         if not accepted:
-            self._free(parts)
+            self._free(parts, f"load {rid!r}'s destination, refused")
             pages = ", ".join(f"{len(p.keys)} {p.pool.value}" for p in parts)
             assert must is None, (
                 f"load({rid!r}) of {pages} page(s) was refused, but {must}; a lossless "
@@ -811,10 +873,11 @@ class StoreMachine(RuleBasedStateMachine):
         return LoadTicket(rid)
 
     def _settled(self, ticket: LoadTicket, settle: bool) -> LoadTicket:
-        """With `settle`: start_loading, progress, poll_loads (whether or not the load
-        was accepted: the guards must not depend on the store's answers)."""
+        """With `settle`: start_loading, poll_loads, progress, poll_loads (whether or not
+        the load was accepted: the guards must not depend on the store's answers)."""
         if settle:
             self._start_loading()
+            self.poll_loads()
             self.progress()
             self.poll_loads()
         return ticket
@@ -834,6 +897,16 @@ class StoreMachine(RuleBasedStateMachine):
                 load.clean = False
 
     def _settle_batch(self, result: LoadBatchResult) -> None:
+        assert (
+            isinstance(result, LoadBatchResult)
+            and isinstance(result.batch, int)
+            and not isinstance(result.batch, bool)
+            and isinstance(result.rids, tuple)
+            and all(isinstance(rid, str) for rid in result.rids)
+        ), (
+            f"pop_completed_load() returned {result!r}; expected a LoadBatchResult with an "
+            "int batch id and a tuple of the batch's rids (str)"
+        )
         batch, rids, success = result.batch, tuple(result.rids), result.success
         self._check_bool(f"the success of load batch {batch}", success)
         assert len(set(rids)) == len(rids), f"load batch {batch} lists a rid twice: {rids}"
@@ -875,7 +948,7 @@ class StoreMachine(RuleBasedStateMachine):
             )
         for load in loads:
             self.done.add(load.rid)
-            self._free(load.parts)
+            self._free(load.parts, f"load {load.rid!r}'s destination, batch {batch} popped")
 
     # -- helpers: completion counts ------------------------------------------------------
 
