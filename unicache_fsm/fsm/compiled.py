@@ -42,9 +42,11 @@ from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
+import attrs
+
 from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
-from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.fsm.spec import MachineSpec, StateKind, StateSpec
 from unicache_fsm.fsm.trace import TransitionCounter
 
 __all__ = ["AsyncCompiledExecutor", "CompiledExecutor"]
@@ -104,6 +106,83 @@ def _guard(name: str, veto_if: bool, ind: str, bound: bool, aio: bool) -> list[s
     return [*lines, f"{ind}if {test}:"]
 
 
+#: Per candidate of a step: the ``{history state: leaves beneath it}`` its exit records.
+_Records = tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _document_order(spec: MachineSpec) -> dict[str, int]:
+    """Each state path's rank in document order (the root first)."""
+    return {"": -1, **{s.path: i for i, s in enumerate(spec.states())}}
+
+
+def _beneath(path: str, state: str) -> bool:
+    return path.startswith(state + ".")
+
+
+def _records(spec: MachineSpec, ft: FlatTransition) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """What taking `ft` records: for each history state it exits, the leaves of its
+    source configuration beneath that state (all a deep restore needs; a shallow one
+    reads the direct children off them)."""
+    leaves = ft.source.split(",")
+    return tuple(
+        (h, tuple(x for x in leaves if _beneath(x, h)))
+        for h in spec.history_states()
+        if h in ft.exited_states
+    )
+
+
+def _default_completion(state: StateSpec) -> list[StateSpec]:
+    """`state` and what its default entry enters beneath it."""
+    out = [state]
+    if state.kind is StateKind.COMPOUND and state.initial is not None:
+        child = state.child(state.initial)
+        assert child is not None  # validation
+        out += _default_completion(child)
+    elif state.kind is StateKind.PARALLEL:
+        for child in state.children:
+            out += _default_completion(child)
+    return out
+
+
+def _restored(
+    spec: MachineSpec, ft: FlatTransition, leaves: tuple[str, ...] | None
+) -> FlatTransition:
+    """`ft` (a history transition, as `fsm.flat` resolved it: the dest entered by
+    default) entering its dest through the recorded `leaves` instead (None: never
+    exited yet, so the default entry stands)."""
+    target, mode = ft.spec.dest, ft.spec.history
+    if leaves is None:
+        return ft
+    inside: set[str] = set()
+    if mode == "deep":
+        for leaf in leaves:  # the leaf and its ancestors strictly beneath the target
+            path = leaf
+            while path != target:
+                inside.add(path)
+                path = path.rpartition(".")[0]
+    else:  # shallow: the direct children holding the leaves, each entered by default
+        depth = target.count(".") + 1
+        for leaf in leaves:
+            child = spec.state(".".join(leaf.split(".")[: depth + 1]))
+            assert child is not None
+            inside.update(s.path for s in _default_completion(child))
+    order = _document_order(spec)
+    entered = sorted(
+        [p for p in ft.entered_states if not _beneath(p, target)] + list(inside),
+        key=order.__getitem__,
+    )
+    atomic = [p for p in inside if not spec.state(p).children]  # type: ignore[union-attr]
+    dest = sorted(
+        [x for x in ft.dest.split(",") if not _beneath(x, target)] + atomic,
+        key=order.__getitem__,
+    )
+    enters = tuple(cb for p in entered for cb in spec.state(p).on_enter)  # type: ignore[union-attr]
+    return attrs.evolve(
+        ft, dest=",".join(dest), enters=enters, entered_states=tuple(entered)
+    )
+
+
 @functools.lru_cache(maxsize=8192)
 def _step_source(
     group: tuple[FlatTransition, ...],
@@ -112,6 +191,7 @@ def _step_source(
     bound: bool = False,
     aio: bool = False,
     events: bool = False,
+    records: _Records = (),
 ) -> tuple[str, dict[str, Any]]:
     """Source of one `(configuration, trigger)` step function and its constants
     (generated once per process and shared: callers copy the constants, never edit them).
@@ -127,6 +207,9 @@ def _step_source(
     With `aio`, the step is a coroutine function awaiting awaitable results.
     With `events`, every guard and callback of candidate ``i`` gets the keyword
     argument ``event=EVENT<i>`` (its `TransitionEvent`, a constant).
+    With `records` (per candidate, see `_records`), a candidate that exits history
+    states writes them into ``model.<attr>_history`` after the exits, before the state
+    change.
     """
     consts: dict[str, Any] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
     lines = [f"{'async ' if aio else ''}def step(model, args, kwargs):"]
@@ -146,6 +229,9 @@ def _step_source(
             body += _guard(n, True, ind, bound, aio)
             body += [f"{ind}    rejected = 'not {n}'", f"{ind}    break"]
         body += _calls(t.before, ind, bound, aio) + _calls(ft.exits, ind, bound, aio)
+        if records and records[i]:
+            consts[f"RECORD{i}"] = dict(records[i])
+            body.append(f"{ind}model.{attr}_history.update(RECORD{i})")
         body.append(f"{ind}model.{attr} = DEST{i}")
         if observed == "count":
             body.append(f"{ind}COUNTER.counts[KEY{i}] += 1")
@@ -288,24 +374,65 @@ class _CompiledDispatch(ExecutorBase):
         """Compile the step of one legal `(config, trigger)` into `steps`: only that pair
         (its probe waits for a `may_fire`; other triggers wait for their first use)."""
         group = self.flat.group(config, trigger)
+        spec = self.spec
+        records = tuple(_records(spec, ft) for ft in group) if spec.history_states() else ()
+        step: _Step
+        if any(ft.spec.history for ft in group):
+            step = self._history_step(group, records, observed=observed)
+        else:
+            step = self._build_step(group, records, observed=observed)
+        table = steps.setdefault(config, {})
+        table[trigger] = step
+        for alias in self._enum_aliases.get(trigger, ()):  # enum members hash by name
+            table[alias] = step
+        if (config, trigger) not in self.sources:
+            self.sources[(config, trigger)] = _step_source(
+                group, self.state_attribute, "", self._bound, self._aio, self.event_data, records
+            )[0]
+        return step
+
+    def _history_step(
+        self, group: tuple[FlatTransition, ...], records: _Records, *, observed: bool
+    ) -> _Step:
+        """The step of a pair with history candidates: it picks, by what the model's
+        history holds for their dests (or what the candidate's own exit records there),
+        a step built for that restoration (built on first use, kept)."""
+        spec, history_attr = self.spec, f"{self.state_attribute}_history"
+        targets = [
+            (i, ft.spec.dest, dict(records[i])) for i, ft in enumerate(group) if ft.spec.history
+        ]
+        variants: dict[tuple[Any, ...], _Step] = {}
+
+        def step(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            memory = getattr(model, history_attr)
+            key = tuple(own.get(dest, memory.get(dest)) for _i, dest, own in targets)
+            found = variants.get(key)
+            if found is None:
+                restored = list(group)
+                for (i, _dest, _own), leaves in zip(targets, key, strict=True):
+                    restored[i] = _restored(spec, group[i], leaves)
+                found = variants[key] = self._build_step(
+                    tuple(restored), records, observed=observed
+                )
+            return found(model, args, kwargs)
+
+        return step
+
+    def _build_step(
+        self, group: tuple[FlatTransition, ...], records: _Records, *, observed: bool
+    ) -> _Step:
+        """The generated step of one group of candidates (see `_step_source`)."""
+        config, trigger = group[0].source, group[0].trigger
         filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
         attr, bound, aio = self.state_attribute, self._bound, self._aio
         mode = self._observed_for if observed else ""
-        src, consts = _step_source(group, attr, mode, bound, aio, self.event_data)
+        src, consts = _step_source(group, attr, mode, bound, aio, self.event_data, records)
         extra: dict[str, Any] = {"EX": self} if observed else {}
         if mode == "count":  # one key per candidate, as the counter would build it
             extra["COUNTER"] = self._observed_counter
             for i, ft in enumerate(group):
                 extra[f"KEY{i}"] = (self.name, ft.source, ft.trigger, ft.dest)
         step: _Step = _compile(src, {**consts, **self._consts, **extra}, filename)
-        table = steps.setdefault(config, {})
-        table[trigger] = step
-        for alias in self._enum_aliases.get(trigger, ()):  # enum members hash by name
-            table[alias] = step
-        if (config, trigger) not in self.sources:
-            self.sources[(config, trigger)] = (
-                _step_source(group, attr, "", bound, aio, self.event_data)[0] if mode else src
-            )
         return step
 
     def _compile_probe(self, config: str, trigger: str) -> Any:
@@ -434,6 +561,7 @@ class _CompiledDispatch(ExecutorBase):
         initialization) is not called for it."""
         if like is None and self._steps is self._observed and self._observed_for == "count":
             setattr(model, self.state_attribute, self.flat.initial)
+            self._initialize_history(model, like)
             return
         super().initialize(model, like)
 

@@ -375,8 +375,17 @@ class ExecutorBase(abc.ABC):
         """
         config = self.flat.initial if like is None else self.state_of(like)
         setattr(model, self.state_attribute, config)
+        self._initialize_history(model, like)
         if self.observers:
             self._notify(model, "", INIT_TRIGGER, config)
+
+    def _initialize_history(self, model: object, like: object | None) -> None:
+        """For a machine with history transitions: the model's history slot
+        (``<state_attribute>_history``: each history state's recorded leaves) empty, or
+        a copy of `like`'s."""
+        if self.spec.history_states():
+            attr = f"{self.state_attribute}_history"
+            setattr(model, attr, {} if like is None else dict(getattr(like, attr)))
 
     def state_of(self, model: object) -> str:
         """The model's configuration name; `UnknownStateError` if the slot holds garbage."""

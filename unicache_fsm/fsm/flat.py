@@ -191,12 +191,31 @@ class FlatMachine:
             if order[leaf] <= last:
                 return False  # not in document order, or repeated
             last = order[leaf]
-        for group in self.groups:
-            if self._part(leaves, group.regions) not in group.parts:
+        active = frozenset(leaves) | {a for leaf in leaves for a in _ancestors(leaf) if a}
+        if self.spec.history_states():
+            # a history transition restores what was active beneath its dest, which
+            # the exploration (default entries only) does not follow: any legal
+            # configuration is accepted, reachable or not
+            if not self._legal(active):
                 return False
-        self._active_of[config] = frozenset(leaves) | {
-            a for leaf in leaves for a in _ancestors(leaf) if a
-        }
+        else:
+            for group in self.groups:
+                if self._part(leaves, group.regions) not in group.parts:
+                    return False
+        self._active_of[config] = active
+        return True
+
+    def _legal(self, active: frozenset[str]) -> bool:
+        """Whether `active` (states with their ancestors) is a legal configuration: one
+        child of every active compound state (the root included), every child of every
+        active parallel one."""
+        for path in (*active, ""):
+            state = self._states[path]
+            inside = [c for c in state.children if c.path in active]
+            if state.kind is StateKind.COMPOUND and state.children and len(inside) != 1:
+                return False
+            if state.kind is StateKind.PARALLEL and len(inside) != len(state.children):
+                return False
         return True
 
     def active_states(self, config: str) -> frozenset[str]:
