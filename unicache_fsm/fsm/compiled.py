@@ -378,7 +378,9 @@ class _CompiledDispatch(ExecutorBase):
         records = tuple(_records(spec, ft) for ft in group) if spec.history_states() else ()
         step: _Step
         if any(ft.spec.history for ft in group):
-            step = self._history_step(group, records, observed=observed)
+            step = self._by_restoration(
+                group, records, lambda g: self._build_step(g, records, observed=observed)
+            )
         else:
             step = self._build_step(group, records, observed=observed)
         table = steps.setdefault(config, {})
@@ -391,12 +393,15 @@ class _CompiledDispatch(ExecutorBase):
             )[0]
         return step
 
-    def _history_step(
-        self, group: tuple[FlatTransition, ...], records: _Records, *, observed: bool
+    def _by_restoration(
+        self,
+        group: tuple[FlatTransition, ...],
+        records: _Records,
+        build: Callable[[tuple[FlatTransition, ...]], _Step],
     ) -> _Step:
-        """The step of a pair with history candidates: it picks, by what the model's
-        history holds for their dests (or what the candidate's own exit records there),
-        a step built for that restoration (built on first use, kept)."""
+        """The step (or probe) of a pair with history candidates: it picks, by what the
+        model's history holds for their dests (or what the candidate's own exit records
+        there), the one `build` made for that restoration (on first use, then kept)."""
         spec, history_attr = self.spec, f"{self.state_attribute}_history"
         targets = [
             (i, ft.spec.dest, dict(records[i])) for i, ft in enumerate(group) if ft.spec.history
@@ -411,9 +416,7 @@ class _CompiledDispatch(ExecutorBase):
                 restored = list(group)
                 for (i, _dest, _own), leaves in zip(targets, key, strict=True):
                     restored[i] = _restored(spec, group[i], leaves)
-                found = variants[key] = self._build_step(
-                    tuple(restored), records, observed=observed
-                )
+                found = variants[key] = build(tuple(restored))
             return found(model, args, kwargs)
 
         return step
@@ -439,8 +442,16 @@ class _CompiledDispatch(ExecutorBase):
         """Compile the `may_fire` probe of one legal `(config, trigger)`."""
         group = self.flat.group(config, trigger)
         filename = f"<unicache_fsm {self.name}: may {config} --{trigger}-->"
-        src, consts = _probe_source(group, self._bound, self._aio, self.event_data)
-        probe = _compile(src, {**consts, **self._consts}, filename)
+
+        def build(group: tuple[FlatTransition, ...]) -> Any:
+            src, consts = _probe_source(group, self._bound, self._aio, self.event_data)
+            return _compile(src, {**consts, **self._consts}, filename)
+
+        if self.event_data and any(ft.spec.history for ft in group):  # events name the dest
+            records = tuple(_records(self.spec, ft) for ft in group)
+            probe = self._by_restoration(group, records, build)
+        else:
+            probe = build(group)
         self._probes.setdefault(config, {})[trigger] = probe
         return probe
 
