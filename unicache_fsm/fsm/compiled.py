@@ -178,9 +178,7 @@ def _restored(
         key=order.__getitem__,
     )
     enters = tuple(cb for p in entered for cb in spec.state(p).on_enter)  # type: ignore[union-attr]
-    return attrs.evolve(
-        ft, dest=",".join(dest), enters=enters, entered_states=tuple(entered)
-    )
+    return attrs.evolve(ft, dest=",".join(dest), enters=enters, entered_states=tuple(entered))
 
 
 @functools.lru_cache(maxsize=8192)

@@ -230,7 +230,10 @@ def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> l
             if t.history and (dest := spec.state(t.dest)) is not None and not dest.children
         ],
     )
-    add("internal history transition", [t.label() for t in spec.transitions if t.history and t.internal])
+    add(
+        "internal history transition",
+        [t.label() for t in spec.transitions if t.history and t.internal],
+    )
     add(
         "'*' mixed with other sources",
         [t.label() for t in spec.transitions if ANY_STATE in t.sources and len(t.sources) > 1],
