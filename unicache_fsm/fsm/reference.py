@@ -229,7 +229,8 @@ class _ReferenceGlue(ExecutorBase):
                 continue
             known = self._restorations.setdefault((config, trigger, i), {None: ft})
             leaves = self._recalled(model, ft)
-            if leaves not in known:
+            if leaves not in known:  # None (never exited) is known from the start
+                assert leaves is not None
                 known[leaves] = self._restore(ft, leaves)
                 new = True
         if new:
