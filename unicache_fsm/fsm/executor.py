@@ -247,6 +247,8 @@ class ExecutorBase(abc.ABC):
             coroutines=self.awaits,
         )
         self.spec = spec
+        # the states whose history models keep (`TransitionSpec.history`), if any
+        self.history_states = spec.history_states()
         self.handler = handler
         self.flat: FlatMachine = flatten(spec)
         self.model_cls = model_cls
@@ -383,7 +385,7 @@ class ExecutorBase(abc.ABC):
         """For a machine with history transitions: the model's history slot
         (``<state_attribute>_history``: each history state's recorded leaves) empty, or
         a copy of `like`'s."""
-        if self.spec.history_states():
+        if self.history_states:
             attr = f"{self.state_attribute}_history"
             setattr(model, attr, {} if like is None else dict(getattr(like, attr)))
 
@@ -462,9 +464,22 @@ class Executor(ExecutorBase):
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         """Run one transition, or queue it behind the model's running one (see the
         module docstring for the contract)."""
+        self._fire_marked(model, trigger, args, kwargs, None)
+
+    def _fire_marked(
+        self,
+        model: Any,
+        trigger: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        busy: object,
+    ) -> None:
+        """`fire` with the model marked by id in `_active`; `busy` is a model that a
+        compiled executor's fast path marked instead (None: none), and counts as
+        running too."""
         key = id(model)
         active = self._active
-        if active and key in active:
+        if busy is model or (active and key in active):
             self._queued.setdefault(key, []).append((trigger, args, kwargs))
             return
         active.append(key)

@@ -136,6 +136,7 @@ class FlatMachine:
             self._states[s.path] = s
             self._order[s.path] = i
         self._parallel_root = spec.root.kind is StateKind.PARALLEL
+        self._history = bool(spec.history_states())
         unknown: dict[str, None] = {}
         # top-level regions that declare final states, and their final leaves
         regions = list(spec.root.children) if self._parallel_root else [spec.root]
@@ -192,7 +193,7 @@ class FlatMachine:
                 return False  # not in document order, or repeated
             last = order[leaf]
         active = frozenset(leaves) | {a for leaf in leaves for a in _ancestors(leaf) if a}
-        if self.spec.history_states():
+        if self._history:
             # a history transition restores what was active beneath its dest, which
             # the exploration (default entries only) does not follow: any legal
             # configuration is accepted, reachable or not

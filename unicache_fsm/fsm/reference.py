@@ -275,7 +275,7 @@ class _ReferenceGlue(ExecutorBase):
     def _record_history(self, event: EventData) -> None:
         flat = _flat_of(event)
         memory: dict[str, tuple[str, ...]] | None = None
-        for target in self.spec.history_states():
+        for target in self.history_states:
             if target in flat.exited_states:
                 if memory is None:
                     memory = getattr(event.model, self._history_attr)
@@ -291,7 +291,7 @@ class _ReferenceGlue(ExecutorBase):
         pending = name is not None and (state, name) not in self._added
         if pending and name in self.flat.triggers_from(state):
             self._add(state, name)
-        if name is not None and self.spec.history_states() and (state, name) in self._added:
+        if name is not None and self.history_states and (state, name) in self._added:
             self._meet_restorations(model, state, name)
         return state, name
 
