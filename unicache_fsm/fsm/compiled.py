@@ -120,14 +120,16 @@ def _beneath(path: str, state: str) -> bool:
     return path.startswith(state + ".")
 
 
-def _records(spec: MachineSpec, ft: FlatTransition) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _records(
+    history_states: tuple[str, ...], ft: FlatTransition
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """What taking `ft` records: for each history state it exits, the leaves of its
     source configuration beneath that state (all a deep restore needs; a shallow one
     reads the direct children off them)."""
     leaves = ft.source.split(",")
     return tuple(
         (h, tuple(x for x in leaves if _beneath(x, h)))
-        for h in spec.history_states()
+        for h in history_states
         if h in ft.exited_states
     )
 
@@ -372,8 +374,8 @@ class _CompiledDispatch(ExecutorBase):
         """Compile the step of one legal `(config, trigger)` into `steps`: only that pair
         (its probe waits for a `may_fire`; other triggers wait for their first use)."""
         group = self.flat.group(config, trigger)
-        spec = self.spec
-        records = tuple(_records(spec, ft) for ft in group) if spec.history_states() else ()
+        history = self.history_states
+        records = tuple(_records(history, ft) for ft in group) if history else ()
         step: _Step
         if any(ft.spec.history for ft in group):
             step = self._by_restoration(
@@ -446,7 +448,7 @@ class _CompiledDispatch(ExecutorBase):
             return _compile(src, {**consts, **self._consts}, filename)
 
         if self.event_data and any(ft.spec.history for ft in group):  # events name the dest
-            records = tuple(_records(self.spec, ft) for ft in group)
+            records = tuple(_records(self.history_states, ft) for ft in group)
             probe = self._by_restoration(group, records, build)
         else:
             probe = build(group)
