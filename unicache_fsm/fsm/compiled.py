@@ -20,6 +20,13 @@ adds its count itself, ``counter.counts[(name, source, trigger, dest)] += 1`` wi
 key built once, which is all a call of that observer does; the tables are rebuilt
 whenever the observers change between the two cases.
 
+History (`TransitionSpec.history`): a candidate that exits a state some history
+transition targets writes, after its exits, that state's recorded leaves (a constant
+of the step: they follow from the source configuration) into the model's
+``<state_attribute>_history``. A pair with a history candidate dispatches on what that
+slot holds for the candidate's dest to a step generated for that restoration, computed
+here from the spec (`_restored`; the reference executor restores by code of its own).
+
 `AsyncCompiledExecutor` generates ``async def`` steps instead: each call's result is
 awaited when it is awaitable, at the same place in the same order.
 
