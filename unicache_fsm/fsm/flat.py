@@ -177,7 +177,9 @@ class FlatMachine:
 
     # -- per-configuration questions ---------------------------------------------------
     def is_config(self, config: object) -> bool:
-        """Whether `config` names a reachable configuration (False for any non-string)."""
+        """Whether `config` names a reachable configuration (False for any non-string);
+        for a machine with history transitions, any legal configuration (history
+        restores configurations the default entries explored here need not reach)."""
         if not isinstance(config, str):
             return False
         if config in self._active_of:
