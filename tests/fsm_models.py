@@ -30,7 +30,17 @@ class Boom(Exception):
 
 
 class RecordingModel:
-    __slots__ = ("executor", "fire_in", "fsm_id", "guards", "log", "mutate_in", "raise_in", "state")
+    __slots__ = (
+        "executor",
+        "fire_in",
+        "fsm_id",
+        "guards",
+        "log",
+        "mutate_in",
+        "raise_in",
+        "state",
+        "state_history",
+    )
 
     def __init__(self, fsm_id: str = "m-1") -> None:
         self.fsm_id = fsm_id

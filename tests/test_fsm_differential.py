@@ -45,11 +45,13 @@ def _spec(name: str) -> MachineSpec:
 
 
 MACHINES = ["load_transaction", "offload", "node_residency", "nested", "parallel"]
+# history transitions (issue 35), nested and parallel, on every binding, on a small budget
+HISTORY_MACHINES = ["history"]
 BINDINGS = ["model", "handler", "model-async", "handler-async"]
 # the executor options that change what guards and callbacks see or what an illegal
 # trigger does (issue 35), on the machines with nesting, regions and internal transitions
 OPTIONS = {"ignore_invalid": True, "event_data": True}
-OPTION_MACHINES = ["nested", "parallel", "features"]
+OPTION_MACHINES = ["nested", "parallel", "features", "history"]
 OPTION_BINDINGS = ["options", "options-async"]
 PAIRS: dict[tuple[str, str], tuple[MachineSpec, ExecutorBase, ExecutorBase]] = {}
 
@@ -60,9 +62,9 @@ def _log_transition(
     model.log.append(("<transition>", (src, trig, dest), {}))
 
 
-for _name in dict.fromkeys([*MACHINES, *OPTION_MACHINES]):
+for _name in dict.fromkeys([*MACHINES, *HISTORY_MACHINES, *OPTION_MACHINES]):
     _s = _spec(_name)
-    for _aio in (False, True) if _name in MACHINES else ():
+    for _aio in (False, True) if _name in MACHINES or _name in HISTORY_MACHINES else ():
         compiled = AsyncCompiledExecutor if _aio else CompiledExecutor
         reference = AsyncReferenceExecutor if _aio else ReferenceExecutor
         suffix = "-async" if _aio else ""
@@ -189,6 +191,7 @@ def _steps(
         assert outcomes["compiled"] == outcomes["reference"], context
         assert c.state == r.state, context
         assert c.log == r.log, context
+        assert getattr(c, "state_history", None) == getattr(r, "state_history", None), context
         if seen is not None:
             seen.add(outcomes["compiled"][0])
             seen.update(f"{n.split()[0]}" for n, _a, _k in c.log if n.startswith("fire "))
@@ -199,6 +202,17 @@ def _steps(
 @pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("name", MACHINES)
 def test_compiled_agrees_with_reference(name: str, binding: str) -> None:
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        _run(name, data, binding=binding)
+
+    check()
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+@pytest.mark.parametrize("name", HISTORY_MACHINES)
+def test_compiled_agrees_with_reference_on_history(name: str, binding: str) -> None:
+    @settings(max_examples=20)  # a small budget: the hand-computed cases are in test_fsm_history
     @given(data=st.data())
     def check(data: st.DataObject) -> None:
         _run(name, data, binding=binding)

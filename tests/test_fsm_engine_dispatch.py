@@ -167,3 +167,97 @@ def test_a_subclass_override_of_fire_is_kept(lock: bool) -> None:
     ex.fire(model, "next")
     ex.fire(model, "jump")
     assert ex.fired == ["next", "jump"] and model.state == "s0"
+
+
+LOOP = """
+machine = "loop"
+initial = "idle"
+[states.idle]
+[states.busy]
+on_enter = ["entered"]
+[[transitions]]
+trigger = "go"
+source = "idle"
+dest = "busy"
+[[transitions]]
+trigger = "stop"
+source = "busy"
+dest = "idle"
+"""
+
+
+class Looper:
+    """`entered` fires `stop` on itself (queued: run after `go` completes), can raise,
+    and can wait for a signal (to hold a firing open while another thread fires)."""
+
+    def __init__(self, ex: Any = None) -> None:
+        self.ex = ex
+        self.log: list[str] = []
+        self.boom = False
+        self.hold: Any = None  # (started, release) events
+
+    def entered(self) -> None:
+        if self.hold is not None:
+            started, release = self.hold
+            started.set()
+            assert release.wait(10)
+        if self.boom:
+            raise RuntimeError("boom")
+        self.ex.fire(self, "stop")
+        self.log.append(f"after stop: {self.state}")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cls", (CompiledExecutor, ReferenceExecutor))
+def test_a_callback_error_leaves_no_mark_behind(cls: type) -> None:
+    """After a firing that raised, the same model fires again at once, and what its
+    callback fires is queued again (a stale mark would queue, then drop, the trigger)."""
+    from unicache_fsm.fsm.loader import parse_spec
+
+    ex = cls(parse_spec(LOOP), Looper)
+    m = Looper(ex)
+    ex.initialize(m)
+    m.boom = True
+    with pytest.raises(RuntimeError):
+        ex.fire(m, "go")
+    assert m.state == "busy"
+    ex.fire(m, "stop")
+    assert m.state == "idle"
+    m.boom = False
+    ex.fire(m, "go")
+    assert m.log == ["after stop: busy"]  # queued while `go` ran ...
+    assert m.state == "idle"  # ... and run after it
+
+
+@pytest.mark.parametrize("cls", (CompiledExecutor, ReferenceExecutor))
+def test_a_second_thread_fires_its_own_model_while_the_first_is_inside_a_callback(
+    cls: type,
+) -> None:
+    """Thread 1 holds a firing of `a` open; thread 2's model `b` still runs at once and
+    still queues what its own callback fires; then `a` finishes as if alone."""
+    import threading
+
+    from unicache_fsm.fsm.loader import parse_spec
+
+    ex = cls(parse_spec(LOOP), Looper)
+    a, b = Looper(ex), Looper(ex)
+    ex.initialize(a)
+    ex.initialize(b)
+    started, release = threading.Event(), threading.Event()
+    a.hold = (started, release)
+    errors: list[BaseException] = []
+
+    def run_a() -> None:
+        try:
+            ex.fire(a, "go")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    first = threading.Thread(target=run_a)
+    first.start()
+    assert started.wait(10)
+    ex.fire(b, "go")
+    assert b.log == ["after stop: busy"] and b.state == "idle"
+    release.set()
+    first.join(10)
+    assert not errors and not first.is_alive()
+    assert a.log == ["after stop: busy"] and a.state == "idle"

@@ -89,9 +89,11 @@ class MachineBuilder:
         after: Names = (),
         requires: Names = (),
         internal: bool = False,
+        history: str = "",
         description: str = "",
     ) -> MachineBuilder:
-        """Declare one transition (returns the builder, for chaining)."""
+        """Declare one transition (returns the builder, for chaining); `history`
+        (``"shallow"`` / ``"deep"``) enters `dest` through its history."""
         self._transitions.append(
             {
                 "trigger": trigger,
@@ -104,6 +106,7 @@ class MachineBuilder:
                 "after": after,
                 "requires": requires,
                 "internal": internal,
+                "history": history,
                 "description": description,
             }
         )

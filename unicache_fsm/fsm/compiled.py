@@ -20,6 +20,13 @@ adds its count itself, ``counter.counts[(name, source, trigger, dest)] += 1`` wi
 key built once, which is all a call of that observer does; the tables are rebuilt
 whenever the observers change between the two cases.
 
+History (`TransitionSpec.history`): a candidate that exits a state some history
+transition targets writes, after its exits, that state's recorded leaves (a constant
+of the step: they follow from the source configuration) into the model's
+``<state_attribute>_history``. A pair with a history candidate dispatches on what that
+slot holds for the candidate's dest to a step generated for that restoration, computed
+here from the spec (`_restored`; the reference executor restores by code of its own).
+
 `AsyncCompiledExecutor` generates ``async def`` steps instead: each call's result is
 awaited when it is awaitable, at the same place in the same order.
 
@@ -42,9 +49,11 @@ from collections.abc import Callable, Coroutine
 from types import CodeType
 from typing import Any
 
+import attrs
+
 from unicache_fsm.fsm.executor import AsyncExecutor, Executor, ExecutorBase, TransitionEvent
 from unicache_fsm.fsm.flat import FlatTransition
-from unicache_fsm.fsm.spec import MachineSpec
+from unicache_fsm.fsm.spec import MachineSpec, StateKind, StateSpec
 from unicache_fsm.fsm.trace import TransitionCounter
 
 __all__ = ["AsyncCompiledExecutor", "CompiledExecutor"]
@@ -104,6 +113,83 @@ def _guard(name: str, veto_if: bool, ind: str, bound: bool, aio: bool) -> list[s
     return [*lines, f"{ind}if {test}:"]
 
 
+#: Per candidate of a step: the ``{history state: leaves beneath it}`` its exit records.
+_Records = tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _document_order(spec: MachineSpec) -> dict[str, int]:
+    """Each state path's rank in document order (the root first)."""
+    return {"": -1, **{s.path: i for i, s in enumerate(spec.states())}}
+
+
+def _beneath(path: str, state: str) -> bool:
+    return path.startswith(state + ".")
+
+
+def _records(
+    history_states: tuple[str, ...], ft: FlatTransition
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """What taking `ft` records: for each history state it exits, the leaves of its
+    source configuration beneath that state (all a deep restore needs; a shallow one
+    reads the direct children off them)."""
+    leaves = ft.source.split(",")
+    return tuple(
+        (h, tuple(x for x in leaves if _beneath(x, h)))
+        for h in history_states
+        if h in ft.exited_states
+    )
+
+
+def _default_completion(state: StateSpec) -> list[StateSpec]:
+    """`state` and what its default entry enters beneath it."""
+    out = [state]
+    if state.kind is StateKind.COMPOUND and state.initial is not None:
+        child = state.child(state.initial)
+        assert child is not None  # validation
+        out += _default_completion(child)
+    elif state.kind is StateKind.PARALLEL:
+        for child in state.children:
+            out += _default_completion(child)
+    return out
+
+
+def _restored(
+    spec: MachineSpec, ft: FlatTransition, leaves: tuple[str, ...] | None
+) -> FlatTransition:
+    """`ft` (a history transition, as `fsm.flat` resolved it: the dest entered by
+    default) entering its dest through the recorded `leaves` instead (None: never
+    exited yet, so the default entry stands)."""
+    target, mode = ft.spec.dest, ft.spec.history
+    if leaves is None:
+        return ft
+    inside: set[str] = set()
+    if mode == "deep":
+        for leaf in leaves:  # the leaf and its ancestors strictly beneath the target
+            path = leaf
+            while path != target:
+                inside.add(path)
+                path = path.rpartition(".")[0]
+    else:  # shallow: the direct children holding the leaves, each entered by default
+        depth = target.count(".") + 1
+        for leaf in leaves:
+            child = spec.state(".".join(leaf.split(".")[: depth + 1]))
+            assert child is not None
+            inside.update(s.path for s in _default_completion(child))
+    order = _document_order(spec)
+    entered = sorted(
+        [p for p in ft.entered_states if not _beneath(p, target)] + list(inside),
+        key=order.__getitem__,
+    )
+    atomic = [p for p in inside if not spec.state(p).children]  # type: ignore[union-attr]
+    dest = sorted(
+        [x for x in ft.dest.split(",") if not _beneath(x, target)] + atomic,
+        key=order.__getitem__,
+    )
+    enters = tuple(cb for p in entered for cb in spec.state(p).on_enter)  # type: ignore[union-attr]
+    return attrs.evolve(ft, dest=",".join(dest), enters=enters, entered_states=tuple(entered))
+
+
 @functools.lru_cache(maxsize=8192)
 def _step_source(
     group: tuple[FlatTransition, ...],
@@ -112,6 +198,7 @@ def _step_source(
     bound: bool = False,
     aio: bool = False,
     events: bool = False,
+    records: _Records = (),
 ) -> tuple[str, dict[str, Any]]:
     """Source of one `(configuration, trigger)` step function and its constants
     (generated once per process and shared: callers copy the constants, never edit them).
@@ -127,6 +214,9 @@ def _step_source(
     With `aio`, the step is a coroutine function awaiting awaitable results.
     With `events`, every guard and callback of candidate ``i`` gets the keyword
     argument ``event=EVENT<i>`` (its `TransitionEvent`, a constant).
+    With `records` (per candidate, see `_records`), a candidate that exits history
+    states writes them into ``model.<attr>_history`` after the exits, before the state
+    change.
     """
     consts: dict[str, Any] = {"SOURCE": group[0].source, "TRIGGER": group[0].trigger}
     lines = [f"{'async ' if aio else ''}def step(model, args, kwargs):"]
@@ -146,6 +236,9 @@ def _step_source(
             body += _guard(n, True, ind, bound, aio)
             body += [f"{ind}    rejected = 'not {n}'", f"{ind}    break"]
         body += _calls(t.before, ind, bound, aio) + _calls(ft.exits, ind, bound, aio)
+        if records and records[i]:
+            consts[f"RECORD{i}"] = dict(records[i])
+            body.append(f"{ind}model.{attr}_history.update(RECORD{i})")
         body.append(f"{ind}model.{attr} = DEST{i}")
         if observed == "count":
             body.append(f"{ind}COUNTER.counts[KEY{i}] += 1")
@@ -288,32 +381,84 @@ class _CompiledDispatch(ExecutorBase):
         """Compile the step of one legal `(config, trigger)` into `steps`: only that pair
         (its probe waits for a `may_fire`; other triggers wait for their first use)."""
         group = self.flat.group(config, trigger)
+        history = self.history_states
+        records = tuple(_records(history, ft) for ft in group) if history else ()
+        step: _Step
+        if any(ft.spec.history for ft in group):
+            step = self._by_restoration(
+                group, records, lambda g: self._build_step(g, records, observed=observed)
+            )
+        else:
+            step = self._build_step(group, records, observed=observed)
+        table = steps.setdefault(config, {})
+        table[trigger] = step
+        for alias in self._enum_aliases.get(trigger, ()):  # enum members hash by name
+            table[alias] = step
+        if (config, trigger) not in self.sources:
+            self.sources[(config, trigger)] = _step_source(
+                group, self.state_attribute, "", self._bound, self._aio, self.event_data, records
+            )[0]
+        return step
+
+    def _by_restoration(
+        self,
+        group: tuple[FlatTransition, ...],
+        records: _Records,
+        build: Callable[[tuple[FlatTransition, ...]], _Step],
+    ) -> _Step:
+        """The step (or probe) of a pair with history candidates: it picks, by what the
+        model's history holds for their dests (or what the candidate's own exit records
+        there), the one `build` made for that restoration (on first use, then kept)."""
+        spec, history_attr = self.spec, f"{self.state_attribute}_history"
+        targets = [
+            (i, ft.spec.dest, dict(records[i])) for i, ft in enumerate(group) if ft.spec.history
+        ]
+        variants: dict[tuple[Any, ...], _Step] = {}
+
+        def step(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            memory = getattr(model, history_attr)
+            key = tuple(own.get(dest, memory.get(dest)) for _i, dest, own in targets)
+            found = variants.get(key)
+            if found is None:
+                restored = list(group)
+                for (i, _dest, _own), leaves in zip(targets, key, strict=True):
+                    restored[i] = _restored(spec, group[i], leaves)
+                found = variants[key] = build(tuple(restored))
+            return found(model, args, kwargs)
+
+        return step
+
+    def _build_step(
+        self, group: tuple[FlatTransition, ...], records: _Records, *, observed: bool
+    ) -> _Step:
+        """The generated step of one group of candidates (see `_step_source`)."""
+        config, trigger = group[0].source, group[0].trigger
         filename = f"<unicache_fsm {self.name}: {config} --{trigger}-->"
         attr, bound, aio = self.state_attribute, self._bound, self._aio
         mode = self._observed_for if observed else ""
-        src, consts = _step_source(group, attr, mode, bound, aio, self.event_data)
+        src, consts = _step_source(group, attr, mode, bound, aio, self.event_data, records)
         extra: dict[str, Any] = {"EX": self} if observed else {}
         if mode == "count":  # one key per candidate, as the counter would build it
             extra["COUNTER"] = self._observed_counter
             for i, ft in enumerate(group):
                 extra[f"KEY{i}"] = (self.name, ft.source, ft.trigger, ft.dest)
         step: _Step = _compile(src, {**consts, **self._consts, **extra}, filename)
-        table = steps.setdefault(config, {})
-        table[trigger] = step
-        for alias in self._enum_aliases.get(trigger, ()):  # enum members hash by name
-            table[alias] = step
-        if (config, trigger) not in self.sources:
-            self.sources[(config, trigger)] = (
-                _step_source(group, attr, "", bound, aio, self.event_data)[0] if mode else src
-            )
         return step
 
     def _compile_probe(self, config: str, trigger: str) -> Any:
         """Compile the `may_fire` probe of one legal `(config, trigger)`."""
         group = self.flat.group(config, trigger)
         filename = f"<unicache_fsm {self.name}: may {config} --{trigger}-->"
-        src, consts = _probe_source(group, self._bound, self._aio, self.event_data)
-        probe = _compile(src, {**consts, **self._consts}, filename)
+
+        def build(group: tuple[FlatTransition, ...]) -> Any:
+            src, consts = _probe_source(group, self._bound, self._aio, self.event_data)
+            return _compile(src, {**consts, **self._consts}, filename)
+
+        if self.event_data and any(ft.spec.history for ft in group):  # events name the dest
+            records = tuple(_records(self.history_states, ft) for ft in group)
+            probe = self._by_restoration(group, records, build)
+        else:
+            probe = build(group)
         self._probes.setdefault(config, {})[trigger] = probe
         return probe
 
@@ -434,6 +579,7 @@ class _CompiledDispatch(ExecutorBase):
         initialization) is not called for it."""
         if like is None and self._steps is self._observed and self._observed_for == "count":
             setattr(model, self.state_attribute, self.flat.initial)
+            self._initialize_history(model, like)
             return
         super().initialize(model, like)
 
@@ -466,15 +612,26 @@ class _CompiledDispatch(ExecutorBase):
 
 
 # The body of `CompiledExecutor.fire`, generated per executor (STATE_SLOT: its state
-# attribute, a validated identifier): the run-to-completion mark, one attribute read,
-# two dict lookups and the step call, in one frame.
+# attribute, a validated identifier): one attribute read, two dict lookups and the step
+# call, in one frame, with the cheapest run-to-completion mark there is.
+#
+# Why the mark is a global: marking the model by id in the `_active` list (what the
+# other executors do) costs a call of `id`, an append and a remove per firing, about a
+# quarter of a firing of the load lifecycle (issue 35 measured 1.23x hand-written
+# with it, 1.07x without). Here the common case (no firing of this executor running,
+# in any thread) stores the model in the function's own global BUSY instead: a load,
+# a test and two stores. Any other case (BUSY set, or a model marked in `_active`)
+# takes `_fire_marked`, which queues the trigger when the model is BUSY or marked and
+# otherwise marks it in `_active` as always: the same contract, checked by the
+# run-to-completion tests. The test of BUSY and its store have no call and no backward
+# jump between them, the only places CPython hands the GIL to another thread, so two
+# threads cannot both take the fast path.
 _FIRE_SOURCE = """\
 def fire(model, trigger, /, *args, **kwargs):
-    key = ID(model)
-    if ACTIVE and key in ACTIVE:
-        QUEUED.setdefault(key, []).append((trigger, args, kwargs))
-        return None
-    ACTIVE.append(key)
+    global BUSY
+    if BUSY is not None or ACTIVE:
+        return SLOW(model, trigger, args, kwargs, BUSY)
+    BUSY = model
     try:
         try:
             state = model.STATE_SLOT
@@ -485,11 +642,11 @@ def fire(model, trigger, /, *args, **kwargs):
         if rejected is not None:
             EX._guard_rejected(model, state, EX._alias[trigger], rejected)
         if QUEUED:
-            EX._drain(model, key)
+            EX._drain(model, ID(model))
     finally:
-        ACTIVE.remove(key)
+        BUSY = None
         if QUEUED:
-            QUEUED.pop(key, None)
+            QUEUED.pop(ID(model), None)
     return None
 """
 
@@ -513,7 +670,14 @@ class CompiledExecutor(_CompiledDispatch, Executor):
         """Generate this executor's `fire` (`_fast_fire`) and put it in the instance as
         `fire` (see `fire`), unless a subclass overrides `fire` (its `super().fire`
         then runs the generated one)."""
-        consts = {"EX": self, "ID": id, "ACTIVE": self._active, "QUEUED": self._queued}
+        consts = {
+            "EX": self,
+            "ID": id,
+            "ACTIVE": self._active,
+            "QUEUED": self._queued,
+            "SLOW": self._fire_marked,
+            "BUSY": None,
+        }
         source = _FIRE_SOURCE.replace("STATE_SLOT", self.state_attribute)
         fire: Callable[..., None] = _compile(source, consts, f"<unicache_fsm {self.name}: fire>")
         fire.__doc__ = CompiledExecutor.fire.__doc__

@@ -429,7 +429,7 @@ def render_transition_table(spec: MachineSpec) -> str:
             str(t.index),
             f"`{t.trigger}`",
             source,
-            f"`{t.dest}`",
+            f"`{t.dest}`" + (f" ({t.history} history)" if t.history else ""),
             ", ".join(guards),
             _callbacks_cell(t),
             _requires_cell(t),

@@ -247,6 +247,8 @@ class ExecutorBase(abc.ABC):
             coroutines=self.awaits,
         )
         self.spec = spec
+        # the states whose history models keep (`TransitionSpec.history`), if any
+        self.history_states = spec.history_states()
         self.handler = handler
         self.flat: FlatMachine = flatten(spec)
         self.model_cls = model_cls
@@ -375,8 +377,17 @@ class ExecutorBase(abc.ABC):
         """
         config = self.flat.initial if like is None else self.state_of(like)
         setattr(model, self.state_attribute, config)
+        self._initialize_history(model, like)
         if self.observers:
             self._notify(model, "", INIT_TRIGGER, config)
+
+    def _initialize_history(self, model: object, like: object | None) -> None:
+        """For a machine with history transitions: the model's history slot
+        (``<state_attribute>_history``: each history state's recorded leaves) empty, or
+        a copy of `like`'s."""
+        if self.history_states:
+            attr = f"{self.state_attribute}_history"
+            setattr(model, attr, {} if like is None else dict(getattr(like, attr)))
 
     def state_of(self, model: object) -> str:
         """The model's configuration name; `UnknownStateError` if the slot holds garbage."""
@@ -453,9 +464,22 @@ class Executor(ExecutorBase):
     def fire(self, model: Any, trigger: str, /, *args: Any, **kwargs: Any) -> None:
         """Run one transition, or queue it behind the model's running one (see the
         module docstring for the contract)."""
+        self._fire_marked(model, trigger, args, kwargs, None)
+
+    def _fire_marked(
+        self,
+        model: Any,
+        trigger: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        busy: object,
+    ) -> None:
+        """`fire` with the model marked by id in `_active`; `busy` is a model that a
+        compiled executor's fast path marked instead (None: none), and counts as
+        running too."""
         key = id(model)
         active = self._active
-        if active and key in active:
+        if busy is model or (active and key in active):
             self._queued.setdefault(key, []).append((trigger, args, kwargs))
             return
         active.append(key)

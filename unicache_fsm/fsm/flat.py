@@ -136,6 +136,7 @@ class FlatMachine:
             self._states[s.path] = s
             self._order[s.path] = i
         self._parallel_root = spec.root.kind is StateKind.PARALLEL
+        self._history = bool(spec.history_states())
         unknown: dict[str, None] = {}
         # top-level regions that declare final states, and their final leaves
         regions = list(spec.root.children) if self._parallel_root else [spec.root]
@@ -176,7 +177,9 @@ class FlatMachine:
 
     # -- per-configuration questions ---------------------------------------------------
     def is_config(self, config: object) -> bool:
-        """Whether `config` names a reachable configuration (False for any non-string)."""
+        """Whether `config` names a reachable configuration (False for any non-string);
+        for a machine with history transitions, any legal configuration (history
+        restores configurations the default entries explored here need not reach)."""
         if not isinstance(config, str):
             return False
         if config in self._active_of:
@@ -191,12 +194,31 @@ class FlatMachine:
             if order[leaf] <= last:
                 return False  # not in document order, or repeated
             last = order[leaf]
-        for group in self.groups:
-            if self._part(leaves, group.regions) not in group.parts:
+        active = frozenset(leaves) | {a for leaf in leaves for a in _ancestors(leaf) if a}
+        if self._history:
+            # a history transition restores what was active beneath its dest, which
+            # the exploration (default entries only) does not follow: any legal
+            # configuration is accepted, reachable or not
+            if not self._legal(active):
                 return False
-        self._active_of[config] = frozenset(leaves) | {
-            a for leaf in leaves for a in _ancestors(leaf) if a
-        }
+        else:
+            for group in self.groups:
+                if self._part(leaves, group.regions) not in group.parts:
+                    return False
+        self._active_of[config] = active
+        return True
+
+    def _legal(self, active: frozenset[str]) -> bool:
+        """Whether `active` (states with their ancestors) is a legal configuration: one
+        child of every active compound state (the root included), every child of every
+        active parallel one."""
+        for path in (*active, ""):
+            state = self._states[path]
+            inside = [c for c in state.children if c.path in active]
+            if state.kind is StateKind.COMPOUND and state.children and len(inside) != 1:
+                return False
+            if state.kind is StateKind.PARALLEL and len(inside) != len(state.children):
+                return False
         return True
 
     def active_states(self, config: str) -> frozenset[str]:

@@ -11,7 +11,8 @@ hierarchy rules themselves. Primitives:
 - `MachineGraph.node(path)` — one node by dotted path; `UnknownStateError` otherwise.
 - `edge_label(transition)` — ``trigger [cond] [not unl] (if region.a|b, other.c)``:
   the trigger, then every guard (``unless`` guards as ``not name``), then the
-  `requires` states grouped by region (one of each group must be active).
+  `requires` states grouped by region (one of each group must be active), then
+  ``(H)`` or ``(H*)`` for a transition entering its dest through shallow or deep history.
 
 Edges: one per declared source of each `TransitionSpec`. A ``"*"`` source
 (`spec.ANY_STATE`) becomes one edge from every state it can leave, marked
@@ -176,6 +177,8 @@ def edge_label(t: TransitionSpec) -> str:
             groups.setdefault(region, []).append(rest or region)
         shown = ", ".join(f"{region}.{'|'.join(names)}" for region, names in groups.items())
         parts.append(f"(if {shown})")
+    if t.history:  # UML's history pseudo-states: H shallow, H* deep
+        parts.append("(H*)" if t.history == "deep" else "(H)")
     return " ".join(parts)
 
 

@@ -77,6 +77,7 @@ TRANSITION_KEYS = frozenset(
         "requires",
         "description",
         "internal",
+        "history",
     }
 )
 _NAME_LISTS = ("conditions", "unless", "prepare", "before", "after", "requires")
@@ -175,6 +176,7 @@ def _parse_transition(c: _Collector, i: int, table: Any) -> TransitionSpec | Non
         index=i,
         description=c.str_field(where, table, "description", ""),
         internal=c.bool_field(where, table, "internal"),
+        history=c.str_field(where, table, "history", ""),
         **lists,
     )
 

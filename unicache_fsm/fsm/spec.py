@@ -18,7 +18,15 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ANY_STATE", "MAX_DEPTH", "MachineSpec", "StateKind", "StateSpec", "TransitionSpec"]
+__all__ = [
+    "ANY_STATE",
+    "HISTORY_KINDS",
+    "MAX_DEPTH",
+    "MachineSpec",
+    "StateKind",
+    "StateSpec",
+    "TransitionSpec",
+]
 
 #: A transition source meaning "every non-final configuration".
 ANY_STATE = "*"
@@ -26,6 +34,9 @@ ANY_STATE = "*"
 #: How deep states may nest (validation refuses deeper specs: it bounds the recursion
 #: of parsing, flattening and drawing).
 MAX_DEPTH = 32
+
+#: The values of `TransitionSpec.history` that enter the dest through its history.
+HISTORY_KINDS = ("shallow", "deep")
 
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:
@@ -106,6 +117,7 @@ class TransitionSpec:
     requires: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     description: str = ""
     internal: bool = False
+    history: str = ""
 
     @property
     def guarded(self) -> bool:
@@ -113,7 +125,8 @@ class TransitionSpec:
 
     def label(self) -> str:
         """A short human name: ``"prepare: idle -> prepared"``."""
-        return f"{self.trigger}: {'|'.join(self.sources)} -> {self.dest}"
+        mark = f" ({self.history} history)" if self.history else ""
+        return f"{self.trigger}: {'|'.join(self.sources)} -> {self.dest}{mark}"
 
 
 @attrs.frozen(cache_hash=True)
@@ -144,6 +157,11 @@ class MachineSpec:
                 return None
             node = node.child(part)
         return node
+
+    def history_states(self) -> tuple[str, ...]:
+        """The dests of `history` transitions (the states whose history models keep),
+        once, in declaration order."""
+        return tuple(dict.fromkeys(t.dest for t in self.transitions if t.history))
 
     def triggers(self) -> tuple[str, ...]:
         """Every declared trigger, once, in declaration order."""

@@ -28,6 +28,7 @@ from unicache_fsm.fsm.errors import InvalidSpecError, SpecProblem
 from unicache_fsm.fsm.flat import FlatMachine, flatten
 from unicache_fsm.fsm.spec import (
     ANY_STATE,
+    HISTORY_KINDS,
     MAX_DEPTH,
     MachineSpec,
     StateKind,
@@ -133,7 +134,7 @@ def _shape_problems(spec: object) -> list[SpecProblem]:
         if not isinstance(t, TransitionSpec):
             add("field of the wrong type", f"transitions[{i}] (expected a TransitionSpec)")
             continue
-        for field in ("trigger", "dest", "description"):
+        for field in ("trigger", "dest", "description", "history"):
             if not isinstance(getattr(t, field), str):
                 add("field of the wrong type", f"transitions[{i}].{field} (expected a string)")
         for field in ("sources", "conditions", "unless", "prepare", "before", "after", "requires"):
@@ -212,6 +213,26 @@ def structural_problems(spec: MachineSpec, flat: FlatMachine | None = None) -> l
     add(
         "internal transition that leaves its source",
         [t.label() for t in spec.transitions if t.internal and set(t.sources) != {t.dest}],
+    )
+    add(
+        "invalid history",
+        [
+            f"{t.label()} (history {t.history!r}; allowed: {', '.join(HISTORY_KINDS)})"
+            for t in spec.transitions
+            if t.history and t.history not in HISTORY_KINDS
+        ],
+    )
+    add(
+        "history transition into a state without children",
+        [
+            t.label()
+            for t in spec.transitions
+            if t.history and (dest := spec.state(t.dest)) is not None and not dest.children
+        ],
+    )
+    add(
+        "internal history transition",
+        [t.label() for t in spec.transitions if t.history and t.internal],
     )
     add(
         "'*' mixed with other sources",

@@ -75,6 +75,8 @@ def dump_spec(spec: MachineSpec) -> str:
                 lines.append(f"{key} = {_names(value)}")
         if t.internal:
             lines.append("internal = true")
+        if t.history:
+            lines.append(f"history = {_str(t.history)}")
         if t.description:
             lines.append(f"description = {_str(t.description)}")
     return "\n".join(lines) + "\n"
