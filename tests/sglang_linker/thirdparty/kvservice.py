@@ -56,25 +56,28 @@ class KvService:
         self.fail_next = False
         self.latency_s = latency_s
 
-    def _gate(self) -> None:
+    def pause(self) -> None:
         if self.latency_s:
             time.sleep(self.latency_s)
+
+    def gate(self) -> None:
+        self.pause()
         if not self.reachable:
             raise ServiceUnavailable("kv service unreachable")
 
     def exists(self, name: str) -> bool:
-        self._gate()
+        self.gate()
         with self.lock:
             return name in self.objects
 
     def get(self, name: str) -> bytes | None:
-        self._gate()
+        self.gate()
         with self.lock:
             return self.objects.get(name)
 
     def put_all(self, items: dict[str, bytes]) -> None:
         """Publish every object or none."""
-        self._gate()
+        self.gate()
         with self.lock:
             if self.fail_next:
                 self.fail_next = False
@@ -286,14 +289,19 @@ class KvServiceLinker(UnifiedCacheLinker):  # type: ignore[misc]
         except (OSError, ValueError) as exc:
             counter.fail(index, exc)
             return
-        for layer, (pool, local) in enumerate(self.layers):
-            at = self._pool_layers(pool).index(local)
-            buf = self.pools[pool]
-            for p, slots, rows in pages:
-                if p == pool:
-                    buf.k_buffer[local][slots] = rows[at, 0]
-                    buf.v_buffer[local][slots] = rows[at, 1]
+        for layer in range(len(self.layers)):
+            self._copy_layer(layer, pages)
             counter.complete(index, layer)
+
+    def _copy_layer(self, layer: int, pages: list[Any]) -> None:
+        pool, local = self.layers[layer]
+        at = self._pool_layers(pool).index(local)
+        buf = self.pools[pool]
+        for p, slots, rows in pages:
+            if p == pool:
+                self.svc.pause()  # each layer's transfer takes its time
+                buf.k_buffer[local][slots] = rows[at, 0]
+                buf.v_buffer[local][slots] = rows[at, 1]
 
     # -- offloads ---------------------------------------------------------------------------
 
