@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import attrs
 import torch
-from sglang.srt.mem_cache.hicache_storage import PoolName
+from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel
@@ -38,13 +38,14 @@ from unicache_fsm.integrations.linker_kit.obligations import (
     Verdicts,
 )
 
-__all__ = ["CheckedLinker", "bounded"]
+__all__ = ["CheckedLinker", "LinkerRaised", "bounded"]
 
 T = TypeVar("T")
 
 
 def bounded(what: str, fn: Callable[[], T], seconds: float) -> T:
-    """`fn()` in a daemon thread; `LinkerViolation` if it has not returned in `seconds`."""
+    """`fn()` in a daemon thread; `LinkerViolation` if it has not returned in `seconds`.
+    What `fn` raises is raised here (a bare `BaseException` wrapped in `LinkerRaised`)."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -61,8 +62,21 @@ def bounded(what: str, fn: Callable[[], T], seconds: float) -> T:
             Obligation.BOUNDED_LIFECYCLE, f"{what} did not return within {seconds:g} s"
         )
     if "error" in box:
-        raise box["error"]
+        error = box["error"]
+        if isinstance(error, Exception):
+            raise error
+        raise LinkerRaised(error)  # SystemExit, KeyboardInterrupt... from the linker's code
     return box["value"]  # type: ignore[no-any-return]
+
+
+class LinkerRaised(Exception):
+    """A `BaseException` that is not an `Exception` (``SystemExit``, ``KeyboardInterrupt``,
+    ...) raised by the linker's code in `bounded`'s thread: it is the linker's escape, not
+    this process's own interrupt, so it travels as an ordinary exception (``error``)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
 
 
 @attrs.define
@@ -106,6 +120,11 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._offloads: list[_Offload] = []
         self._queued: dict[str, _Load] = {}
         self._batches: dict[int, list[_Load]] = {}
+        # batch -> the device pools as they were when it started, to find writes
+        # outside its own slots; batch -> the first layer its forward read too early
+        self._before: dict[int, dict[Any, list[torch.Tensor]]] = {}
+        self._early: dict[int, str] = {}
+        self._count = 0  # the last completion count, less the pops since
 
     # -- delegation ---------------------------------------------------------------------
 
@@ -132,8 +151,9 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         except LinkerViolation:
             raise
         except Exception as exc:
-            detail = f"{name} raised {type(exc).__name__}: {exc}".splitlines()[0]
-            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from exc
+            cause = exc.error if isinstance(exc, LinkerRaised) else exc
+            detail = f"{name} raised {type(cause).__name__}: {cause}".splitlines()[0]
+            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from cause
         self.verdicts.checked(Obligation.NO_ESCAPE)
         return out
 
@@ -177,6 +197,15 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
                     "offloaded",
                 )
             self.verdicts.checked(Obligation.LOOKUP_TRUTHFUL)
+            sparse_ok = any(t.hit_policy == PoolHitPolicy.TRAILING_PAGES for t in transfers)
+            missing = sorted(set(range(1, max(found) + 1)) - set(found))
+            if missing and not sparse_ok:
+                raise LinkerViolation(
+                    Obligation.ANSWERS,
+                    f"lookup answered {sorted(set(found))} for pools that all need every "
+                    f"page (ALL_PAGES): the shorter prefixes {missing} are restorable too and "
+                    "missing (0.5.23 intersects these sets across ranks)",
+                )
             if len(self.ledger.submitted) > 1:
                 self.verdicts.checked(Obligation.MODEL_ISOLATION)
         return found  # type: ignore[no-any-return]
@@ -201,6 +230,10 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         if self._queued:
             self._batches[index] = list(self._queued.values())
             self._queued.clear()
+            self._before[index] = {
+                pool: [b.clone() for b in (*buf.k_buffer, *buf.v_buffer)]
+                for pool, buf in self.buffers.items()
+            }
         return index  # type: ignore[no-any-return]
 
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
@@ -209,9 +242,13 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         )
         self._answer("finish_layer_wise_loading", landed, isinstance(landed, bool), "a bool")
         loads = self._batches.pop(counter_index, [])
+        self._check_outside(counter_index, loads)
+        early = self._early.pop(counter_index, None)
         if landed:
             for load in loads:
                 self._check_bytes(load)
+            if early is not None:
+                raise LinkerViolation(Obligation.LANDED_BYTES, early)
         elif loads:
             keys = [k for load in loads for _, _, ks in load.transfers for k in ks]
             if self.ledger.intact(self.model.model, keys):
@@ -234,17 +271,33 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
             rows.append(self.model.values(hashes, str(pool.value), layer, kind, width))
         return torch.cat(rows) if rows else torch.zeros(0, width)
 
+    def _wrong_token(
+        self, pool: Any, indices: torch.Tensor, keys: tuple[str, ...], layer: int, kind: str
+    ) -> int | None:
+        """The first token of `pool`'s `layer` (K or V) at `indices` that is not the
+        KV model's, or None."""
+        buf = self.buffers[pool]
+        bufs = buf.k_buffer if kind == "k" else buf.v_buffer
+        got = bufs[layer][indices.to(torch.int64)].reshape(indices.numel(), -1)
+        want = self.expected(pool, keys, layer, kind)
+        if torch.equal(got.to(torch.float32), want):
+            return None
+        return int((got.to(torch.float32) != want).any(dim=1).nonzero()[0])
+
+    def _checkable(self, load: _Load) -> list[tuple[Any, torch.Tensor, tuple[str, ...]]]:
+        """The transfers the kit can judge: a modelled pool and whole pages."""
+        return [
+            (pool, indices, keys)
+            for pool, indices, keys in load.transfers
+            if pool in self.buffers and indices.numel() == len(keys) * self.page
+        ]
+
     def _check_bytes(self, load: _Load) -> None:
-        for pool, indices, keys in load.transfers:
-            buf = self.buffers.get(pool)
-            if buf is None or indices.numel() != len(keys) * self.page:
-                continue  # a pool the kit does not model, or a partial window
-            for layer in range(buf.layer_num):
-                for kind, bufs in (("k", buf.k_buffer), ("v", buf.v_buffer)):
-                    got = bufs[layer][indices.to(torch.int64)].reshape(indices.numel(), -1)
-                    want = self.expected(pool, keys, layer, kind)
-                    if not torch.equal(got.to(torch.float32), want):
-                        bad = int((got.to(torch.float32) != want).any(dim=1).nonzero()[0])
+        for pool, indices, keys in self._checkable(load):
+            for layer in range(self.buffers[pool].layer_num):
+                for kind in ("k", "v"):
+                    bad = self._wrong_token(pool, indices, keys, layer, kind)
+                    if bad is not None:
                         raise LinkerViolation(
                             Obligation.LANDED_BYTES,
                             f"load of {load.rid!r} finished as landed, but pool {pool.value} "
@@ -252,6 +305,48 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
                             f"{bad // self.page}) is not the model's",
                         )
             self.verdicts.checked(Obligation.LANDED_BYTES)
+
+    def note_layer(self, index: int, pool: Any, layer: int) -> None:
+        """The forward of batch `index` read `pool`'s `layer` right after the layer
+        counter's ``wait_until`` returned for it: if the batch then finishes as landed,
+        that layer must have been there already (noted here, judged at finish)."""
+        if index in self._early:
+            return
+        for load in self._batches.get(index, []):
+            for p, indices, keys in self._checkable(load):
+                if p != pool:
+                    continue
+                for kind in ("k", "v"):
+                    bad = self._wrong_token(pool, indices, keys, layer, kind)
+                    if bad is not None:
+                        self._early[index] = (
+                            f"load of {load.rid!r}: wait_until returned for pool {pool.value} "
+                            f"layer {layer} before it landed ({kind.upper()} of token {bad} was "
+                            "not the model's when the forward read it)"
+                        )
+                        return
+
+    def _check_outside(self, index: int, loads: list[_Load]) -> None:
+        """Nothing outside the batch's own slots changed while it loaded."""
+        before = self._before.pop(index, None)
+        if before is None:
+            return
+        for pool, old in before.items():
+            buf = self.buffers[pool]
+            mine = [i for load in loads for p, i, _ in load.transfers if p == pool]
+            outside = torch.ones(old[0].shape[0], dtype=torch.bool)
+            for indices in mine:
+                outside[indices.to(torch.int64)] = False
+            for n, (was, now) in enumerate(zip(old, (*buf.k_buffer, *buf.v_buffer), strict=True)):
+                changed = (was[outside] != now[outside]).reshape(int(outside.sum()), -1).any(1)
+                if bool(changed.any()):
+                    slot = int(outside.nonzero()[int(changed.nonzero()[0])])
+                    raise LinkerViolation(
+                        Obligation.LANDED_BYTES,
+                        f"batch {index} wrote device slot {slot} of pool {pool.value} "
+                        f"(layer {n % buf.layer_num} {'KV'[n // buf.layer_num]}), which none "
+                        "of its loads was given",
+                    )
 
     def cancel_queued_load(self, rid: str) -> bool:
         cancelled = self._call("cancel_queued_load", self.linker.cancel_queued_load, rid)
@@ -286,6 +381,13 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
                 f"num_completed_offloads() = {n}, but only {len(self._offloads)} accepted "
                 "offloads are outstanding",
             )
+        if n < self._count:
+            raise LinkerViolation(
+                Obligation.COMPLETIONS_BOUNDED,
+                f"num_completed_offloads() fell from {self._count} to {n} with no pop "
+                "(a completion counted once must stay until popped)",
+            )
+        self._count = n
         self.verdicts.checked(Obligation.COMPLETIONS_BOUNDED)
         return n  # type: ignore[no-any-return]
 
@@ -297,6 +399,7 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         ok = self._call("pop_completed_offload", self.linker.pop_completed_offload)
         self._answer("pop_completed_offload", ok, isinstance(ok, bool), "a bool")
         head = self._offloads.pop(0)
+        self._count = max(0, self._count - 1)
         if head.clean and not ok:
             raise LinkerViolation(
                 Obligation.COMPLETIONS_ORDERED,
@@ -314,11 +417,17 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def reset(self) -> None:
-        self._call("reset", self.linker.reset)
+    def _forget(self) -> None:
         self._offloads.clear()
         self._queued.clear()
         self._batches.clear()
+        self._before.clear()
+        self._early.clear()
+        self._count = 0
+
+    def reset(self) -> None:
+        self._call("reset", self.linker.reset)
+        self._forget()
         n = self._call("num_completed_offloads", self.linker.num_completed_offloads)
         if n != 0:
             raise LinkerViolation(
@@ -330,7 +439,5 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     def close(self) -> None:
         self._call("close", self.linker.close)
-        self._offloads.clear()
-        self._queued.clear()
-        self._batches.clear()
+        self._forget()
         self.verdicts.checked(Obligation.BOUNDED_LIFECYCLE)

@@ -60,7 +60,7 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from unicache_fsm.integrations.linker_kit.build import build_linker  # noqa: E402
-from unicache_fsm.integrations.linker_kit.checked import CheckedLinker  # noqa: E402
+from unicache_fsm.integrations.linker_kit.checked import CheckedLinker, bounded  # noqa: E402
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel  # noqa: E402
 from unicache_fsm.integrations.linker_kit.ledger import Ledger  # noqa: E402
 from unicache_fsm.integrations.linker_kit.obligations import (  # noqa: E402
@@ -76,6 +76,8 @@ PAGE = 16
 SWA_WINDOW = 32
 DTYPE = torch.bfloat16
 HEADS, HEAD_DIM = 2, 4
+#: the longest a linker's constructor may take (0.5.23 builds it at worker start)
+BUILD_S = 10.0
 #: what a load's slots hold until it lands (the KV model's values lie in -120..120)
 POISON = 200.0
 
@@ -161,8 +163,12 @@ class Rig:
             tree_core_backend="python",
         )
         self.cache = UnifiedRadixCache(self.params)
-        self.linker = build_linker(
-            config, self.params, set(self.cache.components), model=model, page=PAGE
+        self.linker = bounded(  # a constructor that hangs must not hang the check
+            "building the linker through SGLang's factory",
+            lambda: build_linker(
+                config, self.params, set(self.cache.components), model=model, page=PAGE
+            ),
+            BUILD_S,
         )
         faults = getattr(self.linker, "backend_faults", None)
         self.faults = faults() if callable(faults) else None
@@ -249,12 +255,22 @@ class Rig:
         req.prefix_len = result.device_prefix_len
         return req, result
 
-    def _forward(self) -> None:
-        """The forward's layer waits (the KV pool's hook calls ``wait_until``)."""
+    def _forward(self, index: int) -> None:
+        """The forward of batch `index`: the TP worker points the layer counter at the
+        batch (``set_consumer``, as 0.5.23's ``set_hicache_consumer``), then each layer's
+        attention waits for its layer (the KV pool's hook calls ``wait_until``) and reads
+        it -- what it read is noted for the batch's verdict (`CheckedLinker.note_layer`)."""
         layers = [1, 2, 0] if self.swa else [0, 1]
+        mapping = getattr(self.kvcache, "layers_mapping", None)
         try:
+            self.linker.layer_done_counter.set_consumer(index)
             for layer in layers:
                 self.kvcache.get_key_buffer(layer)
+                if mapping is None:
+                    self.checked.note_layer(index, PoolName.KV, layer)
+                else:
+                    local, is_swa = mapping[layer]
+                    self.checked.note_layer(index, PoolName.SWA if is_swa else PoolName.KV, local)
         except LinkerViolation:
             raise
         except Exception as exc:
@@ -293,8 +309,8 @@ class Rig:
         device = result.device_prefix_len
         req.prefix_len = device + loaded
         value = self.cache.prefix_device_indices(req)  # tree prefix + the private slots
-        self.cache.ready_to_load_host_cache()
-        self._forward()
+        index = self.cache.ready_to_load_host_cache()
+        self._forward(index)
         failed = self.cache.finish_external_linker_loads([req])
         if failed:
             self.allocator.free(slots)
@@ -325,8 +341,8 @@ class Rig:
         if rid in self.cache.linker.inflight_load_rids:  # not cancelled: it runs
             self._run_batch(req, result, loaded, slots, lock)
             return False
-        self.cache.ready_to_load_host_cache()  # the next batch starts
-        self._forward()
+        index = self.cache.ready_to_load_host_cache()  # the next batch starts
+        self._forward(index)
         after = self._snapshot(slots)
         if not all(torch.equal(a, b) for a, b in zip(before, after, strict=True)):
             raise LinkerViolation(
@@ -345,7 +361,7 @@ class Rig:
         if not loaded:
             self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
             return
-        self.cache.ready_to_load_host_cache()
+        index = self.cache.ready_to_load_host_cache()
         self.cache.release_aborted_request(req)
         if rid not in self.cache.linker.inflight_load_rids:
             raise LinkerViolation(
@@ -353,7 +369,7 @@ class Rig:
                 f"cancel_queued_load({rid!r}) answered True for a load already started",
             )
         self.verdicts.checked(Obligation.NOTHING_QUEUED)
-        self._forward()
+        self._forward(index)
         self.cache.finish_external_linker_loads([req])  # landed or not, the request is gone
         self.allocator.free(slots)
         self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
