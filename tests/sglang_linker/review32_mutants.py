@@ -150,8 +150,48 @@ MUTANTS: dict[str, Obligation] = {
     "LookupAnswersTheLongestHitOnly": Obligation.ANSWERS,
     "CountsTheOffloadInHand": Obligation.COMPLETIONS_ORDERED,
     "CountFallsWhileBusy": Obligation.COMPLETIONS_BOUNDED,
-    "CancelDropsTheNewestLoad": Obligation.NOTHING_QUEUED,
+    "CancelDropsTheNewestLoad": Obligation.LANDED_BYTES,
     "ResetLeavesTheWorkerWriting": Obligation.BOUNDED_LIFECYCLE,
     "LoadClearsTheNextPage": Obligation.LANDED_BYTES,
     "FinishHangsAfterAFailedBatch": Obligation.BOUNDED_LIFECYCLE,
 }
+
+
+# -- linkers that attack the command line, not an obligation of the cache ----------------------
+
+
+class LookupInterrupts(KvServiceLinker):
+    """Its lookup raises KeyboardInterrupt (a stray signal handler's habit)."""
+
+    def lookup(self, rid: str, transfers: list[Any]) -> list[int]:
+        raise KeyboardInterrupt
+
+
+class OffloadExits(KvServiceLinker):
+    """Its offload calls sys.exit when the service refuses a write."""
+
+    def offload(self, transfers: list[Any], session_id: str | None = None) -> bool:
+        raise SystemExit(3)
+
+
+class ConstructorExits(KvServiceLinker):
+    """Its constructor calls sys.exit when its service is not configured."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise SystemExit("no kv service configured")
+
+
+class ConstructorHangs(KvServiceLinker):
+    """Its constructor waits forever for a service that never answers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        threading.Event().wait()
+
+
+class Chatty(KvServiceLinker):
+    """Prints every lookup to stdout (a debugging leftover)."""
+
+    def lookup(self, rid: str, transfers: list[Any]) -> list[int]:
+        found = super().lookup(rid, transfers)
+        print(f"lookup {rid}: {found}")
+        return found

@@ -11,7 +11,13 @@ wrapper caps the completions it pops, so it would hide an over-count) and raises
 - `finish_layer_wise_loading` landed: every slot of every transfer of the batch holds
   the KV model's bytes, every layer (`LANDED_BYTES`); failed: fine unless every page
   of the batch was intact (`NOTHING_QUEUED`: something stale failed it).
-- `num_completed_offloads` <= accepted - popped (`COMPLETIONS_BOUNDED`); each pop is
+- `start_layer_wise_loading` .. `finish_layer_wise_loading`: no slot outside the
+  batch's own changes, and a layer the forward read right after ``wait_until``
+  (`note_layer`) already held its bytes when the batch finishes as landed
+  (`LANDED_BYTES`). `lookup` over pools that all need every page (ALL_PAGES) answers
+  every shorter prefix of its longest (`ANSWERS`).
+- `num_completed_offloads` <= accepted - popped, and it falls only by pops
+  (`COMPLETIONS_BOUNDED`); each pop is
   the oldest offload's result: an offload submitted while the backend was clean pops
   True (`COMPLETIONS_ORDERED`).
 - `reset`: afterwards no completion is counted (`BOUNDED_LIFECYCLE`).

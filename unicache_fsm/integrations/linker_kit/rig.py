@@ -17,12 +17,16 @@ Steps, each what the scheduler does (every linker call goes through the checks):
   completed (`COMPLETIONS_ARRIVE` if not within ``budget_s``).
 - `evict()` — evict every unlocked node.
 - `load(tokens, rid)` — match with a request, ``init_load_back``, start the batch, the
-  forward's layer waits, ``finish_external_linker_loads``; a landed load is inserted
+  forward (the counter pointed at the batch, each layer waited for and read: a layer
+  read before it landed fails a batch that then finishes as landed),
+  ``finish_external_linker_loads``; a landed load is inserted
   like computed KV, a failed one's slots freed. ``damage=KIND`` injects that backend
   fault on the queued pages between ``load`` and the batch's start.
 - `cancel(tokens, rid)` — the same up to ``load``, then the request is released (the
   wrapper cancels the queued load) and the next batch starts: a cancelled load's
-  slots must not change (`NOTHING_QUEUED`).
+  slots must not change (`NOTHING_QUEUED`). `cancel_beside(tokens, rid, other,
+  other_rid)` — two loads queued for one batch, the first released: the other lands,
+  the cancelled one writes nothing.
 - `reset()` — ``cache.reset()`` (SGLang's flush: the linker's ``reset``), allocator
   cleared; `close()` — the wrapper's ``close``.
 """
@@ -353,6 +357,32 @@ class Rig:
         self.allocator.free(slots)
         self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
         return True
+
+    def cancel_beside(
+        self, tokens: Sequence[int], rid: str, other: Sequence[int], other_rid: str
+    ) -> int:
+        """Queue loads of `tokens` and `other` for one batch, release the first request,
+        run the batch: the cancelled load's slots must not change, and the other load
+        lands as usual. The tokens the other load brought (0: none or failed)."""
+        req, result, loaded, slots, lock = self._queue(tokens, rid)
+        queued = self._queue(other, other_rid)
+        before = self._snapshot(slots) if loaded else []
+        self.cache.release_aborted_request(req)
+        cancelled = bool(loaded) and rid not in self.cache.linker.inflight_load_rids
+        brought = self._run_batch(*queued)
+        if cancelled:
+            after = self._snapshot(slots)
+            if not all(torch.equal(a, b) for a, b in zip(before, after, strict=True)):
+                raise LinkerViolation(
+                    Obligation.NOTHING_QUEUED,
+                    f"cancel_queued_load({rid!r}) answered True, but the batch beside it "
+                    "wrote its slots",
+                )
+            self.verdicts.checked(Obligation.NOTHING_QUEUED)
+        if loaded:
+            self.allocator.free(slots)
+        self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
+        return brought
 
     def cancel_started(self, tokens: Sequence[int], rid: str) -> None:
         """Start a load of `tokens`, then release the request: the cancel must answer
