@@ -28,7 +28,8 @@ Steps, each what the scheduler does (every linker call goes through the checks):
   other_rid)` — two loads queued for one batch, the first released: the other lands,
   the cancelled one writes nothing.
 - `reset()` — ``cache.reset()`` (SGLang's flush: the linker's ``reset``), allocator
-  cleared; `close()` — the wrapper's ``close``.
+  cleared; no device byte may change after it returned (`BOUNDED_LIFECYCLE`: checked
+  after ``QUIET_S`` and before the rig next writes the device); `close()` — the wrapper's ``close``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ DTYPE = torch.bfloat16
 HEADS, HEAD_DIM = 2, 4
 #: the longest a linker's constructor may take (0.5.23 builds it at worker start)
 BUILD_S = 10.0
+#: how long after a reset the device must stay untouched before the next step
+QUIET_S = 0.05
 #: what a load's slots hold until it lands (the KV model's values lie in -120..120)
 POISON = 200.0
 
@@ -189,6 +192,7 @@ class Rig:
         self.cache.init_cache_linker(self.monitor)
         self.kvcache.register_layer_transfer_counter(self.linker.layer_done_counter)
         self.closed = False
+        self._after_reset: list[torch.Tensor] | None = None  # the device when reset returned
 
     # -- slots and bytes ------------------------------------------------------------------
 
@@ -225,6 +229,7 @@ class Rig:
     # -- scheduler steps --------------------------------------------------------------------
 
     def compute(self, tokens: Sequence[int]) -> None:
+        self._check_quiet()
         self.keys(tokens)
         slots = self._alloc(len(tokens))
         self._write(tokens, slots)
@@ -282,6 +287,7 @@ class Rig:
             raise LinkerViolation(Obligation.NO_ESCAPE, detail.splitlines()[0]) from exc
 
     def _queue(self, tokens: Sequence[int], rid: str) -> tuple[Any, Any, int, Any, Any]:
+        self._check_quiet()
         req, result = self._match(tokens, rid)
         lock = self.cache.inc_lock_ref(result.last_device_node)
         loaded, req.last_node = self.cache.init_load_back(
@@ -439,9 +445,32 @@ class Rig:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def reset(self) -> None:
+        """SGLang's flush; then nothing may write device memory: checked after a quiet
+        period (``QUIET_S``) and again before the rig next writes it."""
         self.cache.reset()
         self.allocator.clear()
         self.req_pool.clear()
+        self._after_reset = self._device()
+        time.sleep(QUIET_S)
+        self._check_quiet()
+
+    def _device(self) -> list[torch.Tensor]:
+        return [b.clone() for buf in self.buffers.values() for b in (*buf.k_buffer, *buf.v_buffer)]
+
+    def _check_quiet(self) -> None:
+        """No device byte changed since the last reset returned (`BOUNDED_LIFECYCLE`)."""
+        if self._after_reset is None:
+            return
+        before, self._after_reset = self._after_reset, None
+        for was, now in zip(before, self._device(), strict=True):
+            changed = (was != now).reshape(was.shape[0], -1).any(1).nonzero()
+            if changed.numel():
+                raise LinkerViolation(
+                    Obligation.BOUNDED_LIFECYCLE,
+                    f"device slot {int(changed[0])} changed after reset returned (reset "
+                    "left a transfer writing)",
+                )
+        self.verdicts.checked(Obligation.BOUNDED_LIFECYCLE)
 
     def close(self) -> None:
         if not self.closed:
