@@ -83,14 +83,6 @@ class CountsTheOffloadInHand(KvServiceLinker):
         return super().num_completed_offloads() + (0 if self._idle.is_set() else 1)
 
 
-class CountFallsWhileBusy(KvServiceLinker):
-    """Hides completions while the worker is busy (the count falls with no pop)."""
-
-    def num_completed_offloads(self) -> int:
-        n = super().num_completed_offloads()
-        return max(0, n - 1) if not self._idle.is_set() else n
-
-
 class CancelDropsTheNewestLoad(KvServiceLinker):
     """Cancels whichever load was queued last, whatever rid it is asked for."""
 
@@ -115,17 +107,19 @@ class ResetLeavesTheWorkerWriting(KvServiceLinker):
 
 class LoadClearsTheNextPage(KvServiceLinker):
     """After each page it copies, zeroes the page that follows it in the pool (a guard
-    page it believes it owns)."""
+    page it believes it owns) unless the batch loads that page too."""
 
     def _copy_layer(self, layer: int, pages: list[Any]) -> None:
         super()._copy_layer(layer, pages)
         pool, local = self.layers[layer]
         buf = self.pools[pool]
+        mine = {int(s) for p, slots, _ in pages if p == pool for s in slots}
         for p, slots, _ in pages:
-            nxt = slots[-1] + 1 + torch.arange(self.page)
-            if p == pool and int(nxt[-1]) < buf.k_buffer[local].shape[0]:
-                buf.k_buffer[local][nxt] = 0
-                buf.v_buffer[local][nxt] = 0
+            nxt = [int(slots[-1]) + 1 + i for i in range(self.page)]
+            if p == pool and nxt[-1] < buf.k_buffer[local].shape[0] and not mine & set(nxt):
+                where = torch.tensor(nxt)
+                buf.k_buffer[local][where] = 0
+                buf.v_buffer[local][where] = 0
 
 
 class FinishHangsAfterAFailedBatch(KvServiceLinker):
@@ -149,7 +143,6 @@ MUTANTS: dict[str, Obligation] = {
     "LayersCompletedOutOfOrder": Obligation.LANDED_BYTES,
     "LookupAnswersTheLongestHitOnly": Obligation.ANSWERS,
     "CountsTheOffloadInHand": Obligation.COMPLETIONS_ORDERED,
-    "CountFallsWhileBusy": Obligation.COMPLETIONS_BOUNDED,
     "CancelDropsTheNewestLoad": Obligation.LANDED_BYTES,
     "ResetLeavesTheWorkerWriting": Obligation.BOUNDED_LIFECYCLE,
     "LoadClearsTheNextPage": Obligation.LANDED_BYTES,

@@ -16,8 +16,7 @@ wrapper caps the completions it pops, so it would hide an over-count) and raises
   (`note_layer`) already held its bytes when the batch finishes as landed
   (`LANDED_BYTES`). `lookup` over pools that all need every page (ALL_PAGES) answers
   every shorter prefix of its longest (`ANSWERS`).
-- `num_completed_offloads` <= accepted - popped, and it falls only by pops
-  (`COMPLETIONS_BOUNDED`); each pop is
+- `num_completed_offloads` <= accepted - popped (`COMPLETIONS_BOUNDED`); each pop is
   the oldest offload's result: an offload submitted while the backend was clean pops
   True (`COMPLETIONS_ORDERED`).
 - `reset`: afterwards no completion is counted (`BOUNDED_LIFECYCLE`).
@@ -130,7 +129,6 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         # outside its own slots; batch -> the first layer its forward read too early
         self._before: dict[int, dict[Any, list[torch.Tensor]]] = {}
         self._early: dict[int, str] = {}
-        self._count = 0  # the last completion count, less the pops since
 
     # -- delegation ---------------------------------------------------------------------
 
@@ -387,13 +385,6 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
                 f"num_completed_offloads() = {n}, but only {len(self._offloads)} accepted "
                 "offloads are outstanding",
             )
-        if n < self._count:
-            raise LinkerViolation(
-                Obligation.COMPLETIONS_BOUNDED,
-                f"num_completed_offloads() fell from {self._count} to {n} with no pop "
-                "(a completion counted once must stay until popped)",
-            )
-        self._count = n
         self.verdicts.checked(Obligation.COMPLETIONS_BOUNDED)
         return n  # type: ignore[no-any-return]
 
@@ -405,7 +396,6 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         ok = self._call("pop_completed_offload", self.linker.pop_completed_offload)
         self._answer("pop_completed_offload", ok, isinstance(ok, bool), "a bool")
         head = self._offloads.pop(0)
-        self._count = max(0, self._count - 1)
         if head.clean and not ok:
             raise LinkerViolation(
                 Obligation.COMPLETIONS_ORDERED,
@@ -429,7 +419,6 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._batches.clear()
         self._before.clear()
         self._early.clear()
-        self._count = 0
 
     def reset(self) -> None:
         self._call("reset", self.linker.reset)
