@@ -21,7 +21,7 @@ import pytest
 
 from sglang_linker.review32_mutants import MUTANTS
 from unicache_fsm.cli import main
-from unicache_fsm.integrations.linker_kit import check, rig
+from unicache_fsm.integrations.linker_kit import rig
 from unicache_fsm.integrations.linker_kit.check import check_linker
 from unicache_fsm.integrations.linker_kit.obligations import Obligation, Outcome
 
@@ -98,8 +98,7 @@ def test_a_constructor_that_exits_is_one_line_and_exit_2(
 def test_a_constructor_that_hangs_is_one_line_and_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for module in (rig, check):  # the bound, shortened for CI (default 10 s)
-        monkeypatch.setattr(module, "BUILD_S", 1.0)
+    monkeypatch.setattr(rig, "BUILD_S", 1.0)  # the bound, shortened for CI (default 10 s)
     started = time.monotonic()
     config = _config("ConstructorHangs", MUTANTS_MODULE)
     argv = ["check-linker", config, "--report", str(tmp_path / "r")]
@@ -133,4 +132,4 @@ def test_a_linker_that_prints_still_gets_its_table(
     argv = ["check-linker", config, "--minutes", "0", "--report", str(tmp_path / "r")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "lookup req-" in out and "landed-bytes" in out and "covered 20 scenarios" in out
+    assert "lookup req-" in out and "landed-bytes" in out and "scenarios on Full" in out

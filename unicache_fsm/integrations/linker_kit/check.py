@@ -22,7 +22,6 @@ import attrs
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.integrations.linker_kit.build import linker_class, parse_config
-from unicache_fsm.integrations.linker_kit.checked import LinkerRaised
 from unicache_fsm.integrations.linker_kit.faults import FAULT_KINDS
 from unicache_fsm.integrations.linker_kit.ledger import Ledger
 from unicache_fsm.integrations.linker_kit.machine import explore
@@ -33,7 +32,6 @@ from unicache_fsm.integrations.linker_kit.obligations import (
     Verdicts,
 )
 from unicache_fsm.integrations.linker_kit.report import PROTOCOL_MACHINES, program_text
-from unicache_fsm.integrations.linker_kit.rig import BUILD_S
 from unicache_fsm.integrations.linker_kit.scenarios import SCENARIOS, run_scenarios
 from unicache_fsm.integrations.linker_kit.session import Session
 
@@ -50,16 +48,15 @@ class CheckResult:
 
 
 def _builds(config: dict[str, Any], swa: bool, ledger: Ledger) -> str | None:
-    """None when the linker builds on this cache shape; else why not (one line: "raised
-    ...", or "did not return within ... s")."""
+    """None when the linker builds on this cache shape; else why not (one line: "building
+    it through SGLang's factory raised ..." or "... did not return within ... s")."""
     session = Session(config, faults=(), swa=swa, ledger=ledger)
     try:
         session.rig  # noqa: B018 -- builds the worker
-    except LinkerViolation:  # the constructor did not return in bounded time
-        return f"did not return within {BUILD_S:g} s"
-    except Exception as exc:
-        cause = exc.error if isinstance(exc, LinkerRaised) else exc
-        return f"raised {type(cause).__name__}: {cause}".splitlines()[0]
+    except LinkerViolation as exc:  # the constructor raised, or did not return
+        return exc.detail
+    except Exception as exc:  # the worker around it could not be built
+        return f"building the worker raised {type(exc).__name__}: {exc}".splitlines()[0]
     finally:
         session.close()
     return None
@@ -92,7 +89,7 @@ def check_linker(
     why_not = _builds(config, False, ledger)
     if why_not is not None:
         where = f"{cls.__module__}.{cls.__qualname__}"
-        msg = f"{where}: building it through SGLang's factory {why_not}"
+        msg = f"{where}: {why_not}"
         raise BadLinkerError(msg)
     shapes = [False]
     swa_why = _builds(config, True, ledger)

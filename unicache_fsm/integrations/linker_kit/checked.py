@@ -35,6 +35,7 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
+from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel
 from unicache_fsm.integrations.linker_kit.ledger import Ledger
 from unicache_fsm.integrations.linker_kit.obligations import (
@@ -74,7 +75,7 @@ def bounded(what: str, fn: Callable[[], T], seconds: float) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
-class LinkerRaised(Exception):
+class LinkerRaised(UnicacheFsmError, RuntimeError):
     """A `BaseException` that is not an `Exception` (``SystemExit``, ``KeyboardInterrupt``,
     ...) raised by the linker's code in `bounded`'s thread: it is the linker's escape, not
     this process's own interrupt, so it travels as an ordinary exception (``error``)."""

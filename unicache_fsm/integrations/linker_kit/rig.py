@@ -65,7 +65,11 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from unicache_fsm.integrations.linker_kit.build import build_linker  # noqa: E402
-from unicache_fsm.integrations.linker_kit.checked import CheckedLinker, bounded  # noqa: E402
+from unicache_fsm.integrations.linker_kit.checked import (  # noqa: E402
+    CheckedLinker,
+    LinkerRaised,
+    bounded,
+)
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel  # noqa: E402
 from unicache_fsm.integrations.linker_kit.ledger import Ledger  # noqa: E402
 from unicache_fsm.integrations.linker_kit.obligations import (  # noqa: E402
@@ -170,13 +174,21 @@ class Rig:
             tree_core_backend="python",
         )
         self.cache = UnifiedRadixCache(self.params)
-        self.linker = bounded(  # a constructor that hangs must not hang the check
-            "building the linker through SGLang's factory",
-            lambda: build_linker(
-                config, self.params, set(self.cache.components), model=model, page=PAGE
-            ),
-            BUILD_S,
-        )
+        what = "building it through SGLang's factory"
+        try:  # a constructor that hangs or raises (SystemExit too) is a verdict
+            self.linker = bounded(
+                what,
+                lambda: build_linker(
+                    config, self.params, set(self.cache.components), model=model, page=PAGE
+                ),
+                BUILD_S,
+            )
+        except LinkerViolation:
+            raise
+        except Exception as exc:
+            cause = exc.error if isinstance(exc, LinkerRaised) else exc
+            detail = f"{what} raised {type(cause).__name__}: {cause}".splitlines()[0]
+            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from cause
         faults = getattr(self.linker, "backend_faults", None)
         self.faults = faults() if callable(faults) else None
         self.checked = CheckedLinker(
