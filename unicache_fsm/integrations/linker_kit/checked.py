@@ -35,7 +35,6 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
-from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel
 from unicache_fsm.integrations.linker_kit.ledger import Ledger
 from unicache_fsm.integrations.linker_kit.obligations import (
@@ -44,14 +43,14 @@ from unicache_fsm.integrations.linker_kit.obligations import (
     Verdicts,
 )
 
-__all__ = ["CheckedLinker", "LinkerRaised", "bounded"]
+__all__ = ["CheckedLinker", "bounded"]
 
 T = TypeVar("T")
 
 
 def bounded(what: str, fn: Callable[[], T], seconds: float) -> T:
     """`fn()` in a daemon thread; `LinkerViolation` if it has not returned in `seconds`.
-    What `fn` raises is raised here (a bare `BaseException` wrapped in `LinkerRaised`)."""
+    What `fn` raises is raised here; a bare `BaseException` becomes a `NO_ESCAPE` violation."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -71,18 +70,11 @@ def bounded(what: str, fn: Callable[[], T], seconds: float) -> T:
         error = box["error"]
         if isinstance(error, Exception):
             raise error
-        raise LinkerRaised(error)  # SystemExit, KeyboardInterrupt... from the linker's code
+        # SystemExit, KeyboardInterrupt... raised by the linker's own code in that thread
+        # (not this process's interrupt): an escape, and a verdict rather than an exit
+        detail = f"{what} raised {type(error).__name__}: {error}".splitlines()[0]
+        raise LinkerViolation(Obligation.NO_ESCAPE, detail) from error
     return box["value"]  # type: ignore[no-any-return]
-
-
-class LinkerRaised(UnicacheFsmError, RuntimeError):
-    """A `BaseException` that is not an `Exception` (``SystemExit``, ``KeyboardInterrupt``,
-    ...) raised by the linker's code in `bounded`'s thread: it is the linker's escape, not
-    this process's own interrupt, so it travels as an ordinary exception (``error``)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.error = error
 
 
 @attrs.define
@@ -156,9 +148,8 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         except LinkerViolation:
             raise
         except Exception as exc:
-            cause = exc.error if isinstance(exc, LinkerRaised) else exc
-            detail = f"{name} raised {type(cause).__name__}: {cause}".splitlines()[0]
-            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from cause
+            detail = f"{name} raised {type(exc).__name__}: {exc}".splitlines()[0]
+            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from exc
         self.verdicts.checked(Obligation.NO_ESCAPE)
         return out
 

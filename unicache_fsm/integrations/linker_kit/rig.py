@@ -65,11 +65,7 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from unicache_fsm.integrations.linker_kit.build import build_linker  # noqa: E402
-from unicache_fsm.integrations.linker_kit.checked import (  # noqa: E402
-    CheckedLinker,
-    LinkerRaised,
-    bounded,
-)
+from unicache_fsm.integrations.linker_kit.checked import CheckedLinker, bounded  # noqa: E402
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel  # noqa: E402
 from unicache_fsm.integrations.linker_kit.ledger import Ledger  # noqa: E402
 from unicache_fsm.integrations.linker_kit.obligations import (  # noqa: E402
@@ -186,9 +182,8 @@ class Rig:
         except LinkerViolation:
             raise
         except Exception as exc:
-            cause = exc.error if isinstance(exc, LinkerRaised) else exc
-            detail = f"{what} raised {type(cause).__name__}: {cause}".splitlines()[0]
-            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from cause
+            detail = f"{what} raised {type(exc).__name__}: {exc}".splitlines()[0]
+            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from exc
         faults = getattr(self.linker, "backend_faults", None)
         self.faults = faults() if callable(faults) else None
         self.checked = CheckedLinker(
