@@ -123,16 +123,15 @@ class LoadClearsTheNextPage(KvServiceLinker):
 
 
 class FinishHangsAfterAFailedBatch(KvServiceLinker):
-    """A batch that fails never signals its end, and finish waits for it with no bound."""
+    """After a failed batch, finish waits, with no bound, for a retry that never comes."""
 
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
         done = self._batch_done.pop(counter_index, None)
-        failed = threading.Event()
         if done is not None:
             done.wait()
         futures = self.layer_done_counter.futures.get(counter_index, [])
         if any(f.done() and f.exception() is not None for f in futures):
-            failed.wait()  # "the service will retry": it never does
+            threading.Event().wait()  # "the service retries the batch": it never does
         return bool(self.layer_done_counter.finish(counter_index))
 
 
