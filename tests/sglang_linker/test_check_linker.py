@@ -92,7 +92,7 @@ def test_the_cli_passes_the_reference_and_writes_its_report(
     argv = ["check-linker", f"@{config}", "--minutes", "0.02", "--seed", "3", "--report"]
     assert main([*argv, str(report)]) == 0
     out = capsys.readouterr().out
-    assert "landed-bytes" in out and "covered 19 scenarios on Full" in out
+    assert "landed-bytes" in out and "covered 20 scenarios on Full" in out
     assert {p.name for p in report.iterdir()} == {"obligations.txt", "coverage.json", "coverage.md"}
     assert "stateDiagram-v2" in (report / "coverage.md").read_text()
 

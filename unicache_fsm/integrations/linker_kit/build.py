@@ -96,7 +96,7 @@ def linker_class(config: dict[str, Any]) -> type:
     except ImportError as exc:
         msg = f"{where}: cannot import module {parsed.linker_module_path!r}: {exc}"
         raise BadLinkerError(msg) from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # the module's own code ran, and failed
         msg = f"{where}: importing {parsed.linker_module_path!r} raised {type(exc).__name__}: {exc}"
         raise BadLinkerError(msg) from None
     cls = getattr(module, parsed.linker, None)

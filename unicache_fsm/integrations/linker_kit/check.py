@@ -48,14 +48,15 @@ class CheckResult:
 
 
 def _builds(config: dict[str, Any], swa: bool, ledger: Ledger) -> str | None:
-    """None when the linker builds on this cache shape; else why not (one line)."""
+    """None when the linker builds on this cache shape; else why not (one line: "building
+    it through SGLang's factory raised ..." or "... did not return within ... s")."""
     session = Session(config, faults=(), swa=swa, ledger=ledger)
     try:
         session.rig  # noqa: B018 -- builds the worker
-    except LinkerViolation:
-        raise
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    except LinkerViolation as exc:  # the constructor raised, or did not return
+        return exc.detail
+    except Exception as exc:  # the worker around it could not be built
+        return f"building the worker raised {type(exc).__name__}: {exc}".splitlines()[0]
     finally:
         session.close()
     return None
@@ -88,7 +89,7 @@ def check_linker(
     why_not = _builds(config, False, ledger)
     if why_not is not None:
         where = f"{cls.__module__}.{cls.__qualname__}"
-        msg = f"{where}: building it through SGLang's factory raised {why_not}"
+        msg = f"{where}: {why_not}"
         raise BadLinkerError(msg)
     shapes = [False]
     swa_why = _builds(config, True, ledger)

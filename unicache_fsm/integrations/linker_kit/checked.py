@@ -11,6 +11,11 @@ wrapper caps the completions it pops, so it would hide an over-count) and raises
 - `finish_layer_wise_loading` landed: every slot of every transfer of the batch holds
   the KV model's bytes, every layer (`LANDED_BYTES`); failed: fine unless every page
   of the batch was intact (`NOTHING_QUEUED`: something stale failed it).
+- `start_layer_wise_loading` .. `finish_layer_wise_loading`: no slot outside the
+  batch's own changes, and a layer the forward read right after ``wait_until``
+  (`note_layer`) already held its bytes when the batch finishes as landed
+  (`LANDED_BYTES`). `lookup` over pools that all need every page (ALL_PAGES) answers
+  every shorter prefix of its longest (`ANSWERS`).
 - `num_completed_offloads` <= accepted - popped (`COMPLETIONS_BOUNDED`); each pop is
   the oldest offload's result: an offload submitted while the backend was clean pops
   True (`COMPLETIONS_ORDERED`).
@@ -27,7 +32,7 @@ from typing import Any, TypeVar
 
 import attrs
 import torch
-from sglang.srt.mem_cache.hicache_storage import PoolName
+from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel
@@ -44,7 +49,8 @@ T = TypeVar("T")
 
 
 def bounded(what: str, fn: Callable[[], T], seconds: float) -> T:
-    """`fn()` in a daemon thread; `LinkerViolation` if it has not returned in `seconds`."""
+    """`fn()` in a daemon thread; `LinkerViolation` if it has not returned in `seconds`.
+    What `fn` raises is raised here; a bare `BaseException` becomes a `NO_ESCAPE` violation."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -61,7 +67,13 @@ def bounded(what: str, fn: Callable[[], T], seconds: float) -> T:
             Obligation.BOUNDED_LIFECYCLE, f"{what} did not return within {seconds:g} s"
         )
     if "error" in box:
-        raise box["error"]
+        error = box["error"]
+        if isinstance(error, Exception):
+            raise error
+        # SystemExit, KeyboardInterrupt... raised by the linker's own code in that thread
+        # (not this process's interrupt): an escape, and a verdict rather than an exit
+        detail = f"{what} raised {type(error).__name__}: {error}".splitlines()[0]
+        raise LinkerViolation(Obligation.NO_ESCAPE, detail) from error
     return box["value"]  # type: ignore[no-any-return]
 
 
@@ -106,6 +118,10 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._offloads: list[_Offload] = []
         self._queued: dict[str, _Load] = {}
         self._batches: dict[int, list[_Load]] = {}
+        # batch -> the device pools as they were when it started, to find writes
+        # outside its own slots; batch -> the first layer its forward read too early
+        self._before: dict[int, dict[Any, list[torch.Tensor]]] = {}
+        self._early: dict[int, str] = {}
 
     # -- delegation ---------------------------------------------------------------------
 
@@ -177,6 +193,15 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
                     "offloaded",
                 )
             self.verdicts.checked(Obligation.LOOKUP_TRUTHFUL)
+            sparse_ok = any(t.hit_policy == PoolHitPolicy.TRAILING_PAGES for t in transfers)
+            missing = sorted(set(range(1, max(found) + 1)) - set(found))
+            if missing and not sparse_ok:
+                raise LinkerViolation(
+                    Obligation.ANSWERS,
+                    f"lookup answered {sorted(set(found))} for pools that all need every "
+                    f"page (ALL_PAGES): the shorter prefixes {missing} are restorable too and "
+                    "missing (0.5.23 intersects these sets across ranks)",
+                )
             if len(self.ledger.submitted) > 1:
                 self.verdicts.checked(Obligation.MODEL_ISOLATION)
         return found  # type: ignore[no-any-return]
@@ -201,6 +226,10 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         if self._queued:
             self._batches[index] = list(self._queued.values())
             self._queued.clear()
+            self._before[index] = {
+                pool: [b.clone() for b in (*buf.k_buffer, *buf.v_buffer)]
+                for pool, buf in self.buffers.items()
+            }
         return index  # type: ignore[no-any-return]
 
     def finish_layer_wise_loading(self, counter_index: int) -> bool:
@@ -209,9 +238,13 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         )
         self._answer("finish_layer_wise_loading", landed, isinstance(landed, bool), "a bool")
         loads = self._batches.pop(counter_index, [])
+        self._check_outside(counter_index, loads)
+        early = self._early.pop(counter_index, None)
         if landed:
             for load in loads:
                 self._check_bytes(load)
+            if early is not None:
+                raise LinkerViolation(Obligation.LANDED_BYTES, early)
         elif loads:
             keys = [k for load in loads for _, _, ks in load.transfers for k in ks]
             if self.ledger.intact(self.model.model, keys):
@@ -234,17 +267,33 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
             rows.append(self.model.values(hashes, str(pool.value), layer, kind, width))
         return torch.cat(rows) if rows else torch.zeros(0, width)
 
+    def _wrong_token(
+        self, pool: Any, indices: torch.Tensor, keys: tuple[str, ...], layer: int, kind: str
+    ) -> int | None:
+        """The first token of `pool`'s `layer` (K or V) at `indices` that is not the
+        KV model's, or None."""
+        buf = self.buffers[pool]
+        bufs = buf.k_buffer if kind == "k" else buf.v_buffer
+        got = bufs[layer][indices.to(torch.int64)].reshape(indices.numel(), -1)
+        want = self.expected(pool, keys, layer, kind)
+        if torch.equal(got.to(torch.float32), want):
+            return None
+        return int((got.to(torch.float32) != want).any(dim=1).nonzero()[0])
+
+    def _checkable(self, load: _Load) -> list[tuple[Any, torch.Tensor, tuple[str, ...]]]:
+        """The transfers the kit can judge: a modelled pool and whole pages."""
+        return [
+            (pool, indices, keys)
+            for pool, indices, keys in load.transfers
+            if pool in self.buffers and indices.numel() == len(keys) * self.page
+        ]
+
     def _check_bytes(self, load: _Load) -> None:
-        for pool, indices, keys in load.transfers:
-            buf = self.buffers.get(pool)
-            if buf is None or indices.numel() != len(keys) * self.page:
-                continue  # a pool the kit does not model, or a partial window
-            for layer in range(buf.layer_num):
-                for kind, bufs in (("k", buf.k_buffer), ("v", buf.v_buffer)):
-                    got = bufs[layer][indices.to(torch.int64)].reshape(indices.numel(), -1)
-                    want = self.expected(pool, keys, layer, kind)
-                    if not torch.equal(got.to(torch.float32), want):
-                        bad = int((got.to(torch.float32) != want).any(dim=1).nonzero()[0])
+        for pool, indices, keys in self._checkable(load):
+            for layer in range(self.buffers[pool].layer_num):
+                for kind in ("k", "v"):
+                    bad = self._wrong_token(pool, indices, keys, layer, kind)
+                    if bad is not None:
                         raise LinkerViolation(
                             Obligation.LANDED_BYTES,
                             f"load of {load.rid!r} finished as landed, but pool {pool.value} "
@@ -252,6 +301,48 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
                             f"{bad // self.page}) is not the model's",
                         )
             self.verdicts.checked(Obligation.LANDED_BYTES)
+
+    def note_layer(self, index: int, pool: Any, layer: int) -> None:
+        """The forward of batch `index` read `pool`'s `layer` right after the layer
+        counter's ``wait_until`` returned for it: if the batch then finishes as landed,
+        that layer must have been there already (noted here, judged at finish)."""
+        if index in self._early:
+            return
+        for load in self._batches.get(index, []):
+            for p, indices, keys in self._checkable(load):
+                if p != pool:
+                    continue
+                for kind in ("k", "v"):
+                    bad = self._wrong_token(pool, indices, keys, layer, kind)
+                    if bad is not None:
+                        self._early[index] = (
+                            f"load of {load.rid!r}: wait_until returned for pool {pool.value} "
+                            f"layer {layer} before it landed ({kind.upper()} of token {bad} was "
+                            "not the model's when the forward read it)"
+                        )
+                        return
+
+    def _check_outside(self, index: int, loads: list[_Load]) -> None:
+        """Nothing outside the batch's own slots changed while it loaded."""
+        before = self._before.pop(index, None)
+        if before is None:
+            return
+        for pool, old in before.items():
+            buf = self.buffers[pool]
+            mine = [i for load in loads for p, i, _ in load.transfers if p == pool]
+            outside = torch.ones(old[0].shape[0], dtype=torch.bool)
+            for indices in mine:
+                outside[indices.to(torch.int64)] = False
+            for n, (was, now) in enumerate(zip(old, (*buf.k_buffer, *buf.v_buffer), strict=True)):
+                changed = (was[outside] != now[outside]).reshape(int(outside.sum()), -1).any(1)
+                if bool(changed.any()):
+                    slot = int(outside.nonzero()[int(changed.nonzero()[0])])
+                    raise LinkerViolation(
+                        Obligation.LANDED_BYTES,
+                        f"batch {index} wrote device slot {slot} of pool {pool.value} "
+                        f"(layer {n % buf.layer_num} {'KV'[n // buf.layer_num]}), which none "
+                        "of its loads was given",
+                    )
 
     def cancel_queued_load(self, rid: str) -> bool:
         cancelled = self._call("cancel_queued_load", self.linker.cancel_queued_load, rid)
@@ -314,11 +405,16 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def reset(self) -> None:
-        self._call("reset", self.linker.reset)
+    def _forget(self) -> None:
         self._offloads.clear()
         self._queued.clear()
         self._batches.clear()
+        self._before.clear()
+        self._early.clear()
+
+    def reset(self) -> None:
+        self._call("reset", self.linker.reset)
+        self._forget()
         n = self._call("num_completed_offloads", self.linker.num_completed_offloads)
         if n != 0:
             raise LinkerViolation(
@@ -330,7 +426,5 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
 
     def close(self) -> None:
         self._call("close", self.linker.close)
-        self._offloads.clear()
-        self._queued.clear()
-        self._batches.clear()
+        self._forget()
         self.verdicts.checked(Obligation.BOUNDED_LIFECYCLE)

@@ -98,6 +98,10 @@ class LinkerMachine(RuleBasedStateMachine):
     def cancel(self, n: int) -> None:
         self.session.do(Step("cancel", (n,)))
 
+    @rule(n=_PROMPT, m=_PROMPT)
+    def cancel_beside(self, n: int, m: int) -> None:
+        self.session.do(Step("cancel_beside", (n, m)))
+
     @rule(n=_PROMPT)
     def cancel_started(self, n: int) -> None:
         self.session.do(Step("cancel_started", (n,)))

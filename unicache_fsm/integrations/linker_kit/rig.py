@@ -17,14 +17,19 @@ Steps, each what the scheduler does (every linker call goes through the checks):
   completed (`COMPLETIONS_ARRIVE` if not within ``budget_s``).
 - `evict()` — evict every unlocked node.
 - `load(tokens, rid)` — match with a request, ``init_load_back``, start the batch, the
-  forward's layer waits, ``finish_external_linker_loads``; a landed load is inserted
+  forward (the counter pointed at the batch, each layer waited for and read: a layer
+  read before it landed fails a batch that then finishes as landed),
+  ``finish_external_linker_loads``; a landed load is inserted
   like computed KV, a failed one's slots freed. ``damage=KIND`` injects that backend
   fault on the queued pages between ``load`` and the batch's start.
 - `cancel(tokens, rid)` — the same up to ``load``, then the request is released (the
   wrapper cancels the queued load) and the next batch starts: a cancelled load's
-  slots must not change (`NOTHING_QUEUED`).
+  slots must not change (`NOTHING_QUEUED`). `cancel_beside(tokens, rid, other,
+  other_rid)` — two loads queued for one batch, the first released: the other lands,
+  the cancelled one writes nothing.
 - `reset()` — ``cache.reset()`` (SGLang's flush: the linker's ``reset``), allocator
-  cleared; `close()` — the wrapper's ``close``.
+  cleared; no device byte may change after it returned (`BOUNDED_LIFECYCLE`: checked
+  after ``QUIET_S`` and before the rig next writes the device); `close()` — the wrapper's ``close``.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from unicache_fsm.integrations.linker_kit.build import build_linker  # noqa: E402
-from unicache_fsm.integrations.linker_kit.checked import CheckedLinker  # noqa: E402
+from unicache_fsm.integrations.linker_kit.checked import CheckedLinker, bounded  # noqa: E402
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel  # noqa: E402
 from unicache_fsm.integrations.linker_kit.ledger import Ledger  # noqa: E402
 from unicache_fsm.integrations.linker_kit.obligations import (  # noqa: E402
@@ -76,6 +81,10 @@ PAGE = 16
 SWA_WINDOW = 32
 DTYPE = torch.bfloat16
 HEADS, HEAD_DIM = 2, 4
+#: the longest a linker's constructor may take (0.5.23 builds it at worker start)
+BUILD_S = 10.0
+#: how long after a reset the device must stay untouched before the next step
+QUIET_S = 0.05
 #: what a load's slots hold until it lands (the KV model's values lie in -120..120)
 POISON = 200.0
 
@@ -161,9 +170,20 @@ class Rig:
             tree_core_backend="python",
         )
         self.cache = UnifiedRadixCache(self.params)
-        self.linker = build_linker(
-            config, self.params, set(self.cache.components), model=model, page=PAGE
-        )
+        what = "building it through SGLang's factory"
+        try:  # a constructor that hangs or raises (SystemExit too) is a verdict
+            self.linker = bounded(
+                what,
+                lambda: build_linker(
+                    config, self.params, set(self.cache.components), model=model, page=PAGE
+                ),
+                BUILD_S,
+            )
+        except LinkerViolation:
+            raise
+        except Exception as exc:
+            detail = f"{what} raised {type(exc).__name__}: {exc}".splitlines()[0]
+            raise LinkerViolation(Obligation.NO_ESCAPE, detail) from exc
         faults = getattr(self.linker, "backend_faults", None)
         self.faults = faults() if callable(faults) else None
         self.checked = CheckedLinker(
@@ -179,6 +199,7 @@ class Rig:
         self.cache.init_cache_linker(self.monitor)
         self.kvcache.register_layer_transfer_counter(self.linker.layer_done_counter)
         self.closed = False
+        self._after_reset: list[torch.Tensor] | None = None  # the device when reset returned
 
     # -- slots and bytes ------------------------------------------------------------------
 
@@ -215,6 +236,7 @@ class Rig:
     # -- scheduler steps --------------------------------------------------------------------
 
     def compute(self, tokens: Sequence[int]) -> None:
+        self._check_quiet()
         self.keys(tokens)
         slots = self._alloc(len(tokens))
         self._write(tokens, slots)
@@ -249,12 +271,22 @@ class Rig:
         req.prefix_len = result.device_prefix_len
         return req, result
 
-    def _forward(self) -> None:
-        """The forward's layer waits (the KV pool's hook calls ``wait_until``)."""
+    def _forward(self, index: int) -> None:
+        """The forward of batch `index`: the TP worker points the layer counter at the
+        batch (``set_consumer``, as 0.5.23's ``set_hicache_consumer``), then each layer's
+        attention waits for its layer (the KV pool's hook calls ``wait_until``) and reads
+        it -- what it read is noted for the batch's verdict (`CheckedLinker.note_layer`)."""
         layers = [1, 2, 0] if self.swa else [0, 1]
+        mapping = getattr(self.kvcache, "layers_mapping", None)
         try:
+            self.linker.layer_done_counter.set_consumer(index)
             for layer in layers:
                 self.kvcache.get_key_buffer(layer)
+                if mapping is None:
+                    self.checked.note_layer(index, PoolName.KV, layer)
+                else:
+                    local, is_swa = mapping[layer]
+                    self.checked.note_layer(index, PoolName.SWA if is_swa else PoolName.KV, local)
         except LinkerViolation:
             raise
         except Exception as exc:
@@ -262,6 +294,7 @@ class Rig:
             raise LinkerViolation(Obligation.NO_ESCAPE, detail.splitlines()[0]) from exc
 
     def _queue(self, tokens: Sequence[int], rid: str) -> tuple[Any, Any, int, Any, Any]:
+        self._check_quiet()
         req, result = self._match(tokens, rid)
         lock = self.cache.inc_lock_ref(result.last_device_node)
         loaded, req.last_node = self.cache.init_load_back(
@@ -293,8 +326,8 @@ class Rig:
         device = result.device_prefix_len
         req.prefix_len = device + loaded
         value = self.cache.prefix_device_indices(req)  # tree prefix + the private slots
-        self.cache.ready_to_load_host_cache()
-        self._forward()
+        index = self.cache.ready_to_load_host_cache()
+        self._forward(index)
         failed = self.cache.finish_external_linker_loads([req])
         if failed:
             self.allocator.free(slots)
@@ -325,8 +358,8 @@ class Rig:
         if rid in self.cache.linker.inflight_load_rids:  # not cancelled: it runs
             self._run_batch(req, result, loaded, slots, lock)
             return False
-        self.cache.ready_to_load_host_cache()  # the next batch starts
-        self._forward()
+        index = self.cache.ready_to_load_host_cache()  # the next batch starts
+        self._forward(index)
         after = self._snapshot(slots)
         if not all(torch.equal(a, b) for a, b in zip(before, after, strict=True)):
             raise LinkerViolation(
@@ -338,6 +371,32 @@ class Rig:
         self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
         return True
 
+    def cancel_beside(
+        self, tokens: Sequence[int], rid: str, other: Sequence[int], other_rid: str
+    ) -> int:
+        """Queue loads of `tokens` and `other` for one batch, release the first request,
+        run the batch: the cancelled load's slots must not change, and the other load
+        lands as usual. The tokens the other load brought (0: none or failed)."""
+        req, result, loaded, slots, lock = self._queue(tokens, rid)
+        queued = self._queue(other, other_rid)
+        before = self._snapshot(slots) if loaded else []
+        self.cache.release_aborted_request(req)
+        cancelled = bool(loaded) and rid not in self.cache.linker.inflight_load_rids
+        brought = self._run_batch(*queued)
+        if cancelled:
+            after = self._snapshot(slots)
+            if not all(torch.equal(a, b) for a, b in zip(before, after, strict=True)):
+                raise LinkerViolation(
+                    Obligation.NOTHING_QUEUED,
+                    f"cancel_queued_load({rid!r}) answered True, but the batch beside it "
+                    "wrote its slots",
+                )
+            self.verdicts.checked(Obligation.NOTHING_QUEUED)
+        if loaded:
+            self.allocator.free(slots)
+        self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
+        return brought
+
     def cancel_started(self, tokens: Sequence[int], rid: str) -> None:
         """Start a load of `tokens`, then release the request: the cancel must answer
         False (the load is running) and the batch still finishes."""
@@ -345,7 +404,7 @@ class Rig:
         if not loaded:
             self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
             return
-        self.cache.ready_to_load_host_cache()
+        index = self.cache.ready_to_load_host_cache()
         self.cache.release_aborted_request(req)
         if rid not in self.cache.linker.inflight_load_rids:
             raise LinkerViolation(
@@ -353,7 +412,7 @@ class Rig:
                 f"cancel_queued_load({rid!r}) answered True for a load already started",
             )
         self.verdicts.checked(Obligation.NOTHING_QUEUED)
-        self._forward()
+        self._forward(index)
         self.cache.finish_external_linker_loads([req])  # landed or not, the request is gone
         self.allocator.free(slots)
         self.cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
@@ -393,9 +452,32 @@ class Rig:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def reset(self) -> None:
+        """SGLang's flush; then nothing may write device memory: checked after a quiet
+        period (``QUIET_S``) and again before the rig next writes it."""
         self.cache.reset()
         self.allocator.clear()
         self.req_pool.clear()
+        self._after_reset = self._device()
+        time.sleep(QUIET_S)
+        self._check_quiet()
+
+    def _device(self) -> list[torch.Tensor]:
+        return [b.clone() for buf in self.buffers.values() for b in (*buf.k_buffer, *buf.v_buffer)]
+
+    def _check_quiet(self) -> None:
+        """No device byte changed since the last reset returned (`BOUNDED_LIFECYCLE`)."""
+        if self._after_reset is None:
+            return
+        before, self._after_reset = self._after_reset, None
+        for was, now in zip(before, self._device(), strict=True):
+            changed = (was != now).reshape(was.shape[0], -1).any(1).nonzero()
+            if changed.numel():
+                raise LinkerViolation(
+                    Obligation.BOUNDED_LIFECYCLE,
+                    f"device slot {int(changed[0])} changed after reset returned (reset "
+                    "left a transfer writing)",
+                )
+        self.verdicts.checked(Obligation.BOUNDED_LIFECYCLE)
 
     def close(self) -> None:
         if not self.closed:

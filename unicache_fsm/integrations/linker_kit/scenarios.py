@@ -91,6 +91,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         _s(("compute", 70), "quiesce", "evict", ("cancel", 70), ("load", 70)),
     ),
     Scenario(
+        "cancel_one_of_two_queued",
+        Obligation.NOTHING_QUEUED,
+        _s(
+            ("compute", 200),
+            ("compute", 203),
+            "quiesce",
+            "evict",
+            ("cancel_beside", 200, 203),
+            ("load", 200),
+        ),
+    ),
+    Scenario(
         "cancel_after_start",
         Obligation.NOTHING_QUEUED,
         _s(("compute", 80), "quiesce", "evict", ("cancel_started", 80), ("load", 80)),

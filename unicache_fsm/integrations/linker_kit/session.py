@@ -5,6 +5,7 @@
   as a `Step` (a ``repr`` that is valid Python), so a failing run replays as a test.
 - `do(step)` — run one `Step` on the current worker: ``compute`` / ``load`` /
   ``cancel`` / ``cancel_started`` / ``load_damaged`` (a prompt by number),
+  ``cancel_beside`` (two prompts: the first cancelled beside the second's load),
   ``poll`` / ``quiesce`` / ``evict`` / ``reset`` / ``restart`` / ``close_twice``,
   ``damage`` (kind, prompt), ``fail_next_write``, ``outage`` / ``recover``,
   ``second_instance`` (prompt: a new worker on the same config loads it),
@@ -170,6 +171,9 @@ class Session:
 
     def _op_cancel(self, n: int) -> bool:
         return self.rig.cancel(prompt(n), self._rid())
+
+    def _op_cancel_beside(self, n: int, m: int) -> int:
+        return self.rig.cancel_beside(prompt(n), self._rid(), prompt(m), self._rid())
 
     def _op_cancel_started(self, n: int) -> None:
         self.rig.cancel_started(prompt(n), self._rid())
