@@ -75,6 +75,14 @@ def __getattr__(name: str) -> Any:
     if home is None:
         msg = f"module {__name__!r} has no attribute {name!r}"
         raise AttributeError(msg)
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    try:
+        module = importlib.import_module(f"{__name__}.{home}")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("sglang"):
+            raise
+        # the module needs SGLang: the integration's own check says what is missing
+        importlib.import_module("unicache_fsm.integrations.sglang")
+        raise
+    value = getattr(module, name)
     globals()[name] = value
     return value
