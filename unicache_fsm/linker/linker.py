@@ -472,9 +472,7 @@ class ExternalLinker:
         held for it. Anything else is a fault that ends the oldest batch in flight with
         its slots quarantined (its requests recompute; the store may still write)."""
         if result is None:  # a faulty pop: which batch, if any, ended is unknown
-            if self.batches:
-                head = self.batches.popleft()
-                self._suspect_batch(head, head.id)
+            self._suspect_oldest()
             return
         if result.batch in self.unconfirmed:  # the store's own completion, come late
             self.unconfirmed.remove(result.batch)
@@ -492,9 +490,7 @@ class ExternalLinker:
                 f"neither in flight nor held (oldest in flight: {oldest})"
             )
             self._protocol_fault("pop_completed_load", result, msg)
-            if self.batches:
-                skipped = self.batches.popleft()
-                self._suspect_batch(skipped, skipped.id)
+            self._suspect_oldest()
             return
         for _ in range(position):  # completions are FIFO: the store skipped these
             skipped = self.batches.popleft()
@@ -517,6 +513,16 @@ class ExternalLinker:
         for load in batch.loads:
             if load.state == LoadState.LOADING and load.settled is None:
                 load.settled = result.success
+
+    def _suspect_oldest(self) -> None:
+        """A completion that names no batch in flight: it may be the oldest batch holding
+        loads of ours (not an empty one the store acknowledged, which may never complete),
+        so that batch ends, its slots quarantined until its own completion or a reset:
+        no load waits forever on a completion the store consumed."""
+        batch = next((b for b in self.batches if b.loads), None)
+        if batch is not None:
+            self.batches.remove(batch)
+            self._suspect_batch(batch, batch.id)
 
     def _suspect_batch(self, batch: _Batch, held_for: int | None) -> None:
         """Every load of `batch` the store may still write: see `_suspect`."""
@@ -727,15 +733,36 @@ class ExternalLinker:
             id=self._offload_ids, ticket=ticket, transfers=transfers, chain_pages=chain_pages
         )
         self.offload_machine.initialize(record)
-        queued = self.calls.offload(transfers)  # any fault of the call is a refusal
-        accepted = agree(self.group, queued)
-        if queued and not accepted:  # drop its completion when it comes
-            (self.quarantine.offloads or self.offloads).append(None)
+        queued = self.calls.offload(transfers)  # None: the reply was lost
+        # agreed across ranks: whether all queued it, whether any may have (lost reply)
+        lost = queued is None
+        all_queued, none_lost = (
+            (queued is True, not lost)
+            if type(self.group) is SingleRank
+            else (v == 1 for v in self.group.all_reduce_min([int(queued is True), int(not lost)]))
+        )
         self.stats.offloads_submitted += 1
-        self.offload_machine.fire(record, OFF.SUBMIT, accepted)
-        if accepted:
+        if not none_lost:  # a store may read the nodes' slots later: hold them locked
+            self.offload_machine.fire(record, OFF.SUBMIT, True)
+            self._hold_offloads()
+            self.quarantine.offloads.append(record)
+            self.stats.offloads_quarantined += 1
+            return record
+        if queued and not all_queued:  # drop its completion when it comes
+            (self.quarantine.offloads or self.offloads).append(None)
+        self.offload_machine.fire(record, OFF.SUBMIT, all_queued)
+        if all_queued:
             self._queue_offload(record)
         return record
+
+    def _hold_offloads(self) -> None:
+        """Which offload a completion ends is unknown from here on: every offload in
+        flight moves to the quarantine (nodes locked, published never)."""
+        held = self.quarantine.offloads
+        while self.offloads:
+            moved = self.offloads.popleft()
+            held.append(moved)
+            self.stats.offloads_quarantined += moved is not None
 
     def _queue_offload(self, record: PendingOffload) -> None:
         """Behind the quarantined offloads while any is held (their completions come
@@ -819,10 +846,7 @@ class ExternalLinker:
             # 0: a faulty pop on some rank; 1: failed; 2: succeeded (MIN across ranks)
             value = self.group.all_reduce_min([0 if verdict is None else 1 + verdict])[0]
             if value == 0:
-                while self.offloads:  # which offload ended is unknown from here on
-                    moved = self.offloads.popleft()
-                    held.append(moved)
-                    self.stats.offloads_quarantined += moved is not None
+                self._hold_offloads()
                 continue
             if held:  # the store is done with the oldest held (FIFO); its verdict is unknown
                 record, success = held.popleft(), False
@@ -896,8 +920,9 @@ class ExternalLinker:
         """
         held = self.quarantine
         quiet = agree(self.group, self.calls.reset())  # (the ranks' trees stay alike)
+        owed: tuple[list[int], int] = ([], 0)
         if quiet:
-            self._drain_completions()
+            owed = self._drain_completions()
         else:  # their own completions, when they come, release them
             for batch in self.batches:
                 self._suspect_batch(batch, batch.id)
@@ -918,6 +943,7 @@ class ExternalLinker:
                 self.stats.offloads_quarantined += 1
         if quiet:
             self._release_quarantine()
+            self._owe(*owed)
 
     def _reclaim(self) -> None:
         """`LinkerConfig.reset_when_idle`: reset an idle store to release the quarantine.
@@ -939,25 +965,37 @@ class ExternalLinker:
             quiet = agree(self.group, quiet)
         if not quiet:
             return  # held as before (a later call tries again)
-        self._drain_completions()
+        owed = self._drain_completions()
         self.batches.clear()  # (empty ones only: nothing of ours was in flight)
         self._release_quarantine()
+        self._owe(*owed)
 
-    def _drain_completions(self) -> None:
+    def _drain_completions(self) -> tuple[list[int], int]:
         """After a reset of the store returned: drop the completions it still holds (a
         stale one would be taken for a later batch's or offload's), at most what can
-        be in flight."""
+        be in flight. Returns what the drain did not find but the store still owes (a
+        reset completes every job; a store that undercounts hides some): the ids of
+        the batches not drained, and how many offload completions."""
         calls, held = self.calls, self.quarantine
-        calls.drain(
-            calls.num_completed_loads,
-            calls.pop_completed_load,
-            len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
+        ids = [b.id for b in self.batches] + list(self.unconfirmed)
+        popped = calls.drain(
+            calls.num_completed_loads, calls.pop_completed_load, len(ids) + _COUNT_SLACK
         )
-        calls.drain(
-            calls.num_completed_offloads,
-            calls.pop_completed_offload,
-            len(self.offloads) + len(held.offloads),
-        )
+        if None in popped:  # which batch a faulty pop ended is unknown: owe them all
+            popped = []
+        drained = {r.batch for r in popped if r is not None}
+        in_flight = len(self.offloads) + len(held.offloads)
+        offloads = calls.drain(calls.num_completed_offloads, calls.pop_completed_offload, in_flight)
+        return [i for i in ids if i not in drained], in_flight - len(offloads)
+
+    def _owe(self, batches: list[int], offloads: int) -> None:
+        """After the quarantine's release: completions the store still owes for jobs
+        before its reset are dropped when they come, before any later one is taken.
+        A stale batch id ends nothing (it is `unconfirmed`); stale offload completions
+        are placeholders in the quarantine, and offloads queued behind them are held
+        (never published on a verdict that may be a stale one)."""
+        self.unconfirmed.extend(batches)
+        self.quarantine.offloads.extend([None] * offloads)
 
     def _release_quarantine(self) -> None:
         """The store quiesced (a reset or close returned): free and unlock what it held."""
