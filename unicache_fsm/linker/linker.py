@@ -47,9 +47,10 @@ Store faults: the linker talks to its store through a `CheckedStore`. Any except
 malformed answer from any store call is a fault of that call (counted in
 `stats.store_faults`, the last one kept in `last_store_fault`, a `StoreProtocolError`
 for an ill-typed answer), never an error for the caller: a failed LOOKUP is a miss, a
-failed `load` a refusal (the load aborts, the request recomputes), a failed `offload`
-a refusal (its nodes return to unstored, unlocked), a verdict that is not a real
-``True`` a failure. Slots are freed only when the store acknowledged it will write no
+failed `load` a refusal (the load aborts, the request recomputes), a refused `offload`
+a refusal (its nodes return to unstored, unlocked) — but a lost `offload` answer (it
+raised or was no bool; the store may have queued it) holds it in the quarantine, nodes
+locked — and a verdict that is not a real ``True`` a failure. Slots are freed only when the store acknowledged it will write no
 more into them (a confirmed cancel, the batch's own well-formed completion, a reset
 that returned). When the store breaks the protocol instead — a completion count it
 cannot back, a faulty pop, a completion naming an unknown batch, skipping an older one
@@ -57,7 +58,10 @@ or naming other loads, a lost `start_loading` answer — the loads involved abor
 requests recompute) and their slots go to the quarantine (`linker.quarantine`, the
 fourth term of slot conservation), released only by that batch's own completion or a
 reset; after a faulty offload pop, every offload in flight is held (nodes locked),
-published never, released one per later completion (see `poll_offloads`). Completion
+published never, released one per later completion (see `poll_offloads`). A faulty
+load completion ends the oldest batch holding loads, never an empty one (which may
+never complete), so no load waits forever. After a reset the completions its drain did
+not find are owed and dropped when they come (see `reset`). Completion
 loops pop at most what can be in flight, so every call returns in bounded time.
 With `LinkerConfig.reset_when_idle` a linker holding a quarantine and nothing in flight
 resets its store to release it.
@@ -912,7 +916,9 @@ class ExternalLinker:
         The store's own results of what it quiesced are drained and dropped (at most
         what can be in flight, asked a bounded number of times): the records they
         belong to end here, failed. A reset of the store that returned is the trusted
-        signal that it touches nothing any more: the quarantine is released too. When
+        signal that it touches nothing any more: the quarantine is released too; the
+        completions the drain did not find (a store that undercounts) are still owed,
+        and dropped when they come (`_owe`). When
         the store's reset fails, the records end all the same (loads abort, their
         requests recompute), but what the store may still touch is quarantined — a
         load's slots, an offload's locked nodes — until a later reset or `close`
