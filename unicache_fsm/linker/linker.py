@@ -918,11 +918,10 @@ class ExternalLinker:
         belong to end here, failed. A reset of the store that returned is the trusted
         signal that it touches nothing any more: the quarantine is released too; the
         completions the drain did not find (a store that undercounts) are still owed,
-        and dropped when they come (`_owe`). When
-        the store's reset fails, the records end all the same (loads abort, their
-        requests recompute), but what the store may still touch is quarantined — a
-        load's slots, an offload's locked nodes — until a later reset or `close`
-        returns.
+        and dropped when they come (`_owe`). When the store's reset fails, the records
+        end all the same (loads abort, their requests recompute), but what the store
+        may still touch is quarantined — a load's slots, an offload's locked nodes —
+        until a later reset or `close` returns.
         """
         held = self.quarantine
         quiet = agree(self.group, self.calls.reset())  # (the ranks' trees stay alike)
