@@ -51,8 +51,8 @@ failed `load` a refusal (the load aborts, the request recomputes), a refused `of
 a refusal (its nodes return to unstored, unlocked) — but a lost `offload` answer (it
 raised or was no bool; the store may have queued it) holds it in the quarantine, nodes
 locked — and a verdict that is not a real ``True`` a failure. Slots are freed only
-when the store acknowledged it will write no more into them (a confirmed cancel, the batch's own well-formed completion, a reset
-that returned). When the store breaks the protocol instead — a completion count it
+when the store acknowledged it will write no more into them (a confirmed cancel, the
+batch's own well-formed completion, a reset that returned). When the store breaks the protocol instead — a completion count it
 cannot back, a faulty pop, a completion naming an unknown batch, skipping an older one
 or naming other loads, a lost `start_loading` answer — the loads involved abort (their
 requests recompute) and their slots go to the quarantine (`linker.quarantine`, the
