@@ -47,24 +47,24 @@ Store faults: the linker talks to its store through a `CheckedStore`. Any except
 malformed answer from any store call is a fault of that call (counted in
 `stats.store_faults`, the last one kept in `last_store_fault`, a `StoreProtocolError`
 for an ill-typed answer), never an error for the caller: a failed LOOKUP is a miss, a
-failed `load` a refusal (the load aborts, the request recomputes), a refused `offload`
-a refusal (its nodes return to unstored, unlocked) — but a lost `offload` answer (it
+failed `load` a refusal (the load aborts, the request recomputes), a refused `offload` a
+refusal (its nodes return to unstored, unlocked) — but a lost `offload` answer (it
 raised or was no bool; the store may have queued it) holds it in the quarantine, nodes
-locked — and a verdict that is not a real ``True`` a failure. Slots are freed only
-when the store acknowledged it will write no more into them (a confirmed cancel, the
-batch's own well-formed completion, a reset that returned). When the store breaks the protocol instead — a completion count it
-cannot back, a faulty pop, a completion naming an unknown batch, skipping an older one
-or naming other loads, a lost `start_loading` answer — the loads involved abort (their
-requests recompute) and their slots go to the quarantine (`linker.quarantine`, the
-fourth term of slot conservation), released only by that batch's own completion or a
-reset; after a faulty offload pop, every offload in flight is held (nodes locked),
-published never, released one per later completion (see `poll_offloads`). A faulty
-load completion ends the oldest batch holding loads, never an empty one (which may
-never complete), so no load waits forever. After a reset the completions its drain did
-not find are owed and dropped when they come (see `reset`). Completion
-loops pop at most what can be in flight, so every call returns in bounded time.
-With `LinkerConfig.reset_when_idle` a linker holding a quarantine and nothing in flight
-resets its store to release it.
+locked — and a verdict that is not a real ``True`` a failure. Slots are freed only when
+the store acknowledged it will write no more into them (a confirmed cancel, the batch's
+own well-formed completion, a reset that returned). When the store breaks the protocol
+instead — a completion count it cannot back, a faulty pop, a completion naming an
+unknown batch, skipping an older one or naming other loads, a lost `start_loading`
+answer — the loads involved abort (their requests recompute) and their slots go to the
+quarantine (`linker.quarantine`, the fourth term of slot conservation), released only by
+that batch's own completion or a reset; after a faulty offload pop, every offload in
+flight is held (nodes locked), published never, released one per later completion (see
+`poll_offloads`). A faulty load completion ends the oldest batch holding loads, never an
+empty one (which may never complete), so no load waits forever. After a reset the
+completions its drain did not find are owed and dropped when they come (see `reset`).
+Completion loops pop at most what can be in flight, so every call returns in bounded
+time. With `LinkerConfig.reset_when_idle` a linker holding a quarantine and nothing in
+flight resets its store to release it.
 
 Every reserved slot ends exactly one way: adopted by the tree at COMMIT, freed as a
 duplicate at COMMIT, or freed by ABORT. Nothing is published before the verdict, so no
