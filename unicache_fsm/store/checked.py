@@ -22,9 +22,10 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
   have consumed a completion: the caller cannot tell which batch, if any, ended).
 - `cancel_queued_load(rid) -> bool | None` — the store's bool; None on a fault (the
   store may still hold the load).
-- `offload(transfers) -> bool | None` — the store's bool; None on a fault (an
-  exception or not a bool: the reply was lost, and the store may have queued the
-  offload and read its slots later).
+- `offload(transfers) -> bool | None` — the store's bool; False when the store raised
+  its own error (a conforming store's call that raises changed nothing); None when the
+  reply was lost (`LOST_REPLY`: a timeout or a broken connection) or is not a bool:
+  the store may have queued the offload and read its slots later.
 - `num_completed_offloads() -> int | None`, `pop_completed_offload() -> bool | None` —
   as for loads: None on a fault (which offload, if any, completed is unknown).
 
@@ -66,6 +67,10 @@ def _all_ints(values: list[object] | tuple[object, ...]) -> bool:
 
 
 _INT = frozenset({int})
+
+#: exceptions that lose a reply rather than carry the store's own error: the call may
+#: have done its work
+LOST_REPLY = (TimeoutError, ConnectionError)
 
 #: how often `drain` asks again for a completion count the store failed to give
 DRAIN_ASKS = 32
@@ -166,9 +171,12 @@ class CheckedStore:
     def offload(self, transfers: Sequence[PoolTransfer]) -> bool | None:
         try:
             queued: object = self.store.offload(transfers)
-        except Exception as exc:
+        except LOST_REPLY as exc:  # the reply, not the store, failed: it may be queued
             self.on_fault("offload", exc)
             return None
+        except Exception as exc:  # the store's own error: it changed nothing
+            self.on_fault("offload", exc)
+            return False
         if not isinstance(queued, bool):
             self._protocol("offload", queued, "a bool")
             return None
