@@ -99,3 +99,29 @@ def test_a_malformed_completion_after_a_phantom_batch_ends_the_real_load() -> No
     s.linker.reset()
     s.assert_quiet()
     s.audit()
+
+
+def test_loads_under_a_batch_id_never_started_still_end() -> None:
+    """`start_loading` answers an id it never started while our loads stay queued, and
+    the scheduler (as SGLang's) calls it again only for newly queued loads: the linker
+    asks the store again itself, and the completion of the batch that really holds the
+    loads settles them."""
+    s, policy = lying()
+    a = key_of(2, 100)
+    s.compute("A", a)
+    s.evict_all()
+    req = s.begin("a", a)
+    assert req.prepared
+    policy.rules[K.UNKNOWN_BATCH] = ALWAYS
+    s.linker.start_loading()
+    del policy.rules[K.UNKNOWN_BATCH]
+    for _ in range(12):  # bounded: a load that never ends fails here
+        s.store.progress()
+        s.finish_loads()
+        if req.load is None or req.load.state in ("committed", "aborted"):
+            break
+    assert req.load is not None and req.load.state == "committed", req.load
+    s.complete(req)
+    s.audit()
+    s.linker.reset()
+    s.assert_quiet()

@@ -142,6 +142,10 @@ _COUNT_SLACK = 2
 _EMPTY_KEPT = 8
 # ids of batches ended by a fault kept for their own completion (the quarantine's key)
 _UNCONFIRMED_KEPT = 64
+# `finish_loads` calls without a completion after which the oldest batch holding loads
+# asks the store to start loads again (a store that answered a batch id it never started
+# still holds them queued; an honest one answers -1)
+_NUDGE_AFTER = 4
 
 
 def _token_key(key: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
@@ -171,6 +175,7 @@ class _Batch:
 
     id: int
     loads: list[ExternalLoad]
+    waited: int = 0  # `finish_loads` calls that found no completion while it was oldest
 
 
 @attrs.frozen
@@ -468,8 +473,16 @@ class ExternalLinker:
                 self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
         calls = self.calls
         limit = len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK
-        for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
+        count = calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)
+        for _ in range(count):
             self._end_batch(calls.pop_completed_load())
+        oldest = next((b for b in self.batches if b.loads), None)
+        if count or oldest is None:
+            return
+        oldest.waited += 1
+        queued = any(ld.state == LoadState.QUEUED for ld in self.held.values())
+        if oldest.waited % _NUDGE_AFTER == 0 and not queued:
+            self.start_loading()  # starts nothing of ours: records the answer only
 
     def _end_batch(self, result: LoadBatchResult | None) -> None:
         """One popped completion: it ends its own batch, or releases what the quarantine
@@ -496,6 +509,21 @@ class ExternalLinker:
             self._protocol_fault("pop_completed_load", result, msg)
             self._suspect_oldest()
             return
+        named = self.batches[position]
+        if not named.loads and result.rids:  # an older batch's loads, started under this id?
+            older = next(
+                (
+                    b
+                    for b in itertools.islice(self.batches, position)
+                    if sorted(ld.rid for ld in b.loads) == sorted(result.rids)
+                ),
+                None,
+            )
+            if older is not None:  # the store's own completion for exactly those loads
+                self.batches.remove(named)
+                self.batches.remove(older)
+                self._settle_batch(older, result.success)
+                return
         for _ in range(position):  # completions are FIFO: the store skipped these
             skipped = self.batches.popleft()
             msg = (
@@ -514,9 +542,13 @@ class ExternalLinker:
             self._protocol_fault("pop_completed_load", result, msg)
             self._suspect_batch(batch, None)  # its own completion came, and is wrong
             return
+        self._settle_batch(batch, result.success)
+
+    def _settle_batch(self, batch: _Batch, success: bool) -> None:
+        """The store's own well-formed completion for `batch`: its verdict settles it."""
         for load in batch.loads:
             if load.state == LoadState.LOADING and load.settled is None:
-                load.settled = result.success
+                load.settled = success
 
     def _suspect_oldest(self) -> None:
         """A completion that names no batch in flight: it may be the oldest batch holding
