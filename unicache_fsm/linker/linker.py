@@ -21,8 +21,9 @@ Primitives, in the order a scheduler step uses them:
 - `start_loading()` — start every queued store load as one batch.
 - `finish_loads()` — take this rank's completed batches (at most those in flight; each
   completion ends the batch it names; a batch left without one for a few calls asks
-  the store to start loads again, in case it answered an id it never started), then agree per prepared load (one MIN all-reduce) on
-  whether every rank's store is done with it and every page landed; LAND and COMMIT
+  the store to start loads again, in case it answered an id it never started), then
+  agree per prepared load (one MIN all-reduce) on whether every rank's store is done
+  with it and every page landed; LAND and COMMIT
   those (LAND then ABORT where the request gave the load up meanwhile), ABORT the ones
   done but failed, keep waiting for the rest. Returns the loads that
   ended (not those whose `load_back` answered False: the request already recomputes).
