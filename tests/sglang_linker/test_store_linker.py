@@ -193,3 +193,18 @@ def test_bad_input_is_a_typed_error_naming_the_culprit() -> None:
         engine.store_linker.finish_layer_wise_loading(5)
     assert (err.value.index, err.value.started) == (5, ())
     engine.close()
+
+
+def test_a_full_disk_under_the_trace_stops_the_trace_not_the_linker() -> None:
+    """Every trace write fails (``/dev/full``): SGLang's calls and `close()` (which
+    flushes the trace) go on, the load lands, and the failure is kept in
+    `trace_error`."""
+    from unicache_fsm.store import MemoryStore
+
+    engine = Engine(MemoryStore(), store_trace="/dev/full", monitored=False)
+    engine.compute(TOKENS)
+    engine.settle_offloads()
+    engine.evict_all()
+    assert engine.load([*TOKENS, 3], "r1").loaded == 16
+    engine.close()
+    assert isinstance(engine.store_linker.trace_error, OSError)

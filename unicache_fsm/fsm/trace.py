@@ -6,6 +6,9 @@
   ``source``, ``trigger``, ``dest``), written to a JSONL file as it happens, or kept in
   a ring buffer of the last `capacity` records. Initializations are recorded too
   (trigger ``"<init>"``, empty source), so a trace can be replayed from the start.
+- `GuardedTrace(recorder, label)` — a `TraceRecorder` as an observer whose failures
+  never reach the machine: a write or close that fails (a full disk, a closed pipe)
+  stops the trace, is logged once and kept in `error`.
 - `attach(observer, *executors)` — register one observer on several executors.
 
 Both are plain `Executor` observers (see `fsm.executor`).
@@ -14,7 +17,9 @@ Both are plain `Executor` observers (see `fsm.executor`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -22,7 +27,9 @@ from typing import IO, Any
 from unicache_fsm.fsm.executor import INIT_TRIGGER, ExecutorBase, Observer
 from unicache_fsm.fsm.identity import model_id
 
-__all__ = ["TraceRecorder", "TransitionCounter", "attach"]
+__all__ = ["GuardedTrace", "TraceRecorder", "TransitionCounter", "attach"]
+
+logger = logging.getLogger(__name__)
 
 
 def attach(observer: Observer, *executors: ExecutorBase) -> None:
@@ -91,3 +98,43 @@ class TraceRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class GuardedTrace:
+    """`recorder` as an observer that never fails the run it records.
+
+    A trace is a record of the run, not part of it: a write that fails (a full disk, a
+    closed pipe) stops the trace (the recorder is closed, its failed buffer dropped),
+    is logged once under `label` and kept in `error`, and never reaches the caller nor
+    leaves a transition half done. `close()` flushes and closes, a failing flush
+    handled alike. Later transitions are not recorded once the trace stopped.
+    """
+
+    __slots__ = ("error", "label", "recorder")
+
+    def __init__(self, recorder: TraceRecorder, label: str) -> None:
+        self.recorder = recorder
+        self.label = label
+        #: why the trace stopped (a write or flush that failed), if it did
+        self.error: OSError | None = None
+
+    def __call__(self, ex: ExecutorBase, model: Any, source: str, trigger: str, dest: str) -> None:
+        if self.error is not None:
+            return
+        try:
+            self.recorder(ex, model, source, trigger, dest)
+        except OSError as exc:
+            self._failed(exc)
+
+    def close(self) -> None:
+        try:
+            self.recorder.close()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.error is None:
+            self.error = exc
+            logger.error("%s trace stopped: %s", self.label, exc)
+        with contextlib.suppress(OSError):  # the buffer that failed is dropped
+            self.recorder.close()

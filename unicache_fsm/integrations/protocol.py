@@ -42,7 +42,6 @@ tests/test_spec_mirrors.py). This module imports nothing of SGLang.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import numbers
@@ -59,7 +58,7 @@ from unicache_fsm.fsm.errors import (
     UnicacheFsmError,
 )
 from unicache_fsm.fsm.executor import Executor
-from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
+from unicache_fsm.fsm.trace import GuardedTrace, TraceRecorder, TransitionCounter, attach
 
 __all__ = [
     "MONITOR_MODES",
@@ -285,10 +284,11 @@ class ProtocolMonitor:
             msg = f"trace {str(trace)!r} is a directory, FIFO or socket, not a file to write"
             raise MonitorConfigError(msg, argument="trace", value=trace)
         self.trace = TraceRecorder(trace) if trace is not None else None
-        #: why the trace stopped (a write that failed: a full disk, a pipe closed), if it did
-        self.trace_error: OSError | None = None
-        if self.trace is not None:
-            attach(self._write_trace, *self.executors)
+        self._guard = (
+            GuardedTrace(self.trace, "SGLang linker protocol") if self.trace is not None else None
+        )
+        if self._guard is not None:
+            attach(self._guard, *self.executors)
         type(self)._serial += 1
         self.name = f"sglang linker #{type(self)._serial}"
         self.linker = LinkerRecord(self.name, self)
@@ -310,33 +310,16 @@ class ProtocolMonitor:
         """The transitions taken so far, for ``diagram --coverage``."""
         return Coverage.from_counter(self.counter)
 
+    @property
+    def trace_error(self) -> OSError | None:
+        """Why the trace stopped (a write that failed: a full disk, a pipe closed), if it did."""
+        return None if self._guard is None else self._guard.error
+
     def close_trace(self) -> None:
         """Flush and close the JSONL trace (the monitor keeps counting); a flush that
-        fails stops the trace as a failed write does (see `_write_trace`)."""
-        if self.trace is not None:
-            try:
-                self.trace.close()
-            except OSError as exc:
-                self._trace_failed(exc)
-
-    def _write_trace(self, *transition: Any) -> None:
-        """The trace's observer. A trace is a record of the run, not part of it: a write
-        that fails (a full disk, a closed pipe) stops the trace, is logged and kept in
-        `trace_error`, and never reaches the caller nor leaves a transition half done."""
-        if self.trace_error is not None or self.trace is None:
-            return
-        try:
-            self.trace(*transition)
-        except OSError as exc:
-            self._trace_failed(exc)
-
-    def _trace_failed(self, exc: OSError) -> None:
-        if self.trace_error is None:
-            self.trace_error = exc
-            logger.error("SGLang linker protocol trace stopped: %s", exc)
-        if self.trace is not None:
-            with contextlib.suppress(OSError):  # the buffer that failed is dropped
-                self.trace.close()
+        fails stops the trace as a failed write does (`fsm.trace.GuardedTrace`)."""
+        if self._guard is not None:
+            self._guard.close()
 
     @property
     def closed(self) -> bool:

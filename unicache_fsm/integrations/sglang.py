@@ -41,7 +41,9 @@ offload may use them — until the store's own completion or a reset (`fenced()`
 Its loads and offloads are the store's own machines (`specs/store_load.toml`,
 `specs/store_offload.toml`): `counter` counts them (`coverage()`), and with `trace` they
 are written to that JSONL file. The store's job executors are shared by every store of
-the process, so the trace holds the jobs of every store running meanwhile.
+the process, so the trace holds the jobs of every store running meanwhile. A trace write
+or flush that fails (a full disk) stops the trace, is logged and kept in `trace_error`,
+and never reaches SGLang's scheduler nor `close()` (`fsm.trace.GuardedTrace`).
 
 `ContractMonitor(linker, *, mode="raise", trace=None)` — a `UnifiedCacheLinker` that
 wraps any linker (SGLang's own, a user's, a `StoreLinker`) and drives
@@ -66,7 +68,8 @@ from typing import Any
 import torch
 
 from unicache_fsm.fsm.coverage import Coverage
-from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
+from unicache_fsm.fsm.executor import Observer
+from unicache_fsm.fsm.trace import GuardedTrace, TraceRecorder, TransitionCounter, attach
 from unicache_fsm.integrations.errors import (
     LinkerConfigError,
     SglangUnavailableError,
@@ -310,7 +313,11 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.layer_done_counter = _SettlingCounter(layers, self._settle)
         self.counter = TransitionCounter()
         self.trace = TraceRecorder(trace) if trace is not None else None
-        self._observers = [o for o in (self.counter, self.trace) if o is not None]
+        # a failing trace write (a full disk) stops the trace, never the linker call
+        self._guard = GuardedTrace(self.trace, "StoreLinker") if self.trace is not None else None
+        self._observers: list[Observer] = [self.counter]
+        if self._guard is not None:
+            self._observers.append(self._guard)
         for observer in self._observers:
             attach(observer, LOAD_MACHINE, OFFLOAD_MACHINE)
         self._loads: dict[str, list[tuple[PoolName, torch.Tensor]]] = {}
@@ -575,6 +582,11 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._unreported = 0
         self.layer_done_counter.reset()
 
+    @property
+    def trace_error(self) -> OSError | None:
+        """Why the trace stopped (a write or flush that failed), if it did."""
+        return None if self._guard is None else self._guard.error
+
     def close(self) -> None:
         if self._closed:
             return
@@ -583,8 +595,8 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         for observer in self._observers:
             LOAD_MACHINE.remove_observer(observer)
             OFFLOAD_MACHINE.remove_observer(observer)
-        if self.trace is not None:
-            self.trace.close()
+        if self._guard is not None:
+            self._guard.close()
         if self.close_store:
             try:
                 self.store.close()

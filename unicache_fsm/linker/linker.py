@@ -20,8 +20,10 @@ Primitives, in the order a scheduler step uses them:
   aborted instead (the request recomputes).
 - `start_loading()` — start every queued store load as one batch.
 - `finish_loads()` — take this rank's completed batches (at most those in flight; each
-  completion ends the batch it names), then agree per prepared load (one MIN all-reduce) on
-  whether every rank's store is done with it and every page landed; LAND and COMMIT
+  completion ends the batch it names; a batch left without one for a few calls asks
+  the store to start loads again, in case it answered an id it never started), then
+  agree per prepared load (one MIN all-reduce) on whether every rank's store is done
+  with it and every page landed; LAND and COMMIT
   those (LAND then ABORT where the request gave the load up meanwhile), ABORT the ones
   done but failed, keep waiting for the rest. Returns the loads that
   ended (not those whose `load_back` answered False: the request already recomputes).
@@ -47,20 +49,24 @@ Store faults: the linker talks to its store through a `CheckedStore`. Any except
 malformed answer from any store call is a fault of that call (counted in
 `stats.store_faults`, the last one kept in `last_store_fault`, a `StoreProtocolError`
 for an ill-typed answer), never an error for the caller: a failed LOOKUP is a miss, a
-failed `load` a refusal (the load aborts, the request recomputes), a failed `offload`
-a refusal (its nodes return to unstored, unlocked), a verdict that is not a real
-``True`` a failure. Slots are freed only when the store acknowledged it will write no
-more into them (a confirmed cancel, the batch's own well-formed completion, a reset
-that returned). When the store breaks the protocol instead — a completion count it
-cannot back, a faulty pop, a completion naming an unknown batch, skipping an older one
-or naming other loads, a lost `start_loading` answer — the loads involved abort (their
-requests recompute) and their slots go to the quarantine (`linker.quarantine`, the
-fourth term of slot conservation), released only by that batch's own completion or a
-reset; after a faulty offload pop, every offload in flight is held (nodes locked),
-published never, released one per later completion (see `poll_offloads`). Completion
-loops pop at most what can be in flight, so every call returns in bounded time.
-With `LinkerConfig.reset_when_idle` a linker holding a quarantine and nothing in flight
-resets its store to release it.
+failed `load` a refusal (the load aborts, the request recomputes), a refused `offload` a
+refusal (its nodes return to unstored, unlocked) — but a lost `offload` answer (it
+raised or was no bool; the store may have queued it) holds it in the quarantine, nodes
+locked — and a verdict that is not a real ``True`` a failure. Slots are freed only when
+the store acknowledged it will write no more into them (a confirmed cancel, the batch's
+own well-formed completion, a reset that returned). When the store breaks the protocol
+instead — a completion count it cannot back, a faulty pop, a completion naming an
+unknown batch, skipping an older one or naming other loads, a lost `start_loading`
+answer — the loads involved abort (their requests recompute) and their slots go to the
+quarantine (`linker.quarantine`, the fourth term of slot conservation), released only by
+that batch's own completion or a reset; after a faulty offload pop, every offload in
+flight is held (nodes locked), published never, released one per later completion (see
+`poll_offloads`). A faulty load completion ends the oldest batch holding loads, never an
+empty one (which may never complete), so no load waits forever. After a reset the
+completions its drain did not find are owed and dropped when they come (see `reset`).
+Completion loops pop at most what can be in flight, so every call returns in bounded
+time. With `LinkerConfig.reset_when_idle` a linker holding a quarantine and nothing in
+flight resets its store to release it.
 
 Every reserved slot ends exactly one way: adopted by the tree at COMMIT, freed as a
 duplicate at COMMIT, or freed by ABORT. Nothing is published before the verdict, so no
@@ -138,6 +144,10 @@ _COUNT_SLACK = 2
 _EMPTY_KEPT = 8
 # ids of batches ended by a fault kept for their own completion (the quarantine's key)
 _UNCONFIRMED_KEPT = 64
+# `finish_loads` calls without a completion after which the oldest batch holding loads
+# asks the store to start loads again (a store that answered a batch id it never started
+# still holds them queued; an honest one answers -1)
+_NUDGE_AFTER = 4
 
 
 def _token_key(key: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
@@ -167,6 +177,7 @@ class _Batch:
 
     id: int
     loads: list[ExternalLoad]
+    waited: int = 0  # `finish_loads` calls that found no completion while it was oldest
 
 
 @attrs.frozen
@@ -464,17 +475,23 @@ class ExternalLinker:
                 self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
         calls = self.calls
         limit = len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK
-        for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
+        count = calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)
+        for _ in range(count):
             self._end_batch(calls.pop_completed_load())
+        oldest = next((b for b in self.batches if b.loads), None)
+        if count or oldest is None:
+            return
+        oldest.waited += 1
+        queued = any(ld.state == LoadState.QUEUED for ld in self.held.values())
+        if oldest.waited % _NUDGE_AFTER == 0 and not queued:
+            self.start_loading()  # starts nothing of ours: records the answer only
 
     def _end_batch(self, result: LoadBatchResult | None) -> None:
         """One popped completion: it ends its own batch, or releases what the quarantine
         held for it. Anything else is a fault that ends the oldest batch in flight with
         its slots quarantined (its requests recompute; the store may still write)."""
         if result is None:  # a faulty pop: which batch, if any, ended is unknown
-            if self.batches:
-                head = self.batches.popleft()
-                self._suspect_batch(head, head.id)
+            self._suspect_oldest()
             return
         if result.batch in self.unconfirmed:  # the store's own completion, come late
             self.unconfirmed.remove(result.batch)
@@ -492,10 +509,23 @@ class ExternalLinker:
                 f"neither in flight nor held (oldest in flight: {oldest})"
             )
             self._protocol_fault("pop_completed_load", result, msg)
-            if self.batches:
-                skipped = self.batches.popleft()
-                self._suspect_batch(skipped, skipped.id)
+            self._suspect_oldest()
             return
+        named = self.batches[position]
+        if not named.loads and result.rids:  # an older batch's loads, started under this id?
+            older = next(
+                (
+                    b
+                    for b in itertools.islice(self.batches, position)
+                    if sorted(ld.rid for ld in b.loads) == sorted(result.rids)
+                ),
+                None,
+            )
+            if older is not None:  # the store's own completion for exactly those loads
+                self.batches.remove(named)
+                self.batches.remove(older)
+                self._settle_batch(older, result.success)
+                return
         for _ in range(position):  # completions are FIFO: the store skipped these
             skipped = self.batches.popleft()
             msg = (
@@ -514,9 +544,23 @@ class ExternalLinker:
             self._protocol_fault("pop_completed_load", result, msg)
             self._suspect_batch(batch, None)  # its own completion came, and is wrong
             return
+        self._settle_batch(batch, result.success)
+
+    def _settle_batch(self, batch: _Batch, success: bool) -> None:
+        """The store's own well-formed completion for `batch`: its verdict settles it."""
         for load in batch.loads:
             if load.state == LoadState.LOADING and load.settled is None:
-                load.settled = result.success
+                load.settled = success
+
+    def _suspect_oldest(self) -> None:
+        """A completion that names no batch in flight: it may be the oldest batch holding
+        loads of ours (not an empty one the store acknowledged, which may never complete),
+        so that batch ends, its slots quarantined until its own completion or a reset:
+        no load waits forever on a completion the store consumed."""
+        batch = next((b for b in self.batches if b.loads), None)
+        if batch is not None:
+            self.batches.remove(batch)
+            self._suspect_batch(batch, batch.id)
 
     def _suspect_batch(self, batch: _Batch, held_for: int | None) -> None:
         """Every load of `batch` the store may still write: see `_suspect`."""
@@ -727,15 +771,36 @@ class ExternalLinker:
             id=self._offload_ids, ticket=ticket, transfers=transfers, chain_pages=chain_pages
         )
         self.offload_machine.initialize(record)
-        queued = self.calls.offload(transfers)  # any fault of the call is a refusal
-        accepted = agree(self.group, queued)
-        if queued and not accepted:  # drop its completion when it comes
-            (self.quarantine.offloads or self.offloads).append(None)
+        queued = self.calls.offload(transfers)  # None: the reply was lost
+        # agreed across ranks: whether all queued it, whether any may have (lost reply)
+        lost = queued is None
+        all_queued, none_lost = (
+            (queued is True, not lost)
+            if type(self.group) is SingleRank
+            else (v == 1 for v in self.group.all_reduce_min([int(queued is True), int(not lost)]))
+        )
         self.stats.offloads_submitted += 1
-        self.offload_machine.fire(record, OFF.SUBMIT, accepted)
-        if accepted:
+        if not none_lost:  # a store may read the nodes' slots later: hold them locked
+            self.offload_machine.fire(record, OFF.SUBMIT, True)
+            self._hold_offloads()
+            self.quarantine.offloads.append(record)
+            self.stats.offloads_quarantined += 1
+            return record
+        if queued and not all_queued:  # drop its completion when it comes
+            (self.quarantine.offloads or self.offloads).append(None)
+        self.offload_machine.fire(record, OFF.SUBMIT, all_queued)
+        if all_queued:
             self._queue_offload(record)
         return record
+
+    def _hold_offloads(self) -> None:
+        """Which offload a completion ends is unknown from here on: every offload in
+        flight moves to the quarantine (nodes locked, published never)."""
+        held = self.quarantine.offloads
+        while self.offloads:
+            moved = self.offloads.popleft()
+            held.append(moved)
+            self.stats.offloads_quarantined += moved is not None
 
     def _queue_offload(self, record: PendingOffload) -> None:
         """Behind the quarantined offloads while any is held (their completions come
@@ -819,10 +884,7 @@ class ExternalLinker:
             # 0: a faulty pop on some rank; 1: failed; 2: succeeded (MIN across ranks)
             value = self.group.all_reduce_min([0 if verdict is None else 1 + verdict])[0]
             if value == 0:
-                while self.offloads:  # which offload ended is unknown from here on
-                    moved = self.offloads.popleft()
-                    held.append(moved)
-                    self.stats.offloads_quarantined += moved is not None
+                self._hold_offloads()
                 continue
             if held:  # the store is done with the oldest held (FIFO); its verdict is unknown
                 record, success = held.popleft(), False
@@ -888,16 +950,18 @@ class ExternalLinker:
         The store's own results of what it quiesced are drained and dropped (at most
         what can be in flight, asked a bounded number of times): the records they
         belong to end here, failed. A reset of the store that returned is the trusted
-        signal that it touches nothing any more: the quarantine is released too. When
-        the store's reset fails, the records end all the same (loads abort, their
-        requests recompute), but what the store may still touch is quarantined — a
-        load's slots, an offload's locked nodes — until a later reset or `close`
-        returns.
+        signal that it touches nothing any more: the quarantine is released too; the
+        completions the drain did not find (a store that undercounts) are still owed,
+        and dropped when they come (`_owe`). When the store's reset fails, the records
+        end all the same (loads abort, their requests recompute), but what the store
+        may still touch is quarantined — a load's slots, an offload's locked nodes —
+        until a later reset or `close` returns.
         """
         held = self.quarantine
         quiet = agree(self.group, self.calls.reset())  # (the ranks' trees stay alike)
+        owed: tuple[list[int], int] = ([], 0)
         if quiet:
-            self._drain_completions()
+            owed = self._drain_completions()
         else:  # their own completions, when they come, release them
             for batch in self.batches:
                 self._suspect_batch(batch, batch.id)
@@ -918,6 +982,7 @@ class ExternalLinker:
                 self.stats.offloads_quarantined += 1
         if quiet:
             self._release_quarantine()
+            self._owe(*owed)
 
     def _reclaim(self) -> None:
         """`LinkerConfig.reset_when_idle`: reset an idle store to release the quarantine.
@@ -939,25 +1004,37 @@ class ExternalLinker:
             quiet = agree(self.group, quiet)
         if not quiet:
             return  # held as before (a later call tries again)
-        self._drain_completions()
+        owed = self._drain_completions()
         self.batches.clear()  # (empty ones only: nothing of ours was in flight)
         self._release_quarantine()
+        self._owe(*owed)
 
-    def _drain_completions(self) -> None:
+    def _drain_completions(self) -> tuple[list[int], int]:
         """After a reset of the store returned: drop the completions it still holds (a
         stale one would be taken for a later batch's or offload's), at most what can
-        be in flight."""
+        be in flight. Returns what the drain did not find but the store still owes (a
+        reset completes every job; a store that undercounts hides some): the ids of
+        the batches not drained, and how many offload completions."""
         calls, held = self.calls, self.quarantine
-        calls.drain(
-            calls.num_completed_loads,
-            calls.pop_completed_load,
-            len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK,
+        ids = [b.id for b in self.batches] + list(self.unconfirmed)
+        popped = calls.drain(
+            calls.num_completed_loads, calls.pop_completed_load, len(ids) + _COUNT_SLACK
         )
-        calls.drain(
-            calls.num_completed_offloads,
-            calls.pop_completed_offload,
-            len(self.offloads) + len(held.offloads),
-        )
+        if None in popped:  # which batch a faulty pop ended is unknown: owe them all
+            popped = []
+        drained = {r.batch for r in popped if r is not None}
+        in_flight = len(self.offloads) + len(held.offloads)
+        offloads = calls.drain(calls.num_completed_offloads, calls.pop_completed_offload, in_flight)
+        return [i for i in ids if i not in drained], in_flight - len(offloads)
+
+    def _owe(self, batches: list[int], offloads: int) -> None:
+        """After the quarantine's release: completions the store still owes for jobs
+        before its reset are dropped when they come, before any later one is taken.
+        A stale batch id ends nothing (it is `unconfirmed`); stale offload completions
+        are placeholders in the quarantine, and offloads queued behind them are held
+        (never published on a verdict that may be a stale one)."""
+        self.unconfirmed.extend(batches)
+        self.quarantine.offloads.extend([None] * offloads)
 
     def _release_quarantine(self) -> None:
         """The store quiesced (a reset or close returned): free and unlock what it held."""

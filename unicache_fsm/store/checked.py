@@ -22,14 +22,18 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
   have consumed a completion: the caller cannot tell which batch, if any, ended).
 - `cancel_queued_load(rid) -> bool | None` — the store's bool; None on a fault (the
   store may still hold the load).
-- `offload(transfers) -> bool` — True only for a real ``True``.
+- `offload(transfers) -> bool | None` — the store's bool; False when the store raised
+  its own error (a conforming store's call that raises changed nothing); None when the
+  reply was lost (`LOST_REPLY`: a timeout or a broken connection) or is not a bool:
+  the store may have queued the offload and read its slots later.
 - `num_completed_offloads() -> int | None`, `pop_completed_offload() -> bool | None` —
   as for loads: None on a fault (which offload, if any, completed is unknown).
 
 A count is checked for its type only: how many completions can be in flight is the
 caller's to know. `bounded(operation, count, limit)` caps a count at that (the rest is
 a fault), and `drain(count, pop, limit)` empties the store's completions after a reset
-in bounded time.
+in bounded time and returns what it popped (a store that undercounts leaves some
+behind: the caller owes them still).
 - `progress() -> int | None` — the jobs it saw finish; None on a fault.
 - `reset() -> bool` — False when the store's reset raised.
 
@@ -39,12 +43,15 @@ Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.store.errors import StoreProtocolError
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
 __all__ = ["CheckedStore", "FaultHandler"]
+
+_T = TypeVar("_T")
 
 #: ``on_fault(operation, error)``: called once per faulty call.
 FaultHandler = Callable[[str, BaseException], None]
@@ -60,6 +67,10 @@ def _all_ints(values: list[object] | tuple[object, ...]) -> bool:
 
 
 _INT = frozenset({int})
+
+#: exceptions that lose a reply rather than carry the store's own error: the call may
+#: have done its work
+LOST_REPLY = (TimeoutError, ConnectionError)
 
 #: how often `drain` asks again for a completion count the store failed to give
 DRAIN_ASKS = 32
@@ -157,15 +168,18 @@ class CheckedStore:
         return cancelled
 
     # -- offloads --------------------------------------------------------------------------
-    def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
+    def offload(self, transfers: Sequence[PoolTransfer]) -> bool | None:
         try:
             queued: object = self.store.offload(transfers)
-        except Exception as exc:
+        except LOST_REPLY as exc:  # the reply, not the store, failed: it may be queued
+            self.on_fault("offload", exc)
+            return None
+        except Exception as exc:  # the store's own error: it changed nothing
             self.on_fault("offload", exc)
             return False
         if not isinstance(queued, bool):
             self._protocol("offload", queued, "a bool")
-            return False
+            return None
         return queued
 
     def num_completed_offloads(self) -> int | None:
@@ -209,20 +223,20 @@ class CheckedStore:
             return limit
         return count
 
-    def drain(self, count: Callable[[], int | None], pop: Callable[[], object], limit: int) -> None:
-        """Pop and drop what the store still holds after a reset: at most `limit` pops
-        and `DRAIN_ASKS` counts asked, whatever it reports (more is a fault of reset)."""
-        popped = 0
+    def drain(self, count: Callable[[], int | None], pop: Callable[[], _T], limit: int) -> list[_T]:
+        """Pop what the store still holds after a reset: at most `limit` pops and
+        `DRAIN_ASKS` counts asked, whatever it reports (more is a fault of reset).
+        Returns the answers popped, faulty ones (None) included."""
+        popped: list[_T] = []
         for _ in range(DRAIN_ASKS):
             n = count()
             if n is None:
                 continue
-            if n == 0 or popped >= limit:
-                return
-            n = self.bounded("reset", popped + n, limit) - popped
-            for _ in range(n):
-                pop()  # consumed, whatever it answers
-            popped += n
+            if n == 0 or len(popped) >= limit:
+                break
+            n = self.bounded("reset", len(popped) + n, limit) - len(popped)
+            popped.extend(pop() for _ in range(n))  # consumed, whatever it answers
+        return popped
 
     def _count(self, operation: str, call: Callable[[], int]) -> int | None:
         try:
