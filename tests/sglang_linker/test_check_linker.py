@@ -124,7 +124,7 @@ def test_the_cli_fails_a_mutant_and_its_program_replays_the_failure(
         (_config("NoSuchClass", DIRLINKER), "has no attribute 'NoSuchClass'"),
         (_config("PageError", DIRLINKER), "is not a subclass"),
         (_config("DirLinker", DIRLINKER), "building it through SGLang's factory raised KeyError"),
-        ("@/no/such/config.json", "cannot read the linker config"),
+        ("@/no/such/config.json", "CONFIG '/no/such/config.json': no such file"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
