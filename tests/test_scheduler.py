@@ -121,7 +121,13 @@ def test_every_fault_kind_ends_with_all_requests_served(kind: FaultKind) -> None
     sim = _run(faults=f"{kind.value}={prob},seed=4", requests=80, pool_tokens=1536)
     r = sim.report
     assert r.requests_served == 80
-    assert r.faults_injected.get(kind.value, 0) > 0, r.faults_injected
+    if kind is FaultKind.OVERCOUNT_COMPLETIONS:
+        # the reference scheduler drives a synchronous store: no job is in flight when it
+        # reads a count, so an over-count has nothing to lie about here (the kit injects it
+        # where a poll races the store: tests/test_testing_lying_store.py)
+        assert r.faults_injected.get(kind.value, 0) == 0, r.faults_injected
+    else:
+        assert r.faults_injected.get(kind.value, 0) > 0, r.faults_injected
     assert r.loads_mismatched == 0
     assert not sim.linker.loads and not sim.linker.offloads
     assert all(n.lock_ref == 0 for n in sim.tree.nodes())
