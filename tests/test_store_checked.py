@@ -64,7 +64,6 @@ CALLS: list[tuple[str, tuple[Any, ...], list[Any], Any, Any, Any]] = [
         LoadBatchResult(1, ("r",), False),
     ),
     ("cancel_queued_load", ("r",), [None, "no", 0], None, False, False),
-    ("offload", (LOOKUP,), [None, "ok", 1], False, True, True),
     ("num_completed_offloads", (), [None, -3, "1"], None, 1, 1),
     ("pop_completed_offload", (), [None, "false", 1, "true"], None, True, True),
 ]
@@ -96,6 +95,29 @@ def test_each_call_contains_exceptions_and_ill_typed_answers(
         assert err.operation == name and err.value is value
         assert name in str(err) and repr(value) in str(err)
     assert len(answers.calls) == 1 + 3 + len(bad)
+
+
+def test_offload_tells_a_refusal_from_a_reply_that_may_have_been_lost() -> None:
+    """The store's own error changed nothing (False: refused); a lost reply (a timeout, a
+    broken connection) or an answer that is no bool may hide a queued offload (None)."""
+    store, answers, faults = checked()
+    answers.answer = True
+    assert store.offload(LOOKUP) is True and not faults
+    for error, verdict in (
+        (KeyError("x"), False),
+        (StoreProtocolError("m", operation="o", value=1), False),
+        (RuntimeError("disk"), False),
+        (ConnectionError("gone"), None),
+        (TimeoutError("slow"), None),
+    ):
+        answers.answer = error
+        assert store.offload(LOOKUP) is verdict, error
+        assert faults[-1] == ("offload", error)
+    for value in (None, "ok", 1, 0, [True]):
+        answers.answer = value
+        assert store.offload(LOOKUP) is None, value
+        op, err = faults[-1]
+        assert op == "offload" and isinstance(err, StoreProtocolError) and err.value is value
 
 
 def test_out_of_range_boundaries_are_dropped_and_reported() -> None:
