@@ -106,7 +106,8 @@ VECTORS: list[tuple[list[str], str]] = [
     # -- check-linker (refused before SGLang is looked for, so in any environment)
     (["check-linker"], "required: CONFIG_JSON_OR_@FILE"),
     (["check-linker", "{}", "--minutes", "nan"], "--minutes"),
-    (["check-linker", "{}", "--minutes", "0"], "--minutes"),
+    (["check-linker", "{}", "--minutes", "-0.5"], "--minutes"),
+    (["check-linker", "{}", "--minutes", "inf"], "--minutes"),
     (["check-linker", "{}", "--minutes", "1e400"], "--minutes"),
     (["check-linker", "{}", "--seed", "-1"], "--seed"),
     (["check-linker", "{}", "--seed", DIGITS], "--seed"),

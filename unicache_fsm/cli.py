@@ -1100,6 +1100,19 @@ def _run_check_trace(args: argparse.Namespace) -> int:
 # -- entry point -----------------------------------------------------------------------
 
 
+def _machine_minutes(text: str) -> float:
+    """An argparse `type`: minutes for check-linker's machine, 0 (the scenarios alone) to
+    a day; nan and inf refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_MINUTES:
+        msg = f"must be a number of minutes from 0 to {MAX_MINUTES:.0f}, got {_shown(text)}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "config",
@@ -1108,9 +1121,9 @@ def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--minutes",
-        type=_minutes,
+        type=_machine_minutes,
         default=1.0,
-        help=f"machine budget, above 0 and at most {MAX_MINUTES:.0f} (default: 1)",
+        help=f"machine budget, 0 (scenarios only) to {MAX_MINUTES:.0f} (default: 1)",
     )
     p.add_argument(
         "--seed",
