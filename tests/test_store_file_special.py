@@ -318,7 +318,7 @@ def prefix_recomputes_once(
 
 @pytest.mark.parametrize("kind", SPECIAL)
 def test_a_prefix_with_a_special_file_recomputes_once_then_loads(tmp_path: Path, kind: str) -> None:
-    directory = tmp_path / "shared"
+    directory = tmp_path / "common"
 
     def poison(store: ExternalStore) -> None:
         assert isinstance(store, FileStore)
@@ -332,7 +332,7 @@ def _unreadable_prefix(base: Path) -> None:
         assert isinstance(store, FileStore)
         _made_unreadable(store.path_of(KV, THIRD))
 
-    prefix_recomputes_once(lambda: FileStore(base / "shared"), poison, base)
+    prefix_recomputes_once(lambda: FileStore(base / "common"), poison, base)
 
 
 def test_a_prefix_with_a_page_that_may_not_be_read_recomputes_once_then_loads() -> None:
