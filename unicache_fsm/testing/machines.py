@@ -36,6 +36,14 @@ attributes, or put your own store backend in the whole system::
 
     TestMyStoreInSystem = MyStoreInSystem.TestCase
 
+The system contains a store's faults: a store that keeps answering for pages it evicted
+(its lookups promise pages its loads then fail) only makes requests recompute, so no
+system invariant breaks. A subclass that overrides `make_store` therefore gets the store
+contract too: its `TestCase` holds two tests, ``test_in_the_system`` (this machine) and
+``test_store_contract`` (`store_contract()`: `StoreMachine` on a store from the same
+`make_store`, built with ``capacity_pages`` None), so a store that breaks the protocol
+fails whichever machine its author picked. ``walk.fuzz`` drives this machine only.
+
 Class attributes: `page_sizes`, `swa_choices`, `fault_rates`, `store_capacities` (each
 run draws one of each), `fault_kinds` (the kinds injected at the drawn rate; every one
 but `NOT_YET_CONTAINED` by default, `MISBEHAVIOUR`'s at half of it), `host_pages` (0 turns
@@ -50,7 +58,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
-from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from unicache_fsm.fsm.errors import GuardRejectedError, IllegalTransitionError
 from unicache_fsm.fsm.executor import Executor
@@ -66,6 +74,7 @@ from unicache_fsm.store import jobs
 from unicache_fsm.store.faults import MISBEHAVIOUR, FaultKind, FaultPolicy, FaultRule
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.testing.store_machine import StoreMachine
 from unicache_fsm.testing.walk import (
     DATA,
     Bools,
@@ -137,8 +146,52 @@ class _NoopHandler:
         return None
 
 
+class _WithStoreContract:
+    """`SystemMachine.TestCase`: Hypothesis's test case for the machine, plus
+    ``test_store_contract`` when the class brings its own store (`make_store`
+    overridden). One test case class per machine class, built on first access."""
+
+    def __init__(self) -> None:
+        self._made: dict[type, type] = {}
+
+    def __get__(self, obj: object, owner: type[SystemMachine]) -> Any:
+        made = self._made.get(owner)
+        if made is None:
+            made = self._made[owner] = self._build(owner)
+        return made
+
+    @staticmethod
+    def _build(owner: type[SystemMachine]) -> type:
+        base: Any = RuleBasedStateMachine.__dict__["TestCase"].__get__(None, owner)
+        contract = owner.store_contract()
+        if contract is None:
+            return base  # type: ignore[no-any-return]
+
+        class SystemTestCase(base):  # type: ignore[misc,valid-type]
+            def test_in_the_system(self) -> None:
+                """The store inside the whole system (the machine's rules)."""
+                self.runTest()
+
+            def test_store_contract(self) -> None:
+                """The same store alone against the protocol's model (`StoreMachine`)."""
+                run_state_machine_as_test(contract, settings=self.settings)
+
+        SystemTestCase.__name__ = base.__name__
+        SystemTestCase.__qualname__ = base.__qualname__
+        SystemTestCase.__module__ = owner.__module__
+        return SystemTestCase
+
+
 class SystemMachine(RuleBasedStateMachine):
-    """The whole system under random operation; see the module docstring."""
+    """The whole system — tree, pools, linker, a store, a host tier — under random
+    operation, with every invariant of `serving.invariants` checked after each step and
+    a drained, quiet system at teardown.
+
+    Subclass it to pin a configuration (the class attributes) or to put your own store
+    in the loop (`make_store`); a subclass with its own store is also checked against
+    the store contract (`store_contract`, run by its `TestCase`). Rules, faults and
+    what each check means are in the module docstring.
+    """
 
     page_sizes: ClassVar[tuple[int, ...]] = (1, 4)
     swa_choices: ClassVar[tuple[bool, ...]] = (False, True)
@@ -159,6 +212,7 @@ class SystemMachine(RuleBasedStateMachine):
     )
     coverage: ClassVar[TransitionCounter] = TransitionCounter()
     steps: ClassVar[int] = 0  # rule steps run by this class (each one audited)
+    TestCase: ClassVar[Any] = _WithStoreContract()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -181,6 +235,27 @@ class SystemMachine(RuleBasedStateMachine):
         that can bound itself should take `self.capacity_pages` (drawn for the run; the
         stored-pages invariant is checked only when it is None)."""
         return None
+
+    @classmethod
+    def store_contract(cls) -> type[StoreMachine] | None:
+        """`StoreMachine` over the stores this class's `make_store` returns (called on
+        a fresh instance, `capacity_pages` None), or None when the class keeps the
+        embedded `MemoryStore` (the kit checks that one itself)."""
+        if cls.make_store is SystemMachine.make_store:
+            return None
+        system_cls = cls
+
+        class StoreContract(StoreMachine):
+            def make_store(self) -> ExternalStore:
+                store = system_cls().make_store()
+                if store is None:
+                    msg = f"{system_cls.__name__}.make_store() returned None"
+                    raise TypeError(msg)
+                return store
+
+        StoreContract.__name__ = f"{cls.__name__}StoreContract"
+        StoreContract.__qualname__ = f"{cls.__qualname__}.StoreContract"
+        return StoreContract
 
     # -- setup -----------------------------------------------------------------------
     @setup_move(data=DATA)
