@@ -1,197 +1,29 @@
-"""Fuzzing your own store backend with the kit.
+"""Fuzz your own store with the kit: ``python examples/fuzz_your_store.py [--leaky]``.
 
-`DictStore` is a toy `ExternalStore`: page bytes in a plain dict, every job done in
-`progress()`. It reuses the library's request validation (`AttachedPools`) and LOOKUP
-rules (`restorable_prefix_pages`), so it is short and honest. `DictStoreMachine` is all
-it takes to fuzz it: a `StoreMachine` subclass with `make_store`. `LeakyDictStore` has
-a planted bug (after `evict`, lookup, load and contains still see the page), which the
-kit catches.
-
-Run: ``python examples/fuzz_your_store.py [--examples N] [--leaky]`` — exit 0 when the
-store passes, 1 with the kit's report when it fails.
+`MemoryStore` stands in for your backend. `LeakyStore` plants a realistic bug: `evict`
+without a pool should drop the pages of every pool, but it drops only the KV pages, so
+the SWA and Mamba pages it leaks are still offered by `lookup` and `contains`.
+`check_store` runs the kit's two machines on it (the store alone, then inside the whole
+system); exit 0 when the store passes, 1 with the first failure.
 """
 
-from __future__ import annotations
+import sys
 
-import argparse
-import collections
-from collections.abc import Mapping, Sequence
-
-import torch
-from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
-
-from unicache_fsm.pools.kv import KVPool
-from unicache_fsm.pools.transfer import LinkerTransferPhase, PoolName, PoolTransfer
-from unicache_fsm.store.errors import NoCompletionError
-from unicache_fsm.store.lookup import restorable_prefix_pages
-from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
-from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
-from unicache_fsm.testing.store_machine import StoreMachine
-
-Job = tuple[CheckedTransfer, ...]
-LOAD, OFFLOAD = LinkerTransferPhase.LOAD, LinkerTransferPhase.OFFLOAD
+from unicache_fsm import MemoryStore, PoolName
+from unicache_fsm.testing import check_store
 
 
-class DictStore:
-    """A synchronous `ExternalStore` over a dict of (pool, key) -> page bytes."""
-
-    def __init__(self) -> None:
-        self.pages: dict[tuple[PoolName, str], torch.Tensor] = {}
-        self._pools = AttachedPools({})
-        self._queued: dict[str, Job] = {}
-        self._batches: collections.deque[tuple[int, dict[str, Job]]] = collections.deque()
-        self._offloads: collections.deque[Job] = collections.deque()
-        self._in_flight: set[str] = set()  # started, result not yet popped
-        self._load_results: collections.deque[LoadBatchResult] = collections.deque()
-        self._offload_results: collections.deque[bool] = collections.deque()
-        self._next_batch = 0
-
-    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
-        self._pools = AttachedPools(pools)
-
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        """What lookup, load and contains see as stored."""
-        return [(pool, key) in self.pages for key in keys]
-
-    def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
-        return restorable_prefix_pages(transfers, self._present)
-
-    def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool:
-        job = self._pools.check_data_transfers(transfers, LOAD)
-        if rid in self._queued or rid in self._in_flight:
-            return False
-        if not all(all(self._present(ct.pool, ct.keys)) for ct in job):
-            return False
-        self._queued[rid] = job
-        return True
-
-    def start_loading(self) -> int:
-        if not self._queued:
-            return -1
-        batch, self._next_batch = self._next_batch, self._next_batch + 1
-        self._batches.append((batch, dict(self._queued)))
-        self._in_flight.update(self._queued)
-        self._queued.clear()
-        return batch
-
-    def num_completed_loads(self) -> int:
-        return len(self._load_results)
-
-    def pop_completed_load(self) -> LoadBatchResult:
-        if not self._load_results:
-            raise NoCompletionError("no load batch has completed", what="load")
-        result = self._load_results.popleft()
-        self._in_flight.difference_update(result.rids)
-        return result
-
-    def cancel_queued_load(self, rid: str) -> bool:
-        return self._queued.pop(rid, None) is not None
-
-    def offload(self, transfers: Sequence[PoolTransfer]) -> bool:
-        self._offloads.append(self._pools.check_data_transfers(transfers, OFFLOAD))
-        return True
-
-    def num_completed_offloads(self) -> int:
-        return len(self._offload_results)
-
-    def pop_completed_offload(self) -> bool:
-        if not self._offload_results:
-            raise NoCompletionError("no offload has completed", what="offload")
-        return self._offload_results.popleft()
-
-    def progress(self) -> int:
-        done = len(self._offloads) + len(self._batches)
-        while self._offloads:  # offloads first: a queued load already had its pages
-            for ct in self._offloads.popleft():
-                kv = self._pools.pool(ct.pool, "offload")
-                data = kv.read_pages(ct.slots).view(-1, kv.page_size, kv.num_layers, kv.width)
-                for key, page in zip(ct.keys, data, strict=True):
-                    self.pages.setdefault((ct.pool, key), page.clone())  # write-once
-            self._offload_results.append(True)
-        while self._batches:
-            batch, loads = self._batches.popleft()
-            self._load_results.append(LoadBatchResult(batch, tuple(loads), self._land(loads)))
-        return done
-
-    def _land(self, loads: dict[str, Job]) -> bool:
-        """Write every page of a batch, or nothing if one was evicted since it queued."""
-        jobs = [ct for job in loads.values() for ct in job]
-        if any((ct.pool, key) not in self.pages for ct in jobs for key in ct.keys):
-            return False
-        for ct in jobs:
-            data = torch.cat([self.pages[(ct.pool, key)] for key in ct.keys])
-            self._pools.pool(ct.pool, "load").write_pages(ct.slots, data)
-        return True
-
-    def evict(self, keys: Sequence[str], pool: PoolName | None = None) -> int:
-        names = list(PoolName) if pool is None else [pool]
-        return sum(self.pages.pop((p, k), None) is not None for p in names for k in keys)
-
-    def contains(self, pool: PoolName, key: str) -> bool:
-        return self._present(pool, [key])[0]
-
-    def reset(self) -> None:
-        while self._batches:
-            batch, loads = self._batches.popleft()
-            self._load_results.append(LoadBatchResult(batch, tuple(loads), False))
-        self._offload_results.extend(False for _ in self._offloads)
-        self._offloads.clear()
-        if self.start_loading() >= 0:  # the queued loads, now a batch: fail it too
-            self.reset()
-
-    def close(self) -> None:  # a real store would also refuse every later call
-        self.reset()
-        self.pages.clear()
+class LeakyStore(MemoryStore):
+    def evict(self, keys, pool=None):  # type: ignore[no-untyped-def]
+        return super().evict(keys, PoolName.KV if pool is None else pool)  # the bug
 
 
-class LeakyDictStore(DictStore):
-    """A planted bug: an index of stored pages that `evict` forgets to update, so
-    lookup, load and contains still see a page whose bytes are gone."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.index: set[tuple[PoolName, str]] = set()
-
-    def progress(self) -> int:
-        done = super().progress()
-        self.index.update(self.pages)
-        return done
-
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        return [(pool, key) in self.index for key in keys]
-
-
-class DictStoreMachine(StoreMachine):
-    lossless = True  # nothing is ever dropped, refused or failed on its own
-
-    def make_store(self) -> ExternalStore:
-        return DictStore()
-
-
-class LeakyDictStoreMachine(DictStoreMachine):
-    def make_store(self) -> ExternalStore:
-        return LeakyDictStore()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=50, help="programs to run")
-    parser.add_argument("--leaky", action="store_true", help="fuzz the store with a bug")
-    args = parser.parse_args(argv)
-    machine = LeakyDictStoreMachine if args.leaky else DictStoreMachine
-    bounded = settings(
-        max_examples=args.examples, deadline=None, database=None, report_multiple_bugs=False
-    )
-    name = machine.__name__.removesuffix("Machine")
-    try:
-        run_state_machine_as_test(machine, settings=bounded)
-    except AssertionError as exc:
-        print(f"{name} FAILED: {str(exc).splitlines()[0]}")
-        return 1
-    print(f"{name} passed {args.examples} programs of up to 50 protocol calls")
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    leaky = "--leaky" in (sys.argv[1:] if argv is None else argv)
+    failure = check_store(LeakyStore if leaky else MemoryStore, examples=20)
+    print(failure or "the store passed both machines (20 programs each)")
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

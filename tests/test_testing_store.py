@@ -1,8 +1,8 @@
 """The public store-fuzzing kit (`unicache_fsm.testing.store_machine`, `.strategies`).
 
 The kit must pass correct stores (the memory store bounded, unbounded and lossless, with
-a worker thread, and under every injected fault; the example's `DictStore`) and catch
-broken ones within the ``ci`` profile: the example's `LeakyDictStore` and planted bugs
+a worker thread, and under every injected fault; `tests/dict_store.py`'s `DictStore`) and catch
+broken ones within the ``ci`` profile: its `LeakyDictStore` and planted bugs
 in `MemoryStore`. A caught failure's program, as Hypothesis prints it, is pasted back
 and run: it must fail the same way (every value in it has a valid-Python repr).
 """
@@ -44,7 +44,7 @@ from unicache_fsm.testing.strategies import (
     token_keys,
 )
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fuzz_your_store.py"
+EXAMPLE = Path(__file__).resolve().parent / "dict_store.py"
 
 
 def _example() -> ModuleType:

@@ -8,10 +8,13 @@
   scheduler, with `audit()` running every invariant; the very `serving.System` that
   ``unicache-fsm simulate`` runs, re-exported with `kv_bytes` and `Request`.
 - `machines` — `SystemMachine`: the whole system under random operation; subclass it
-  with `make_store()` to put your backend in the loop.
+  with `make_store()` to put your backend in the loop (its `TestCase` then also runs
+  the store contract, `StoreMachine`, on the same store).
 - `walk` — a seeded random-walk driver for those machines (what ``unicache-fsm fuzz``
   runs): the same rules without Hypothesis's cost per step, a shrunk program printed
   as a replaying Python script on a failure (`walk.fuzz`, `walk.WalkFailure`).
+- `store_check` — `check_store(make_store, examples=N)`: both machines above on your
+  store from a script, the first failure as one line (None when it passes).
 - `store_machine` — `StoreMachine`: a store backend alone against a truth model;
   subclass it with `make_store()`.
 - `ranks` — the rank-agreement property (sparse restorable sets, MIN verdicts).
@@ -23,13 +26,12 @@
   fuzz and test the Redis store (or yours) against the real thing.
 
 Every name in `__all__` is importable from here; each is loaded from its submodule
-on first use, so importing the kit's profiles stays cheap.
+on first use, so importing the kit's profiles stays cheap. `dir()` lists `__all__`.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import importlib as _importlib
 
 __all__ = [
     "POISON",
@@ -51,6 +53,7 @@ __all__ = [
     "SystemMachine",
     "check_linker",
     "check_rank_agreement",
+    "check_store",
     "fault_policies",
     "keys_with_shared_prefixes",
     "load_profile",
@@ -70,6 +73,7 @@ _HOME = {
     "System": "system",
     "SystemMachine": "machines",
     "check_rank_agreement": "ranks",
+    "check_store": "store_check",
     "fault_policies": "strategies",
     "keys_with_shared_prefixes": "strategies",
     "page_key_chains": "strategies",
@@ -90,13 +94,17 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """Names are imported from their submodule on first use (torch stays unloaded
     until a machine or the system is needed)."""
     home = _HOME.get(name)
     if home is None:
         msg = f"module {__name__!r} has no attribute {name!r}"
         raise AttributeError(msg)
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    value = getattr(_importlib.import_module(f"{__name__}.{home}"), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
