@@ -1,41 +1,40 @@
-"""Draw every bundled machine: Mermaid always, SVG too when Graphviz is installed.
+"""Draw and check your own machine: ``python examples/draw_diagrams.py``.
 
-    python examples/draw_diagrams.py [FOLDER]
-
-writes ``<machine>.mmd`` (and ``<machine>.svg``) into FOLDER (default: a new
-temporary folder), prints each path, and returns 0. The same files come from the
-command line: ``unicache-fsm diagram MACHINE --format svg -o FOLDER``.
+The machine is data (``door.toml``, the format of docs/spec-format.md). The example
+prints its Mermaid diagram, drives one door with a trace recorder listening (in memory),
+is refused an illegal trigger (a locked door cannot open: `IllegalTransitionError`,
+state unchanged), and replays the recorded trace against the spec, as
+``unicache-fsm check-trace --spec examples/door.toml FILE`` does for a trace file.
 """
 
-from __future__ import annotations
-
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-from unicache_fsm.fsm.diagram import DiagramFormat, render_image, render_mermaid
-from unicache_fsm.fsm.loader import bundled_machines, bundled_spec
+from unicache_fsm import (
+    CompiledExecutor,
+    IllegalTransitionError,
+    TraceRecorder,
+    check_trace,
+    load_spec,
+    render_mermaid,
+    spec_lookup,
+)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    folder = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="unicache_fsm_diagrams_"))
-    folder.mkdir(parents=True, exist_ok=True)
-    with_svg = shutil.which("dot") is not None
-    for name in bundled_machines():
-        spec = bundled_spec(name)
-        mermaid = folder / f"{name}.mmd"
-        mermaid.write_text(render_mermaid(spec), encoding="utf-8")
-        print(mermaid)
-        if with_svg:
-            svg = folder / f"{name}.svg"
-            svg.write_bytes(render_image(spec, DiagramFormat.SVG))
-            print(svg)
-    if not with_svg:
-        print("Graphviz 'dot' is not installed: SVG skipped (apt-get install graphviz)")
-    return 0
+class Door:
+    state: str  # where the executor keeps the machine's state
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+spec = load_spec(Path(__file__).with_name("door.toml"))
+print(render_mermaid(spec))
+doors, recorder, door = CompiledExecutor(spec, Door), TraceRecorder(), Door()
+doors.add_observer(recorder)
+doors.initialize(door)
+for trigger in ("open", "close", "lock", "open"):
+    try:
+        doors.fire(door, trigger)
+    except IllegalTransitionError as exc:
+        print(f"refused: {exc}")
+result = check_trace(recorder.records(), spec_lookup([spec], fallback=None))
+print(f"the door is {door.state}; {result.records} records, legal: {result.ok}")
+sys.exit(0 if result.ok else 1)

@@ -18,12 +18,7 @@ class LeakyStore(MemoryStore):
         return super().evict(keys, PoolName.KV if pool is None else pool)  # the bug
 
 
-def main(argv: list[str] | None = None) -> int:
-    leaky = "--leaky" in (sys.argv[1:] if argv is None else argv)
-    failure = check_store(LeakyStore if leaky else MemoryStore, examples=20)
-    print(failure or "the store passed both machines (20 programs each)")
-    return 1 if failure else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    failure = check_store(LeakyStore if "--leaky" in sys.argv else MemoryStore, examples=20)
+    print(failure or "the store passed both machines (20 programs each)")
+    sys.exit(1 if failure else 0)

@@ -19,15 +19,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from unicache_fsm.fsm import (
+from unicache_fsm import (
     CompiledExecutor,
     Executor,
     GuardRejectedError,
     ReferenceExecutor,
+    TraceRecorder,
+    check_trace,
     load_spec,
+    read_trace,
+    spec_lookup,
 )
-from unicache_fsm.fsm.conformance import check_trace, read_trace, spec_lookup
-from unicache_fsm.fsm.trace import TraceRecorder
 
 SPEC = Path(__file__).resolve().parent / "order.toml"
 
@@ -123,7 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="An order workflow in unicache_fsm.")
     parser.add_argument("--trace", type=Path, default=None, metavar="FILE.jsonl")
     args = parser.parse_args(argv)
-    trace: Path = args.trace or Path(tempfile.mkdtemp(prefix="order_example_")) / "order.jsonl"
+    if args.trace is not None:
+        return report(args.trace)
+    with tempfile.TemporaryDirectory(prefix="order_example_") as scratch:
+        return report(Path(scratch) / "order.jsonl")
+
+
+def report(trace: Path) -> int:
+    """Run both executors (the compiled one recording into `trace`) and check the trace."""
     compiled = run(CompiledExecutor, trace)
     reference = run(ReferenceExecutor)
     for order in compiled:

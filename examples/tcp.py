@@ -5,7 +5,7 @@
 Runs two connections through a handshake in which one ACK carries the wrong number (the
 `ack_matches` guard refuses it and the state does not move), sends data, closes both
 sides in order, and resets a third connection mid-handshake. Every transition is
-recorded as JSON lines (default: a new temporary file), and the trace is replayed
+recorded as JSON lines (default: a temporary file, removed at exit), and the trace is replayed
 against ``examples/tcp.toml`` — the same check as::
 
     unicache-fsm check-trace --spec examples/tcp.toml FILE.jsonl
@@ -21,9 +21,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from unicache_fsm.fsm import CompiledExecutor, GuardRejectedError, load_spec
-from unicache_fsm.fsm.conformance import check_trace, read_trace, spec_lookup
-from unicache_fsm.fsm.trace import TraceRecorder
+from unicache_fsm import (
+    CompiledExecutor,
+    GuardRejectedError,
+    TraceRecorder,
+    check_trace,
+    load_spec,
+    read_trace,
+    spec_lookup,
+)
 
 SPEC = Path(__file__).resolve().parent / "tcp.toml"
 
@@ -114,7 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="A TCP-like connection in unicache_fsm.")
     parser.add_argument("--trace", type=Path, default=None, metavar="FILE.jsonl")
     args = parser.parse_args(argv)
-    trace: Path = args.trace or Path(tempfile.mkdtemp(prefix="tcp_example_")) / "tcp.jsonl"
+    if args.trace is not None:
+        return report(args.trace)
+    with tempfile.TemporaryDirectory(prefix="tcp_example_") as scratch:
+        return report(Path(scratch) / "tcp.jsonl")
+
+
+def report(trace: Path) -> int:
+    """Run the scenario recording into `trace`, print each connection, check the trace."""
     for conn in run(trace):
         print(f"{conn.name:<8} {conn.state:<8} {' | '.join(conn.log)}")
     result = check_trace(read_trace(trace), spec_lookup([load_spec(SPEC)]))

@@ -6,7 +6,7 @@ tensor do not import torch). The fuzzing kit is its own namespace,
 `unicache_fsm.testing`.
 
 - the engine: `load_spec`, `parse_spec`, `bundled_spec`, `bundled_machines`,
-  `CompiledExecutor`, `ReferenceExecutor`, `MachineBuilder`; errors
+  `CompiledExecutor`, `ReferenceExecutor` (both `Executor`s), `MachineBuilder`; errors
   `IllegalTransitionError` (a trigger not allowed from the state) and
   `GuardRejectedError` (allowed, vetoed by a guard);
 - diagrams and traces: `render_mermaid`, `render_image`, `DiagramFormat`,
@@ -35,6 +35,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _HOME = {
     "CompiledExecutor": "unicache_fsm.fsm",
+    "Executor": "unicache_fsm.fsm",
     "GuardRejectedError": "unicache_fsm.fsm",
     "IllegalTransitionError": "unicache_fsm.fsm",
     "MachineBuilder": "unicache_fsm.fsm",
@@ -70,11 +71,50 @@ _HOME = {
     "System": "unicache_fsm.serving.system",
 }
 
-__all__ = ["__version__", *sorted(_HOME)]
+#: exactly the names of `_HOME` and `__version__` (tests/test_public_api.py locks both)
+__all__ = [
+    "CompiledExecutor",
+    "DiagramFormat",
+    "EvictParams",
+    "Executor",
+    "ExternalLinker",
+    "ExternalStore",
+    "FileStore",
+    "GuardRejectedError",
+    "IllegalTransitionError",
+    "InsertParams",
+    "KVPool",
+    "LinkerConfig",
+    "MachineBuilder",
+    "MemoryStore",
+    "PagedAllocator",
+    "PoolName",
+    "RadixTree",
+    "RedisStore",
+    "ReferenceExecutor",
+    "SWAAllocator",
+    "SingleRank",
+    "System",
+    "TraceRecorder",
+    "TreeConfig",
+    "UnicacheFsmError",
+    "__version__",
+    "bundled_machines",
+    "bundled_spec",
+    "check_trace",
+    "load_spec",
+    "open_store",
+    "parse_spec",
+    "read_trace",
+    "render_image",
+    "render_mermaid",
+    "spec_lookup",
+]
 
 if _typing.TYPE_CHECKING:
     from unicache_fsm.fsm import (
         CompiledExecutor,
+        Executor,
         GuardRejectedError,
         IllegalTransitionError,
         MachineBuilder,

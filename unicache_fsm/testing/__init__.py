@@ -32,6 +32,7 @@ on first use, so importing the kit's profiles stays cheap. `dir()` lists `__all_
 from __future__ import annotations
 
 import importlib as _importlib
+from typing import Any as _Any
 
 __all__ = [
     "POISON",
@@ -94,7 +95,7 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> _Any:
     """Names are imported from their submodule on first use (torch stays unloaded
     until a machine or the system is needed)."""
     home = _HOME.get(name)

@@ -163,11 +163,12 @@ class _WithStoreContract:
     @staticmethod
     def _build(owner: type[SystemMachine]) -> type:
         base: Any = RuleBasedStateMachine.__dict__["TestCase"].__get__(None, owner)
-        contract = owner.store_contract()
-        if contract is None:
+        found = owner.store_contract()
+        if found is None:
             return base  # type: ignore[no-any-return]
+        contract: type[StoreMachine] = found
 
-        class SystemTestCase(base):  # type: ignore[misc,valid-type]
+        class SystemTestCase(base):  # type: ignore[misc]
             def test_in_the_system(self) -> None:
                 """The store inside the whole system (the machine's rules)."""
                 self.runTest()
@@ -212,7 +213,7 @@ class SystemMachine(RuleBasedStateMachine):
     )
     coverage: ClassVar[TransitionCounter] = TransitionCounter()
     steps: ClassVar[int] = 0  # rule steps run by this class (each one audited)
-    TestCase: ClassVar[Any] = _WithStoreContract()
+    TestCase = _WithStoreContract()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
