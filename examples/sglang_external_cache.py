@@ -8,12 +8,16 @@ Needs SGLang 0.5.23 (run it with the SGLang venv's python: bash scripts/sglang_e
 and redis-server (started here on a free port, or pass --redis redis://HOST:PORT).
 
     python examples/sglang_external_cache.py [--redis URL] [--trace FILE.jsonl]
+
+Without SGLang it exits at once with one line, ``SglangUnavailableError: ...``, saying
+what is missing (status 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import uuid
 from array import array
 from contextlib import ExitStack
@@ -22,6 +26,11 @@ from typing import Any
 import torch
 
 logging.disable(logging.WARNING)  # SGLang logs at INFO on import and per cache build
+
+try:  # first: without SGLang this raises SglangUnavailableError, which names what is missing
+    from unicache_fsm.integrations.sglang import ContractMonitor, StoreLinker
+except ImportError as missing:
+    sys.exit(f"{type(missing).__name__}: {missing}")
 
 from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
@@ -42,9 +51,8 @@ from sglang.srt.server_args import (  # noqa: E402
     set_global_server_args_for_scheduler,
 )
 
-from unicache_fsm.integrations.sglang import ContractMonitor, StoreLinker  # noqa: E402
-from unicache_fsm.store import RedisStore  # noqa: E402
-from unicache_fsm.testing.redis_server import RedisServer  # noqa: E402
+from unicache_fsm import RedisStore  # noqa: E402
+from unicache_fsm.testing import RedisServer  # noqa: E402
 
 PAGE = 4
 

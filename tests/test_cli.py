@@ -7,7 +7,6 @@ is missing and fail in CI (``CI`` set), which installs it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -339,24 +338,6 @@ def test_python_m_simulate_prints_no_warning() -> None:
     proc = _python_m("simulate", "--requests", "10", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr.lower(), proc.stderr
-
-
-# -- the example ---------------------------------------------------------------------------
-
-
-def test_draw_diagrams_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "_example_draw_diagrams", ROOT / "examples" / "draw_diagrams.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main([str(tmp_path)]) == 0
-    for m in MACHINES:
-        assert (tmp_path / f"{m}.mmd").read_text(encoding="utf-8").startswith("stateDiagram-v2")
-        if shutil.which("dot") is not None:
-            ET.parse(tmp_path / f"{m}.svg")
-    assert str(tmp_path / f"{MACHINES[0]}.mmd") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("name", ["../escaped_by_machine_name", "<tmp>/absolute_machine_name"])

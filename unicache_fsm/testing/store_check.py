@@ -4,9 +4,11 @@
 the protocol's model) and then `SystemMachine` (the store inside the whole system:
 tree, linker, host tier, injected faults), each for `N` programs, derandomized (the
 same programs every run, no database) and without shrinking (a first failure is
-reported as found). It returns None when both pass, else one line naming the machine
-and the first line of its failure. `make_store` is called for each program and must
-return a fresh, unattached `ExternalStore`.
+reported as found), with Hypothesis's working files in a temporary directory removed
+at the end (nothing is left in the current directory). It returns None when both
+pass, else one line naming the machine and the first line of its failure.
+`make_store` is called for each program and must return a fresh, unattached
+`ExternalStore`. (Hypothesis's home directory is its default again afterwards.)
 
 In a test suite, subclass the machines instead (their `TestCase` runs under the loaded
 Hypothesis profile and prints a pasteable program on a failure); this is the short
@@ -15,9 +17,11 @@ route for a script or a first look.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
@@ -53,10 +57,15 @@ def check_store(make_store: Callable[[], ExternalStore], *, examples: int = 30) 
         suppress_health_check=list(HealthCheck),
     )
     machine: type[RuleBasedStateMachine]
-    for label, machine in (("StoreMachine", Alone), ("SystemMachine", InTheSystem)):
+    with tempfile.TemporaryDirectory(prefix="unicache-check-store-") as scratch:
+        set_hypothesis_home_dir(scratch)
         try:
-            run_state_machine_as_test(machine, settings=budget)
-        except (AssertionError, HypothesisException) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            return f"{label}: {first}"
+            for label, machine in (("StoreMachine", Alone), ("SystemMachine", InTheSystem)):
+                try:
+                    run_state_machine_as_test(machine, settings=budget)
+                except (AssertionError, HypothesisException) as exc:
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    return f"{label}: {first}"
+        finally:
+            set_hypothesis_home_dir(None)
     return None
