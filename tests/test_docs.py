@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -90,3 +91,13 @@ def test_the_spec_format_documents_every_kind_of_spec_problem() -> None:
     quoted = re.findall(r"`([^`]+)`", validation.split("\n## ", 1)[0])
     documented = {" ".join(q.split()) for q in quoted}
     assert kinds - {"unknown machine", "no spec files"} <= documented
+
+
+@pytest.mark.parametrize(
+    "source", sorted((ROOT / "unicache_fsm").rglob("*.py")), ids=lambda p: p.name
+)
+def test_a_class_docstring_states_its_contract_instead_of_pointing_away(source: Path) -> None:
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ClassDef):
+            doc = ast.get_docstring(node) or ""
+            assert not doc.startswith("See the module docstring"), f"{source.name}: {node.name}"

@@ -235,7 +235,17 @@ class LinkerMatch:
 
 
 class ExternalLinker:
-    """See the module docstring. The caller attaches the store to the KV pools."""
+    """One rank's linker between a `RadixTree` and an `ExternalStore`: LOOKUP at
+    `match`, LOAD + PREPARE at `load_back`, LAND and COMMIT or ABORT at `finish_loads`,
+    OFFLOAD at `offload_nodes` / `poll_offloads` (the primitives, in the order a
+    scheduler step calls them, are in the module docstring).
+
+    Contract: no request reads KV that is not its prefix's; every store fault is
+    contained (the request recomputes, the slots the store may still write are
+    quarantined until the store proves it done); every slot it reserves is freed or
+    handed to the tree exactly once. The caller attaches the store to the KV pools
+    before building the linker; with several ranks, `group` agrees every verdict.
+    """
 
     def __init__(
         self,

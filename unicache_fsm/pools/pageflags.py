@@ -51,7 +51,11 @@ def any_set(flags: bytearray, ids: list[int]) -> bool:
 
 
 class PageFlags:
-    """See the module docstring. `native` False runs the Python forms (tests)."""
+    """One flag byte per page id in 0 .. `num_pages`, read and written by lists (or
+    ``array('q')``) of ids. Every id is checked before any flag is touched: a refused
+    call (`TypeError`, `IndexError`) changes nothing. Fixed size, never reallocated.
+    `native` False runs the Python forms even where the C extension was built (tests
+    hold both to the same answers)."""
 
     __slots__ = ("_any", "_flags", "_set")
 

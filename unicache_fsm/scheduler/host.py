@@ -30,7 +30,10 @@ __all__ = ["HostPolicy"]
 
 
 class HostPolicy:
-    """See the module docstring; `tree` must have a host pool."""
+    """The host tier's policy in the scheduler loop: `backup` a request's path after its
+    insert (making room LRU-first, never on the path it backs up) and `load_back` a
+    hit's host-backed nodes before admission. `tree` must have a host pool (`TreeError`
+    otherwise); every move is a residency transition of the tree."""
 
     def __init__(self, tree: RadixTree) -> None:
         tree.host_parts()  # raises TreeError without a host tier

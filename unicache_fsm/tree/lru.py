@@ -27,7 +27,10 @@ __all__ = ["LRUList"]
 
 
 class LRUList:
-    """See the module docstring. Holds each node at most once."""
+    """An eviction order over tree nodes, most to least recently used; O(1) insert,
+    remove and membership, the walks bounded by the list's length. Holds each node at
+    most once: inserting a node already present is the caller's error (the primitives
+    are in the module docstring)."""
 
     __slots__ = ("_newer", "_older")
 

@@ -105,7 +105,18 @@ class TreeConfig:
 
 
 class RadixTree(HostTier, Offloads):
-    """See the module docstring."""
+    """The unified radix tree: page-aligned token keys mapped to KV slots, one node per
+    shared span, each node's residency a `node_residency` machine.
+
+    Built over an allocator (`PagedAllocator`, or `SWAAllocator` for FULL + SWA) and a
+    `TreeConfig`; optionally a device `KVPool` and a host tier (`host_pool`,
+    `host_allocator`). Every primitive (listed in the module docstring, in call order)
+    validates its input first and changes nothing when it raises a typed `TreeError`;
+    residency moves only by legal triggers (`IllegalTransitionError` otherwise). The
+    tree owns every slot it holds and frees it on eviction; a caller's slots become the
+    tree's only when `insert` adopts them. One scheduler thread owns it (not
+    thread-safe).
+    """
 
     def __init__(
         self,
