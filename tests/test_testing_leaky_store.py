@@ -116,3 +116,27 @@ def test_check_store_names_the_machine_and_the_page(store: type[ExternalStore]) 
 def test_check_store_refuses_a_nonsense_budget(examples: object) -> None:
     with pytest.raises(ValueError, match="examples must be an int >= 1"):
         check_store(MemoryStore, examples=examples)  # type: ignore[arg-type]
+
+
+class _RaisingStore(MemoryStore):
+    def progress(self) -> int:
+        raise RuntimeError("backend down")
+
+
+@pytest.mark.parametrize(
+    ("make", "expect"),
+    [
+        (lambda: None, "StoreMachine: TypeError: make_store() returned None, not an ExternalStore"),
+        (lambda: "store", "StoreMachine: TypeError: make_store() returned 'store'"),
+        (_RaisingStore, "StoreMachine: RuntimeError: backend down"),
+    ],
+    ids=["none", "a string", "raises"],
+)
+def test_check_store_reports_a_broken_collaborator_as_a_failure(make: object, expect: str) -> None:
+    failure = check_store(make, examples=5)  # type: ignore[arg-type]
+    assert failure is not None and failure.startswith(expect), failure
+
+
+def test_check_store_refuses_what_is_not_callable() -> None:
+    with pytest.raises(TypeError, match="make_store must be callable"):
+        check_store(MemoryStore(), examples=5)  # type: ignore[arg-type]

@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.configuration import set_hypothesis_home_dir
-from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from unicache_fsm.store.protocol import ExternalStore
@@ -34,18 +33,32 @@ __all__ = ["check_store"]
 
 def check_store(make_store: Callable[[], ExternalStore], *, examples: int = 30) -> str | None:
     """Fuzz the stores `make_store` returns; None when they keep the contract, else
-    ``"<Machine>: <what broke>"``. Raises `ValueError` for `examples` below 1."""
+    ``"<Machine>: <what broke>"`` — an assertion of the machine, or an exception the
+    store (or `make_store`) raised, named by its type. Raises `TypeError` when
+    `make_store` is not callable and `ValueError` for `examples` not an int >= 1, before
+    running anything."""
+    given: object = make_store  # checked at run time: callers pass anything
+    if not callable(given):
+        msg = f"check_store: make_store must be callable, got {make_store!r}"
+        raise TypeError(msg)
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         msg = f"check_store: examples must be an int >= 1, got {examples!r}"
         raise ValueError(msg)
 
+    def fresh() -> ExternalStore:
+        store: object = make_store()
+        if not isinstance(store, ExternalStore):
+            msg = f"make_store() returned {store!r}, not an ExternalStore"
+            raise TypeError(msg)
+        return store
+
     class Alone(StoreMachine):
         def make_store(self) -> ExternalStore:
-            return make_store()
+            return fresh()
 
     class InTheSystem(SystemMachine):
         def make_store(self) -> ExternalStore:
-            return make_store()
+            return fresh()
 
     budget = settings(
         max_examples=examples,
@@ -63,9 +76,14 @@ def check_store(make_store: Callable[[], ExternalStore], *, examples: int = 30) 
             for label, machine in (("StoreMachine", Alone), ("SystemMachine", InTheSystem)):
                 try:
                     run_state_machine_as_test(machine, settings=budget)
-                except (AssertionError, HypothesisException) as exc:
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    return f"{label}: {first}"
+                except AssertionError as exc:
+                    return f"{label}: {_first_line(exc)}"
+                except Exception as exc:  # the store's (or make_store's) own exception
+                    return f"{label}: {type(exc).__name__}: {_first_line(exc)}"
         finally:
             set_hypothesis_home_dir(None)
     return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or ["(no message)"])[0]
