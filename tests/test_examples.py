@@ -124,13 +124,12 @@ def test_embed_example_loads_the_shared_prefix_back(tmp_path: Path) -> None:
     ]
 
 
-def test_fuzz_example_passes_the_memory_store_and_catches_the_leak(tmp_path: Path) -> None:
-    done = _run_clean(tmp_path, "fuzz_your_store")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "the store passed both machines (20 programs each)"
-    leaky = _run_clean(tmp_path / "leaky", "fuzz_your_store", "--leaky")
+def test_fuzz_example_catches_the_leak(tmp_path: Path) -> None:
+    """The ``--leaky`` run (the passing run, 100 programs on each machine, takes ~16 s:
+    `tests/test_testing_leaky_store.py` shows a correct store passing both machines)."""
+    leaky = _run_clean(tmp_path, "fuzz_your_store", "--leaky")
     assert leaky.returncode == 1, leaky.stderr
-    assert leaky.stdout.startswith("StoreMachine: ")
+    assert leaky.stdout.startswith("StoreMachine: contains(")
     assert "the test evicted it" in leaky.stdout
 
 

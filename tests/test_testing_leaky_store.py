@@ -33,6 +33,7 @@ FAST = settings(
     phases=(Phase.explicit, Phase.generate),
     suppress_health_check=list(HealthCheck),
 )
+HUNT = settings(FAST, max_examples=100)  # a hunt stops at its first failure
 
 
 def _load(path: Path) -> ModuleType:
@@ -59,9 +60,9 @@ def _machines(make: type[ExternalStore]) -> tuple[type[StoreMachine], type[Syste
     return Alone, InTheSystem
 
 
-def _run(machine: type) -> unittest.TestResult:
-    """Every test of `machine.TestCase`, under `FAST`."""
-    case = type("Fast", (machine.TestCase,), {"settings": FAST})
+def _run(machine: type, budget: settings = FAST) -> unittest.TestResult:
+    """Every test of `machine.TestCase`, under `budget`."""
+    case = type("Fast", (machine.TestCase,), {"settings": budget})
     result = unittest.TestResult()
     unittest.defaultTestLoader.loadTestsFromTestCase(case).run(result)
     assert not result.errors, result.errors
@@ -74,7 +75,7 @@ LEAKY = [EXAMPLE.LeakyStore, DICT_STORE.LeakyDictStore]
 @pytest.mark.parametrize("store", LEAKY, ids=lambda s: s.__name__)
 def test_a_leaky_store_fails_both_machines(store: type[ExternalStore]) -> None:
     for machine in _machines(store):
-        failures = _run(machine).failures
+        failures = _run(machine, HUNT).failures
         assert len(failures) == 1, (machine.__name__, failures)
         assert "the test evicted it" in failures[0][1], failures[0][1]
 
@@ -107,7 +108,7 @@ def test_a_make_store_that_returns_none_is_named() -> None:
 
 @pytest.mark.parametrize("store", LEAKY, ids=lambda s: s.__name__)
 def test_check_store_names_the_machine_and_the_page(store: type[ExternalStore]) -> None:
-    failure = check_store(store, examples=20)
+    failure = check_store(store, examples=100)
     assert failure is not None and failure.startswith("StoreMachine: ")
     assert "the test evicted it" in failure
 
