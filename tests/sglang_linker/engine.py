@@ -157,11 +157,11 @@ class Engine:
             )
         )
         self.pools = pools
-        self.store_linker = StoreLinker(store, pools, trace=store_trace)
+        self.store_linker = StoreLinker.from_store(store, pools, trace=store_trace)
         self.linker: Any = self.store_linker
         self.monitor: ContractMonitor | None = None
         if monitored:
-            self.monitor = ContractMonitor(self.store_linker, mode=mode, trace=trace)
+            self.monitor = ContractMonitor.around(self.store_linker, mode=mode, trace=trace)
             self.linker = self.monitor
         self.cache.init_cache_linker(self.linker)
         self.gen = torch.Generator().manual_seed(1234)

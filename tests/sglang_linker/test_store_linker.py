@@ -184,10 +184,10 @@ def test_bad_input_is_a_typed_error_naming_the_culprit() -> None:
     engine = Engine(MemoryStore(), monitored=False)
     kv = engine.pools[PoolName.KV]
     with pytest.raises(LinkerConfigError) as info:
-        StoreLinker(MemoryStore(), {PoolName.KV: kv, PoolName.MAMBA: kv})
+        StoreLinker.from_store(MemoryStore(), {PoolName.KV: kv, PoolName.MAMBA: kv})
     assert info.value.value == PoolName.MAMBA
     with pytest.raises(LinkerConfigError) as info:
-        StoreLinker(MemoryStore(), {})
+        StoreLinker.from_store(MemoryStore(), {})
     assert info.value.argument == "pools"
     with pytest.raises(UnknownBatchError) as err:
         engine.store_linker.finish_layer_wise_loading(5)
