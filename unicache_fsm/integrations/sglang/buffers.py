@@ -15,8 +15,10 @@ staging budget). It speaks the methods a store calls on a `KVPool`:
   `what` (the pools' own `SlotCodec`);
 - `read_page_ids(pages, out=None)` -> ``[len(pages) * P, num_layers, width]``;
 - `write_page_ids(pages, data, *, layers=None)` — every layer, or the layers of the
-  slice `layers` (``data`` then holds those layers only), so a load lands layer by
-  layer.
+  slice `layers` (``data`` then holds those layers only; a strided view is fine), so a
+  load lands layer by layer;
+- `page_bytes()` — None: no page is one run of bytes here, so a store moves pages only
+  through the two calls above.
 
 **The gate.** SGLang frees a load's slots as soon as `finish_layer_wise_loading`
 answered, and an offloaded node's slots once its verdict was popped; a store that is
@@ -167,6 +169,11 @@ class LayerBuffers:
         """Bytes of SGLang's buffers behind this pool (what a mirror would double)."""
         return sum(t.untyped_storage().nbytes() for t in [*self._k, *self._v])
 
+    def page_bytes(self) -> None:
+        """None: SGLang's per-layer buffers hold no page as one run of bytes, so a store
+        moves pages only through `read_page_ids` / `write_page_ids` (and the gate)."""
+        return None
+
     def __repr__(self) -> str:
         return (
             f"LayerBuffers({self.name!r}, pages={self._layout.num_pages}, "
@@ -238,15 +245,17 @@ class LayerBuffers:
         into the pages, every layer or those of the slice `layers`."""
         n, p, kw = pages.numel(), self.page_size, self._kw
         chosen = range(self.num_layers) if layers is None else range(self.num_layers)[layers]
-        self._check_data(data, (n * p, len(chosen), self.width), "data")
-        rows = data.view(n, p, len(chosen), self.width)
+        self._check_data(data, (n * p, len(chosen), self.width), "data", contiguous=False)
+        rows = data.reshape(n, p, len(chosen), self.width)  # a view of a strided buffer too
         with self._lock:
             self._check_open("write", pages.tolist())
             for i, layer in enumerate(chosen):
                 self._k[layer].index_copy_(0, pages, rows[:, :, i, :kw].reshape(n, p * kw))
                 self._v[layer].index_copy_(0, pages, rows[:, :, i, kw:].reshape(n, -1))
 
-    def _check_data(self, data: object, shape: tuple[int, ...], what: str) -> None:
+    def _check_data(
+        self, data: object, shape: tuple[int, ...], what: str, *, contiguous: bool = True
+    ) -> None:
         if not isinstance(data, torch.Tensor) or data.dtype != self._dtype:
             got = data.dtype if isinstance(data, torch.Tensor) else type(data)
             msg = f"pool {self.name!r}: {what} must be a {self._dtype} tensor, got {got}"
@@ -254,9 +263,9 @@ class LayerBuffers:
         if data.device != self._device:
             msg = f"pool {self.name!r}: {what} is on {data.device}, the buffers on {self._device}"
             raise DeviceMismatchError(msg, what=what, got=data.device, expected=self._device)
-        if tuple(data.shape) != shape or not data.is_contiguous():
+        if tuple(data.shape) != shape or (contiguous and not data.is_contiguous()):
             msg = (
-                f"pool {self.name!r}: {what} has shape {tuple(data.shape)}, expected a "
-                f"contiguous {shape} ([slots, layers, width])"
+                f"pool {self.name!r}: {what} has shape {tuple(data.shape)}, expected "
+                f"{'a contiguous ' if contiguous else ''}{shape} ([slots, layers, width])"
             )
             raise TensorShapeError(msg, what=what, got=tuple(data.shape), expected=shape)

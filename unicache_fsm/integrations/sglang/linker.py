@@ -243,6 +243,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._batches: dict[int, tuple[int | None, list[str]]] = {}
         self._deadlines: dict[int, float] = {}  # counter index -> when its wait ends
         self._results: dict[int, bool] = {}  # store batch -> verdict, popped early
+        self._layers_seen: dict[int, dict[PoolName, int]] = {}  # store batch -> layers landed
         self._verdicts: dict[int, bool] = {}  # counter index -> settled verdict
         self._empty: set[int] = set()  # counter indices of batches with nothing to load
         self._fence = Fence()
@@ -414,13 +415,14 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._fence.hold(release, [r for rid in rids for r in self._drop_load(rid)])
 
     def _landed_layers(self, batch: int) -> Mapping[PoolName, int]:
-        """The store's per-layer progress of `batch` (pool -> layers landed); nothing
-        when the store does not report it (the batch lands at its completion)."""
-        loaded = getattr(self.calls, "loaded_layers", None)
-        if loaded is None:
-            return {}
-        got: Mapping[PoolName, int] | None = loaded(batch)
-        return got or {}
+        """The store's per-layer progress of `batch` (pool -> leading layers landed),
+        checked; a faulty answer keeps what was known (no layer beyond it is trusted)."""
+        counts = {name: b.num_layers for name, b in self.buffers.items()}
+        seen = self._layers_seen.get(batch, {})
+        got = self.calls.loaded_layers(batch, counts, seen)
+        if got is not None:
+            self._layers_seen[batch] = seen = got
+        return seen
 
     def _advance(self, index: int, layer: int) -> None:
         """`layer_done_counter.wait_until(layer)` of batch `index`: drive the store
@@ -467,6 +469,8 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             time.sleep(pause)
         batch, rids = self._batches.pop(index)
         self._deadlines.pop(index, None)
+        if batch is not None:
+            self._layers_seen.pop(batch, None)
         if batch is None:  # not to be trusted: slots fenced (until a reset, at least)
             landed = False
             self._fence.hold(None, [r for rid in rids for r in self._drop_load(rid)])
@@ -582,6 +586,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._batches.clear()
         self._deadlines.clear()
         self._results.clear()
+        self._layers_seen.clear()
         self._verdicts.clear()
         self._empty.clear()
         self._offloads.clear()
