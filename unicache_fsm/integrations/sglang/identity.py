@@ -109,7 +109,7 @@ class ModelIdentity:
 
     def digest(self) -> str:
         """16 hex digits of SHA-256 over every field (canonical JSON)."""
-        text = json.dumps(attrs.asdict(self, retain_collection_types=False), sort_keys=True)
+        text = json.dumps(attrs.asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_HEX]
 
     def namespace(self, operator: str) -> str:
