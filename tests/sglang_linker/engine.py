@@ -119,6 +119,8 @@ class Engine:
             size=8, max_context_len=1024, device="cpu", enable_memory_saver=False
         )
         self.swa = swa_window is not None
+        #: the SWA tokens a load brings back: the window in whole pages
+        self.window = -(-swa_window // page) * page if swa_window is not None else 0
         if self.swa:
             kv = SWAKVPool(
                 size=tokens,
