@@ -570,7 +570,7 @@ class FileStore(SharedStore):
             self.last_error = exc
         super()._shrink(protect)
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
         try:
             self._lock_namespace()
         except StoreFaultError as exc:
@@ -584,13 +584,13 @@ class FileStore(SharedStore):
                         self._reconcile()  # room is made for the namespace, not the books
                     except StoreFaultError as exc:  # room is made from the books alone
                         self.last_error = exc
-            super()._run_offload(record)
+            super().backend_offload(record)
         finally:
             self._unlock_namespace()
 
     # -- the medium --------------------------------------------------------------------
 
-    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def medium_exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         folder = self._folders[pool]
         return [_is_page_file(f"{folder}/{key}") for key in keys]
 
@@ -621,7 +621,7 @@ class FileStore(SharedStore):
             out[w::workers] = part
         return out
 
-    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+    def medium_write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         folder = self._root / pool.value
 
         def write(page: PageWrite) -> None:
@@ -655,7 +655,7 @@ class FileStore(SharedStore):
             _discard(str(tmp))
             raise
 
-    def _read(
+    def medium_read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         folder = self._folders[pool]
@@ -685,11 +685,11 @@ class FileStore(SharedStore):
 
         return self._each(read, range(len(keys)))
 
-    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+    def medium_erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         folder = self._folders[pool]
         return sum(_remove(f"{folder}/{key}") for key in keys)
 
-    def _release(self) -> None:
+    def backend_release(self) -> None:
         os.close(self._lock_fd)
         if self._io is not None:
             self._io.shutdown(wait=True)

@@ -186,14 +186,14 @@ class RedisStore(SharedStore):
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
         return list(pipe.execute(raise_on_error=raise_on_error))
 
-    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def medium_exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         if not keys:
             return []
         commands = [("EXISTS", self.key_of(pool, k)) for k in keys]
         answers = self._call("lookup", lambda: self._pipelined(commands))
         return [bool(a) for a in answers]
 
-    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+    def medium_write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         frames: list[bytes | memoryview] = []
         tail = b""  # the previous command's end, sent with the next one's start
         count = size = 0
@@ -235,7 +235,7 @@ class RedisStore(SharedStore):
         if error is not None:
             raise error
 
-    def _read(
+    def medium_read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         nbytes = len(rows[0]) if rows else 0
@@ -265,12 +265,12 @@ class RedisStore(SharedStore):
                 reads.append((record, page_checksum(row)))
         return reads
 
-    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+    def medium_erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         if not keys:
             return 0
         commands = [("DEL", self.key_of(pool, k)) for k in keys]
         answers = self._call("evict", lambda: self._pipelined(commands))
         return sum(int(a) for a in answers)
 
-    def _release(self) -> None:
+    def backend_release(self) -> None:
         self.client.close()
