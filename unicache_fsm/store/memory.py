@@ -1,6 +1,7 @@
 """The embedded in-memory store: the default `ExternalStore`, in process, on CPU memory.
 
-`MemoryStore(*, capacity_pages=None, background=False, history=256, copy_threads=None)`
+`MemoryStore(*, capacity_pages=None, background=False, history=256,
+staging_bytes=64 MiB, copy_threads=None)`
 implements every primitive of `unicache_fsm.store.protocol` (see there for the contracts)
 and adds:
 
@@ -56,6 +57,7 @@ from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.staging import DEFAULT_STAGING_BYTES
 
 __all__ = ["MemoryStore", "PageHeader"]
 
@@ -268,10 +270,16 @@ class MemoryStore(BaseStore["_Entry"]):
         capacity_pages: int | None = None,
         background: bool = False,
         history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
         copy_threads: int | None = None,
     ) -> None:
         check_threads(copy_threads, "copy_threads")
-        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        super().__init__(
+            capacity_pages=capacity_pages,
+            background=background,
+            history=history,
+            staging_bytes=staging_bytes,
+        )
         self._copier = PageCopier(copy_threads)
         self.rejected_pages = 0  # pages dropped because they failed verification
         self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification

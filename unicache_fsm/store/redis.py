@@ -1,7 +1,8 @@
 """A store of pages in Redis (or Valkey): `RedisStore(url)`, through redis-py.
 
 `RedisStore(url="redis://127.0.0.1:6379/0", *, namespace="default",
-capacity_pages=None, background=True, history=256, timeout=5.0)` implements every
+capacity_pages=None, background=True, history=256, staging_bytes=64 MiB,
+timeout=5.0)` implements every
 primitive of `unicache_fsm.store.protocol`; queues, completions, the worker and capacity
 eviction from chain ends are `unicache_fsm.store.base.BaseStore`'s; checked loads,
 checksummed write-once offloads, and learning and forgetting pages other clients wrote
@@ -59,6 +60,7 @@ from unicache_fsm.store.errors import (
 )
 from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
+from unicache_fsm.store.staging import DEFAULT_STAGING_BYTES
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -97,9 +99,15 @@ class RedisStore(SharedStore):
         capacity_pages: int | None = None,
         background: bool = True,
         history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
         timeout: float = 5.0,
     ) -> None:
-        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        super().__init__(
+            capacity_pages=capacity_pages,
+            background=background,
+            history=history,
+            staging_bytes=staging_bytes,
+        )
         given: object = url
         if not isinstance(given, str):
             msg = f"url must be a Redis URL string (redis://HOST:PORT[/DB]), got {url!r}"
