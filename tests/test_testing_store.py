@@ -171,14 +171,14 @@ def _pages_land_in_the_wrong_slots(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _odd_batch_results_lost(monkeypatch: pytest.MonkeyPatch) -> None:
-    finish = MemoryStore._finish_load_batch
+    finish = MemoryStore.finish_load_batch
 
     def lose_odd(self: MemoryStore, batch: Any, ok: bool) -> None:
         finish(self, batch, ok)
         if batch.batch % 2:
             self._load_results.pop()  # the batch ran; its result is never recorded
 
-    monkeypatch.setattr(MemoryStore, "_finish_load_batch", lose_odd)
+    monkeypatch.setattr(MemoryStore, "finish_load_batch", lose_odd)
 
 
 PLANTED = {

@@ -21,6 +21,7 @@ from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.errors import (
     FaultPolicyError,
     NoCompletionError,
+    StoreBatchUnknownError,
     StoreClosedError,
     StoreConfigError,
     StoreError,
@@ -67,6 +68,7 @@ __all__ = [
     "NoCompletionError",
     "PageHeader",
     "RedisStore",
+    "StoreBatchUnknownError",
     "StoreClosedError",
     "StoreConfigError",
     "StoreError",

@@ -1,23 +1,38 @@
 """What every store backend shares: the protocol's queues and completions, the worker
-thread, and the chain books that drive capacity eviction from chain ends.
-
-A backend's `_run_load_batch` / `_run_offload` must complete its job whatever happens
-(catch, keep the exception in `last_error`, complete it failed).
+thread, the chain books that drive capacity eviction from chain ends, bounded staging
+and per-layer load progress.
 
 `BaseStore` implements every primitive of `unicache_fsm.store.protocol` (see there for
-the contracts) except moving bytes; a backend (`MemoryStore`, `FileStore`,
-`RedisStore`) subclasses it and provides:
+the contracts) except moving bytes. A backend subclasses it and provides the
+``backend_*`` hooks (the store-author's guide, with an example: docs/store-authors.md):
 
-- `_present(pool, keys) -> list[bool]` — which pages the backend holds (called with the
-  lock held; a backend whose pages other processes also write or drop answers from
-  the backend itself and reconciles the books with `_learn` / `_forget`);
-- `_run_load_batch(batch)` — read, verify and write one started batch into its slots,
-  then `_finish_load_batch(batch, ok)` under the lock;
-- `_run_offload(record)` — `_plan_new_pages` + `_make_room` under the lock, write the
-  pages, then `_insert` them and `_finish_offload(record, ok)` under the lock;
-- optionally `_check_layout(pools)` (on attach), `_drop(ident, entry)` (release a page's
-  bytes when the books remove it), `_delete(idents)` (evict pages the books may not
-  know), `_release()` (on close).
+- `backend_present(pool, keys) -> list[bool]` — which pages the backend holds (the
+  lock is held; a backend whose pages other processes also write or drop answers from
+  the backend itself and reconciles the books with `SharedStore`'s learning).
+- `backend_load_batch(batch)` — read, verify and write one started batch into its
+  slots (outside the lock), then `finish_load_batch(batch, ok)` under the lock. It
+  must complete the batch whatever happens (catch, keep the exception in
+  `last_error`, finish it failed). Bytes in transit stay within `staging_bytes`
+  (`unicache_fsm.store.staging`); a batch staged whole is written with
+  `write_layers(batch, parts)`, which reports per-layer progress.
+- `backend_offload(record)` — `plan_new_pages` + `make_room` under the lock, write the
+  pages outside it, then insert them into the books and `finish_offload(record, ok)`
+  under the lock; it too must complete whatever happens.
+- optionally `backend_check_layout(pools)` (on attach: refuse, `StoreConfigError`, pools
+  whose layout contradicts stored pages), `backend_drop(ident, entry)` (release a page's
+  bytes when the books remove it; the lock is held), `backend_delete(idents)` (`evict`:
+  remove these pages, the number removed; the lock is held), `backend_release()` (on
+  close, the lock held, the worker joined).
+
+Options every backend shares (checked by `check_options`, `StoreConfigError` naming
+one): `capacity_pages`, `background`, `history`, `staging_bytes` (the bound on host
+bytes in transit per load batch or offload; default `DEFAULT_STAGING_BYTES`).
+
+Per-layer progress (`loaded_layers(batch)`): a started batch has a count per pool of its
+transfers, 0 when it starts, raised only by `write_layers` as layers land, and set to
+every pool's `num_layers` when the batch completes successfully; a failed batch keeps
+what actually landed. Counts are kept for batches not yet popped and for the last
+`history` popped ones; any other batch is `StoreBatchUnknownError`.
 
 The books (`_pages`: one entry per stored page the store knows, each with its
 `parent`, the previous key in its offload's key order): capacity eviction takes least
@@ -52,7 +67,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import attrs
 
 from unicache_fsm.copying import deep
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import (
     LinkerTransferPhase,
     PoolName,
@@ -61,6 +76,7 @@ from unicache_fsm.pools.transfer import (
 )
 from unicache_fsm.store.errors import (
     NoCompletionError,
+    StoreBatchUnknownError,
     StoreClosedError,
     StoreConfigError,
     StoreStateError,
@@ -77,6 +93,12 @@ from unicache_fsm.store.jobs import (
 from unicache_fsm.store.lookup import lookup_boundaries, split_lookup_transfers
 from unicache_fsm.store.protocol import LoadBatchResult
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.staging import (
+    DEFAULT_STAGING_BYTES,
+    StagedTransfer,
+    check_staging_bytes,
+    write_layer_major,
+)
 
 __all__ = ["BaseStore", "Ident", "LoadBatch", "NewPages", "PageEntry"]
 
@@ -115,8 +137,14 @@ class NewPages:
         return [self.transfer.keys[i] for i in self.indices]
 
 
-def check_options(capacity_pages: object, history: object, background: object = False) -> None:
+def check_options(
+    capacity_pages: object,
+    history: object,
+    background: object = False,
+    staging_bytes: object = DEFAULT_STAGING_BYTES,
+) -> None:
     """The constructor arguments every backend shares (`StoreConfigError` naming one)."""
+    check_staging_bytes(staging_bytes)
     if not isinstance(background, bool):
         msg = f"background must be True or False, got {background!r}"
         raise StoreConfigError(msg, argument="background", value=background)
@@ -158,10 +186,23 @@ class BaseStore(Generic[E]):
     worker_name: ClassVar[str] = "unicache-store"
 
     def __init__(
-        self, *, capacity_pages: int | None = None, background: bool = False, history: int = 256
+        self,
+        *,
+        capacity_pages: int | None = None,
+        background: bool = False,
+        history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
-        check_options(capacity_pages, history, background)
+        check_options(capacity_pages, history, background, staging_bytes)
         self.capacity_pages = capacity_pages
+        self.staging_bytes = staging_bytes
+        # per-layer progress of started batches (until popped), then of the last
+        # `history` popped ones: batch -> {pool: leading layers in every slot}
+        self._layers: dict[int, dict[PoolName, int]] = {}
+        self._layers_done: collections.OrderedDict[int, dict[PoolName, int]] = (
+            collections.OrderedDict()
+        )
+        self._layers_kept = history
         self.background = background
         self.last_error: BaseException | None = None
         # `with self._lock` is `with self._cond` (the condition's own lock) without the
@@ -224,23 +265,23 @@ class BaseStore(Generic[E]):
 
     # -- what a backend provides ---------------------------------------------------------
 
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def backend_present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         """Which of `keys` the backend holds for `pool` (the lock is held)."""
         raise NotImplementedError
 
-    def _run_load_batch(self, batch: LoadBatch) -> None:
+    def backend_load_batch(self, batch: LoadBatch) -> None:
         raise NotImplementedError
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
         raise NotImplementedError
 
-    def _check_layout(self, pools: AttachedPools) -> None:
+    def backend_check_layout(self, pools: AttachedPools) -> None:
         """Refuse (StoreConfigError) pools whose layout contradicts stored pages."""
 
-    def _drop(self, ident: Ident, entry: E) -> None:
+    def backend_drop(self, ident: Ident, entry: E) -> None:
         """Release the bytes of a page the books just removed (the lock is held)."""
 
-    def _delete(self, idents: list[Ident]) -> int:
+    def backend_delete(self, idents: list[Ident]) -> int:
         """`evict()`: remove these pages; the number removed (the lock is held)."""
         removed = 0
         for ident in idents:
@@ -249,12 +290,12 @@ class BaseStore(Generic[E]):
                 removed += 1
         return removed
 
-    def _release(self) -> None:
+    def backend_release(self) -> None:
         """Release the backend's resources at `close()` (the lock is held)."""
 
     # -- protocol: setup and lookup ------------------------------------------------------
 
-    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
+    def attach(self, pools: Mapping[PoolName, PageDevice]) -> None:
         attached = AttachedPools(pools)
         with self._lock:
             if self._closed:
@@ -265,7 +306,7 @@ class BaseStore(Generic[E]):
                     "the store is idle (reset() fails pending work; then pop every result)"
                 )
                 raise StoreStateError(msg, operation="attach")
-            self._check_layout(attached)
+            self.backend_check_layout(attached)
             self._pools = attached
 
     def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
@@ -276,7 +317,7 @@ class BaseStore(Generic[E]):
             pools = (kv, *others)
             for t in pools:
                 self._pools.pool(t.name, "lookup")
-            found = list(lookup_boundaries(kv, others, self._present))
+            found = list(lookup_boundaries(kv, others, self.backend_present))
             if found:
                 anchors = kv.keys[: found[-1]]
                 for t in pools:
@@ -292,7 +333,7 @@ class BaseStore(Generic[E]):
             checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.LOAD)
             if rid in self._queued or rid in self._in_flight:
                 return False
-            present = self._present
+            present = self.backend_present
             for ct in checked:
                 if not all(present(ct.pool, ct.keys)):
                     return False
@@ -317,6 +358,7 @@ class BaseStore(Generic[E]):
                 record.batch = batch.batch
                 LOAD_MACHINE.fire(record, StoreLoadTrigger.START)
                 self._in_flight.add(record.rid)
+            self._layers[batch.batch] = dict.fromkeys(_pools_of(batch.loads), 0)
             self._jobs.append(batch)
             self._cond.notify_all()
             return batch.batch
@@ -333,7 +375,32 @@ class BaseStore(Generic[E]):
                 self._check_open("pop_completed_load")
             result = self._pop_completed(self._load_results, "load")
             self._in_flight.difference_update(result.rids)
+            counts = self._layers.pop(result.batch, None)
+            if counts is not None and self._layers_kept:
+                self._layers_done[result.batch] = counts
+                while len(self._layers_done) > self._layers_kept:
+                    self._layers_done.popitem(last=False)
             return result
+
+    def loaded_layers(self, batch: int) -> dict[PoolName, int]:
+        """For a started batch, how many leading layers of each of its pools are written
+        into every slot of the batch (see the module docstring)."""
+        with self._lock:
+            if self._closed:
+                self._check_open("loaded_layers")
+            key: object = batch
+            counts = None
+            if isinstance(key, int) and not isinstance(key, bool):
+                counts = self._layers.get(batch)
+                if counts is None:
+                    counts = self._layers_done.get(batch)
+            if counts is None:
+                msg = (
+                    f"loaded_layers: batch {batch!r} was never started by this store (or "
+                    f"was popped more than {self._layers_kept} batches ago)"
+                )
+                raise StoreBatchUnknownError(msg, batch=batch)
+            return dict(counts)
 
     def cancel_queued_load(self, rid: str) -> bool:
         with self._lock:
@@ -442,7 +509,9 @@ class BaseStore(Generic[E]):
         with self._lock:
             if self._closed:
                 self._check_open("evict")
-            return self._delete([(name, key) for name in pools for key in dict.fromkeys(keys)])
+            return self.backend_delete(
+                [(name, key) for name in pools for key in dict.fromkeys(keys)]
+            )
 
     def contains(self, pool: PoolName, key: str) -> bool:
         check_page_key(key)
@@ -453,7 +522,7 @@ class BaseStore(Generic[E]):
         with self._lock:
             if self._closed:
                 self._check_open("contains")
-            return self._present(pool, [key])[0]
+            return self.backend_present(pool, [key])[0]
 
     def reset(self) -> None:
         with self._lock:
@@ -471,7 +540,7 @@ class BaseStore(Generic[E]):
         if self._worker is not None:
             self._worker.join()
         with self._lock:
-            self._release()
+            self.backend_release()
             self._pages.clear()
             self._children.clear()
             self._parents.clear()
@@ -621,7 +690,7 @@ class BaseStore(Generic[E]):
 
     def _remove(self, ident: Ident) -> None:
         entry = self._pages.pop(ident)
-        self._drop(ident, entry)
+        self.backend_drop(ident, entry)
         self._leaves.pop(ident, None)
         parent = entry.parent
         if parent is None:
@@ -665,7 +734,7 @@ class BaseStore(Generic[E]):
             self._leaves.move_to_end(ident, last=False)
         return evicted
 
-    def _plan_new_pages(self, record: StoreOffload) -> tuple[list[NewPages], set[Ident]]:
+    def plan_new_pages(self, record: StoreOffload) -> tuple[list[NewPages], set[Ident]]:
         """Per transfer, the pages the store lacks (write-once: the others are skipped),
         each with its parent; and the pages the offload names that are already stored
         (touched, and protected from the room-making that follows)."""
@@ -693,20 +762,42 @@ class BaseStore(Generic[E]):
         self._touch(protect)
         return chosen, protect
 
-    def _make_room(self, total: int, protect: set[Ident]) -> bool:
+    def make_room(self, total: int, protect: set[Ident]) -> bool:
         """Evict for capacity so that `total` new pages fit; False when they cannot."""
         if self.capacity_pages is None:
             return True
         over = len(self._pages) + total - self.capacity_pages
         return not (over > 0 and self._evict_lru(over, protect) < over)
 
-    def _finish_offload(self, record: StoreOffload, ok: bool) -> None:
+    def finish_offload(self, record: StoreOffload, ok: bool) -> None:
         self._unpin_offload(record)
         OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.FINISH, ok)
         self._offload_results.append(ok)
         self._history.append(record)
 
-    def _finish_load_batch(self, batch: LoadBatch, ok: bool) -> None:
+    def write_layers(self, batch: LoadBatch, parts: Sequence[StagedTransfer]) -> None:
+        """Write a batch's verified, staged transfers layer-major (outside the lock),
+        raising its `loaded_layers` under the lock as each layer lands everywhere."""
+        counts = self._layers.get(batch.batch)
+
+        def landed(now: dict[PoolName, int]) -> None:
+            with self._lock:
+                if counts is not None:
+                    for pool, n in now.items():
+                        if n > counts.get(pool, 0):
+                            counts[pool] = n
+
+        write_layer_major(parts, landed)
+
+    def finish_load_batch(self, batch: LoadBatch, ok: bool) -> None:
+        """Complete a performed batch (the lock is held): every record finishes with
+        verdict `ok`, its pins go, its result is queued; on success every pool of the
+        batch reports all its layers loaded."""
+        if ok:
+            counts = self._layers.get(batch.batch)
+            if counts is not None:
+                for pool in counts:
+                    counts[pool] = self._pools.pool(pool, "load").num_layers
         for record in batch.loads:
             LOAD_MACHINE.fire(record, StoreLoadTrigger.FINISH, ok)
             self._finish_load_books(record)
@@ -745,6 +836,7 @@ class BaseStore(Generic[E]):
                 LOAD_MACHINE.fire(record, StoreLoadTrigger.ABANDON)
                 self._finish_load_books(record)
                 self._in_flight.add(record.rid)
+            self._layers[batch] = dict.fromkeys(_pools_of(records), 0)
             rids = tuple(map(_RID, records))
             self._load_results.append(LoadBatchResult(batch, rids, False))
 
@@ -769,9 +861,9 @@ class BaseStore(Generic[E]):
 
     def _run(self, job: LoadBatch | StoreOffload) -> None:
         if isinstance(job, LoadBatch):
-            self._run_load_batch(job)
+            self.backend_load_batch(job)
         else:
-            self._run_offload(job)
+            self.backend_offload(job)
 
 
 def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
@@ -781,6 +873,11 @@ def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
     if isinstance(a, dict) and isinstance(b, dict) and dict.__eq__(a, b) is True:
         return True
     return {k: n for k, n in a.items() if n} == {k: n for k, n in b.items() if n}
+
+
+def _pools_of(records: Iterable[StoreLoad]) -> list[PoolName]:
+    """The pools the records' transfers name, in first-seen order."""
+    return list(dict.fromkeys(ct.pool for record in records for ct in record.transfers))
 
 
 def _idents(checked: Sequence[CheckedTransfer]) -> list[Ident]:

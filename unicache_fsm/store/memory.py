@@ -1,6 +1,7 @@
 """The embedded in-memory store: the default `ExternalStore`, in process, on CPU memory.
 
-`MemoryStore(*, capacity_pages=None, background=False, history=256, copy_threads=None)`
+`MemoryStore(*, capacity_pages=None, background=False, history=256,
+staging_bytes=64 MiB, copy_threads=None)`
 implements every primitive of `unicache_fsm.store.protocol` (see there for the contracts)
 and adds:
 
@@ -46,7 +47,8 @@ from typing import Any, cast
 import attrs
 import torch
 
-from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES, KVPool
+from unicache_fsm.pools.device import PageDevice
+from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES
 from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
@@ -55,6 +57,7 @@ from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.staging import DEFAULT_STAGING_BYTES
 
 __all__ = ["MemoryStore", "PageHeader"]
 
@@ -231,7 +234,7 @@ class _Slab:
 class _OffloadPart:
     """One transfer's new pages, planned under the lock and copied outside it."""
 
-    pool: KVPool
+    pool: PageDevice
     name: PoolName
     slab: _Slab
     pages: torch.Tensor  # device page ids of the transfer's keys, in order
@@ -267,10 +270,16 @@ class MemoryStore(BaseStore["_Entry"]):
         capacity_pages: int | None = None,
         background: bool = False,
         history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
         copy_threads: int | None = None,
     ) -> None:
         check_threads(copy_threads, "copy_threads")
-        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        super().__init__(
+            capacity_pages=capacity_pages,
+            background=background,
+            history=history,
+            staging_bytes=staging_bytes,
+        )
         self._copier = PageCopier(copy_threads)
         self.rejected_pages = 0  # pages dropped because they failed verification
         self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification
@@ -285,7 +294,7 @@ class MemoryStore(BaseStore["_Entry"]):
 
     # -- backend hooks -----------------------------------------------------------------
 
-    def _check_layout(self, pools: AttachedPools) -> None:
+    def backend_check_layout(self, pools: AttachedPools) -> None:
         for name, pool in pools.items():
             slab = self._slabs.get(name)
             if slab is not None and slab.page_nbytes != pool.page_nbytes:
@@ -299,14 +308,14 @@ class MemoryStore(BaseStore["_Entry"]):
                     raise StoreConfigError(msg, argument="pools", value=name)
                 del self._slabs[name]
 
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def backend_present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         pages = self._pages
         return [(pool, k) in pages for k in keys]
 
-    def _drop(self, ident: _Ident, entry: _Entry) -> None:
+    def backend_drop(self, ident: _Ident, entry: _Entry) -> None:
         self._slabs[ident[0]].release([entry.row])
 
-    def _release(self) -> None:
+    def backend_release(self) -> None:
         self._slabs.clear()
         self._copier.close()  # idle: close() waited for the job in progress
 
@@ -347,7 +356,7 @@ class MemoryStore(BaseStore["_Entry"]):
 
     # -- internals: performing jobs ------------------------------------------------------
 
-    def _run_load_batch(self, batch: LoadBatch) -> None:
+    def backend_load_batch(self, batch: LoadBatch) -> None:
         with self._lock:
             plan = []
             for record in batch.loads:
@@ -376,10 +385,10 @@ class MemoryStore(BaseStore["_Entry"]):
             for ident, entry in rejected:
                 self._rejected.append((ident, entry))  # checked by check_invariants
                 self._drop_rejected(ident, entry)
-            self._finish_load_batch(batch, ok)
+            self.finish_load_batch(batch, ok)
 
     def _copy_out(
-        self, ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: KVPool
+        self, ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: PageDevice
     ) -> list[int]:
         """Verify and write one transfer's pages; the indices of the bad pages (header or
         checksum mismatch). A header mismatch writes nothing; a checksum mismatch of
@@ -450,7 +459,7 @@ class MemoryStore(BaseStore["_Entry"]):
             if gone in self._pages:
                 self._remove(gone)
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
         with self._lock:
             OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
             parts = self._plan_offload(record)
@@ -476,12 +485,12 @@ class MemoryStore(BaseStore["_Entry"]):
                         self._insert_many(name, part.keys, entries)
                     elif part.keys:
                         part.slab.release(part.rows)
-            self._finish_offload(record, ok)
+            self.finish_offload(record, ok)
 
     def _plan_offload(self, record: StoreOffload) -> list[_OffloadPart] | None:
         """Choose the new pages, make room, reserve rows; None when they cannot fit."""
-        chosen, protect = self._plan_new_pages(record)
-        if not self._make_room(sum(map(len, map(_INDICES, chosen))), protect):
+        chosen, protect = self.plan_new_pages(record)
+        if not self.make_room(sum(map(len, map(_INDICES, chosen))), protect):
             return None
         parts: list[_OffloadPart] = []
         for c in chosen:

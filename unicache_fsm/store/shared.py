@@ -6,23 +6,23 @@ A medium (`FileStore`, `RedisStore`) provides four calls, each run by one thread
 time (they may raise; a failing call fails its job, or raises `StoreFaultError` from a
 synchronous protocol call):
 
-- `_exists(pool, keys) -> list[bool]` — which pages the medium holds now;
-- `_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
+- `medium_exists(pool, keys) -> list[bool]` — which pages the medium holds now;
+- `medium_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
   atomically per page, skipping keys already held (write-once); return only when all are;
-- `_read(pool, keys, rows) -> list[PageRead | None]` — read each page's payload into
+- `medium_read(pool, keys, rows) -> list[PageRead | None]` — read each page's payload into
   its row (`rows[i]`, a writable byte `memoryview` of the page's length) and return its
   header with the `page_checksum` of the bytes read (None: the page is missing); a page
   whose value is not one whole page raises `TornPage`;
-- `_erase(pool, keys) -> int` — delete pages; the number that existed.
+- `medium_erase(pool, keys) -> int` — delete pages; the number that existed.
 
 What `SharedStore` does with them:
 
-- LOOKUP, `load` and `contains` ask the medium (`_exists`), not the books, then reconcile
+- LOOKUP, `load` and `contains` ask the medium (`medium_exists`), not the books, then reconcile
   the books: pages another process wrote are learnt (parent: the previous key of the
   same request, or the parent the store remembers for the first key), pages another
   process removed are forgotten; a page learnt as a chain start gets its parent when
   an offload or a later request names it. `capacity_pages` bounds the pages this store
-  knows: learning a page beyond it evicts (`_erase`) from chain ends, least recently
+  knows: learning a page beyond it evicts (`medium_erase`) from chain ends, least recently
   used first (`_shrink`; a medium may first reconcile all its books there). A medium
   that can see all of its pages at once (the file store) makes the bound hold for the
   whole namespace; see there.
@@ -30,7 +30,7 @@ What `SharedStore` does with them:
   page someone removed is written again, not skipped); the new pages (write-once,
   chosen and made room for under the lock as in `BaseStore`) are read from the pool,
   checksummed, and written with their headers; the offload completes True only when
-  `_write` returned for all of them.
+  `medium_write` returned for all of them.
 - LOAD: every page of a transfer is read and its header (key, pool, length) and
   checksum checked. Large pages of a CPU pool are read straight into their reserved
   slots and checked there (no staging copy); a bad page then fails the batch with
@@ -50,7 +50,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
 from unicache_fsm.store.checksum import page_checksum
@@ -96,23 +96,23 @@ class SharedStore(BaseStore[KnownPage]):
 
     # -- what a medium provides ----------------------------------------------------------
 
-    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def medium_exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         raise NotImplementedError
 
-    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+    def medium_write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         raise NotImplementedError
 
-    def _read(
+    def medium_read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         raise NotImplementedError
 
-    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+    def medium_erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         raise NotImplementedError
 
     # -- BaseStore hooks -----------------------------------------------------------------
 
-    def _check_layout(self, pools: AttachedPools) -> None:
+    def backend_check_layout(self, pools: AttachedPools) -> None:
         for name, pool in pools.items():
             held = sum(
                 1 for (p, _), e in self._pages.items() if p is name and e.nbytes != pool.page_nbytes
@@ -125,8 +125,8 @@ class SharedStore(BaseStore[KnownPage]):
                 )
                 raise StoreConfigError(msg, argument="pools", value=name)
 
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        flags = self._exists(pool, keys)
+    def backend_present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        flags = self.medium_exists(pool, keys)
         nbytes = self._page_nbytes(pool)
         learnt: set[Ident] = set()
         for i, (key, flag) in enumerate(zip(keys, flags, strict=True)):
@@ -143,20 +143,20 @@ class SharedStore(BaseStore[KnownPage]):
             flags = [f and (pool, k) in self._pages for k, f in zip(keys, flags, strict=True)]
         return flags
 
-    def _drop(self, ident: Ident, entry: KnownPage) -> None:
+    def backend_drop(self, ident: Ident, entry: KnownPage) -> None:
         if not entry.gone:
             try:
-                self._erase(ident[0], [ident[1]])
+                self.medium_erase(ident[0], [ident[1]])
             except Exception as exc:  # capacity eviction: the medium may bound itself
                 self.last_error = exc
 
-    def _delete(self, idents: list[Ident]) -> int:
+    def backend_delete(self, idents: list[Ident]) -> int:
         removed = 0
         by_pool: dict[PoolName, list[str]] = {}
         for pool, key in idents:
             by_pool.setdefault(pool, []).append(key)
         for pool, keys in by_pool.items():
-            removed += self._erase(pool, keys)
+            removed += self.medium_erase(pool, keys)
             for key in keys:
                 self._forget((pool, key))
         return removed
@@ -201,18 +201,18 @@ class SharedStore(BaseStore[KnownPage]):
 
     # -- offloads ------------------------------------------------------------------------
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
         with self._lock:
             OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
             try:
                 for ct in record.transfers:  # write-once skips what the medium holds now,
-                    self._present(ct.pool, ct.keys)  # not what the books last saw
+                    self.backend_present(ct.pool, ct.keys)  # not what the books last saw
                 fresh = True
             except Exception as exc:  # the medium failed: so does the offload
                 self.last_error = exc
                 fresh = False
-            chosen, protect = self._plan_new_pages(record)
-            fits = fresh and self._make_room(sum(len(c.indices) for c in chosen), protect)
+            chosen, protect = self.plan_new_pages(record)
+            fits = fresh and self.make_room(sum(len(c.indices) for c in chosen), protect)
             pools = [self._pools.pool(c.transfer.pool, "offload") for c in chosen]
         written: list[tuple[Ident, KnownPage]] = []
         ok = fits
@@ -228,17 +228,17 @@ class SharedStore(BaseStore[KnownPage]):
                 self._learn(ident, known)  # a LOOKUP may have found it meanwhile
             if self._over():
                 self._shrink({ident for ident, _ in written})
-            self._finish_offload(record, ok)
+            self.finish_offload(record, ok)
 
     def _offload_failed(self, record: StoreOffload, exc: Exception) -> None:
         """Complete `record` failed without touching the medium, which could not be used
         (the lock is held); `exc` says why."""
         self.last_error = exc
         OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
-        self._finish_offload(record, False)
+        self.finish_offload(record, False)
 
     def _write_new(
-        self, new: NewPages, pool: KVPool, written: list[tuple[Ident, KnownPage]]
+        self, new: NewPages, pool: PageDevice, written: list[tuple[Ident, KnownPage]]
     ) -> None:
         if not new.indices:
             return
@@ -251,7 +251,7 @@ class SharedStore(BaseStore[KnownPage]):
                 ct.keys[i], parent[1] if parent else None, ct.pool, pool.page_nbytes, sums[row]
             )
             pages.append((ct.keys[i], header, data[row]))
-        self._write(ct.pool, pages)
+        self.medium_write(ct.pool, pages)
         written.extend(
             ((ct.pool, ct.keys[i]), KnownPage(new.parents[row], pool.page_nbytes))
             for row, i in enumerate(new.indices)
@@ -270,7 +270,7 @@ class SharedStore(BaseStore[KnownPage]):
             self._staging = flat
         return flat[: n * nbytes].view(n, nbytes)
 
-    def _run_load_batch(self, batch: LoadBatch) -> None:
+    def backend_load_batch(self, batch: LoadBatch) -> None:
         with self._lock:
             plan = [
                 (ct, self._pools.pool(ct.pool, "load"))
@@ -294,13 +294,13 @@ class SharedStore(BaseStore[KnownPage]):
             if corrupt:
                 try:
                     # never offered again, nor the chain after it (LOOKUP stops there)
-                    self._delete([*corrupt, *reversed(self._descendants(corrupt))])
+                    self.backend_delete([*corrupt, *reversed(self._descendants(corrupt))])
                 except Exception as exc:
                     self.last_error = exc
-            self._finish_load_batch(batch, ok)
+            self.finish_load_batch(batch, ok)
 
     def _load_transfer(
-        self, ct: CheckedTransfer, pool: KVPool, missing: list[Ident], corrupt: list[Ident]
+        self, ct: CheckedTransfer, pool: PageDevice, missing: list[Ident], corrupt: list[Ident]
     ) -> bool:
         """Read, check and write one transfer; False on a bad or missing page (then
         nothing was written outside the transfer's own reserved slots)."""
@@ -311,7 +311,7 @@ class SharedStore(BaseStore[KnownPage]):
             staging = self._staging_for(n, nbytes)
             rows = [row.data for row in staging.numpy()]
         try:
-            reads = self._read(ct.pool, ct.keys, rows)
+            reads = self.medium_read(ct.pool, ct.keys, rows)
         except TornPage as torn:
             corrupt.append((ct.pool, torn.key))
             return False
@@ -331,7 +331,7 @@ class SharedStore(BaseStore[KnownPage]):
             return False
         if staging is not None:
             pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
-            pool.write_pages(ct.slots, pages.to(pool.device))
+            pool.write_page_ids(ct.pages, pages.to(pool.device))
         return True
 
 
@@ -339,27 +339,23 @@ _VIEW_BYTES = 64 << 10  # pages at least this large are read in place, not gathe
 
 
 def _source_pages(
-    ct: CheckedTransfer, indices: list[int], pool: KVPool
+    ct: CheckedTransfer, indices: list[int], pool: PageDevice
 ) -> tuple[list[memoryview], list[int]]:
     """The bytes of the chosen pages (one byte `memoryview` each) and their checksums.
 
     Large pages of a CPU pool are views of the pool itself (no copy: the caller keeps
     the source slots unchanged while the offload is pending); small pages, and pages on
-    another device, are gathered in one `read_pages` first."""
-    p, n, nbytes = pool.page_size, len(indices), pool.page_nbytes
+    another device, are gathered in one `read_page_ids` first."""
+    n, nbytes = len(indices), pool.page_nbytes
     pages = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(indices)]
     views = _page_views(pages.tolist(), pool)
     if views is None:
-        slots = ct.slots
-        if n != len(ct.keys):
-            index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
-            slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
-        data = pool.read_pages(slots).to("cpu").view(torch.uint8).reshape(n, nbytes)
+        data = pool.read_page_ids(pages).to("cpu").view(torch.uint8).reshape(n, nbytes)
         views = [row.data for row in data.numpy()]
     return views, [page_checksum(v) for v in views]
 
 
-def _page_views(pages: list[int], pool: KVPool) -> list[memoryview] | None:
+def _page_views(pages: list[int], pool: PageDevice) -> list[memoryview] | None:
     """Each page of `pool` as a byte `memoryview` of the pool itself, when pages are large
     and the pool is on the CPU (reading or writing them in place saves a copy); None
     otherwise (small pages move faster gathered in one op)."""
