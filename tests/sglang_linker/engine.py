@@ -111,6 +111,7 @@ class Engine:
         store_trace: Any = None,
         config: dict[str, Any] | None = None,
         model: str = "dummy",
+        load_timeout_s: float = 30.0,
     ) -> None:
         self.page = page
         self.model = model
@@ -187,7 +188,9 @@ class Engine:
                 self.store_linker = self.linker
         else:
             assert store is not None
-            self.store_linker = StoreLinker.from_store(store, pools, trace=store_trace)
+            self.store_linker = StoreLinker.from_store(
+                store, pools, trace=store_trace, load_timeout_s=load_timeout_s
+            )
             self.linker = self.store_linker
             if monitored:
                 self.monitor = ContractMonitor.around(self.store_linker, mode=mode, trace=trace)

@@ -1,7 +1,8 @@
 """`StoreLinker` inside SGLang 0.5.23's real cache, over stores that lie: nothing the store
 says raises into SGLang's scheduler (with 0.5.23 that kills the worker), every completion
-loop is bounded, and mirror rows the store may still write stay fenced until its own
-completion (or a reset) — a later request for the same slots recomputes instead.
+loop is bounded, and slots the store may still write stay fenced until its own
+completion (or a reset) — a later request for the same slots recomputes instead — and
+closed to it: a write that comes after SGLang took them back is refused.
 
 The liar delegates to a real `MemoryStore` and lies about one thing at a time; it can
 also hold its load batches back (`defer`), so the store writes only when the test says.
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from sglang_linker.engine import Engine
+from sglang_linker.engine import Engine, MatchPrefixParams, RadixKey
+from unicache_fsm.integrations.sglang.buffers import SlotsRevokedError
 from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.store import MemoryStore
 from unicache_fsm.store.protocol import LoadBatchResult
@@ -270,3 +272,43 @@ def test_a_failing_reset_raises_nothing_and_fences_what_was_in_flight(
     del store.reset
     engine.cache.reset()
     assert linker.fenced() == 0
+
+
+def test_a_late_write_never_lands_in_slots_sglang_reused(lied: tuple[Engine, Liar, Any]) -> None:
+    """The store promised a batch and had not written it when SGLang finished it: the
+    batch fails, SGLang frees its slots and hands them to a request that computes its
+    own KV there. When the store finally writes the batch, the write is refused (the
+    slots were closed to it before `finish` answered): the other request's KV stays."""
+    engine, store, _ = lied
+    store.defer, store.extra_loads = True, 1
+    _, loaded, slots, failed = start_and_finish(engine, "r1")
+    store.defer, store.extra_loads = False, 0
+    assert loaded == 16 and slots is not None and failed == ["r1"]
+    linker = engine.store_linker
+    assert linker.open_pages()["write"] == 0  # closed before finish answered
+    engine.free(slots)
+    theirs, _ = engine.compute(list(range(200, 216)))  # SGLang reuses the freed slots
+    reused = engine.cache.match_prefix(
+        MatchPrefixParams(key=RadixKey(list(range(200, 216))))
+    ).device_indices
+    assert set(reused.tolist()) & set(slots.tolist()), "the test needs the slots reused"
+    store.run_loads()  # the store writes its batch now
+    assert isinstance(store.inner.last_error, SlotsRevokedError)
+    assert engine.read(reused).same(theirs)  # the other request's KV, untouched
+    store.inner.num_completed_loads()
+    engine.poll()
+
+
+def test_a_stuck_batch_fails_within_its_deadline(tmp_path: Any) -> None:
+    """A store that never runs the batch it promised: the forward's waits return once
+    the batch's deadline passed (never forever), the batch fails, SGLang aborts."""
+    store = Liar()
+    engine = Engine(store, load_timeout_s=0.2)  # type: ignore[arg-type]
+    engine.compute(TOKENS)
+    engine.settle_offloads()
+    engine.evict_all()
+    store.defer = True
+    loaded = engine.load([*TOKENS, 9], "r1")
+    assert loaded.loaded == 16 and loaded.failed == ("r1",)
+    assert engine.store_linker.fenced() == 1  # until the store's own completion
+    engine.close()

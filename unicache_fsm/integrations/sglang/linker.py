@@ -156,7 +156,10 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.namespace: str | None = namespace
         try:
             store = open_store(
-                settings.store, namespace=namespace, capacity_pages=settings.capacity_pages
+                settings.store,
+                namespace=namespace,
+                capacity_pages=settings.capacity_pages,
+                staging_bytes=settings.staging_bytes,
             )
         except StoreConfigError as exc:  # a spec it cannot open, a medium it cannot reach
             msg = f"linker_extra_config.store {settings.store!r}: {exc}".splitlines()[0]
