@@ -65,6 +65,7 @@ from itertools import filterfalse, repeat
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
+import torch
 
 from unicache_fsm.copying import deep
 from unicache_fsm.pools.device import PageDevice
@@ -203,6 +204,10 @@ class BaseStore(Generic[E]):
             collections.OrderedDict()
         )
         self._layers_kept = history
+        # host staging for bytes in transit, reused across jobs, never grown past the
+        # budget (but to one page when a page alone is larger); only the thread that
+        # performs jobs uses it
+        self._staging = torch.empty(0, dtype=torch.uint8)
         self.background = background
         self.last_error: BaseException | None = None
         # `with self._lock` is `with self._cond` (the condition's own lock) without the
@@ -253,6 +258,8 @@ class BaseStore(Generic[E]):
                 new._cond = threading.Condition(new._lock)
             elif name == "_performing":
                 new._performing = threading.Lock()
+            elif name == "_staging":
+                new._staging = torch.empty(0, dtype=torch.uint8)
             else:
                 setattr(new, name, deep(value, memo))
         return new
@@ -775,10 +782,20 @@ class BaseStore(Generic[E]):
         self._offload_results.append(ok)
         self._history.append(record)
 
+    def staging(self, nbytes: int) -> torch.Tensor:
+        """A flat uint8 host buffer of `nbytes` (callers keep `nbytes` within
+        `staging_bytes`, or one page), reused: the next call may overwrite it. Only the
+        thread performing a job calls it."""
+        if self._staging.numel() < nbytes:
+            grown = min(max(nbytes, 2 * self._staging.numel()), max(nbytes, self.staging_bytes))
+            self._staging = torch.empty(grown, dtype=torch.uint8)
+        return self._staging[:nbytes]
+
     def write_layers(self, batch: LoadBatch, parts: Sequence[StagedTransfer]) -> None:
         """Write a batch's verified, staged transfers layer-major (outside the lock),
         raising its `loaded_layers` under the lock as each layer lands everywhere."""
-        counts = self._layers.get(batch.batch)
+        with self._lock:
+            counts = self._layers.get(batch.batch)
 
         def landed(now: dict[PoolName, int]) -> None:
             with self._lock:

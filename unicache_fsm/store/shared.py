@@ -58,6 +58,7 @@ from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.staging import StagedTransfer, as_pages, chunks
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
 
@@ -91,8 +92,6 @@ class KnownPage:
 
 class SharedStore(BaseStore[KnownPage]):
     """Pages in a medium other processes share; see the module docstring."""
-
-    _staging: torch.Tensor | None = None
 
     # -- what a medium provides ----------------------------------------------------------
 
@@ -240,35 +239,49 @@ class SharedStore(BaseStore[KnownPage]):
     def _write_new(
         self, new: NewPages, pool: PageDevice, written: list[tuple[Ident, KnownPage]]
     ) -> None:
+        """Write one transfer's new pages with their headers: pages the host views in
+        place straight from the device, others read through host staging, a chunk of
+        at most `staging_bytes` at a time (each chunk written before the next is read)."""
         if not new.indices:
             return
-        ct = new.transfer
-        data, sums = _source_pages(ct, new.indices, pool)
-        pages: list[PageWrite] = []
-        for row, i in enumerate(new.indices):
-            parent = new.parents[row]
-            header = encode_header(
-                ct.keys[i], parent[1] if parent else None, ct.pool, pool.page_nbytes, sums[row]
+        ct, n, nbytes = new.transfer, len(new.indices), pool.page_nbytes
+        ids = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(new.indices)]
+        views = _page_views(ids.tolist(), pool)
+        for piece in [range(n)] if views is not None else chunks(n, nbytes, self.staging_bytes):
+            if views is not None:
+                data = views
+            else:
+                data = self._read_device(pool, ids[piece.start : piece.stop])
+            pages: list[PageWrite] = []
+            for row, i in zip(piece, new.indices[piece.start : piece.stop], strict=True):
+                page = data[row - piece.start]
+                parent = new.parents[row]
+                header = encode_header(
+                    ct.keys[i],
+                    parent[1] if parent else None,
+                    ct.pool,
+                    nbytes,
+                    page_checksum(page),
+                )
+                pages.append((ct.keys[i], header, page))
+            self.medium_write(ct.pool, pages)
+            written.extend(
+                ((ct.pool, ct.keys[i]), KnownPage(new.parents[row], nbytes))
+                for row, i in zip(piece, new.indices[piece.start : piece.stop], strict=True)
             )
-            pages.append((ct.keys[i], header, data[row]))
-        self.medium_write(ct.pool, pages)
-        written.extend(
-            ((ct.pool, ct.keys[i]), KnownPage(new.parents[row], pool.page_nbytes))
-            for row, i in enumerate(new.indices)
-        )
+
+    def _read_device(self, pool: PageDevice, ids: torch.Tensor) -> list[memoryview]:
+        """Pages `ids` of `pool` read into host staging, one byte view per page."""
+        n, nbytes = ids.numel(), pool.page_nbytes
+        buf = self.staging(n * nbytes).view(n, nbytes)
+        if pool.device.type == "cpu":
+            out = buf.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
+            pool.read_page_ids(ids, out=out)
+        else:
+            buf.copy_(pool.read_page_ids(ids).to("cpu").view(torch.uint8).reshape(n, nbytes))
+        return [row.data for row in buf.numpy()]
 
     # -- loads ---------------------------------------------------------------------------
-
-    def _staging_for(self, n: int, nbytes: int) -> torch.Tensor:
-        """A ``[n, nbytes]`` uint8 buffer, reused across loads (a fresh multi-MiB tensor
-        page-faults); only the thread performing jobs uses it."""
-        flat: torch.Tensor | None = getattr(self, "_staging", None)
-        if flat is None or flat.numel() < n * nbytes:
-            flat = torch.empty(
-                max(n * nbytes, 2 * (0 if flat is None else flat.numel())), dtype=torch.uint8
-            )
-            self._staging = flat
-        return flat[: n * nbytes].view(n, nbytes)
 
     def backend_load_batch(self, batch: LoadBatch) -> None:
         with self._lock:
@@ -277,14 +290,10 @@ class SharedStore(BaseStore[KnownPage]):
                 for record in batch.loads
                 for ct in record.transfers
             ]
-        ok = True
         missing: list[Ident] = []
         corrupt: list[Ident] = []
         try:
-            for ct, pool in plan:
-                if ct.keys and not self._load_transfer(ct, pool, missing, corrupt):
-                    ok = False
-                    break
+            ok = self._load(batch, plan, missing, corrupt)
         except Exception as exc:  # the batch must complete whatever went wrong
             self.last_error = exc
             ok = False
@@ -299,60 +308,82 @@ class SharedStore(BaseStore[KnownPage]):
                     self.last_error = exc
             self.finish_load_batch(batch, ok)
 
-    def _load_transfer(
-        self, ct: CheckedTransfer, pool: PageDevice, missing: list[Ident], corrupt: list[Ident]
+    def _load(
+        self,
+        batch: LoadBatch,
+        plan: list[tuple[CheckedTransfer, PageDevice]],
+        missing: list[Ident],
+        corrupt: list[Ident],
     ) -> bool:
-        """Read, check and write one transfer; False on a bad or missing page (then
-        nothing was written outside the transfer's own reserved slots)."""
-        n, nbytes = len(ct.keys), pool.page_nbytes
-        staging: torch.Tensor | None = None
-        rows = _page_views(ct.pages.tolist(), pool)  # large CPU pages: in place
-        if rows is None:
-            staging = self._staging_for(n, nbytes)
-            rows = [row.data for row in staging.numpy()]
+        """Read, check and write a batch; False at the first missing or bad page (then
+        nothing was written outside the batch's own reserved slots). Large pages of a
+        device the host views in place are read straight into their slots; the others
+        are staged: the whole batch when it fits `staging_bytes` (all checked, then
+        written layer-major), else chunk by chunk (each checked, then written whole)."""
+        staged: list[tuple[CheckedTransfer, PageDevice]] = []
+        for ct, pool in plan:
+            if not ct.keys:
+                continue
+            views = _page_views(ct.pages.tolist(), pool)
+            if views is None:
+                staged.append((ct, pool))
+            elif not self._read_checked(ct.pool, ct.keys, views, pool, missing, corrupt):
+                return False
+        total = sum(len(ct.keys) * pool.page_nbytes for ct, pool in staged)
+        if total <= self.staging_bytes:
+            flat, at, parts = self.staging(total), 0, []
+            for ct, pool in staged:
+                size = len(ct.keys) * pool.page_nbytes
+                buf = flat[at : at + size].view(len(ct.keys), pool.page_nbytes)
+                at += size
+                rows = [row.data for row in buf.numpy()]
+                if not self._read_checked(ct.pool, ct.keys, rows, pool, missing, corrupt):
+                    return False
+                parts.append(StagedTransfer(ct.pool, pool, ct.pages, as_pages(buf, pool)))
+            self.write_layers(batch, parts)
+            return True
+        for ct, pool in staged:
+            for piece in chunks(len(ct.keys), pool.page_nbytes, self.staging_bytes):
+                keys = ct.keys[piece.start : piece.stop]
+                buf = self.staging(len(keys) * pool.page_nbytes).view(len(keys), -1)
+                rows = [row.data for row in buf.numpy()]
+                if not self._read_checked(ct.pool, keys, rows, pool, missing, corrupt):
+                    return False
+                pool.write_page_ids(ct.pages[piece.start : piece.stop], as_pages(buf, pool))
+        return True
+
+    def _read_checked(
+        self,
+        name: PoolName,
+        keys: Sequence[str],
+        rows: Sequence[memoryview],
+        pool: PageDevice,
+        missing: list[Ident],
+        corrupt: list[Ident],
+    ) -> bool:
+        """Read pages `keys` into `rows` and check each header and checksum; False on
+        a missing page (added to `missing`) or a bad one (to `corrupt`)."""
         try:
-            reads = self.medium_read(ct.pool, ct.keys, rows)
+            reads = self.medium_read(name, keys, rows)
         except TornPage as torn:
-            corrupt.append((ct.pool, torn.key))
+            corrupt.append((name, torn.key))
             return False
         bad: list[Ident] = []
-        for key, read in zip(ct.keys, reads, strict=True):
+        for key, read in zip(keys, reads, strict=True):
             if read is None:
-                missing.append((ct.pool, key))
+                missing.append((name, key))
                 return False
             record, got = read
-            if record.key != key or record.pool is not ct.pool or record.nbytes != nbytes:
-                corrupt.append((ct.pool, key))
+            if record.key != key or record.pool is not name or record.nbytes != pool.page_nbytes:
+                corrupt.append((name, key))
                 return False
             if record.checksum != got:
-                bad.append((ct.pool, key))
-        if bad:
-            corrupt.extend(bad)
-            return False
-        if staging is not None:
-            pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
-            pool.write_page_ids(ct.pages, pages.to(pool.device))
-        return True
+                bad.append((name, key))
+        corrupt.extend(bad)
+        return not bad
 
 
 _VIEW_BYTES = 64 << 10  # pages at least this large are read in place, not gathered
-
-
-def _source_pages(
-    ct: CheckedTransfer, indices: list[int], pool: PageDevice
-) -> tuple[list[memoryview], list[int]]:
-    """The bytes of the chosen pages (one byte `memoryview` each) and their checksums.
-
-    Large pages of a CPU pool are views of the pool itself (no copy: the caller keeps
-    the source slots unchanged while the offload is pending); small pages, and pages on
-    another device, are gathered in one `read_page_ids` first."""
-    n, nbytes = len(indices), pool.page_nbytes
-    pages = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(indices)]
-    views = _page_views(pages.tolist(), pool)
-    if views is None:
-        data = pool.read_page_ids(pages).to("cpu").view(torch.uint8).reshape(n, nbytes)
-        views = [row.data for row in data.numpy()]
-    return views, [page_checksum(v) for v in views]
 
 
 def _page_views(pages: list[int], pool: PageDevice) -> list[memoryview] | None:
@@ -363,4 +394,6 @@ def _page_views(pages: list[int], pool: PageDevice) -> list[memoryview] | None:
     if pool.device.type != "cpu" or nbytes < _VIEW_BYTES or nbytes % 8:
         return None
     rows = pool.page_bytes()
+    if rows is None:  # memory the host cannot view in place
+        return None
     return [rows[page].data for page in pages]

@@ -12,6 +12,9 @@ buffers. Every store bounds them by its `staging_bytes` option:
 - `StagedTransfer(pool, device, pages, data)` — one transfer of a load batch whose
   pages were read and verified into a staging buffer: `data` is
   ``[len(pages) * P, num_layers, width]`` in page format.
+- `as_pages(buf, device)` — staged page bytes (``[n, page_nbytes]`` uint8, host) as
+  page-format data of `device` (``[n * P, num_layers, width]`` of its dtype), copied
+  to the device's memory when that is not the host's.
 - `write_layer_major(parts, landed)` — write verified transfers layer by layer: layer 0
   of every transfer, then layer 1, ...; after each layer, ``landed(counts)`` with, for
   every pool of the batch, how many leading layers are now in every slot of it (a pool
@@ -39,6 +42,7 @@ from unicache_fsm.store.errors import StoreConfigError
 __all__ = [
     "DEFAULT_STAGING_BYTES",
     "StagedTransfer",
+    "as_pages",
     "check_staging_bytes",
     "chunks",
     "write_layer_major",
@@ -60,6 +64,12 @@ def chunks(count: int, page_nbytes: int, budget: int) -> list[range]:
     """``0..count`` in pieces of at most ``max(1, budget // page_nbytes)`` pages."""
     step = max(1, budget // max(1, page_nbytes))
     return [range(i, min(i + step, count)) for i in range(0, count, step)]
+
+
+def as_pages(buf: torch.Tensor, device: PageDevice) -> torch.Tensor:
+    """Staged page bytes as page-format data of `device`; see the module docstring."""
+    data = buf.view(device.dtype).view(-1, device.num_layers, device.width)
+    return data if device.device.type == "cpu" else data.to(device.device)
 
 
 @attrs.frozen
