@@ -279,6 +279,7 @@ class Engine:
     def compute(self, tokens: list[int]) -> tuple[Kv, Kv | None]:
         """A request computed `tokens` (whole pages) and inserts them."""
         slots = self._alloc(len(tokens))
+        self.computed_slots = slots  # where the last computed request's KV went
         self._write(slots)
         wrote = self.read(slots), (self.read_swa(slots) if self.swa else None)
         self.cache.insert(InsertParams(key=RadixKey(list(tokens)), value=slots))

@@ -8,7 +8,9 @@ real `UnifiedRadixCache` on CPU straight from its own K/V buffers.
   were offloaded (Full layers: every loaded slot; SWA layers: the trailing window).
 - A second process (a real subprocess) on the same file directory or Redis server, same
   model, gets hits and reads the same bytes.
-- Two models under one namespace string never share a page; nor do two layouts.
+- Two models under one namespace string never share a page; nor do two layouts. (On CPU
+  SGLang resolves `ServerArgs` only for the placeholder model paths ``dummy`` and
+  ``none``: they are the two models.)
 - The linker owns no KV-sized tensor: every tensor reachable from it but SGLang's own
   buffers and the store is a view of SGLang's memory or smaller than one pool.
 """
@@ -162,12 +164,12 @@ def test_a_second_process_on_the_same_store_gets_hits(store: str, tmp_path: Path
         if not available() and not os.environ.get("CI"):
             pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
     config = store_spec(store, tmp_path)
-    first = Engine.launched(launch_json(config), page=16, tokens=512, model="org/model-a")
+    first = Engine.launched(launch_json(config), page=16, tokens=512, model="dummy")
     tokens = tokens_for(16)
     full, _ = first.compute(tokens)
     first.settle_offloads()
     out = tmp_path / "second_k.pt"
-    found = run_second(config, tokens, out, "org/model-a")
+    found = run_second(config, tokens, out, "dummy")
     assert found == {"host_hit": len(tokens), "loaded": len(tokens)}
     assert torch.equal(torch.load(out), full.k)
     first.close()
@@ -176,17 +178,15 @@ def test_a_second_process_on_the_same_store_gets_hits(store: str, tmp_path: Path
 def test_two_models_under_one_namespace_string_never_share_a_page(tmp_path: Path) -> None:
     config = store_spec("file", tmp_path)
     tokens = tokens_for(16)
-    first = Engine.launched(launch_json(config), page=16, tokens=512, model="org/model-a")
+    first = Engine.launched(launch_json(config), page=16, tokens=512, model="dummy")
     first.compute(tokens)
     first.settle_offloads()
     out = tmp_path / "other_k.pt"
     # the other model, same tokens, same namespace string, same directory: no hit
-    found = run_second(config, tokens, out, "org/model-b")
+    found = run_second(config, tokens, out, "none")
     assert found == {"host_hit": 0, "loaded": 0}
     # the same model with another layout (an SWA component) in this process: no hit either
-    other = Engine.launched(
-        launch_json(config), page=16, tokens=512, model="org/model-a", swa_window=16
-    )
+    other = Engine.launched(launch_json(config), page=16, tokens=512, model="dummy", swa_window=16)
     assert other.load([*tokens, 7], "layout").host_hit == 0
     names = {first.store_linker.namespace, other.store_linker.namespace}
     assert len(names) == 2 and all(n.startswith("team-a-") for n in names)
