@@ -23,7 +23,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import torch
 
 from sglang_linker.engine import Engine, Kv, Loaded
 from unicache_fsm.integrations.sglang import ModelIdentity, StoreLinker
+from unicache_fsm.integrations.sglang.footprint import owned_bytes, owned_tensors
 from unicache_fsm.store.protocol import ExternalStore
 
 HERE = Path(__file__).resolve().parent
@@ -222,37 +222,6 @@ def _fields(identity: ModelIdentity) -> dict[str, Any]:
     return {f.name: getattr(identity, f.name) for f in attrs.fields(ModelIdentity)}
 
 
-def owned_tensors(root: object, skip: tuple[type, ...]) -> list[torch.Tensor]:
-    """Tensors reachable from `root` through attributes and containers, not descending
-    into SGLang's objects or into instances of `skip` (the store)."""
-    seen: set[int] = set()
-    found: list[torch.Tensor] = []
-    todo: deque[object] = deque([root])
-    while todo:
-        obj = todo.popleft()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            found.append(obj)
-            continue
-        if isinstance(obj, skip) or type(obj).__module__.startswith("sglang"):
-            continue
-        if isinstance(obj, dict):
-            todo.extend(obj.keys())
-            todo.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set, frozenset, deque)):
-            todo.extend(obj)
-        elif hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__"):
-            if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "__self__")):
-                continue
-            todo.extend(getattr(obj, "__dict__", {}).values())
-            for cls in type(obj).__mro__:
-                for name in getattr(cls, "__slots__", ()):
-                    todo.append(getattr(obj, name, None))
-    return found
-
-
 def test_the_linker_owns_no_kv_sized_tensor(tmp_path: Path) -> None:
     """Every tensor the linker keeps is a view of SGLang's buffers or far smaller than
     one pool (main's `StoreLinker` kept a mirror as large as each pool)."""
@@ -265,20 +234,13 @@ def test_the_linker_owns_no_kv_sized_tensor(tmp_path: Path) -> None:
     engine.evict_all()
     loaded = engine.load([*tokens, 7], "r1")
     assert loaded.loaded == len(tokens)
-    sglang = {
-        t.untyped_storage().data_ptr()
-        for pool in (engine.full_kv, engine.swa_kv)
-        for t in [*pool.k_buffer, *pool.v_buffer]
-    }
+    buffers = [t for pool in (engine.full_kv, engine.swa_kv) for t in pool.k_buffer + pool.v_buffer]
     smallest_pool = min(
         sum(t.nbytes for t in [*pool.k_buffer, *pool.v_buffer])
         for pool in (engine.full_kv, engine.swa_kv)
     )
-    tensors = owned_tensors(engine.store_linker, skip=(ExternalStore,))
-    own = [t for t in tensors if t.untyped_storage().data_ptr() not in sglang]
-    assert sum(t.untyped_storage().nbytes() for t in own) < smallest_pool // 8, [
-        tuple(t.shape) for t in own
-    ]
+    own = owned_tensors(engine.store_linker, beside=buffers, skip=(ExternalStore,))
+    assert owned_bytes(own) < smallest_pool // 8, [tuple(t.shape) for t in own]
     engine.close()
 
 
