@@ -127,6 +127,17 @@ class LayerBuffers:
         self._k = [k.view(pages, p * self._kw) for k in keys]
         self._v = [v.view(pages, p * self._vw) for v in values]
         self._page_nbytes = p * len(keys) * (self._kw + self._vw) * first.element_size()
+        # on the host, each layer's page rows as uint8 NumPy views of SGLang's memory:
+        # NumPy moves whole rows as blocks, where torch's CPU index kernels copy a bf16
+        # row element by element (several times slower, more so on contended cores)
+        self._host = (
+            [
+                (k.view(torch.uint8).numpy(), v.view(torch.uint8).numpy())
+                for k, v in zip(self._k, self._v, strict=True)
+            ]
+            if self._device.type == "cpu"
+            else None
+        )
         self._lock = threading.Lock()
         self._open: dict[str, Counter[int]] = {"read": Counter(), "write": Counter()}
 
@@ -230,9 +241,17 @@ class LayerBuffers:
             out = torch.empty(shape, dtype=self._dtype, device=self._device)
         else:
             self._check_data(out, shape, "out")
-        rows = out.view(n, p, self.num_layers, self.width)
+        listed = pages.tolist()
         with self._lock:
-            self._check_open("read", pages.tolist())
+            self._check_open("read", listed)
+            if self._host is not None:  # CPU: NumPy copies whole K or V rows of a page
+                dst = out.view(torch.uint8).numpy().reshape(n, p, self.num_layers, -1)
+                at = pages.numpy()
+                for layer, (hk, hv) in enumerate(self._host):
+                    dst[:, :, layer, : hk.shape[1] // p] = hk[at].reshape(n, p, -1)
+                    dst[:, :, layer, hk.shape[1] // p :] = hv[at].reshape(n, p, -1)
+                return out
+            rows = out.view(n, p, self.num_layers, self.width)
             for layer, (k, v) in enumerate(zip(self._k, self._v, strict=True)):
                 rows[:, :, layer, :kw] = k.index_select(0, pages).view(n, p, kw)
                 rows[:, :, layer, kw:] = v.index_select(0, pages).view(n, p, self._vw)
@@ -246,9 +265,18 @@ class LayerBuffers:
         n, p, kw = pages.numel(), self.page_size, self._kw
         chosen = range(self.num_layers) if layers is None else range(self.num_layers)[layers]
         self._check_data(data, (n * p, len(chosen), self.width), "data", contiguous=False)
-        rows = data.reshape(n, p, len(chosen), self.width)  # a view of a strided buffer too
         with self._lock:
             self._check_open("write", pages.tolist())
+            if self._host is not None and n:  # CPU: NumPy copies whole K or V rows
+                src = data.view(torch.uint8).numpy().reshape(n, p, len(chosen), -1)
+                at = pages.numpy()
+                for i, layer in enumerate(chosen):
+                    hk, hv = self._host[layer]
+                    kb = hk.shape[1] // p
+                    hk[at] = src[:, :, i, :kb].reshape(n, -1)
+                    hv[at] = src[:, :, i, kb:].reshape(n, -1)
+                return
+            rows = data.reshape(n, p, len(chosen), self.width)  # a strided view too
             for i, layer in enumerate(chosen):
                 self._k[layer].index_copy_(0, pages, rows[:, :, i, :kw].reshape(n, p * kw))
                 self._v[layer].index_copy_(0, pages, rows[:, :, i, kw:].reshape(n, -1))

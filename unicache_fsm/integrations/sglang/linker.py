@@ -219,7 +219,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             raise LinkerConfigError(
                 msg, argument="linker_extra_config.staging_bytes", value=settings.staging_bytes
             )
-        store.attach(self.buffers)  # type: ignore[arg-type]
+        store.attach(self.buffers)
         self.settings = settings
         self.store = store
         self.calls = CheckedStore(store, self._fault)
