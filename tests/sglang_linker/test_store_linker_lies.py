@@ -310,3 +310,29 @@ def test_a_stuck_batch_fails_within_its_deadline(tmp_path: Any) -> None:
     assert loaded.loaded == 16 and loaded.failed == ("r1",)
     assert engine.store_linker.fenced() == 1  # until the store's own completion
     engine.close()
+
+
+def test_an_offload_whose_reply_was_lost_never_reads_slots_sglang_kept_no_lock_on(
+    lied: tuple[Engine, Liar, Any],
+) -> None:
+    """The store queued an offload and its reply was lost: SGLang saw a refusal and keeps
+    no lock on the node, so the node's slots may hold other KV by the time the store
+    runs the offload. Its read is refused: nothing is filed under the node's keys."""
+    engine, store, _ = lied
+    real = store.inner.offload
+
+    def lost(transfers: Sequence[PoolTransfer]) -> bool:
+        real(transfers)
+        raise ConnectionError("offload: the reply was lost")
+
+    store.offload = lost  # type: ignore[method-assign]
+    tokens = list(range(300, 316))
+    engine.compute(tokens)
+    del store.offload
+    assert engine.pending_offloads() == 0  # SGLang took it as refused
+    assert engine.store_linker.open_pages()["read"] == 0
+    store.inner.progress()  # the store runs the offload it queued
+    assert isinstance(store.inner.last_error, SlotsRevokedError)
+    engine.evict_all()
+    _, result = engine.match(tokens, "r9")
+    assert result.host_hit_length == 0  # nothing stored under those keys

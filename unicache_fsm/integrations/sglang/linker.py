@@ -502,11 +502,11 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         permits = self._open("read", ours)
         if permits is None:
             return False
-        queued = self.calls.offload(ours)
-        if not queued:
-            self._close("read", permits)  # a later read of a maybe-queued one is refused
-            if queued is None:  # the reply was lost: the store may have queued it
-                self._fence.owed.append(rows_of(ours))
+        if not self.calls.offload(ours):
+            # refused, or its reply lost (the store may have queued it): SGLang keeps no
+            # lock on the node, so its slots are closed to the store now, and a read of
+            # a queued one is refused (that offload fails, storing nothing)
+            self._close("read", permits)
             return False
         rows = rows_of(ours)
         if self._fence.owed:  # behind the held ones: completions cannot be told apart
