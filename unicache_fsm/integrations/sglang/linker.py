@@ -231,6 +231,8 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.settings = settings
         self.store = store
         self.calls = CheckedStore(store, self._fault)
+        # a store that runs its jobs on a worker of its own (`BaseStore(background=True)`)
+        self._background = getattr(store, "background", False) is True
         self.faults: dict[str, int] = {}  # store faults by call
         self.last_fault: BaseException | None = None
         self.pools = dict(pools)
@@ -378,12 +380,14 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._queued.remove(rid)
         return True
 
-    def _take_load_completions(self) -> None:
+    def _take_load_completions(self, *, drive: bool = True) -> None:
         """Pop the store's load completions (at most what can be in flight): each ends
         its own batch's wait (`_results`) or releases fenced slots; a faulty or unknown
-        one fences the oldest batch in flight (it fails)."""
+        one fences the oldest batch in flight (it fails). With `drive` the store is
+        driven first (`progress`: a synchronous store runs its jobs there)."""
         calls = self.calls
-        calls.progress()
+        if drive:
+            calls.progress()
         running = [b for b, _ in self._batches.values() if b is not None and b >= 0]
         limit = len(running) + len(self._fence.loads) + COUNT_SLACK
         for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
@@ -446,7 +450,9 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             if batch is None or batch < 0:
                 self._settle(index, wait=False)
                 return
-            self._take_load_completions()
+            # a store with a worker of its own lands layers as it goes: poll it (its
+            # `progress` would wait for the whole batch); a synchronous one is driven
+            self._take_load_completions(drive=not self._background)
             if batch in self._results:
                 self._settle(index, wait=False)
                 return
