@@ -36,6 +36,8 @@ The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on re
   slots hold `POISON` first;
 - `start_loading`, `poll_loads`, `cancel_queued_load` (of a ticket that may by then be
   queued, started, finished or refused);
+- `loaded_layers` — the per-layer progress of a started batch (and of every batch
+  again when its result is popped, before its slots are freed);
 - `evict` (pages of a chain; one pool or all), `reset`;
 - `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
 
@@ -72,6 +74,12 @@ What is checked, in the rules and after every step (invariants):
   *stored*; `contains` is True on *stored*; `evict` removes every *stored* page named;
   a load of *stored* pages (or of a boundary a lookup just reported) is accepted, and
   its batch lands unless the test evicted, corrupted or reset under it;
+- per-layer progress (`loaded_layers`): a dict of attached pools to ints in
+  ``0..num_layers``; never below an earlier answer for the batch; every layer it
+  reports holds the page's truth bytes in every slot of every load of the batch for
+  that pool, whenever asked (a store that reports a layer before writing it shows the
+  poison there), a failed batch included; a successful batch reports every layer of
+  each of its pools; a batch id never started (-1) is a `LookupError`;
 - the store's own ``check_invariants()``, when it has one;
 - slots given back: every slot the machine freed (a load's or an offload's once its
   completion was popped or it was cancelled, a refused job's at once) holds `FREED`
@@ -252,6 +260,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.orphans: dict[str, _Load] = {}  # queued at a reset: a failed result is due
         self.done: set[str] = set()  # rids whose result was popped, or cancelled
         self.refused: set[str] = set()  # rids of tickets the store never accepted
+        self.layers_seen: dict[int, dict[PoolName, int]] = {}  # batch -> last progress
         self._truth_pages: dict[Ident, torch.Tensor] = {}
         self._offload_number = 0
         self._load_number = 0
@@ -502,6 +511,21 @@ class StoreMachine(RuleBasedStateMachine):
         )
         self.started[batch] = list(self.queued.values())
         self.queued.clear()
+
+    @precondition(lambda self: bool(self.started))
+    @rule(index=st.integers(0, 7))
+    def loaded_layers(self, index: int) -> None:
+        """Ask a started batch's per-layer progress (see the module docstring), and a
+        batch id never started."""
+        batches = list(self.started)
+        batch = batches[index % len(batches)]
+        self._check_layers(batch, self.started[batch], full=False)
+        try:
+            answer: object = self.store.loaded_layers(-1)
+        except LookupError:
+            return
+        msg = f"loaded_layers(-1) answered {answer!r}; a batch never started is a LookupError"
+        raise AssertionError(msg)
 
     @rule()
     def poll_loads(self) -> None:
@@ -921,6 +945,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert sorted(rids) == sorted(expected), (
                 f"load batch {batch} reports rids {rids}, but the batch holds {expected}"
             )
+            started = True
         else:
             stray = [rid for rid in rids if rid not in self.orphans]
             assert rids and not stray, (
@@ -932,6 +957,7 @@ class StoreMachine(RuleBasedStateMachine):
                 "success; reset() must fail every queued load"
             )
             loads = [self.orphans.pop(rid) for rid in rids]
+            started = False
         if success:
             for load in loads:
                 for part in load.parts:
@@ -946,9 +972,64 @@ class StoreMachine(RuleBasedStateMachine):
                 "successful offload and nothing evicted, corrupted or reset it since; the "
                 "store is lossless"
             )
+        if started:  # (a batch of loads queued at a reset was never started)
+            self._check_layers(batch, loads, full=success is True)
+            self.layers_seen.pop(batch, None)
         for load in loads:
             self.done.add(load.rid)
             self._free(load.parts, f"load {load.rid!r}'s destination, batch {batch} popped")
+
+    # -- helpers: per-layer progress -----------------------------------------------------
+
+    def _check_layers(self, batch: int, loads: list[_Load], *, full: bool) -> None:
+        """`loaded_layers(batch)`, checked: its form, monotonic, every layer it reports in
+        the slots; with `full` (the batch succeeded), every layer of each of its pools."""
+        counts: object = self.store.loaded_layers(batch)
+        assert isinstance(counts, dict) and all(
+            isinstance(pool, PoolName)
+            and pool in self.kv_pools
+            and isinstance(n, int)
+            and not isinstance(n, bool)
+            and 0 <= n <= self.num_layers
+            for pool, n in counts.items()
+        ), (
+            f"loaded_layers({batch}) returned {counts!r}; expected a dict of attached pools "
+            f"to layer counts in 0..{self.num_layers}"
+        )
+        seen = self.layers_seen.setdefault(batch, {})
+        for pool, before in seen.items():
+            assert counts.get(pool, 0) >= before, (
+                f"loaded_layers({batch}) reports {counts.get(pool, 0)} {pool.value} layer(s) "
+                f"after reporting {before}: progress never goes back"
+            )
+        seen.update(counts)
+        for load in loads:
+            for part in load.parts:
+                landed = counts.get(part.pool, 0)
+                if full:
+                    assert landed == self.num_layers, (
+                        f"load batch {batch} succeeded, but loaded_layers({batch}) reports "
+                        f"{landed} of {self.num_layers} {part.pool.value} layer(s)"
+                    )
+                wrong = self._wrong_layers(part, landed) if landed else None
+                assert wrong is None, (
+                    f"loaded_layers({batch}) reports {landed} {part.pool.value} layer(s) "
+                    f"landed, but load {load.rid!r} {wrong}"
+                )
+
+    def _wrong_layers(self, part: _Part, layers: int) -> str | None:
+        """None when the first `layers` layers of `part`'s slots hold its truth bytes,
+        else which page and layer is wrong."""
+        n, p = len(part.keys), self.page_size
+        got = self.kv_pools[part.pool].read_pages(part.slots).view(n, p, self.num_layers, -1)
+        want = torch.stack([self._truth((part.pool, k)) for k in part.keys])
+        same = (got[:, :, :layers] == want[:, :, :layers]).all(3).all(1)  # [page, layer]
+        if bool(same.all()):
+            return None
+        page, layer = (int(i) for i in (~same).nonzero()[0])
+        poisoned = bool((got[page, :, layer] == POISON).all())
+        how = "still holds the poison: not written yet" if poisoned else "holds other bytes"
+        return f"page {page} (key {part.keys[page][:12]}...) layer {layer} {how}"
 
     # -- helpers: completion counts ------------------------------------------------------
 
