@@ -264,7 +264,7 @@ class BaseStore(Generic[E]):
                 setattr(new, name, deep(value, memo))
         return new
 
-    def _start_worker(self) -> None:
+    def start_worker(self) -> None:
         """Start the background worker (subclasses call it last in ``__init__``)."""
         if self.background and self._worker is None:
             self._worker = threading.Thread(target=self._work, name=self.worker_name, daemon=True)

@@ -275,7 +275,7 @@ class MemoryStore(BaseStore["_Entry"]):
         self.rejected_pages = 0  # pages dropped because they failed verification
         self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification
         self._slabs: dict[PoolName, _Slab] = {}
-        self._start_worker()
+        self.start_worker()
 
     def __repr__(self) -> str:
         return (
