@@ -36,10 +36,14 @@ The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on re
   slots hold `POISON` first;
 - `start_loading`, `poll_loads`, `cancel_queued_load` (of a ticket that may by then be
   queued, started, finished or refused);
-- `loaded_layers` — the per-layer progress of a started batch (and of every batch
-  again when its result is popped, before its slots are freed);
+- `loaded_layers` — the per-layer progress of a started batch (also asked of every
+  batch as it starts, and again when its result is popped, before its slots are freed);
 - `evict` (pages of a chain; one pool or all), `reset`;
-- `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
+- `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`;
+- `break_device` — only with ``device_faults = True``: the next store write into a
+  pool (after `after` more) raises `DeviceFault` (a GPU copy that failed); loads pending
+  until it is disarmed, by the next `progress()` or `reset()`, may then fail, and must
+  report only layers that landed.
 
 `offload`, `load`, `load_restorable` and `start_loading` take a `settle` flag: then
 they also run `progress()` and poll (loads: poll, progress, poll), as a serving loop
@@ -136,7 +140,7 @@ from unicache_fsm.store.lookup import restorable_prefix_pages
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
-__all__ = ["POISON", "Chain", "LoadTicket", "MemoryStoreMachine", "StoreMachine"]
+__all__ = ["POISON", "Chain", "DeviceFault", "LoadTicket", "MemoryStoreMachine", "StoreMachine"]
 
 T = TypeVar("T")
 KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
@@ -155,6 +159,40 @@ _TRUTH_BOUND = 1000
 # (`PoolName` is the same enum).
 _POOL_NAMES = st.builds(PoolName, st.sampled_from([name.value for name in PoolName]))
 _POOL_INDEX = {name: i for i, name in enumerate(PoolName)}
+
+
+class DeviceFault(RuntimeError):
+    """A store's write into the machine's pools failed on purpose (`break_device`)."""
+
+
+class _BreakablePool(KVPool):
+    """A KVPool whose store writes can be made to fail: with `fail_after` = n, the
+    write after n more raises `DeviceFault` (then it is disarmed). The machine's own
+    writes (`write_pages`) neither count nor fail."""
+
+    __slots__ = ("fail_after",)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fail_after: int | None = None
+
+    def write_page_ids(
+        self, pages: torch.Tensor, data: torch.Tensor, *, layers: slice | None = None
+    ) -> None:
+        left = self.fail_after
+        if left is not None:
+            self.fail_after = left - 1 if left else None
+            if not left:
+                msg = f"pool {self.name!r}: the device write failed (break_device)"
+                raise DeviceFault(msg)
+        super().write_page_ids(pages, data, layers=layers)
+
+    def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
+        armed, self.fail_after = self.fail_after, None
+        try:
+            super().write_pages(slots, data)
+        finally:
+            self.fail_after = armed
 
 
 @attrs.frozen
@@ -235,6 +273,8 @@ class StoreMachine(RuleBasedStateMachine):
     offload. False for a store that holds completions back on purpose (FaultyStore's
     delay_completion)."""
     pool_pages: ClassVar[int] = 512
+    device_faults: ClassVar[bool] = False
+    """True: the `break_device` rule may make a store's write into a pool fail."""
     num_layers: ClassVar[int] = 2
     width: ClassVar[int] = 4
     max_chain_pages: ClassVar[int] = 8
@@ -247,7 +287,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._store: ExternalStore | None = None
         self.page_size = 0
         self.allocators: dict[PoolName, PagedAllocator] = {}
-        self.kv_pools: dict[PoolName, KVPool] = {}
+        self.kv_pools: dict[PoolName, _BreakablePool] = {}
         self.known: set[Ident] = set()  # every page the test named to the store
         self.may: set[Ident] = set()
         self.stored: set[Ident] = set()
@@ -310,7 +350,9 @@ class StoreMachine(RuleBasedStateMachine):
             for name in names
         }
         self.kv_pools = {
-            name: KVPool.for_allocator(alloc, self.num_layers, self.width)
+            name: _BreakablePool(
+                alloc.size, page_size, self.num_layers, self.width, name=alloc.name
+            )
             for name, alloc in self.allocators.items()
         }
         self._store = self.make_store()
@@ -380,6 +422,7 @@ class StoreMachine(RuleBasedStateMachine):
         """progress(): every queued offload and started batch is performed (a background
         store's worker is idle), though a store may still hold the completions back."""
         done = self.store.progress()
+        self._mend_device()
         for record in self.offloads:
             record.ran = True
         assert isinstance(done, int) and done >= 0, (
@@ -511,6 +554,7 @@ class StoreMachine(RuleBasedStateMachine):
         )
         self.started[batch] = list(self.queued.values())
         self.queued.clear()
+        self._check_layers(batch, self.started[batch], full=False)
 
     @precondition(lambda self: bool(self.started))
     @rule(index=st.integers(0, 7))
@@ -608,6 +652,7 @@ class StoreMachine(RuleBasedStateMachine):
         """reset(): every pending job completes (loads as failed); stored pages stay."""
         self._calls_since_reset = 0
         self.store.reset()
+        self._mend_device()
         for record in self.offloads:
             record.reset = record.ran = True  # nothing is queued or in flight afterwards
         for load in self._pending_loads():
@@ -620,6 +665,22 @@ class StoreMachine(RuleBasedStateMachine):
             f"{len(self.offloads)} pending offload(s); reset() must complete every one"
         )
         self._check_load_count("after reset()", exact=True)
+
+    @precondition(lambda self: self.device_faults and not self._broken())
+    @rule(pool=_POOL_NAMES, after=st.integers(0, 3))
+    def break_device(self, pool: PoolName, after: int) -> None:
+        """The store's write into `pool` after `after` more fails (`DeviceFault`)."""
+        if pool in self.kv_pools:
+            self.kv_pools[pool].fail_after = after
+            for load in self._pending_loads():
+                load.clean = False
+
+    def _broken(self) -> bool:
+        return any(pool.fail_after is not None for pool in self.kv_pools.values())
+
+    def _mend_device(self) -> None:
+        for pool in self.kv_pools.values():
+            pool.fail_after = None
 
     @precondition(lambda self: type(self).corrupt is not StoreMachine.corrupt)
     @rule(chain=chains, index=st.integers(0, 7), pool=_POOL_NAMES)
@@ -892,7 +953,7 @@ class StoreMachine(RuleBasedStateMachine):
             )
             self.refused.add(rid)
             return LoadTicket(rid)  # a refused load's ticket: cancelling it must say False
-        clean = self.lossless and idents <= self.stored - self.tainted
+        clean = self.lossless and idents <= self.stored - self.tainted and not self._broken()
         self.queued[rid] = _Load(rid, parts, idents, clean)
         return LoadTicket(rid)
 
@@ -1069,6 +1130,7 @@ class MemoryStoreMachine(StoreMachine):
 
     capacity_pages: ClassVar[int | None] = 24
     background: ClassVar[bool] = False
+    device_faults = True
 
     def make_store(self) -> ExternalStore:
         return MemoryStore(capacity_pages=self.capacity_pages, background=self.background)
@@ -1083,4 +1145,5 @@ class MemoryStoreMachine(StoreMachine):
     def no_swallowed_error(self) -> None:
         store = self.store
         assert isinstance(store, MemoryStore)
-        assert store.last_error is None, f"the store swallowed {store.last_error!r}"
+        error = store.last_error
+        assert error is None or isinstance(error, DeviceFault), f"the store swallowed {error!r}"
