@@ -179,3 +179,18 @@ def test_the_honest_memory_store_passes_the_same_hunt() -> None:
         pool_names = (KV,)
 
     run_state_machine_as_test(Machine, settings=settings(HUNT, max_examples=30))  # type: ignore[no-untyped-call]
+
+
+def test_checked_store_reads_a_dict_subclass_as_a_plain_dict() -> None:
+    class Odd(dict):  # type: ignore[type-arg]
+        def items(self) -> Any:
+            raise RuntimeError("not called")
+
+    class Count(int):
+        pass
+
+    faults: list[object] = []
+    checked = CheckedStore(_Answers(Odd({KV: 2})), lambda op, exc: faults.append(exc))  # type: ignore[arg-type]
+    assert checked.loaded_layers(0, LAYERS) == {KV: 2} and not faults
+    checked = CheckedStore(_Answers({KV: Count(2)}), lambda op, exc: faults.append(exc))  # type: ignore[arg-type]
+    assert checked.loaded_layers(0, LAYERS) is None and len(faults) == 1

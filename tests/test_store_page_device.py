@@ -374,3 +374,64 @@ def test_a_page_larger_than_the_budget_moves_one_page_at_a_time(
     assert run_load(store, "r", [4, 5, 6], names)
     assert device.largest == PAGE_NBYTES
     assert torch.equal(device.pages([4, 5, 6]), device.pages([1, 2, 3]))
+
+
+# -- devices and answers that misbehave --------------------------------------------------------
+
+
+class _IgnoresOut(SplitKV):
+    """Answers a fresh tensor instead of filling `out` (the bytes must still be right)."""
+
+    def read_page_ids(
+        self, pages: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return super().read_page_ids(pages)
+
+
+class _WrongShape(SplitKV):
+    def read_page_ids(
+        self, pages: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return super().read_page_ids(pages)[:, :1]
+
+
+def test_a_device_answering_a_fresh_tensor_still_round_trips(
+    make_store: Callable[..., Any],
+) -> None:
+    store, device = make_store(), _IgnoresOut()
+    store.attach({KV: device})
+    device.fill([1, 2], seed=8)
+    names = keys(2)
+    assert store.offload(transfer([1, 2], names))
+    settle(store)
+    assert run_load(store, "r", [3, 4], names)
+    assert torch.equal(device.pages([3, 4]), device.pages([1, 2]))
+
+
+def test_a_device_answering_the_wrong_shape_fails_the_offload(
+    make_store: Callable[..., Any],
+) -> None:
+    store, device = make_store(), _WrongShape()
+    store.attach({KV: device})
+    names = keys(2)
+    assert store.offload(transfer([1, 2], names))
+    store.progress()
+    assert store.pop_completed_offload() is False
+    assert "answered read_page_ids" in str(store.last_error)
+    assert store.lookup("r", [PoolTransfer(KV, None, names)]) == []
+
+
+def test_a_device_whose_property_raises_is_named_at_attach() -> None:
+    class Raises(SplitKV):
+        @property  # type: ignore[override]
+        def layout(self) -> PageLayout:
+            raise RuntimeError("driver gone")
+
+        @layout.setter
+        def layout(self, value: PageLayout) -> None:
+            pass
+
+    store = MemoryStore()
+    with pytest.raises(StoreConfigError, match="lacks layout"):
+        store.attach({KV: Raises()})
+    store.close()

@@ -60,7 +60,13 @@ from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
-from unicache_fsm.store.staging import DEFAULT_STAGING_BYTES, StagedTransfer, as_pages, chunks
+from unicache_fsm.store.staging import (
+    DEFAULT_STAGING_BYTES,
+    StagedTransfer,
+    as_pages,
+    chunks,
+    read_staged,
+)
 
 __all__ = ["MemoryStore", "PageHeader"]
 
@@ -516,9 +522,8 @@ class MemoryStore(BaseStore["_Entry"]):
         # a device the host cannot view: read in chunks within the staging budget
         ids, nbytes, sums = part.page_tensor(), slab.page_nbytes, []
         for piece in chunks(n, nbytes, self.staging_bytes):
-            got = pool.read_page_ids(ids[piece.start : piece.stop]).to("cpu").contiguous()
-            data = got.view(torch.uint8).reshape(len(piece), nbytes).numpy()
-            sums += copy_checksums(
-                dst, rows[piece.start : piece.stop], data, list(range(len(piece)))
-            )
+            buf = self.staging(len(piece) * nbytes).view(len(piece), nbytes)
+            read_staged(pool, ids[piece.start : piece.stop], buf)
+            into = rows[piece.start : piece.stop]
+            sums += copy_checksums(dst, into, buf.numpy(), list(range(len(piece))))
         part.checksums = sums

@@ -61,7 +61,7 @@ from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
-from unicache_fsm.store.staging import StagedTransfer, as_pages, chunks
+from unicache_fsm.store.staging import StagedTransfer, as_pages, chunks, read_staged
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
 
@@ -275,13 +275,8 @@ class SharedStore(BaseStore[KnownPage]):
 
     def _read_device(self, pool: PageDevice, ids: torch.Tensor) -> list[memoryview]:
         """Pages `ids` of `pool` read into host staging, one byte view per page."""
-        n, nbytes = ids.numel(), pool.page_nbytes
-        buf = self.staging(n * nbytes).view(n, nbytes)
-        if pool.device.type == "cpu":
-            out = buf.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
-            pool.read_page_ids(ids, out=out)
-        else:
-            buf.copy_(pool.read_page_ids(ids).to("cpu").view(torch.uint8).reshape(n, nbytes))
+        buf = self.staging(ids.numel() * pool.page_nbytes).view(ids.numel(), -1)
+        read_staged(pool, ids, buf)
         return [row.data for row in buf.numpy()]
 
     # -- loads ---------------------------------------------------------------------------

@@ -12,6 +12,10 @@ buffers. Every store bounds them by its `staging_bytes` option:
 - `StagedTransfer(pool, device, pages, data)` — one transfer of a load batch whose
   pages were read and verified into a staging buffer: `data` is
   ``[len(pages) * P, num_layers, width]`` in page format.
+- `read_staged(device, pages, buf)` — the device's pages `pages` read into `buf`
+  (``[n, page_nbytes]`` uint8, host), through `read_page_ids` (with ``out=`` a view of
+  `buf` when the device lives on the host); an answer of another shape or dtype is a
+  `StoreFaultError` naming the device (nothing is trusted from it).
 - `as_pages(buf, device)` — staged page bytes (``[n, page_nbytes]`` uint8, host) as
   page-format data of `device` (``[n * P, num_layers, width]`` of its dtype), copied
   to the device's memory when that is not the host's.
@@ -37,7 +41,7 @@ import torch
 
 from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName
-from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
 
 __all__ = [
     "DEFAULT_STAGING_BYTES",
@@ -45,6 +49,7 @@ __all__ = [
     "as_pages",
     "check_staging_bytes",
     "chunks",
+    "read_staged",
     "write_layer_major",
 ]
 
@@ -70,6 +75,23 @@ def as_pages(buf: torch.Tensor, device: PageDevice) -> torch.Tensor:
     """Staged page bytes as page-format data of `device`; see the module docstring."""
     data = buf.view(device.dtype).view(-1, device.num_layers, device.width)
     return data if device.device.type == "cpu" else data.to(device.device)
+
+
+def read_staged(device: PageDevice, pages: torch.Tensor, buf: torch.Tensor) -> None:
+    """Read `pages` of `device` into `buf`; see the module docstring."""
+    n, p = pages.numel(), device.page_size
+    shape = (n * p, device.num_layers, device.width)
+    out = buf.view(device.dtype).view(shape) if device.device.type == "cpu" else None
+    got: object = device.read_page_ids(pages, out=out)
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape or got.dtype != device.dtype:
+        what = f"{type(got).__name__} {getattr(got, 'shape', '')} {getattr(got, 'dtype', '')}"
+        msg = (
+            f"offload: page device {device.name!r} answered read_page_ids with {what}; "
+            f"expected a {device.dtype} tensor of shape {shape}"
+        )
+        raise StoreFaultError(msg, operation="offload")
+    if out is None or got.data_ptr() != out.data_ptr():
+        buf.copy_(got.contiguous().view(torch.uint8).reshape(buf.shape).to(buf.device))
 
 
 @attrs.frozen
