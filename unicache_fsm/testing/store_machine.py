@@ -83,7 +83,8 @@ What is checked, in the rules and after every step (invariants):
   reports holds the page's truth bytes in every slot of every load of the batch for
   that pool, whenever asked (a store that reports a layer before writing it shows the
   poison there), a failed batch included; a successful batch reports every layer of
-  each of its pools; a batch id never started (-1) is a `LookupError`;
+  each of its pools (asked right after its result is popped: a store answers for at
+  least the last batch popped); a batch id never started (-1) is a `LookupError`;
 - the store's own ``check_invariants()``, when it has one;
 - slots given back: every slot the machine freed (a load's or an offload's once its
   completion was popped or it was cancelled, a refused job's at once) holds `FREED`
