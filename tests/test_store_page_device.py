@@ -46,14 +46,14 @@ class SplitKV:
     (`writes`), and calls `on_write(layer)` before writing a layer (a test blocks there
     to look at progress mid-batch, or raises to fail the write)."""
 
-    def __init__(self, name: str = "kv") -> None:
+    def __init__(self, name: str = "kv", layers: int = LAYERS) -> None:
         self.layout = PageLayout(PAGES * P, P, name)
-        self.page_size, self.num_layers, self.width = P, LAYERS, WIDTH
+        self.page_size, self.num_layers, self.width = P, layers, WIDTH
         self.dtype, self.device, self.name = torch.float16, torch.device("cpu"), name
-        self.page_nbytes = PAGE_NBYTES
+        self.page_nbytes = P * layers * WIDTH * ITEM
         shape = ((PAGES + 1) * P, HEADS, HEAD_DIM)
-        self.k = [torch.zeros(shape, dtype=self.dtype) for _ in range(LAYERS)]
-        self.v = [torch.zeros(shape, dtype=self.dtype) for _ in range(LAYERS)]
+        self.k = [torch.zeros(shape, dtype=self.dtype) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=self.dtype) for _ in range(layers)]
         self.largest = 0
         self.writes: list[int] = []
         self.on_write: Callable[[int], None] = lambda layer: None
@@ -70,7 +70,8 @@ class SplitKV:
     ) -> torch.Tensor:
         slots = self._slots(pages)
         rows = [
-            torch.cat([self.k[i][slots], self.v[i][slots]], 1).flatten(1) for i in range(LAYERS)
+            torch.cat([self.k[i][slots], self.v[i][slots]], 1).flatten(1)
+            for i in range(self.num_layers)
         ]
         data = torch.stack(rows, 1)
         self.largest = max(self.largest, data.nbytes)
@@ -82,7 +83,7 @@ class SplitKV:
     def write_page_ids(
         self, pages: torch.Tensor, data: torch.Tensor, *, layers: slice | None = None
     ) -> None:
-        first, stop = (0, LAYERS) if layers is None else (layers.start, layers.stop)
+        first, stop = (0, self.num_layers) if layers is None else (layers.start, layers.stop)
         assert data.shape == (pages.numel() * P, stop - first, WIDTH), data.shape
         self.largest = max(self.largest, data.nbytes)
         slots = self._slots(pages)
@@ -326,6 +327,30 @@ def test_a_corrupt_page_fails_the_batch_before_any_layer_lands() -> None:
     assert store.pop_completed_load().success is False
     assert store.loaded_layers(batch) == {KV: 0} and device.writes == []
     assert not device.k[0][slots_of([7, 8, 9])].any()
+    store.close()
+
+
+def test_pools_of_fewer_layers_complete_first() -> None:
+    """KV (3 layers) and SWA (1 layer) in one batch: after layer 0, SWA is complete."""
+    store, kv, swa = MemoryStore(), SplitKV(), SplitKV("swa", layers=1)
+    store.attach({KV: kv, PoolName.SWA: swa})
+    for device in (kv, swa):
+        device.fill([1, 2], seed=9)
+    names = keys(2)
+    both = [*transfer([1, 2], names), PoolTransfer(PoolName.SWA, slots_of([1, 2]), names)]
+    assert store.offload(both)
+    settle(store)
+    seen: list[dict[PoolName, int]] = []
+    kv.on_write = lambda layer: seen.append(store.loaded_layers(0))
+    load = [*transfer([5, 6], names), PoolTransfer(PoolName.SWA, slots_of([5, 6]), names)]
+    assert store.load("r", load)
+    assert store.start_loading() == 0
+    store.progress()
+    assert store.pop_completed_load().success is True
+    assert seen == [{KV: 0, PoolName.SWA: 0}, {KV: 1, PoolName.SWA: 1}, {KV: 2, PoolName.SWA: 1}]
+    assert store.loaded_layers(0) == {KV: 3, PoolName.SWA: 1}
+    assert torch.equal(swa.pages([5, 6]), swa.pages([1, 2]))
+    assert torch.equal(kv.pages([5, 6]), kv.pages([1, 2]))
     store.close()
 
 
