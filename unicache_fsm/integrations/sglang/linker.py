@@ -475,7 +475,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             batch, _ = self._batches[index]
             if batch is None or batch < 0 or batch in self._results:
                 break
-            self._take_load_completions()
+            self._take_load_completions(drive=not self._background)  # (bounded waits)
             batch, _ = self._batches[index]
             done = batch is None or batch < 0 or batch in self._results
             if done or not wait or time.monotonic() >= self._deadlines.get(index, 0.0):
