@@ -82,8 +82,8 @@ def instance(redis_url: str, namespace: str, trace: str | None = None) -> tuple[
     )
     # the five lines the README shows: a Redis-backed StoreLinker in SGLang's cache
     store = RedisStore(redis_url, namespace=namespace)
-    linker = StoreLinker(store, {PoolName.KV: kv})
-    cache.init_cache_linker(ContractMonitor(linker, trace=trace))
+    linker = StoreLinker.from_store(store, {PoolName.KV: kv})
+    cache.init_cache_linker(ContractMonitor.around(linker, trace=trace))
     return cache, kv
 
 

@@ -21,7 +21,7 @@ import torch
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import LinkerTransferPhase, PoolName, PoolTransfer
 from unicache_fsm.store.errors import NoCompletionError
 from unicache_fsm.store.lookup import restorable_prefix_pages
@@ -46,8 +46,9 @@ class DictStore:
         self._load_results: collections.deque[LoadBatchResult] = collections.deque()
         self._offload_results: collections.deque[bool] = collections.deque()
         self._next_batch = 0
+        self._layers: dict[int, dict[PoolName, int]] = {}  # batch -> layers landed
 
-    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
+    def attach(self, pools: Mapping[PoolName, PageDevice]) -> None:
         self._pools = AttachedPools(pools)
 
     def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
@@ -71,9 +72,14 @@ class DictStore:
             return -1
         batch, self._next_batch = self._next_batch, self._next_batch + 1
         self._batches.append((batch, dict(self._queued)))
+        pools = {ct.pool for job in self._queued.values() for ct in job}
+        self._layers[batch] = dict.fromkeys(pools, 0)
         self._in_flight.update(self._queued)
         self._queued.clear()
         return batch
+
+    def loaded_layers(self, batch: int) -> dict[PoolName, int]:
+        return dict(self._layers[batch])  # all at once: this store writes whole pages
 
     def num_completed_loads(self) -> int:
         return len(self._load_results)
@@ -105,13 +111,17 @@ class DictStore:
         while self._offloads:  # offloads first: a queued load already had its pages
             for ct in self._offloads.popleft():
                 kv = self._pools.pool(ct.pool, "offload")
-                data = kv.read_pages(ct.slots).view(-1, kv.page_size, kv.num_layers, kv.width)
+                data = kv.read_page_ids(ct.pages).view(-1, kv.page_size, kv.num_layers, kv.width)
                 for key, page in zip(ct.keys, data, strict=True):
                     self.pages.setdefault((ct.pool, key), page.clone())  # write-once
             self._offload_results.append(True)
         while self._batches:
             batch, loads = self._batches.popleft()
-            self._load_results.append(LoadBatchResult(batch, tuple(loads), self._land(loads)))
+            landed = self._land(loads)
+            if landed:
+                for pool in self._layers[batch]:
+                    self._layers[batch][pool] = self._pools.pool(pool, "load").num_layers
+            self._load_results.append(LoadBatchResult(batch, tuple(loads), landed))
         return done
 
     def _land(self, loads: dict[str, Job]) -> bool:
@@ -121,7 +131,7 @@ class DictStore:
             return False
         for ct in jobs:
             data = torch.cat([self.pages[(ct.pool, key)] for key in ct.keys])
-            self._pools.pool(ct.pool, "load").write_pages(ct.slots, data)
+            self._pools.pool(ct.pool, "load").write_page_ids(ct.pages, data)
         return True
 
     def evict(self, keys: Sequence[str], pool: PoolName | None = None) -> int:

@@ -204,8 +204,8 @@ def test_a_page_seen_while_its_offload_writes_it_keeps_its_parent(tmp_path: Path
     again, or capacity eviction takes the chain's start and leaves its end stored."""
 
     class Peeking(FileStore):
-        def _write(self, pool: PoolName, pages: Any) -> None:
-            super()._write(pool, pages)
+        def medium_write(self, pool: PoolName, pages: Any) -> None:
+            super().medium_write(pool, pages)
             for key, _, _ in pages:  # another thread asks right after the write
                 assert self.contains(pool, key)
 
@@ -707,12 +707,12 @@ def _never_renamed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _pages_read_into_the_wrong_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    read = FileStore._read
+    read = FileStore.medium_read
 
     def shifted(self: FileStore, pool: PoolName, keys: Any, rows: list[memoryview]) -> Any:
         return read(self, pool, keys, [*rows[1:], *rows[:1]])  # page i lands in row i - 1
 
-    monkeypatch.setattr(FileStore, "_read", shifted)
+    monkeypatch.setattr(FileStore, "medium_read", shifted)
 
 
 @pytest.mark.parametrize(
@@ -741,13 +741,13 @@ def test_a_page_evicted_while_its_offload_runs_is_written_again_next_time(
     rig = Rig()
     store = _open(tmp_path / "s", rig)
     keys, src = rig.chain(2), rig.fill(KV, 2)
-    write = FileStore._write
+    write = FileStore.medium_write
 
     def write_then_evict(self: FileStore, pool: PoolName, pages: Any) -> None:
         write(self, pool, pages)
         self.evict([key for key, _, _ in pages])  # another thread, in the window
 
-    monkeypatch.setattr(FileStore, "_write", write_then_evict)
+    monkeypatch.setattr(FileStore, "medium_write", write_then_evict)
     assert store.offload([PoolTransfer(KV, src, keys)])
     store.progress()
     assert drain(store)[1] == [True]

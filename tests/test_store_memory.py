@@ -723,7 +723,7 @@ def test_scattered_rows_and_slab_growth_keep_bytes_exact() -> None:
     store.close()
 
 
-def test_slab_rows_contiguous_first_then_scattered() -> None:
+def test_slab_reserves_contiguous_runs_first_then_scattered() -> None:
     from unicache_fsm.store.memory import _Slab
 
     slab = _Slab(8)
@@ -738,14 +738,6 @@ def test_slab_rows_contiguous_first_then_scattered() -> None:
     assert slab.reserve(6) == [5, 7, 8, 13, 14, 15]
     assert slab.num_free == 0 and not any(slab.free)
     assert slab.reserve(3) == [16, 17, 18]  # grown
-    slab.data[:19] = torch.arange(19, dtype=torch.uint8).view(19, 1)
-    # a contiguous run in any order is a view, with the order it comes in
-    view, order = slab.rows_of([12, 10, 11])
-    assert view.data_ptr() == slab.data[10].data_ptr() and order == [1, 2, 0]
-    view, order = slab.rows_of([10, 11, 12])
-    assert view.data_ptr() == slab.data[10].data_ptr() and order is None
-    got, order = slab.rows_of([7, 2, 15])  # scattered: gathered in the order given
-    assert order is None and got[:, 0].tolist() == [7, 2, 15]
 
 
 def test_slab_grows_in_place_within_its_reserve_and_moves_rows_past_it(

@@ -532,13 +532,13 @@ def test_a_page_evicted_while_its_offload_runs_is_written_again_next_time(
     store = open_store(background=False)
     store.attach(rig.pools)
     keys, src = rig.chain(2), rig.fill(KV, 2)
-    write = RedisStore._write
+    write = RedisStore.medium_write
 
     def write_then_evict(self: RedisStore, pool: PoolName, pages: Any) -> None:
         write(self, pool, pages)
         self.evict([key for key, _, _ in pages])  # another thread, in the window
 
-    monkeypatch.setattr(RedisStore, "_write", write_then_evict)
+    monkeypatch.setattr(RedisStore, "medium_write", write_then_evict)
     assert store.offload([PoolTransfer(KV, src, keys)])
     store.progress()
     assert drain(store)[1] == [True]

@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from unicache_fsm.hashing import page_hashes
-from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.transfer import PoolName, check_page_key
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule, FaultyStore
 from unicache_fsm.store.memory import MemoryStore
@@ -158,27 +157,28 @@ def _offload_failure_reported_true(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _pages_land_in_the_wrong_slots(monkeypatch: pytest.MonkeyPatch) -> None:
-    copy_out = MemoryStore._copy_out
+    load = MemoryStore._load
 
-    def reversed_slots(
-        self: MemoryStore, ct: CheckedTransfer, entries: list[Any], slab: Any, pool: KVPool
-    ) -> list[int]:
-        slots = ct.slots.view(len(ct.keys), -1).flip(0).reshape(-1)  # page i -> slot n-1-i
-        pages = ct.pages.flip(0)  # the same move by page id (what the store writes by)
-        return copy_out(self, attrs.evolve(ct, slots=slots, pages=pages), entries, slab, pool)
+    def reversed_slots(self: MemoryStore, batch: Any, plan: list[Any], rejected: Any) -> bool:
+        def flipped(ct: CheckedTransfer) -> CheckedTransfer:
+            slots = ct.slots.view(len(ct.keys), -1).flip(0).reshape(-1)  # page i -> n-1-i
+            pages = ct.pages.flip(0)  # the same move by page id (what the store writes by)
+            return attrs.evolve(ct, slots=slots, pages=pages)
 
-    monkeypatch.setattr(MemoryStore, "_copy_out", reversed_slots)
+        return load(self, batch, [(flipped(ct), *rest) for ct, *rest in plan], rejected)
+
+    monkeypatch.setattr(MemoryStore, "_load", reversed_slots)
 
 
 def _odd_batch_results_lost(monkeypatch: pytest.MonkeyPatch) -> None:
-    finish = MemoryStore._finish_load_batch
+    finish = MemoryStore.finish_load_batch
 
     def lose_odd(self: MemoryStore, batch: Any, ok: bool) -> None:
         finish(self, batch, ok)
         if batch.batch % 2:
             self._load_results.pop()  # the batch ran; its result is never recorded
 
-    monkeypatch.setattr(MemoryStore, "_finish_load_batch", lose_odd)
+    monkeypatch.setattr(MemoryStore, "finish_load_batch", lose_odd)
 
 
 PLANTED = {
@@ -190,7 +190,9 @@ PLANTED = {
     "pages_land_in_the_wrong_slots": (
         _pages_land_in_the_wrong_slots,
         MemoryStoreMachine,
-        r"reported success, but load 'load-\d+' \w+ page \d+ .* holds the bytes of page \d+",
+        r"reported success, but load 'load-\d+' \w+ page \d+ .* holds the bytes of page \d+"
+        r"|loaded_layers\(\d+\) reports \d+ \w+ layer\(s\) landed, but load 'load-\d+' "
+        r"page \d+ .* holds other bytes",
     ),
     "batch_results_lost": (
         _odd_batch_results_lost,

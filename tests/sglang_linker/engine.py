@@ -5,15 +5,21 @@ by a `ContractMonitor`, with the steps of a scheduler spelled out.
 (global server args first; Full only: `MHATokenToKVPool` with the paged allocator;
 Full + SWA: `SWAKVPool` with `SWATokenToKVPoolAllocator`, FULL and SWA pages allocated
 separately and mapped), with two Full layers and random KV bytes written into every
-computed slot. Steps:
+computed slot. `Engine.launched(config, ...)` builds the linker instead as a worker
+launched with ``--unified-cache-external-linker-backend dynamic
+--unified-cache-external-linker-config CONFIG`` does: SGLang's own
+`UnifiedCacheLinkerConfig.from_dict` and `create_unified_cache_linker`, then the layer
+counter registered on the KV pool (`kvcache.register_layer_transfer_counter`). Steps:
 
 - `compute(tokens)` — a request computed `tokens`: fresh slots, random K/V, insert (the
   write-through offload is queued by the insert); returns the K/V it wrote (`Kv`).
 - `poll()` — one scheduler step's `check_hicache_events` (offload completions).
 - `evict_all()` — evict every unlocked node.
-- `load(tokens, rid)` — match with a request, `init_load_back`, start the batch, finish
-  it (what the scheduler does around a forward); returns a `Loaded` with what was
-  promised and loaded, the request-private slots and the finish's failed requests.
+- `load(tokens, rid)` — match with a request, `init_load_back`, start the batch, run
+  the forward (each layer's attention asks the KV pool for its buffer, which waits on
+  the layer counter, and reads the layer: `layers_read`), finish it; returns a `Loaded`
+  with what was promised and loaded, the request-private slots, the finish's failed
+  requests and what the forward read.
 - `insert_loaded(loaded)` — the request inserts the loaded tail like computed KV.
 - `read(full_slots)` — the K/V SGLang holds in those slots.
 """
@@ -44,6 +50,12 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  #
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType  # noqa: E402
+from sglang.srt.mem_cache.unified_cache.linker_config import (  # noqa: E402
+    UnifiedCacheLinkerConfig,
+)
+from sglang.srt.mem_cache.unified_cache.linker_factory import (  # noqa: E402
+    create_unified_cache_linker,
+)
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import (  # noqa: E402
@@ -80,12 +92,15 @@ class Loaded:
     slots: torch.Tensor | None = attrs.field(eq=False)
     failed: tuple[str, ...]
     req: Any = attrs.field(eq=False)
+    #: the forward's reads: SGLang layer id -> (K, V) of the loaded slots right after
+    #: that layer's wait returned
+    layers_read: dict[int, tuple[torch.Tensor, torch.Tensor]] = attrs.field(eq=False, factory=dict)
 
 
 class Engine:
     def __init__(
         self,
-        store: ExternalStore,
+        store: ExternalStore | None,
         *,
         swa_window: int | None = None,
         page: int = 4,
@@ -94,13 +109,19 @@ class Engine:
         mode: str = "raise",
         monitored: bool = True,
         store_trace: Any = None,
+        config: dict[str, Any] | None = None,
+        model: str = "dummy",
+        load_timeout_s: float = 30.0,
     ) -> None:
         self.page = page
-        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
+        self.model = model
+        set_global_server_args_for_scheduler(ServerArgs(model_path=model, page_size=page))
         req_pool = ReqToTokenPool(
             size=8, max_context_len=1024, device="cpu", enable_memory_saver=False
         )
         self.swa = swa_window is not None
+        #: the SWA tokens a load brings back: the window in whole pages
+        self.window = -(-swa_window // page) * page if swa_window is not None else 0
         if self.swa:
             kv = SWAKVPool(
                 size=tokens,
@@ -144,27 +165,63 @@ class Engine:
             self.swa_kv = None
             components = (ComponentType.FULL,)
             pools = {PoolName.KV: kv}
-        self.cache = UnifiedRadixCache(
-            CacheInitParams(
-                disable=False,
-                req_to_token_pool=req_pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page,
-                sliding_window_size=swa_window,
-                tree_components=components,
-                eviction_policy="lru",
-                tree_core_backend="python",
-            )
+        self.kvcache = kv
+        self.params = CacheInitParams(
+            disable=False,
+            req_to_token_pool=req_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=page,
+            sliding_window_size=swa_window,
+            tree_components=components,
+            eviction_policy="lru",
+            tree_core_backend="python",
         )
+        self.cache = UnifiedRadixCache(self.params)
         self.pools = pools
-        self.store_linker = StoreLinker(store, pools, trace=store_trace)
-        self.linker: Any = self.store_linker
         self.monitor: ContractMonitor | None = None
-        if monitored:
-            self.monitor = ContractMonitor(self.store_linker, mode=mode, trace=trace)
-            self.linker = self.monitor
+        if config is not None:
+            self.linker: Any = self._launch(config, model)
+            if isinstance(self.linker, ContractMonitor):
+                self.monitor = self.linker
+                self.store_linker = self.linker.linker
+            else:
+                self.store_linker = self.linker
+        else:
+            assert store is not None
+            self.store_linker = StoreLinker.from_store(
+                store, pools, trace=store_trace, load_timeout_s=load_timeout_s
+            )
+            self.linker = self.store_linker
+            if monitored:
+                self.monitor = ContractMonitor.around(self.store_linker, mode=mode, trace=trace)
+                self.linker = self.monitor
         self.cache.init_cache_linker(self.linker)
+        kv.register_layer_transfer_counter(self.linker.layer_done_counter)
         self.gen = torch.Generator().manual_seed(1234)
+
+    @classmethod
+    def launched(cls, config: dict[str, Any], **options: Any) -> Engine:
+        """The cache with its linker built from the launch JSON `config` (module docstring)."""
+        return cls(None, config=config, **options)
+
+    def _launch(self, config: dict[str, Any], model: str) -> Any:
+        args = ServerArgs(
+            model_path=model,
+            page_size=self.page,
+            enable_unified_cache_external_linker=True,
+            unified_cache_external_linker_backend="dynamic",
+            unified_cache_external_linker_config=config,
+        )
+        set_global_server_args_for_scheduler(args)
+        UnifiedCacheLinkerConfig.from_dict(config)  # what SGLang's argument check runs
+        return create_unified_cache_linker(
+            args,
+            self.params,
+            backend="dynamic",
+            config=config,
+            components=set(self.cache.components),
+            forward_stream=None,
+        )
 
     # -- slots and bytes -------------------------------------------------------------------
 
@@ -222,6 +279,7 @@ class Engine:
     def compute(self, tokens: list[int]) -> tuple[Kv, Kv | None]:
         """A request computed `tokens` (whole pages) and inserts them."""
         slots = self._alloc(len(tokens))
+        self.computed_slots = slots  # where the last computed request's KV went
         self._write(slots)
         wrote = self.read(slots), (self.read_swa(slots) if self.swa else None)
         self.cache.insert(InsertParams(key=RadixKey(list(tokens)), value=slots))
@@ -268,6 +326,7 @@ class Engine:
         if loaded:
             req.prefix_len = result.device_prefix_len + loaded
         self.cache.ready_to_load_host_cache()
+        read = self.forward(slots)
         failed = self.cache.finish_external_linker_loads([req])
         return Loaded(
             rid,
@@ -277,7 +336,25 @@ class Engine:
             slots,
             tuple(r.rid for r in failed),
             req,
+            read,
         )
+
+    def forward(self, slots: torch.Tensor | None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """The batch's forward: each layer's attention asks the KV pool for its K buffer
+        (the pool waits on the layer counter first) and reads the loaded slots' K and V."""
+        read: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.linker.layer_done_counter.set_consumer(self.cache.linker.inflight_load_index)
+        for layer in range(self.kvcache.layer_num):
+            k = self.kvcache.get_key_buffer(layer)
+            v = self.kvcache.get_value_buffer(layer)
+            if slots is None:
+                continue
+            where = slots
+            mapping = getattr(self.kvcache, "layers_mapping", None)
+            if mapping is not None and mapping[layer][1]:
+                where = self.swa_slots(slots)
+            read[layer] = (k[where].clone(), v[where].clone())
+        return read
 
     def insert_loaded(self, loaded: Loaded) -> Any:
         """The request inserts its loaded tail like computed KV (0.5.23 has no COMMIT)."""

@@ -4,8 +4,8 @@
 - Each of its mutants (tests/sglang_linker/mutants.py: one realistic bug each) is caught,
   with seed 1 and a 2-second machine budget (most fall to a scenario first); the test
   names the obligation and prints the time it took to catch.
-- The project's own `StoreLinker` (through `StorePlugin`) holds every obligation on the
-  memory, file and Redis stores.
+- The project's own `StoreLinker` holds every obligation on the memory, file and Redis
+  stores (and the old launch name `StorePlugin` still builds it).
 - The CLI: exit 0 / 1 / 2, the table, the written report and a failing program that
   runs as a pytest file; bad input in one line.
 """
@@ -136,14 +136,14 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def _store_config(store_kind: str, tmp_path: Path) -> str:
-    module = "unicache_fsm.integrations.linker_kit.store_plugin"
+    module = "unicache_fsm.integrations.sglang"
     if store_kind == "memory":
-        return _config("StorePlugin", module, store="memory")
+        return _config("StorePlugin", "unicache_fsm.integrations.linker_kit.store_plugin")
     if store_kind == "file":
-        return _config("StorePlugin", module, store=f"file:{tmp_path / 'store'}")
+        return _config("StoreLinker", module, store=f"file:{tmp_path / 'store'}")
     from redis_helpers import fresh_namespace, shared_server
 
-    return _config("StorePlugin", module, store=shared_server().url, namespace=fresh_namespace())
+    return _config("StoreLinker", module, store=shared_server().url, namespace=fresh_namespace())
 
 
 def test_the_projects_store_linker_holds_every_obligation(store_kind: str, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """`StoreLinker` inside SGLang 0.5.23's real cache, over stores that lie: nothing the store
 says raises into SGLang's scheduler (with 0.5.23 that kills the worker), every completion
-loop is bounded, and mirror rows the store may still write stay fenced until its own
-completion (or a reset) — a later request for the same slots recomputes instead.
+loop is bounded, and slots the store may still write stay fenced until its own
+completion (or a reset) — a later request for the same slots recomputes instead — and
+closed to it: a write that comes after SGLang took them back is refused.
 
 The liar delegates to a real `MemoryStore` and lies about one thing at a time; it can
 also hold its load batches back (`defer`), so the store writes only when the test says.
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from sglang_linker.engine import Engine
+from unicache_fsm.integrations.sglang.buffers import SlotsRevokedError
 from unicache_fsm.pools.transfer import PoolTransfer
 from unicache_fsm.store import MemoryStore
 from unicache_fsm.store.protocol import LoadBatchResult
@@ -270,3 +272,67 @@ def test_a_failing_reset_raises_nothing_and_fences_what_was_in_flight(
     del store.reset
     engine.cache.reset()
     assert linker.fenced() == 0
+
+
+def test_a_late_write_never_lands_in_slots_sglang_reused(lied: tuple[Engine, Liar, Any]) -> None:
+    """The store promised a batch and had not written it when SGLang finished it: the
+    batch fails, SGLang frees its slots and hands them to a request that computes its
+    own KV there. When the store finally writes the batch, the write is refused (the
+    slots were closed to it before `finish` answered): the other request's KV stays."""
+    engine, store, _ = lied
+    store.defer, store.extra_loads = True, 1
+    _, loaded, slots, failed = start_and_finish(engine, "r1")
+    store.defer, store.extra_loads = False, 0
+    assert loaded == 16 and slots is not None and failed == ["r1"]
+    linker = engine.store_linker
+    assert linker.open_pages()["write"] == 0  # closed before finish answered
+    engine.free(slots)
+    theirs, _ = engine.compute(list(range(200, 216)))  # SGLang reuses the freed slots
+    reused = engine.computed_slots
+    assert set(reused.tolist()) & set(slots.tolist()), "the test needs the slots reused"
+    store.run_loads()  # the store writes its batch now
+    assert isinstance(store.inner.last_error, SlotsRevokedError)
+    assert engine.read(reused).same(theirs)  # the other request's KV, untouched
+    store.inner.num_completed_loads()
+    engine.poll()
+
+
+def test_a_stuck_batch_fails_within_its_deadline(tmp_path: Any) -> None:
+    """A store that never runs the batch it promised: the forward's waits return once
+    the batch's deadline passed (never forever), the batch fails, SGLang aborts."""
+    store = Liar()
+    engine = Engine(store, load_timeout_s=0.2)  # type: ignore[arg-type]
+    engine.compute(TOKENS)
+    engine.settle_offloads()
+    engine.evict_all()
+    store.defer = True
+    loaded = engine.load([*TOKENS, 9], "r1")
+    assert loaded.loaded == 16 and loaded.failed == ("r1",)
+    assert engine.store_linker.fenced() == 1  # until the store's own completion
+    engine.close()
+
+
+def test_an_offload_whose_reply_was_lost_never_reads_slots_sglang_kept_no_lock_on(
+    lied: tuple[Engine, Liar, Any],
+) -> None:
+    """The store queued an offload and its reply was lost: SGLang saw a refusal and keeps
+    no lock on the node, so the node's slots may hold other KV by the time the store
+    runs the offload. Its read is refused: nothing is filed under the node's keys."""
+    engine, store, _ = lied
+    real = store.inner.offload
+
+    def lost(transfers: Sequence[PoolTransfer]) -> bool:
+        real(transfers)
+        raise ConnectionError("offload: the reply was lost")
+
+    store.offload = lost  # type: ignore[method-assign]
+    tokens = list(range(300, 316))
+    engine.compute(tokens)
+    del store.offload
+    assert engine.pending_offloads() == 0  # SGLang took it as refused
+    assert engine.store_linker.open_pages()["read"] == 0
+    store.inner.progress()  # the store runs the offload it queued
+    assert isinstance(store.inner.last_error, SlotsRevokedError)
+    engine.evict_all()
+    _, result = engine.match(tokens, "r9")
+    assert result.host_hit_length == 0  # nothing stored under those keys

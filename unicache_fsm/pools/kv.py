@@ -12,11 +12,17 @@
   data that is a view of the pool itself is written as it was before the call.
 - `fill_pages(slots, value)`: set every element of whole pages `slots` to `value` (a
   page may repeat: every copy gets the same value).
-- `read_page_ids(pages, out=None)` / `write_page_ids(pages, data)` — the same moves for
-  slots validated before: `pages` as `pages_of(slots, what)` returned them (a store
-  validates a transfer once, when it accepts it, and moves its bytes later).
+- `read_page_ids(pages, out=None)` / `write_page_ids(pages, data, *, layers=None)` —
+  the same moves for slots validated before: `pages` as `pages_of(slots, what)`
+  returned them (a store validates a transfer once, when it accepts it, and moves its
+  bytes later). `layers` (a `slice` of layers) writes only those layers of the pages,
+  from ``[len(pages) * P, len(layers), width]`` data (see `unicache_fsm.pools.device`).
 - `page_bytes()` — a CPU pool's pages as uint8 NumPy rows over its own memory (the
-  host tier and the stores copy large pages in place through it).
+  host tier and the stores copy large pages in place through it); None for a pool on
+  another device.
+
+A `KVPool` is a `PageDevice` (`unicache_fsm.pools.device`): its rows are the store's
+page format.
 
 `slots` are whole pages of the pool's usable range (pages 1 .. num_pages), as an
 allocator hands them out; reads may repeat a page. Both calls gather or scatter whole
@@ -38,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from unicache_fsm.pools.device import layer_slice
 from unicache_fsm.pools.errors import (
     DeviceMismatchError,
     DuplicatePagesError,
@@ -192,10 +199,9 @@ class KVPool:
 
     def page_bytes(self) -> Any:
         """The CPU pool's pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
-        NumPy array over the pool's own memory (no copy; row = page id)."""
-        if self._row_bytes is not None:
-            return self._row_bytes
-        return self._rows.view(torch.uint8).numpy()  # not a CPU pool: torch says why
+        NumPy array over the pool's own memory (no copy; row = page id); None for a
+        pool on another device (the host cannot view it in place)."""
+        return self._row_bytes
 
     def __repr__(self) -> str:
         return (
@@ -275,10 +281,19 @@ class KVPool:
         rows = self._rows.index_select(0, pages)
         return rows.view(n, self._num_layers, self._width)
 
-    def write_page_ids(self, pages: torch.Tensor, data: torch.Tensor) -> None:
+    def write_page_ids(
+        self, pages: torch.Tensor, data: torch.Tensor, *, layers: slice | None = None
+    ) -> None:
         """`write_pages` into slots already validated: `pages` are their page ids as
-        `pages_of` returned them, each page once (see `read_page_ids`)."""
+        `pages_of` returned them, each page once (see `read_page_ids`). `layers` (a
+        slice of step 1) writes only those layers' columns of the pages, from data of
+        shape ``[len(pages) * P, len(layers), width]``; the other layers stay."""
         n = pages.numel()
+        if layers is not None:
+            start, stop = layer_slice(layers, self._num_layers, f"pool {self.name!r}")
+            if (start, stop) != (0, self._num_layers):
+                self._write_layers(pages, data, start, stop)
+                return
         self._check_data(data, n * self.page_size, "data")
         if data.is_conj() or data.is_neg():  # lazy bits a byte or NumPy view cannot carry
             data = data.resolve_conj().resolve_neg()
@@ -299,6 +314,29 @@ class KVPool:
             self._put_rows(pages, rows.contiguous().view(torch.uint8).numpy(), self.page_bytes())
             return
         self._rows.index_copy_(0, pages, rows)
+
+    def _write_layers(self, pages: torch.Tensor, data: torch.Tensor, start: int, stop: int) -> None:
+        """Layers ``start:stop`` of pages `pages` from `data` (checked here). A CPU pool
+        takes them through NumPy views of both sides (one strided copy of whole K/V
+        rows; torch's `index_copy_` into a strided view moves element by element, some
+        40x slower for small pages)."""
+        n, p, width = pages.numel(), self.page_size, self._width
+        self._check_data(data, n * p, "data", stop - start)
+        if n == 0:
+            return
+        if data.untyped_storage().data_ptr() == self._data.untyped_storage().data_ptr():
+            data = data.clone()  # a view of this pool: write what it held before the call
+        if data.is_conj() or data.is_neg():  # lazy bits a NumPy view cannot carry
+            data = data.resolve_conj().resolve_neg()
+        by_page = self._data.view(self._layout.num_pages + 1, p, self._num_layers, width)
+        layers = data.view(n, p, stop - start, width) if data.is_contiguous() else None
+        if self._row_bytes is not None and data.dtype in _NUMPY_DTYPES and not data.requires_grad:
+            src = data.numpy().reshape(n, p, stop - start, width)
+            by_page.numpy()[pages.numpy(), :, start:stop] = src
+            return
+        if layers is None:
+            layers = data.reshape(n, p, stop - start, width)
+        by_page[:, :, start:stop].index_copy_(0, pages, layers)
 
     def _put_rows(self, pages: torch.Tensor, src: Any, dst: Any) -> None:
         """Copy uint8 NumPy rows `src` into rows `pages` of `dst` (this pool's bytes); a
@@ -322,8 +360,11 @@ class KVPool:
         codec = self._codec
         return codec.to_pages(codec.check_index_tensor(slots, what), what)
 
-    def _check_data(self, data: object, num_slots: int, what: str) -> None:
-        expected = (num_slots, self._num_layers, self._width)
+    def _check_data(
+        self, data: object, num_slots: int, what: str, num_layers: int | None = None
+    ) -> None:
+        layers = self._num_layers if num_layers is None else num_layers
+        expected = (num_slots, layers, self._width)
         if not isinstance(data, torch.Tensor):
             msg = (
                 f"pool {self.name!r}: {what} must be a torch.Tensor of shape {expected} and "
@@ -345,6 +386,6 @@ class KVPool:
         if tuple(data.shape) != expected:
             msg = (
                 f"pool {self.name!r}: {what} has shape {tuple(data.shape)}, expected "
-                f"{expected} ([slots, num_layers, width] for {num_slots} slots)"
+                f"{expected} ([slots, layers, width] for {num_slots} slots)"
             )
             raise TensorShapeError(msg, what=what, got=tuple(data.shape), expected=expected)

@@ -23,7 +23,7 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from itertools import chain, repeat
 
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.store.errors import NoCompletionError
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
@@ -114,11 +114,14 @@ class StoreLedger:
         self._queued.clear()  # they complete failed (under batch ids of the store's own)
 
     # -- forwarded -------------------------------------------------------------------------
-    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
+    def attach(self, pools: Mapping[PoolName, PageDevice]) -> None:
         self.inner.attach(pools)
 
     def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
         return self.inner.lookup(rid, transfers)
+
+    def loaded_layers(self, batch: int) -> dict[PoolName, int]:
+        return self.inner.loaded_layers(batch)
 
     def num_completed_loads(self) -> int:
         return self.inner.num_completed_loads()

@@ -3,7 +3,8 @@ Redis), the store-side machines, the LOOKUP rules, and a fault-injection wrapper
 
 One concept per module, each listing its primitives and their contracts:
 `protocol` (`ExternalStore`, `LoadBatchResult`), `lookup` (restorable-prefix rules),
-`requests` (attached pools, request validation), `jobs` (store-side load/offload
+`requests` (attached page devices, request validation), `staging` (bounded host
+staging, layer-major writes), `jobs` (store-side load/offload
 records and their machines), `base` (`BaseStore`: queues, completions, worker, chain
 books shared by every backend), `memory` (`MemoryStore`), `shared` (`SharedStore`: the
 medium-independent half of the persistent stores), `pageformat` (their page header and
@@ -21,6 +22,7 @@ from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.errors import (
     FaultPolicyError,
     NoCompletionError,
+    StoreBatchUnknownError,
     StoreClosedError,
     StoreConfigError,
     StoreError,
@@ -67,6 +69,7 @@ __all__ = [
     "NoCompletionError",
     "PageHeader",
     "RedisStore",
+    "StoreBatchUnknownError",
     "StoreClosedError",
     "StoreConfigError",
     "StoreError",

@@ -1,23 +1,38 @@
 """What every store backend shares: the protocol's queues and completions, the worker
-thread, and the chain books that drive capacity eviction from chain ends.
-
-A backend's `_run_load_batch` / `_run_offload` must complete its job whatever happens
-(catch, keep the exception in `last_error`, complete it failed).
+thread, the chain books that drive capacity eviction from chain ends, bounded staging
+and per-layer load progress.
 
 `BaseStore` implements every primitive of `unicache_fsm.store.protocol` (see there for
-the contracts) except moving bytes; a backend (`MemoryStore`, `FileStore`,
-`RedisStore`) subclasses it and provides:
+the contracts) except moving bytes. A backend subclasses it and provides the
+``backend_*`` hooks (the store-author's guide, with an example: docs/store-authors.md):
 
-- `_present(pool, keys) -> list[bool]` — which pages the backend holds (called with the
-  lock held; a backend whose pages other processes also write or drop answers from
-  the backend itself and reconciles the books with `_learn` / `_forget`);
-- `_run_load_batch(batch)` — read, verify and write one started batch into its slots,
-  then `_finish_load_batch(batch, ok)` under the lock;
-- `_run_offload(record)` — `_plan_new_pages` + `_make_room` under the lock, write the
-  pages, then `_insert` them and `_finish_offload(record, ok)` under the lock;
-- optionally `_check_layout(pools)` (on attach), `_drop(ident, entry)` (release a page's
-  bytes when the books remove it), `_delete(idents)` (evict pages the books may not
-  know), `_release()` (on close).
+- `backend_present(pool, keys) -> list[bool]` — which pages the backend holds (the
+  lock is held; a backend whose pages other processes also write or drop answers from
+  the backend itself and reconciles the books with `SharedStore`'s learning).
+- `backend_load_batch(batch)` — read, verify and write one started batch into its
+  slots (outside the lock), then `finish_load_batch(batch, ok)` under the lock. It
+  must complete the batch whatever happens (catch, keep the exception in
+  `last_error`, finish it failed). Bytes in transit stay within `staging_bytes`
+  (`unicache_fsm.store.staging`); a batch staged whole is written with
+  `write_layers(batch, parts)`, which reports per-layer progress.
+- `backend_offload(record)` — `plan_new_pages` + `make_room` under the lock, write the
+  pages outside it, then insert them into the books and `finish_offload(record, ok)`
+  under the lock; it too must complete whatever happens.
+- optionally `backend_check_layout(pools)` (on attach: refuse, `StoreConfigError`, pools
+  whose layout contradicts stored pages), `backend_drop(ident, entry)` (release a page's
+  bytes when the books remove it; the lock is held), `backend_delete(idents)` (`evict`:
+  remove these pages, the number removed; the lock is held), `backend_release()` (on
+  close, the lock held, the worker joined).
+
+Options every backend shares (checked by `check_options`, `StoreConfigError` naming
+one): `capacity_pages`, `background`, `history`, `staging_bytes` (the bound on host
+bytes in transit per load batch or offload; default `DEFAULT_STAGING_BYTES`).
+
+Per-layer progress (`loaded_layers(batch)`): a started batch has a count per pool of its
+transfers, 0 when it starts, raised only by `write_layers` as layers land, and set to
+every pool's `num_layers` when the batch completes successfully; a failed batch keeps
+what actually landed. Counts are kept for batches not yet popped and for the last
+`history` popped ones; any other batch is `StoreBatchUnknownError`.
 
 The books (`_pages`: one entry per stored page the store knows, each with its
 `parent`, the previous key in its offload's key order): capacity eviction takes least
@@ -50,9 +65,10 @@ from itertools import filterfalse, repeat
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import attrs
+import torch
 
 from unicache_fsm.copying import deep
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import (
     LinkerTransferPhase,
     PoolName,
@@ -61,6 +77,7 @@ from unicache_fsm.pools.transfer import (
 )
 from unicache_fsm.store.errors import (
     NoCompletionError,
+    StoreBatchUnknownError,
     StoreClosedError,
     StoreConfigError,
     StoreStateError,
@@ -77,6 +94,12 @@ from unicache_fsm.store.jobs import (
 from unicache_fsm.store.lookup import lookup_boundaries, split_lookup_transfers
 from unicache_fsm.store.protocol import LoadBatchResult
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.staging import (
+    DEFAULT_STAGING_BYTES,
+    StagedTransfer,
+    check_staging_bytes,
+    write_layer_major,
+)
 
 __all__ = ["BaseStore", "Ident", "LoadBatch", "NewPages", "PageEntry"]
 
@@ -115,8 +138,14 @@ class NewPages:
         return [self.transfer.keys[i] for i in self.indices]
 
 
-def check_options(capacity_pages: object, history: object, background: object = False) -> None:
+def check_options(
+    capacity_pages: object,
+    history: object,
+    background: object = False,
+    staging_bytes: object = DEFAULT_STAGING_BYTES,
+) -> None:
     """The constructor arguments every backend shares (`StoreConfigError` naming one)."""
+    check_staging_bytes(staging_bytes)
     if not isinstance(background, bool):
         msg = f"background must be True or False, got {background!r}"
         raise StoreConfigError(msg, argument="background", value=background)
@@ -158,10 +187,27 @@ class BaseStore(Generic[E]):
     worker_name: ClassVar[str] = "unicache-store"
 
     def __init__(
-        self, *, capacity_pages: int | None = None, background: bool = False, history: int = 256
+        self,
+        *,
+        capacity_pages: int | None = None,
+        background: bool = False,
+        history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
     ) -> None:
-        check_options(capacity_pages, history, background)
+        check_options(capacity_pages, history, background, staging_bytes)
         self.capacity_pages = capacity_pages
+        self.staging_bytes = staging_bytes
+        # per-layer progress of started batches (until popped), then of the last
+        # `history` popped ones: batch -> {pool: leading layers in every slot}
+        self._layers: dict[int, dict[PoolName, int]] = {}
+        self._layers_done: collections.OrderedDict[int, dict[PoolName, int]] = (
+            collections.OrderedDict()
+        )
+        self._layers_kept = history
+        # host staging for bytes in transit, reused across jobs, never grown past the
+        # budget (but to one page when a page alone is larger); only the thread that
+        # performs jobs uses it
+        self._staging = torch.empty(0, dtype=torch.uint8)
         self.background = background
         self.last_error: BaseException | None = None
         # `with self._lock` is `with self._cond` (the condition's own lock) without the
@@ -212,11 +258,13 @@ class BaseStore(Generic[E]):
                 new._cond = threading.Condition(new._lock)
             elif name == "_performing":
                 new._performing = threading.Lock()
+            elif name == "_staging":
+                new._staging = torch.empty(0, dtype=torch.uint8)
             else:
                 setattr(new, name, deep(value, memo))
         return new
 
-    def _start_worker(self) -> None:
+    def start_worker(self) -> None:
         """Start the background worker (subclasses call it last in ``__init__``)."""
         if self.background and self._worker is None:
             self._worker = threading.Thread(target=self._work, name=self.worker_name, daemon=True)
@@ -224,24 +272,39 @@ class BaseStore(Generic[E]):
 
     # -- what a backend provides ---------------------------------------------------------
 
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        """Which of `keys` the backend holds for `pool` (the lock is held)."""
+    def backend_present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        """Which of `keys` the backend holds for `pool`, in order (the lock is held;
+        called by `lookup`, `load` and `contains`)."""
         raise NotImplementedError
 
-    def _run_load_batch(self, batch: LoadBatch) -> None:
+    def backend_load_batch(self, batch: LoadBatch) -> None:
+        """Perform one started batch (called without the lock, by the one thread that
+        performs jobs): read and verify its pages, write them into its transfers'
+        slots (`write_layers` for a batch staged whole; never more than
+        `staging_bytes` of host staging at once), then `finish_load_batch(batch, ok)`
+        under the lock. It always finishes the batch: an exception is kept in
+        `last_error` and the batch finished failed."""
         raise NotImplementedError
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
+        """Perform one queued offload (without the lock, by the one thread that performs
+        jobs): choose its new pages and make room (`plan_new_pages`, `make_room`, under
+        the lock), read and write them (within `staging_bytes`), insert them into the
+        books and `finish_offload(record, ok)` under the lock; ok only when every new
+        page is stored. It always finishes the offload, as `backend_load_batch` does."""
         raise NotImplementedError
 
-    def _check_layout(self, pools: AttachedPools) -> None:
-        """Refuse (StoreConfigError) pools whose layout contradicts stored pages."""
+    def backend_check_layout(self, pools: AttachedPools) -> None:
+        """On `attach`: refuse (`StoreConfigError`, nothing changed) page devices whose
+        layout contradicts stored pages (the lock is held). Default: accept."""
 
-    def _drop(self, ident: Ident, entry: E) -> None:
-        """Release the bytes of a page the books just removed (the lock is held)."""
+    def backend_drop(self, ident: Ident, entry: E) -> None:
+        """Release the bytes of a page the books just removed (capacity eviction, a
+        rejected page; the lock is held). Default: nothing to release."""
 
-    def _delete(self, idents: list[Ident]) -> int:
-        """`evict()`: remove these pages; the number removed (the lock is held)."""
+    def backend_delete(self, idents: list[Ident]) -> int:
+        """`evict()`: remove these pages, the books' and the backend's; the number
+        removed (the lock is held). Default: the books' pages, through `backend_drop`."""
         removed = 0
         for ident in idents:
             if ident in self._pages:
@@ -249,12 +312,13 @@ class BaseStore(Generic[E]):
                 removed += 1
         return removed
 
-    def _release(self) -> None:
-        """Release the backend's resources at `close()` (the lock is held)."""
+    def backend_release(self) -> None:
+        """Release the backend's resources at `close()` (the lock is held, the worker
+        joined, every job finished). Default: nothing to release."""
 
     # -- protocol: setup and lookup ------------------------------------------------------
 
-    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
+    def attach(self, pools: Mapping[PoolName, PageDevice]) -> None:
         attached = AttachedPools(pools)
         with self._lock:
             if self._closed:
@@ -265,7 +329,7 @@ class BaseStore(Generic[E]):
                     "the store is idle (reset() fails pending work; then pop every result)"
                 )
                 raise StoreStateError(msg, operation="attach")
-            self._check_layout(attached)
+            self.backend_check_layout(attached)
             self._pools = attached
 
     def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
@@ -276,7 +340,7 @@ class BaseStore(Generic[E]):
             pools = (kv, *others)
             for t in pools:
                 self._pools.pool(t.name, "lookup")
-            found = list(lookup_boundaries(kv, others, self._present))
+            found = list(lookup_boundaries(kv, others, self.backend_present))
             if found:
                 anchors = kv.keys[: found[-1]]
                 for t in pools:
@@ -292,7 +356,7 @@ class BaseStore(Generic[E]):
             checked = self._pools.check_data_transfers(transfers, LinkerTransferPhase.LOAD)
             if rid in self._queued or rid in self._in_flight:
                 return False
-            present = self._present
+            present = self.backend_present
             for ct in checked:
                 if not all(present(ct.pool, ct.keys)):
                     return False
@@ -317,6 +381,7 @@ class BaseStore(Generic[E]):
                 record.batch = batch.batch
                 LOAD_MACHINE.fire(record, StoreLoadTrigger.START)
                 self._in_flight.add(record.rid)
+            self._layers[batch.batch] = dict.fromkeys(_pools_of(batch.loads), 0)
             self._jobs.append(batch)
             self._cond.notify_all()
             return batch.batch
@@ -333,7 +398,32 @@ class BaseStore(Generic[E]):
                 self._check_open("pop_completed_load")
             result = self._pop_completed(self._load_results, "load")
             self._in_flight.difference_update(result.rids)
+            counts = self._layers.pop(result.batch, None)
+            if counts is not None and self._layers_kept:
+                self._layers_done[result.batch] = counts
+                while len(self._layers_done) > self._layers_kept:
+                    self._layers_done.popitem(last=False)
             return result
+
+    def loaded_layers(self, batch: int) -> dict[PoolName, int]:
+        """For a started batch, how many leading layers of each of its pools are written
+        into every slot of the batch (see the module docstring)."""
+        with self._lock:
+            if self._closed:
+                self._check_open("loaded_layers")
+            key: object = batch
+            counts = None
+            if isinstance(key, int) and not isinstance(key, bool):
+                counts = self._layers.get(batch)
+                if counts is None:
+                    counts = self._layers_done.get(batch)
+            if counts is None:
+                msg = (
+                    f"loaded_layers: batch {batch!r} was never started by this store (or "
+                    f"was popped more than {self._layers_kept} batches ago)"
+                )
+                raise StoreBatchUnknownError(msg, batch=batch)
+            return dict(counts)
 
     def cancel_queued_load(self, rid: str) -> bool:
         with self._lock:
@@ -442,7 +532,9 @@ class BaseStore(Generic[E]):
         with self._lock:
             if self._closed:
                 self._check_open("evict")
-            return self._delete([(name, key) for name in pools for key in dict.fromkeys(keys)])
+            return self.backend_delete(
+                [(name, key) for name in pools for key in dict.fromkeys(keys)]
+            )
 
     def contains(self, pool: PoolName, key: str) -> bool:
         check_page_key(key)
@@ -453,7 +545,7 @@ class BaseStore(Generic[E]):
         with self._lock:
             if self._closed:
                 self._check_open("contains")
-            return self._present(pool, [key])[0]
+            return self.backend_present(pool, [key])[0]
 
     def reset(self) -> None:
         with self._lock:
@@ -471,7 +563,7 @@ class BaseStore(Generic[E]):
         if self._worker is not None:
             self._worker.join()
         with self._lock:
-            self._release()
+            self.backend_release()
             self._pages.clear()
             self._children.clear()
             self._parents.clear()
@@ -621,7 +713,7 @@ class BaseStore(Generic[E]):
 
     def _remove(self, ident: Ident) -> None:
         entry = self._pages.pop(ident)
-        self._drop(ident, entry)
+        self.backend_drop(ident, entry)
         self._leaves.pop(ident, None)
         parent = entry.parent
         if parent is None:
@@ -665,7 +757,7 @@ class BaseStore(Generic[E]):
             self._leaves.move_to_end(ident, last=False)
         return evicted
 
-    def _plan_new_pages(self, record: StoreOffload) -> tuple[list[NewPages], set[Ident]]:
+    def plan_new_pages(self, record: StoreOffload) -> tuple[list[NewPages], set[Ident]]:
         """Per transfer, the pages the store lacks (write-once: the others are skipped),
         each with its parent; and the pages the offload names that are already stored
         (touched, and protected from the room-making that follows)."""
@@ -693,20 +785,52 @@ class BaseStore(Generic[E]):
         self._touch(protect)
         return chosen, protect
 
-    def _make_room(self, total: int, protect: set[Ident]) -> bool:
+    def make_room(self, total: int, protect: set[Ident]) -> bool:
         """Evict for capacity so that `total` new pages fit; False when they cannot."""
         if self.capacity_pages is None:
             return True
         over = len(self._pages) + total - self.capacity_pages
         return not (over > 0 and self._evict_lru(over, protect) < over)
 
-    def _finish_offload(self, record: StoreOffload, ok: bool) -> None:
+    def finish_offload(self, record: StoreOffload, ok: bool) -> None:
         self._unpin_offload(record)
         OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.FINISH, ok)
         self._offload_results.append(ok)
         self._history.append(record)
 
-    def _finish_load_batch(self, batch: LoadBatch, ok: bool) -> None:
+    def staging(self, nbytes: int) -> torch.Tensor:
+        """A flat uint8 host buffer of `nbytes` (callers keep `nbytes` within
+        `staging_bytes`, or one page), reused: the next call may overwrite it. Only the
+        thread performing a job calls it."""
+        if self._staging.numel() < nbytes:
+            grown = min(max(nbytes, 2 * self._staging.numel()), max(nbytes, self.staging_bytes))
+            self._staging = torch.empty(grown, dtype=torch.uint8)
+        return self._staging[:nbytes]
+
+    def write_layers(self, batch: LoadBatch, parts: Sequence[StagedTransfer]) -> None:
+        """Write a batch's verified, staged transfers layer-major (outside the lock),
+        raising its `loaded_layers` under the lock as each layer lands everywhere."""
+        with self._lock:
+            counts = self._layers.get(batch.batch)
+
+        def landed(now: dict[PoolName, int]) -> None:
+            with self._lock:
+                if counts is not None:
+                    for pool, n in now.items():
+                        if n > counts.get(pool, 0):
+                            counts[pool] = n
+
+        write_layer_major(parts, landed)
+
+    def finish_load_batch(self, batch: LoadBatch, ok: bool) -> None:
+        """Complete a performed batch (the lock is held): every record finishes with
+        verdict `ok`, its pins go, its result is queued; on success every pool of the
+        batch reports all its layers loaded."""
+        if ok:
+            counts = self._layers.get(batch.batch)
+            if counts is not None:
+                for pool in counts:
+                    counts[pool] = self._pools.pool(pool, "load").num_layers
         for record in batch.loads:
             LOAD_MACHINE.fire(record, StoreLoadTrigger.FINISH, ok)
             self._finish_load_books(record)
@@ -745,6 +869,7 @@ class BaseStore(Generic[E]):
                 LOAD_MACHINE.fire(record, StoreLoadTrigger.ABANDON)
                 self._finish_load_books(record)
                 self._in_flight.add(record.rid)
+            self._layers[batch] = dict.fromkeys(_pools_of(records), 0)
             rids = tuple(map(_RID, records))
             self._load_results.append(LoadBatchResult(batch, rids, False))
 
@@ -769,9 +894,9 @@ class BaseStore(Generic[E]):
 
     def _run(self, job: LoadBatch | StoreOffload) -> None:
         if isinstance(job, LoadBatch):
-            self._run_load_batch(job)
+            self.backend_load_batch(job)
         else:
-            self._run_offload(job)
+            self.backend_offload(job)
 
 
 def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
@@ -781,6 +906,11 @@ def _same_counts(a: Mapping[Any, int], b: Mapping[Any, int]) -> bool:
     if isinstance(a, dict) and isinstance(b, dict) and dict.__eq__(a, b) is True:
         return True
     return {k: n for k, n in a.items() if n} == {k: n for k, n in b.items() if n}
+
+
+def _pools_of(records: Iterable[StoreLoad]) -> list[PoolName]:
+    """The pools the records' transfers name, in first-seen order."""
+    return list(dict.fromkeys(ct.pool for record in records for ct in record.transfers))
 
 
 def _idents(checked: Sequence[CheckedTransfer]) -> list[Ident]:

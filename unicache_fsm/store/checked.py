@@ -20,6 +20,13 @@ Primitives (the protocol's, in call order, each with its answer on a fault):
 - `pop_completed_load() -> LoadBatchResult | None` — a result with an int batch, a
   tuple of str rids and a real bool verdict; None on a fault (the store may or may not
   have consumed a completion: the caller cannot tell which batch, if any, ended).
+- `loaded_layers(batch, num_layers, previous=None) -> dict[PoolName, int] | None` —
+  the store's per-layer progress of a started batch, checked: a mapping of attached
+  pools (`num_layers`: each pool's layer count) to ints in ``0..num_layers[pool]``, no
+  pool below its count in `previous` (the last checked answer for the batch; a pool
+  missing from the answer counts 0). None on a fault (an exception, a non-int, a count
+  over the pool's layers, a decrease): the caller keeps what it knew and trusts no
+  layer beyond it.
 - `cancel_queued_load(rid) -> bool | None` — the store's bool; None on a fault (the
   store may still hold the load).
 - `offload(transfers) -> bool | None` — the store's bool; False when the store raised
@@ -42,10 +49,10 @@ Only `Exception` is contained; `KeyboardInterrupt` and `SystemExit` pass through
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from unicache_fsm.pools.transfer import PoolTransfer
+from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.store.errors import StoreProtocolError
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
@@ -155,6 +162,36 @@ class CheckedStore:
         if isinstance(rids, list):  # a list where the protocol says tuple: the same rids
             return LoadBatchResult(result.batch, tuple(rids), result.success)
         return result
+
+    def loaded_layers(
+        self,
+        batch: int,
+        num_layers: Mapping[PoolName, int],
+        previous: Mapping[PoolName, int] | None = None,
+    ) -> dict[PoolName, int] | None:
+        try:
+            counts: object = self.store.loaded_layers(batch)
+        except Exception as exc:
+            self.on_fault("loaded_layers", exc)
+            return None
+        expected = f"a dict of attached pools to layer counts within {dict(num_layers)}"
+        # read as a plain dict (a subclass's own items() is not run) of plain ints
+        pairs = list(dict.items(counts)) if isinstance(counts, dict) else None
+        if pairs is None or not all(
+            isinstance(pool, PoolName)
+            and type(n) is int
+            and pool in num_layers
+            and 0 <= n <= num_layers[pool]
+            for pool, n in pairs
+        ):
+            self._protocol("loaded_layers", counts, expected)
+            return None
+        checked: dict[PoolName, int] = dict(pairs)
+        before = previous or {}
+        if any(checked.get(pool, 0) < n for pool, n in before.items()):
+            self._protocol("loaded_layers", counts, f"no count below the last answer {before}")
+            return None
+        return checked
 
     def cancel_queued_load(self, rid: str) -> bool | None:
         try:

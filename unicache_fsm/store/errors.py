@@ -23,6 +23,7 @@ Malformed slot tensors and keys are reported with the pool errors the stores reu
 - `StoreTransferError`: transfers that do not form a valid request (no KV transfer, a
   pool named twice, no slots for a load or offload, keys that do not match the KV keys).
 - `NoCompletionError`: `pop_completed_load`/`pop_completed_offload` with nothing completed.
+- `StoreBatchUnknownError`: `loaded_layers` of a batch the store never started (or forgot).
 - `FaultPolicyError`: a fault policy string or argument that cannot be parsed.
 - `StoreProtocolError`: a store answered a call with a value the protocol does not
   allow (a verdict that is not a bool, a completion naming a batch not in flight, a
@@ -36,6 +37,7 @@ from unicache_fsm.fsm.errors import UnicacheFsmError
 __all__ = [
     "FaultPolicyError",
     "NoCompletionError",
+    "StoreBatchUnknownError",
     "StoreClosedError",
     "StoreConfigError",
     "StoreError",
@@ -114,6 +116,14 @@ class NoCompletionError(StoreError, LookupError):
     def __init__(self, message: str, *, what: str) -> None:
         super().__init__(message)
         self.what = what
+
+
+class StoreBatchUnknownError(StoreError, LookupError):
+    """`loaded_layers` asked about a batch the store never started (or forgot)."""
+
+    def __init__(self, message: str, *, batch: object) -> None:
+        super().__init__(message)
+        self.batch = batch
 
 
 class FaultPolicyError(StoreError, ValueError):

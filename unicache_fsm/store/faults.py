@@ -48,6 +48,10 @@ purpose, reproducibly, in every way the linker must survive.
   - UNKNOWN_BATCH (``unknown_batch``): `start_loading` answers a fresh batch id it
     never started: the queued loads stay queued (a later call starts them under
     another id), and with nothing queued the id names an empty batch, not -1.
+  - OVERREPORT_LAYERS (``overreport_layers``, not in `LYING`: only a layer-wise loader
+    asks `loaded_layers`): `loaded_layers` of a batch still running
+    in the inner store claims layers that have not landed: every layer of each pool,
+    one layer more than the pool has, or a count that is not an int.
 - `FaultRule(probability=0.0, every=0)` — when a kind fires: with `probability` per
   eligible call, or deterministically on every `every`-th eligible call.
 - `FaultPolicy(rules, *, seed=0, delay_steps=2)` — one rule per kind, a
@@ -73,11 +77,12 @@ from typing import Any
 
 import attrs
 
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 from unicache_fsm.store.errors import (
     FaultPolicyError,
     NoCompletionError,
+    StoreBatchUnknownError,
     StoreClosedError,
     StoreFaultError,
 )
@@ -110,6 +115,7 @@ class FaultKind(str, enum.Enum):
     MALFORMED_COMPLETION = "malformed_completion"
     LOST_REPLY = "lost_reply"
     UNKNOWN_BATCH = "unknown_batch"
+    OVERREPORT_LAYERS = "overreport_layers"
 
 
 #: The lying store: answers that misstate the work the store really has in hand.
@@ -125,7 +131,9 @@ LYING = frozenset(
 
 #: The kinds a conforming store never shows (the protocol's checks in `testing`'s
 #: `StoreMachine` flag them); a caller must survive them all the same.
-MISBEHAVIOUR = frozenset({FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER, *LYING})
+MISBEHAVIOUR = frozenset(
+    {FaultKind.RAISE_ERROR, FaultKind.GARBAGE_ANSWER, FaultKind.OVERREPORT_LAYERS, *LYING}
+)
 
 #: What RAISE_ERROR raises: the failures a real backend's client library throws.
 ERROR_TYPES: tuple[type[Exception], ...] = (
@@ -331,6 +339,7 @@ class _LoadEntry:
     force_fail: bool
     success: bool | None = None
     release_at: int = 0
+    cancelled: bool = False  # some of its loads were cancelled in the inner store
 
 
 @attrs.define(slots=True)
@@ -352,15 +361,19 @@ class FaultyStore:
         self._tick = 0
         self._next_batch = 0
         self._closed = False
+        self._num_layers: dict[PoolName, int] = {}  # of the attached pools
+        # popped batches, for `loaded_layers` after the pop (the last 256)
+        self._popped: collections.OrderedDict[int, _LoadEntry] = collections.OrderedDict()
 
     def __repr__(self) -> str:
         return f"FaultyStore({self.inner!r}, {self.policy!r})"
 
     # -- forwarded with faults -----------------------------------------------------------
 
-    def attach(self, pools: Mapping[PoolName, KVPool]) -> None:
+    def attach(self, pools: Mapping[PoolName, PageDevice]) -> None:
         self._check_open("attach")
         self.inner.attach(pools)
+        self._num_layers = {name: pool.num_layers for name, pool in pools.items()}
 
     def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]:
         self._check_open("lookup")
@@ -409,6 +422,7 @@ class FaultyStore:
             left = [rid for rid in rids if not self.inner.cancel_queued_load(rid)]
             inner = self.inner.start_loading() if left else -1
             entry = _LoadEntry(batch, inner if inner >= 0 else None, rids, force_fail=True)
+            entry.cancelled = len(left) < len(rids)
         else:
             inner = self.inner.start_loading()
             force = self.policy.roll(FaultKind.FAIL_BATCH_MIDWAY)
@@ -434,6 +448,9 @@ class FaultyStore:
         mischief = self._mischief()
         entry = self._loads.popleft()  # consumed, whatever the answer says
         assert entry.success is not None
+        self._popped[entry.batch] = entry
+        while len(self._popped) > 256:
+            self._popped.popitem(last=False)
         result = LoadBatchResult(entry.batch, entry.rids, entry.success)
         if mischief is not None:
             verdict = "true" if entry.success else "false"
@@ -456,6 +473,27 @@ class FaultyStore:
             ]
             return self.policy.pick(malformed)  # type: ignore[return-value]
         return result
+
+    def loaded_layers(self, batch: int) -> dict[PoolName, int]:
+        """The inner store's progress of this wrapper's `batch` (a batch that never
+        reached the inner store: no pool), or an OVERREPORT_LAYERS lie while it runs."""
+        self._check_open("loaded_layers")
+        entry = next((e for e in self._loads if e.batch == batch), None) or self._popped.get(batch)
+        if entry is None:
+            msg = f"loaded_layers: batch {batch!r} was never started by this store"
+            raise StoreBatchUnknownError(msg, batch=batch)
+        if entry.inner_batch is None or entry.cancelled:
+            return {}  # nothing, or not every load of the batch, reached the inner store
+        counts = self.inner.loaded_layers(entry.inner_batch)
+        full = {pool: self._num_layers.get(pool, n) for pool, n in counts.items()}
+        if counts != full and self.policy.roll(FaultKind.OVERREPORT_LAYERS):
+            lies: list[object] = [
+                full,
+                {pool: n + 1 for pool, n in full.items()},
+                {pool: str(n) for pool, n in counts.items()},
+            ]
+            return self.policy.pick(lies)  # type: ignore[return-value]
+        return counts
 
     def cancel_queued_load(self, rid: str) -> bool:
         self._check_open("cancel_queued_load")

@@ -1,7 +1,8 @@
 """A crash-safe store of pages in a directory: `FileStore(directory)`.
 
 `FileStore(directory, *, namespace="default", capacity_pages=None, background=False,
-history=256, verify_on_open=False, io_threads=4, lock_timeout=30.0)` implements every
+history=256, staging_bytes=64 MiB, verify_on_open=False, io_threads=4,
+lock_timeout=30.0)` implements every
 primitive of `unicache_fsm.store.protocol`; queues, completions, the worker and capacity
 eviction from chain ends are `unicache_fsm.store.base.BaseStore`'s, and checking pages,
 learning and forgetting pages other processes wrote or removed are
@@ -99,6 +100,7 @@ from unicache_fsm.store.errors import StoreConfigError, StoreFaultError, StoreUn
 from unicache_fsm.store.jobs import StoreOffload
 from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import KnownPage, PageRead, PageWrite, SharedStore, TornPage
+from unicache_fsm.store.staging import DEFAULT_STAGING_BYTES
 
 __all__ = ["MARKER", "FileStore", "Recovery"]
 
@@ -280,11 +282,17 @@ class FileStore(SharedStore):
         capacity_pages: int | None = None,
         background: bool = False,
         history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
         verify_on_open: bool = False,
         io_threads: int = 4,
         lock_timeout: float = 30.0,
     ) -> None:
-        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        super().__init__(
+            capacity_pages=capacity_pages,
+            background=background,
+            history=history,
+            staging_bytes=staging_bytes,
+        )
         self.lock_timeout = check_seconds("lock_timeout", lock_timeout)
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
             msg = f"io_threads must be an int >= 1, got {io_threads!r}"
@@ -337,7 +345,7 @@ class FileStore(SharedStore):
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._start_worker()
+        self.start_worker()
 
     def __repr__(self) -> str:
         return (
@@ -570,7 +578,7 @@ class FileStore(SharedStore):
             self.last_error = exc
         super()._shrink(protect)
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
         try:
             self._lock_namespace()
         except StoreFaultError as exc:
@@ -584,13 +592,13 @@ class FileStore(SharedStore):
                         self._reconcile()  # room is made for the namespace, not the books
                     except StoreFaultError as exc:  # room is made from the books alone
                         self.last_error = exc
-            super()._run_offload(record)
+            super().backend_offload(record)
         finally:
             self._unlock_namespace()
 
     # -- the medium --------------------------------------------------------------------
 
-    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def medium_exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         folder = self._folders[pool]
         return [_is_page_file(f"{folder}/{key}") for key in keys]
 
@@ -621,7 +629,7 @@ class FileStore(SharedStore):
             out[w::workers] = part
         return out
 
-    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+    def medium_write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         folder = self._root / pool.value
 
         def write(page: PageWrite) -> None:
@@ -655,7 +663,7 @@ class FileStore(SharedStore):
             _discard(str(tmp))
             raise
 
-    def _read(
+    def medium_read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         folder = self._folders[pool]
@@ -685,11 +693,11 @@ class FileStore(SharedStore):
 
         return self._each(read, range(len(keys)))
 
-    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+    def medium_erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         folder = self._folders[pool]
         return sum(_remove(f"{folder}/{key}") for key in keys)
 
-    def _release(self) -> None:
+    def backend_release(self) -> None:
         os.close(self._lock_fd)
         if self._io is not None:
             self._io.shutdown(wait=True)

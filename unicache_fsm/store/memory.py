@@ -1,6 +1,7 @@
 """The embedded in-memory store: the default `ExternalStore`, in process, on CPU memory.
 
-`MemoryStore(*, capacity_pages=None, background=False, history=256, copy_threads=None)`
+`MemoryStore(*, capacity_pages=None, background=False, history=256,
+staging_bytes=64 MiB, copy_threads=None)`
 implements every primitive of `unicache_fsm.store.protocol` (see there for the contracts)
 and adds:
 
@@ -17,20 +18,23 @@ and adds:
 - Optional capacity (pages, across pools), evicted from chain ends; queues, completions
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
   shared half of every backend, `unicache_fsm.store.base.BaseStore` (see there).
-- Data moves in batches. Smaller pages of a CPU pool: an offload transfer's pages are
-  copied into their rows and checksummed as they land, in one call
-  (`checksum.copy_checksums`, native where built); a load transfer's stored rows are
-  copied the same way into a staging buffer, verified, then written into the pool's
-  pages with one NumPy row assignment. Another device: one read per offload transfer
-  and one write per load transfer. Pages of a
-  CPU pool of at least `PAGE_BY_PAGE_BYTES` go page by page, straight between the
-  pool's pages and the slab's rows, on a `PageCopier` (`unicache_fsm.store.copier`)
-  of `copy_threads` workers (None: as many as `torch.get_num_threads()`, like torch's
-  own copies; its threads are joined by `close()`): an offload copies each page into
-  its row and checksums it piece by piece while it is in cache; a load does the same
-  into the pool's pages and compares with the stored checksums, so a bad page fails the
+- Data moves between the slabs and any page device (`unicache_fsm.pools.device`).
+  Offload: a device whose pages the host views in place (`page_bytes()`, a CPU
+  `KVPool`) has its pages copied into their rows and checksummed as they land, in one
+  call (`checksum.copy_checksums`, native where built); any other device is read with
+  `read_page_ids` a chunk of at most `staging_bytes` at a time. Load: every header is
+  checked first; then the pages are copied into host staging and checksummed as they
+  land, the whole batch at once when it fits `staging_bytes` (every page verified,
+  then written layer-major with `write_layers`, so `loaded_layers` rises layer by
+  layer), else chunk by chunk (each verified, then written with every layer). Pages
+  of at least `PAGE_BY_PAGE_BYTES` of a device the host views in place go page by
+  page, straight between its pages and the slab's rows, on a `PageCopier`
+  (`unicache_fsm.store.copier`) of `copy_threads` workers (None: as many as
+  `torch.get_num_threads()`, like torch's own copies; its threads are joined by
+  `close()`): checksummed piece by piece while in cache, so a bad page fails the
   transfer after bytes landed in the load's own reserved slots (the protocol allows
-  it: a failed load's caller frees them; the persistent stores do the same).
+  it: a failed load's caller frees them), and such a transfer's layers count as landed
+  only when the batch completes.
 - Inspection for tests and invariants: `num_pages`, `stored_bytes(pool, key)` (a live
   uint8 view; writing through it corrupts the page), `recent_jobs()` (finished store-side
   records, newest last), `check_invariants()`, `last_error`.
@@ -46,15 +50,23 @@ from typing import Any, cast
 import attrs
 import torch
 
-from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES, KVPool
+from unicache_fsm.pools.device import PageDevice
+from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES
 from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
-from unicache_fsm.store.checksum import copy_checksums, page_checksums
+from unicache_fsm.store.checksum import copy_checksums
 from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.staging import (
+    DEFAULT_STAGING_BYTES,
+    StagedTransfer,
+    as_pages,
+    chunks,
+    read_staged,
+)
 
 __all__ = ["MemoryStore", "PageHeader"]
 
@@ -120,13 +132,11 @@ class _Slab:
 
     __slots__ = (
         "_buffer",
-        "_staged",
         "array",
         "data",
         "free",
         "num_free",
         "page_nbytes",
-        "staging",
     )
 
     def __init__(self, page_nbytes: int) -> None:
@@ -136,8 +146,6 @@ class _Slab:
         self.array = self.data.numpy()  # `data` as NumPy (the same memory), kept in step
         self.free = bytearray()
         self.num_free = 0
-        self.staging = torch.empty((0, page_nbytes), dtype=torch.uint8)
-        self._staged = self.staging.numpy()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Slab:
         """A copy of the rows in use and no reserve (a search snapshots stores often: the
@@ -151,8 +159,6 @@ class _Slab:
         new.array = new.data.numpy()
         new.free = bytearray(self.free)
         new.num_free = self.num_free
-        new.staging = torch.empty((0, self.page_nbytes), dtype=torch.uint8)
-        new._staged = new.staging.numpy()
         return new
 
     def reserve(self, n: int) -> list[int]:
@@ -196,42 +202,39 @@ class _Slab:
         self.free += b"\x01" * (new - old)
         self.num_free += new - old
 
-    def staged(self, n: int) -> Any:
-        """A uint8 NumPy buffer of `n` rows (the staging buffer's first rows, grown on
-        demand; overwritten by the next call)."""
-        staged = self._staged  # (`staging` as NumPy: a NumPy slice costs less than torch's)
-        if len(staged) < n:
-            size = max(n, 2 * len(staged))
-            self.staging = torch.empty((size, self.page_nbytes), dtype=torch.uint8)
-            staged = self._staged = self.staging.numpy()
-        return staged[:n]
 
-    def rows_of(self, rows: list[int]) -> tuple[torch.Tensor, list[int] | None]:
-        """The bytes of `rows` (``[n, page_nbytes]``) and the order they come in.
+def _bad_headers(ct: CheckedTransfer, entries: list[_Entry], pool: PageDevice) -> list[int]:
+    """The indices of pages whose header does not match the transfer (key, pool, page
+    length); checked for all pages at once in C, the culprits named one by one."""
+    if (
+        tuple(map(_KEY, entries)) == ct.keys
+        and set(map(_POOL, entries)) == {ct.pool}
+        and set(map(_NBYTES, entries)) == {pool.page_nbytes}
+    ):
+        return []
+    return [
+        i
+        for i, (key, h) in enumerate(zip(ct.keys, entries, strict=True))
+        if h.key != key or h.pool is not ct.pool or h.nbytes != pool.page_nbytes
+    ]
 
-        When the rows form one contiguous run in any order, the bytes are a view of the
-        run (no copy) and `order` says which of `rows` each view row is (None when
-        that is `rows`' own order); otherwise they are gathered into a staging buffer in
-        the order given (None).
-        """
-        n = len(rows)
-        lo, hi = min(rows), max(rows)
-        if hi - lo == n - 1 and len(set(rows)) == n:
-            order = (
-                None if rows == list(range(lo, lo + n)) else sorted(range(n), key=rows.__getitem__)
-            )
-            return self.data[lo : lo + n], order
-        self.staged(n)
-        out = self.staging[:n]
-        torch.index_select(self.data, 0, int64_tensor(rows, self.data.device), out=out)
-        return out, None
+
+def _stage(buf: torch.Tensor, entries: list[_Entry], slab: _Slab) -> list[int]:
+    """Copy the entries' rows into `buf` (``[n, page_nbytes]`` uint8), checksumming them
+    as they land; the indices of those whose checksum does not match."""
+    got = copy_checksums(
+        buf.numpy(), list(range(len(entries))), slab.array, list(map(_ROW, entries))
+    )
+    if got == list(map(_CHECKSUM, entries)):
+        return []
+    return [i for i, (g, e) in enumerate(zip(got, entries, strict=True)) if g != e.checksum]
 
 
 @attrs.define(slots=True)
 class _OffloadPart:
     """One transfer's new pages, planned under the lock and copied outside it."""
 
-    pool: KVPool
+    pool: PageDevice
     name: PoolName
     slab: _Slab
     pages: torch.Tensor  # device page ids of the transfer's keys, in order
@@ -267,15 +270,21 @@ class MemoryStore(BaseStore["_Entry"]):
         capacity_pages: int | None = None,
         background: bool = False,
         history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
         copy_threads: int | None = None,
     ) -> None:
         check_threads(copy_threads, "copy_threads")
-        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        super().__init__(
+            capacity_pages=capacity_pages,
+            background=background,
+            history=history,
+            staging_bytes=staging_bytes,
+        )
         self._copier = PageCopier(copy_threads)
         self.rejected_pages = 0  # pages dropped because they failed verification
         self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification
         self._slabs: dict[PoolName, _Slab] = {}
-        self._start_worker()
+        self.start_worker()
 
     def __repr__(self) -> str:
         return (
@@ -285,7 +294,7 @@ class MemoryStore(BaseStore["_Entry"]):
 
     # -- backend hooks -----------------------------------------------------------------
 
-    def _check_layout(self, pools: AttachedPools) -> None:
+    def backend_check_layout(self, pools: AttachedPools) -> None:
         for name, pool in pools.items():
             slab = self._slabs.get(name)
             if slab is not None and slab.page_nbytes != pool.page_nbytes:
@@ -299,14 +308,14 @@ class MemoryStore(BaseStore["_Entry"]):
                     raise StoreConfigError(msg, argument="pools", value=name)
                 del self._slabs[name]
 
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def backend_present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         pages = self._pages
         return [(pool, k) in pages for k in keys]
 
-    def _drop(self, ident: _Ident, entry: _Entry) -> None:
+    def backend_drop(self, ident: _Ident, entry: _Entry) -> None:
         self._slabs[ident[0]].release([entry.row])
 
-    def _release(self) -> None:
+    def backend_release(self) -> None:
         self._slabs.clear()
         self._copier.close()  # idle: close() waited for the job in progress
 
@@ -347,7 +356,7 @@ class MemoryStore(BaseStore["_Entry"]):
 
     # -- internals: performing jobs ------------------------------------------------------
 
-    def _run_load_batch(self, batch: LoadBatch) -> None:
+    def backend_load_batch(self, batch: LoadBatch) -> None:
         with self._lock:
             plan = []
             for record in batch.loads:
@@ -355,20 +364,9 @@ class MemoryStore(BaseStore["_Entry"]):
                     entries = [self._pages.get((ct.pool, k)) for k in ct.keys]
                     pool = self._pools.pool(ct.pool, "load")
                     plan.append((ct, entries, self._slabs.get(ct.pool), pool))
-        ok = True
         rejected: list[tuple[_Ident, _Entry]] = []
         try:
-            for ct, entries, slab, pool in plan:
-                if not ct.keys:
-                    continue
-                if slab is None or None in entries:  # (entries compare by identity)
-                    ok = False  # a page was evicted since the load was queued
-                    continue
-                present = cast("list[_Entry]", entries)  # (none is None: tested above)
-                bad = self._copy_out(ct, present, slab, pool)
-                if bad:
-                    ok = False
-                    rejected += [((ct.pool, ct.keys[i]), present[i]) for i in bad]
+            ok = self._load(batch, plan, rejected)
         except Exception as exc:  # the batch must complete whatever went wrong
             self.last_error = exc
             ok = False
@@ -376,65 +374,71 @@ class MemoryStore(BaseStore["_Entry"]):
             for ident, entry in rejected:
                 self._rejected.append((ident, entry))  # checked by check_invariants
                 self._drop_rejected(ident, entry)
-            self._finish_load_batch(batch, ok)
+            self.finish_load_batch(batch, ok)
 
-    def _copy_out(
-        self, ct: CheckedTransfer, entries: list[_Entry], slab: _Slab, pool: KVPool
-    ) -> list[int]:
-        """Verify and write one transfer's pages; the indices of the bad pages (header or
-        checksum mismatch). A header mismatch writes nothing; a checksum mismatch of
-        large CPU pages is found as they land, so the transfer's own reserved slots may
-        then hold bytes (a failed load may leave them: its caller frees those slots);
-        other pages are verified before anything is written."""
-        headers = entries  # (an entry holds its header's fields)
-        if (
-            tuple(map(_KEY, headers)) != ct.keys
-            or set(map(_POOL, headers)) != {ct.pool}
-            or set(map(_NBYTES, headers)) != {pool.page_nbytes}
-        ):  # (checked for all pages at once in C; the culprits named one by one)
-            return [
-                i
-                for i, (key, h) in enumerate(zip(ct.keys, headers, strict=True))
-                if h.key != key or h.pool is not ct.pool or h.nbytes != pool.page_nbytes
-            ]
-        if pool.device.type == "cpu" and slab.page_nbytes < PAGE_BY_PAGE_BYTES:
-            # small CPU pages: the rows copied into a staging buffer in the transfer's
-            # order and checksummed as they land (one call), verified, then one NumPy
-            # row assignment into the pool's pages
-            n = len(entries)
-            stored = slab.staged(n)
-            got = copy_checksums(stored, list(range(n)), slab.array, list(map(_ROW, entries)))
-            if got != list(map(_CHECKSUM, headers)):
-                return [
-                    i for i, (g, h) in enumerate(zip(got, headers, strict=True)) if g != h.checksum
-                ]
-            pool.page_bytes()[ct.pages.numpy()] = stored
-            return []
-        if pool.device.type == "cpu":
-            # large CPU pages: each copied straight into its page and checksummed piece
-            # by piece as it lands (one pass over memory, several workers), then
-            # compared; a bad page fails the transfer with bytes in the load's own
-            # reserved slots, which the protocol lets a failed load leave
+    def _load(
+        self,
+        batch: LoadBatch,
+        plan: list[tuple[CheckedTransfer, list[_Entry | None], _Slab | None, PageDevice]],
+        rejected: list[tuple[_Ident, _Entry]],
+    ) -> bool:
+        """Verify and write a batch's pages; False when one was missing or bad (`rejected`
+        gets the bad ones). Every header is checked before a byte moves. Large pages
+        of a device the host views in place go straight into their slots, checksummed
+        as they land (a bad one fails the batch with bytes in the load's own reserved
+        slots, which a failed load's caller frees); the others are staged: the whole
+        batch when it fits `staging_bytes` (every page verified, then written
+        layer-major), else chunk by chunk (each verified, then written whole)."""
+        work: list[tuple[CheckedTransfer, list[_Entry], _Slab, PageDevice]] = []
+        ok = True
+        for ct, entries, rows, pool in plan:
+            if not ct.keys:
+                continue
+            if rows is None or None in entries:  # (entries compare by identity)
+                ok = False  # a page was evicted since the load was queued
+                continue
+            present = cast("list[_Entry]", entries)  # (none is None: tested above)
+            bad = _bad_headers(ct, present, pool)
+            rejected += [((ct.pool, ct.keys[i]), present[i]) for i in bad]
+            ok = ok and not bad
+            work.append((ct, present, rows, pool))
+        if not ok:
+            return False
+        staged: list[tuple[CheckedTransfer, list[_Entry], _Slab, PageDevice]] = []
+        for ct, held, slab, pool in work:
+            if pool.page_bytes() is None or slab.page_nbytes < PAGE_BY_PAGE_BYTES:
+                staged.append((ct, held, slab, pool))
+                continue
             got = self._copier.copy_checksummed(
-                pool.page_bytes(), ct.pages.tolist(), slab.array, [e.row for e in entries]
+                pool.page_bytes(), ct.pages.tolist(), slab.array, [e.row for e in held]
             )
-            return [i for i, (g, e) in enumerate(zip(got, entries, strict=True)) if g != e.checksum]
-        # another device: the rows (a view, or gathered), verified, then one write
-        data, order = slab.rows_of([e.row for e in entries])
-        expected = [e.checksum for e in entries]
-        pages = ct.pages  # validated when the store accepted the load
-        if order is not None:  # the bytes come in row order: send each page where it goes
-            at = order  # view row -> the transfer's page
-            expected = [expected[i] for i in at]
-            pages = pages.index_select(0, int64_tensor(order, pages.device))
-        got = page_checksums(data)
-        mismatch = [i for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e]
-        if mismatch:
-            return sorted(at[i] for i in mismatch) if order is not None else mismatch
-        n = len(entries) * pool.page_size
-        rows = data.view(pool.dtype).view(n, pool.num_layers, pool.width)
-        pool.write_page_ids(pages, rows.to(pool.device))
-        return []
+            bad = [i for i, (g, e) in enumerate(zip(got, held, strict=True)) if g != e.checksum]
+            rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
+            ok = ok and not bad
+        total = sum(len(held) * slab.page_nbytes for _, held, slab, _ in staged)
+        if ok and total <= self.staging_bytes:
+            flat, at, parts = self.staging(total), 0, []
+            for ct, held, slab, pool in staged:
+                size = len(held) * slab.page_nbytes
+                buf = flat[at : at + size].view(len(held), slab.page_nbytes)
+                at += size
+                bad = _stage(buf, held, slab)
+                rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
+                ok = ok and not bad
+                parts.append(StagedTransfer(ct.pool, pool, ct.pages, as_pages(buf, pool)))
+            if ok:
+                self.write_layers(batch, parts)
+            return ok
+        for ct, held, slab, pool in staged if ok else ():
+            for piece in chunks(len(held), slab.page_nbytes, self.staging_bytes):
+                some = held[piece.start : piece.stop]
+                buf = self.staging(len(some) * slab.page_nbytes).view(len(some), slab.page_nbytes)
+                bad = _stage(buf, some, slab)
+                if bad:
+                    rejected += [((ct.pool, ct.keys[piece[i]]), some[i]) for i in bad]
+                    return False
+                pool.write_page_ids(ct.pages[piece.start : piece.stop], as_pages(buf, pool))
+        return ok
 
     def _drop_rejected(self, ident: _Ident, entry: _Entry) -> None:
         """A page failed its verification: drop it and the chain stored after it (its
@@ -450,7 +454,7 @@ class MemoryStore(BaseStore["_Entry"]):
             if gone in self._pages:
                 self._remove(gone)
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
         with self._lock:
             OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
             parts = self._plan_offload(record)
@@ -476,12 +480,12 @@ class MemoryStore(BaseStore["_Entry"]):
                         self._insert_many(name, part.keys, entries)
                     elif part.keys:
                         part.slab.release(part.rows)
-            self._finish_offload(record, ok)
+            self.finish_offload(record, ok)
 
     def _plan_offload(self, record: StoreOffload) -> list[_OffloadPart] | None:
         """Choose the new pages, make room, reserve rows; None when they cannot fit."""
-        chosen, protect = self._plan_new_pages(record)
-        if not self._make_room(sum(map(len, map(_INDICES, chosen))), protect):
+        chosen, protect = self.plan_new_pages(record)
+        if not self.make_room(sum(map(len, map(_INDICES, chosen))), protect):
             return None
         parts: list[_OffloadPart] = []
         for c in chosen:
@@ -503,8 +507,8 @@ class MemoryStore(BaseStore["_Entry"]):
         if n == 0:
             return
         pool, slab, rows = part.pool, part.slab, part.rows
-        if pool.device.type == "cpu":
-            src, dst = pool.page_bytes(), slab.array
+        src, dst = pool.page_bytes(), slab.array
+        if src is not None:
             if slab.page_nbytes >= PAGE_BY_PAGE_BYTES:
                 # large CPU pages: each copied into its row and checksummed piece by
                 # piece while in cache (a second pass would read it from memory), on
@@ -515,7 +519,11 @@ class MemoryStore(BaseStore["_Entry"]):
             # one call (native where built)
             part.checksums = copy_checksums(dst, rows, src, part.page_list())
             return
-        got = pool.read_page_ids(part.page_tensor()).to("cpu")
-        data = got.view(torch.uint8).reshape(n, slab.page_nbytes)
-        slab.data.index_copy_(0, int64_tensor(rows, slab.data.device), data)
-        part.checksums = page_checksums(data)
+        # a device the host cannot view: read in chunks within the staging budget
+        ids, nbytes, sums = part.page_tensor(), slab.page_nbytes, []
+        for piece in chunks(n, nbytes, self.staging_bytes):
+            buf = self.staging(len(piece) * nbytes).view(len(piece), nbytes)
+            read_staged(pool, ids[piece.start : piece.stop], buf)
+            into = rows[piece.start : piece.stop]
+            sums += copy_checksums(dst, into, buf.numpy(), list(range(len(piece))))
+        part.checksums = sums

@@ -6,8 +6,13 @@ both are asynchronous: calls queue work, completions are popped later, in FIFO o
 
 Primitives, in the order a caller uses them (one line each, with the contract):
 
-- `attach(pools)` — the device KV pools (by `PoolName`) the store reads from and writes
-  into; every pool must have the same page size P, else `StoreConfigError`.
+- `attach(pools)` — the page devices (by `PoolName`) the store reads from and writes
+  into: any object satisfying `unicache_fsm.pools.device.PageDevice` (a `KVPool`, or
+  SGLang's own K/V buffers behind an adapter), every one of the same page size P; else
+  `StoreConfigError` naming the pool and what it lacks. Pages move in the store's page
+  format (P rows x layers x width, each layer's K then V); host bytes in transit per
+  load batch or offload stay within the store's `staging_bytes` budget
+  (`unicache_fsm.store.staging`).
 - `lookup(rid, transfers) -> list[int]` — every restorable prefix length in pages,
   ascending, tail-relative (1..n); the rules are in `unicache_fsm.store.lookup`. Sparse
   sets are normal (an SWA window stored only at offloaded node ends).
@@ -17,6 +22,16 @@ Primitives, in the order a caller uses them (one line each, with the contract):
   its batch's result not yet popped; or a key is no longer present).
 - `start_loading() -> int` — move every queued load into one batch; the batch id, or -1
   when nothing was queued.
+- `loaded_layers(batch) -> dict[PoolName, int]` — for a started batch, how many
+  leading layers of each of its pools are written into every slot of the batch:
+  monotonic; every pool's `num_layers` once the batch completed successfully; a failed
+  batch never reports a layer it did not write. A batch staged whole is written
+  layer-major (every page verified first, then layer 0 of every transfer, then layer
+  1, ...), so the count rises layer by layer; a batch larger than the staging budget
+  is written chunk by chunk and jumps to full at its successful completion. The store
+  answers for a batch until its result is popped and for at least the last batch
+  popped (a `BaseStore`: its last `history`); a batch the store never started (or has
+  forgotten): `StoreBatchUnknownError`, a `LookupError`.
 - `num_completed_loads() -> int`, `pop_completed_load() -> LoadBatchResult` — one
   result per batch, FIFO; ``success`` is False when any page of the batch was missing
   or failed its checksum (then nothing of the batch may be trusted: bytes may have been
@@ -63,7 +78,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName, PoolTransfer
 
 __all__ = ["ExternalStore", "LoadBatchResult"]
@@ -82,13 +97,15 @@ class LoadBatchResult:
 class ExternalStore(Protocol):
     """An asynchronous KV-page store; see the module docstring for each contract."""
 
-    def attach(self, pools: Mapping[PoolName, KVPool]) -> None: ...
+    def attach(self, pools: Mapping[PoolName, PageDevice]) -> None: ...
 
     def lookup(self, rid: str, transfers: Sequence[PoolTransfer]) -> list[int]: ...
 
     def load(self, rid: str, transfers: Sequence[PoolTransfer]) -> bool: ...
 
     def start_loading(self) -> int: ...
+
+    def loaded_layers(self, batch: int) -> dict[PoolName, int]: ...
 
     def num_completed_loads(self) -> int: ...
 

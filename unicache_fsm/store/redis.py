@@ -1,7 +1,8 @@
 """A store of pages in Redis (or Valkey): `RedisStore(url)`, through redis-py.
 
 `RedisStore(url="redis://127.0.0.1:6379/0", *, namespace="default",
-capacity_pages=None, background=True, history=256, timeout=5.0)` implements every
+capacity_pages=None, background=True, history=256, staging_bytes=64 MiB,
+timeout=5.0)` implements every
 primitive of `unicache_fsm.store.protocol`; queues, completions, the worker and capacity
 eviction from chain ends are `unicache_fsm.store.base.BaseStore`'s; checked loads,
 checksummed write-once offloads, and learning and forgetting pages other clients wrote
@@ -59,6 +60,7 @@ from unicache_fsm.store.errors import (
 )
 from unicache_fsm.store.pageformat import HEADER_SIZE, decode_header
 from unicache_fsm.store.shared import PageRead, PageWrite, SharedStore, TornPage
+from unicache_fsm.store.staging import DEFAULT_STAGING_BYTES
 
 if TYPE_CHECKING:
     import redis as redis_py
@@ -97,9 +99,15 @@ class RedisStore(SharedStore):
         capacity_pages: int | None = None,
         background: bool = True,
         history: int = 256,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
         timeout: float = 5.0,
     ) -> None:
-        super().__init__(capacity_pages=capacity_pages, background=background, history=history)
+        super().__init__(
+            capacity_pages=capacity_pages,
+            background=background,
+            history=history,
+            staging_bytes=staging_bytes,
+        )
         given: object = url
         if not isinstance(given, str):
             msg = f"url must be a Redis URL string (redis://HOST:PORT[/DB]), got {url!r}"
@@ -141,7 +149,7 @@ class RedisStore(SharedStore):
         self.namespace = namespace
         self._prefix = f"{KEY_PREFIX}:{namespace}:"
         self._reach()
-        self._start_worker()
+        self.start_worker()
 
     def _reach(self) -> None:
         """Refuse a server that does not answer now (`StoreUnavailableError`, one line
@@ -186,14 +194,14 @@ class RedisStore(SharedStore):
             pipe.execute_command(*command)  # type: ignore[no-untyped-call]
         return list(pipe.execute(raise_on_error=raise_on_error))
 
-    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def medium_exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         if not keys:
             return []
         commands = [("EXISTS", self.key_of(pool, k)) for k in keys]
         answers = self._call("lookup", lambda: self._pipelined(commands))
         return [bool(a) for a in answers]
 
-    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+    def medium_write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         frames: list[bytes | memoryview] = []
         tail = b""  # the previous command's end, sent with the next one's start
         count = size = 0
@@ -235,7 +243,7 @@ class RedisStore(SharedStore):
         if error is not None:
             raise error
 
-    def _read(
+    def medium_read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         nbytes = len(rows[0]) if rows else 0
@@ -265,12 +273,12 @@ class RedisStore(SharedStore):
                 reads.append((record, page_checksum(row)))
         return reads
 
-    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+    def medium_erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         if not keys:
             return 0
         commands = [("DEL", self.key_of(pool, k)) for k in keys]
         answers = self._call("evict", lambda: self._pipelined(commands))
         return sum(int(a) for a in answers)
 
-    def _release(self) -> None:
+    def backend_release(self) -> None:
         self.client.close()

@@ -2,8 +2,10 @@
 
 Every store validates a request completely before it queues anything, the same way:
 
-- `AttachedPools(pools)` — the device KV pools a store was attached to, by `PoolName`;
-  all must be `KVPool`s of one page size P (`StoreConfigError` otherwise). Its
+- `AttachedPools(pools)` — the page devices a store was attached to, by `PoolName`;
+  each must satisfy `unicache_fsm.pools.device.PageDevice` (a `KVPool`, or SGLang's
+  buffers behind an adapter; `PageDeviceError`, a `StoreConfigError`, naming the pool
+  and what it lacks otherwise), all of one page size P (`StoreConfigError` otherwise). Its
   `page_size`, `names` and `pool(name, operation)` (`UnknownPoolError` for a pool
   that is not attached, naming the attached ones).
 - `check_data_transfers(transfers, phase)` -> tuple of `CheckedTransfer`: at least one
@@ -24,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import torch
 
+from unicache_fsm.pools.device import PageDevice, PageDeviceError, check_page_device
 from unicache_fsm.pools.errors import DuplicatePagesError
-from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.slots import SlotCodec, preview
 from unicache_fsm.pools.transfer import (
     LinkerTransferPhase,
@@ -62,17 +64,17 @@ class AttachedPools:
 
     __slots__ = ("_codecs", "_page_size", "_pools")
 
-    def __init__(self, pools: Mapping[PoolName, KVPool]) -> None:
-        checked: dict[PoolName, KVPool] = {}
+    def __init__(self, pools: Mapping[PoolName, PageDevice]) -> None:
+        checked: dict[PoolName, PageDevice] = {}
         pairs: Iterable[tuple[object, object]] = pools.items()
         for name, pool in pairs:
             if not isinstance(name, PoolName):
                 msg = f"attach: pool names must be PoolName members, got {name!r}"
                 raise StoreConfigError(msg, argument="pools", value=name)
-            if not isinstance(pool, KVPool):
-                msg = f"attach: pool {name} must be a KVPool, got {type(pool).__name__}"
-                raise StoreConfigError(msg, argument="pools", value=pool)
-            checked[name] = pool
+            try:
+                checked[name] = check_page_device(pool, f"attach: pool {name}")
+            except PageDeviceError as exc:
+                raise StoreConfigError(str(exc), argument="pools", value=pool) from exc
         sizes = {name: pool.page_size for name, pool in checked.items()}
         if len(set(sizes.values())) > 1:
             listed = ", ".join(f"{n}={p}" for n, p in sizes.items())
@@ -94,10 +96,10 @@ class AttachedPools:
     def names(self) -> tuple[PoolName, ...]:
         return tuple(self._pools)
 
-    def items(self) -> list[tuple[PoolName, KVPool]]:
+    def items(self) -> list[tuple[PoolName, PageDevice]]:
         return list(self._pools.items())
 
-    def pool(self, name: object, operation: str) -> KVPool:
+    def pool(self, name: object, operation: str) -> PageDevice:
         """The attached pool called `name`, else `UnknownPoolError`."""
         pool = self._pools.get(name) if isinstance(name, PoolName) else None
         if pool is None:

@@ -2,45 +2,48 @@
 
 `SharedStore` is a `BaseStore` whose pages live outside the process, in the
 `unicache_fsm.store.pageformat` format, where other processes may add and remove them.
-A medium (`FileStore`, `RedisStore`) provides four calls, each run by one thread at a
-time (they may raise; a failing call fails its job, or raises `StoreFaultError` from a
-synchronous protocol call):
+A medium (`FileStore`, `RedisStore`, or yours: docs/store-authors.md) provides four
+calls, each run by one thread at a time (they may raise; a failing call fails its job,
+or raises `StoreFaultError` from a synchronous protocol call):
 
-- `_exists(pool, keys) -> list[bool]` — which pages the medium holds now;
-- `_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
+- `medium_exists(pool, keys) -> list[bool]` — which pages the medium holds now;
+- `medium_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
   atomically per page, skipping keys already held (write-once); return only when all are;
-- `_read(pool, keys, rows) -> list[PageRead | None]` — read each page's payload into
+- `medium_read(pool, keys, rows) -> list[PageRead | None]` — read each page's payload into
   its row (`rows[i]`, a writable byte `memoryview` of the page's length) and return its
   header with the `page_checksum` of the bytes read (None: the page is missing); a page
   whose value is not one whole page raises `TornPage`;
-- `_erase(pool, keys) -> int` — delete pages; the number that existed.
+- `medium_erase(pool, keys) -> int` — delete pages; the number that existed.
 
 What `SharedStore` does with them:
 
-- LOOKUP, `load` and `contains` ask the medium (`_exists`), not the books, then reconcile
+- LOOKUP, `load` and `contains` ask the medium (`medium_exists`), not the books, then reconcile
   the books: pages another process wrote are learnt (parent: the previous key of the
   same request, or the parent the store remembers for the first key), pages another
   process removed are forgotten; a page learnt as a chain start gets its parent when
   an offload or a later request names it. `capacity_pages` bounds the pages this store
-  knows: learning a page beyond it evicts (`_erase`) from chain ends, least recently
+  knows: learning a page beyond it evicts (`medium_erase`) from chain ends, least recently
   used first (`_shrink`; a medium may first reconcile all its books there). A medium
   that can see all of its pages at once (the file store) makes the bound hold for the
   whole namespace; see there.
 - OFFLOAD: the books are first reconciled with the medium for the offload's keys (so a
   page someone removed is written again, not skipped); the new pages (write-once,
-  chosen and made room for under the lock as in `BaseStore`) are read from the pool,
-  checksummed, and written with their headers; the offload completes True only when
-  `_write` returned for all of them.
-- LOAD: every page of a transfer is read and its header (key, pool, length) and
-  checksum checked. Large pages of a CPU pool are read straight into their reserved
-  slots and checked there (no staging copy); a bad page then fails the batch with
-  unchecked bytes left in the load's own reserved slots, which the protocol lets the
-  caller free (no other slot is touched). Small pages, and pages of a pool on another
-  device, are read into a staging buffer and the transfer is written into its slots in
-  one `write_pages` only when every page checked out. A bad page (a wrong header or
-  checksum, or one the medium cannot read: `TornPage`) is deleted together
-  with the chain stored after it (LOOKUP could never restore past it); a missing page
-  fails the batch and is forgotten.
+  chosen and made room for under the lock as in `BaseStore`) are read from the page
+  device (large pages of a device the host views in place: as views, no copy; others
+  through host staging, a chunk of at most `staging_bytes` at a time, each chunk
+  written before the next is read), checksummed, and written with their headers; the
+  offload completes True only when `medium_write` returned for all of them.
+- LOAD: every page is read and its header (key, pool, length) and checksum checked.
+  Large pages of a device the host views in place are read straight into their
+  reserved slots and checked there (no staging copy; a bad page then fails the batch
+  with unchecked bytes left in the load's own reserved slots, which the protocol lets
+  the caller free; such a transfer's layers count as landed when the batch completes).
+  Other pages are read into host staging: the whole batch when it fits
+  `staging_bytes`, all checked, then written layer-major (`write_layers`, so
+  `loaded_layers` rises layer by layer), else chunk by chunk, each checked, then
+  written with every layer. A bad page (a wrong header or checksum, or one the medium
+  cannot read: `TornPage`) is deleted together with the chain stored after it (LOOKUP
+  could never restore past it); a missing page fails the batch and is forgotten.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from unicache_fsm.pools.kv import KVPool
+from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch, NewPages
 from unicache_fsm.store.checksum import page_checksum
@@ -58,6 +61,7 @@ from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
+from unicache_fsm.store.staging import StagedTransfer, as_pages, chunks, read_staged
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
 
@@ -92,27 +96,25 @@ class KnownPage:
 class SharedStore(BaseStore[KnownPage]):
     """Pages in a medium other processes share; see the module docstring."""
 
-    _staging: torch.Tensor | None = None
-
     # -- what a medium provides ----------------------------------------------------------
 
-    def _exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+    def medium_exists(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
         raise NotImplementedError
 
-    def _write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
+    def medium_write(self, pool: PoolName, pages: Sequence[PageWrite]) -> None:
         raise NotImplementedError
 
-    def _read(
+    def medium_read(
         self, pool: PoolName, keys: Sequence[str], rows: Sequence[memoryview]
     ) -> list[PageRead | None]:
         raise NotImplementedError
 
-    def _erase(self, pool: PoolName, keys: Sequence[str]) -> int:
+    def medium_erase(self, pool: PoolName, keys: Sequence[str]) -> int:
         raise NotImplementedError
 
     # -- BaseStore hooks -----------------------------------------------------------------
 
-    def _check_layout(self, pools: AttachedPools) -> None:
+    def backend_check_layout(self, pools: AttachedPools) -> None:
         for name, pool in pools.items():
             held = sum(
                 1 for (p, _), e in self._pages.items() if p is name and e.nbytes != pool.page_nbytes
@@ -125,8 +127,8 @@ class SharedStore(BaseStore[KnownPage]):
                 )
                 raise StoreConfigError(msg, argument="pools", value=name)
 
-    def _present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        flags = self._exists(pool, keys)
+    def backend_present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
+        flags = self.medium_exists(pool, keys)
         nbytes = self._page_nbytes(pool)
         learnt: set[Ident] = set()
         for i, (key, flag) in enumerate(zip(keys, flags, strict=True)):
@@ -143,20 +145,20 @@ class SharedStore(BaseStore[KnownPage]):
             flags = [f and (pool, k) in self._pages for k, f in zip(keys, flags, strict=True)]
         return flags
 
-    def _drop(self, ident: Ident, entry: KnownPage) -> None:
+    def backend_drop(self, ident: Ident, entry: KnownPage) -> None:
         if not entry.gone:
             try:
-                self._erase(ident[0], [ident[1]])
+                self.medium_erase(ident[0], [ident[1]])
             except Exception as exc:  # capacity eviction: the medium may bound itself
                 self.last_error = exc
 
-    def _delete(self, idents: list[Ident]) -> int:
+    def backend_delete(self, idents: list[Ident]) -> int:
         removed = 0
         by_pool: dict[PoolName, list[str]] = {}
         for pool, key in idents:
             by_pool.setdefault(pool, []).append(key)
         for pool, keys in by_pool.items():
-            removed += self._erase(pool, keys)
+            removed += self.medium_erase(pool, keys)
             for key in keys:
                 self._forget((pool, key))
         return removed
@@ -201,18 +203,18 @@ class SharedStore(BaseStore[KnownPage]):
 
     # -- offloads ------------------------------------------------------------------------
 
-    def _run_offload(self, record: StoreOffload) -> None:
+    def backend_offload(self, record: StoreOffload) -> None:
         with self._lock:
             OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
             try:
                 for ct in record.transfers:  # write-once skips what the medium holds now,
-                    self._present(ct.pool, ct.keys)  # not what the books last saw
+                    self.backend_present(ct.pool, ct.keys)  # not what the books last saw
                 fresh = True
             except Exception as exc:  # the medium failed: so does the offload
                 self.last_error = exc
                 fresh = False
-            chosen, protect = self._plan_new_pages(record)
-            fits = fresh and self._make_room(sum(len(c.indices) for c in chosen), protect)
+            chosen, protect = self.plan_new_pages(record)
+            fits = fresh and self.make_room(sum(len(c.indices) for c in chosen), protect)
             pools = [self._pools.pool(c.transfer.pool, "offload") for c in chosen]
         written: list[tuple[Ident, KnownPage]] = []
         ok = fits
@@ -228,63 +230,68 @@ class SharedStore(BaseStore[KnownPage]):
                 self._learn(ident, known)  # a LOOKUP may have found it meanwhile
             if self._over():
                 self._shrink({ident for ident, _ in written})
-            self._finish_offload(record, ok)
+            self.finish_offload(record, ok)
 
     def _offload_failed(self, record: StoreOffload, exc: Exception) -> None:
         """Complete `record` failed without touching the medium, which could not be used
         (the lock is held); `exc` says why."""
         self.last_error = exc
         OFFLOAD_MACHINE.fire(record, StoreOffloadTrigger.START)
-        self._finish_offload(record, False)
+        self.finish_offload(record, False)
 
     def _write_new(
-        self, new: NewPages, pool: KVPool, written: list[tuple[Ident, KnownPage]]
+        self, new: NewPages, pool: PageDevice, written: list[tuple[Ident, KnownPage]]
     ) -> None:
+        """Write one transfer's new pages with their headers: pages the host views in
+        place straight from the device, others read through host staging, a chunk of
+        at most `staging_bytes` at a time (each chunk written before the next is read)."""
         if not new.indices:
             return
-        ct = new.transfer
-        data, sums = _source_pages(ct, new.indices, pool)
-        pages: list[PageWrite] = []
-        for row, i in enumerate(new.indices):
-            parent = new.parents[row]
-            header = encode_header(
-                ct.keys[i], parent[1] if parent else None, ct.pool, pool.page_nbytes, sums[row]
+        ct, n, nbytes = new.transfer, len(new.indices), pool.page_nbytes
+        ids = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(new.indices)]
+        views = _page_views(ids.tolist(), pool)
+        for piece in [range(n)] if views is not None else chunks(n, nbytes, self.staging_bytes):
+            if views is not None:
+                data = views
+            else:
+                data = self._read_device(pool, ids[piece.start : piece.stop])
+            pages: list[PageWrite] = []
+            for row, i in zip(piece, new.indices[piece.start : piece.stop], strict=True):
+                page = data[row - piece.start]
+                parent = new.parents[row]
+                header = encode_header(
+                    ct.keys[i],
+                    parent[1] if parent else None,
+                    ct.pool,
+                    nbytes,
+                    page_checksum(page),
+                )
+                pages.append((ct.keys[i], header, page))
+            self.medium_write(ct.pool, pages)
+            written.extend(
+                ((ct.pool, ct.keys[i]), KnownPage(new.parents[row], nbytes))
+                for row, i in zip(piece, new.indices[piece.start : piece.stop], strict=True)
             )
-            pages.append((ct.keys[i], header, data[row]))
-        self._write(ct.pool, pages)
-        written.extend(
-            ((ct.pool, ct.keys[i]), KnownPage(new.parents[row], pool.page_nbytes))
-            for row, i in enumerate(new.indices)
-        )
+
+    def _read_device(self, pool: PageDevice, ids: torch.Tensor) -> list[memoryview]:
+        """Pages `ids` of `pool` read into host staging, one byte view per page."""
+        buf = self.staging(ids.numel() * pool.page_nbytes).view(ids.numel(), -1)
+        read_staged(pool, ids, buf)
+        return [row.data for row in buf.numpy()]
 
     # -- loads ---------------------------------------------------------------------------
 
-    def _staging_for(self, n: int, nbytes: int) -> torch.Tensor:
-        """A ``[n, nbytes]`` uint8 buffer, reused across loads (a fresh multi-MiB tensor
-        page-faults); only the thread performing jobs uses it."""
-        flat: torch.Tensor | None = getattr(self, "_staging", None)
-        if flat is None or flat.numel() < n * nbytes:
-            flat = torch.empty(
-                max(n * nbytes, 2 * (0 if flat is None else flat.numel())), dtype=torch.uint8
-            )
-            self._staging = flat
-        return flat[: n * nbytes].view(n, nbytes)
-
-    def _run_load_batch(self, batch: LoadBatch) -> None:
+    def backend_load_batch(self, batch: LoadBatch) -> None:
         with self._lock:
             plan = [
                 (ct, self._pools.pool(ct.pool, "load"))
                 for record in batch.loads
                 for ct in record.transfers
             ]
-        ok = True
         missing: list[Ident] = []
         corrupt: list[Ident] = []
         try:
-            for ct, pool in plan:
-                if ct.keys and not self._load_transfer(ct, pool, missing, corrupt):
-                    ok = False
-                    break
+            ok = self._load(batch, plan, missing, corrupt)
         except Exception as exc:  # the batch must complete whatever went wrong
             self.last_error = exc
             ok = False
@@ -294,72 +301,90 @@ class SharedStore(BaseStore[KnownPage]):
             if corrupt:
                 try:
                     # never offered again, nor the chain after it (LOOKUP stops there)
-                    self._delete([*corrupt, *reversed(self._descendants(corrupt))])
+                    self.backend_delete([*corrupt, *reversed(self._descendants(corrupt))])
                 except Exception as exc:
                     self.last_error = exc
-            self._finish_load_batch(batch, ok)
+            self.finish_load_batch(batch, ok)
 
-    def _load_transfer(
-        self, ct: CheckedTransfer, pool: KVPool, missing: list[Ident], corrupt: list[Ident]
+    def _load(
+        self,
+        batch: LoadBatch,
+        plan: list[tuple[CheckedTransfer, PageDevice]],
+        missing: list[Ident],
+        corrupt: list[Ident],
     ) -> bool:
-        """Read, check and write one transfer; False on a bad or missing page (then
-        nothing was written outside the transfer's own reserved slots)."""
-        n, nbytes = len(ct.keys), pool.page_nbytes
-        staging: torch.Tensor | None = None
-        rows = _page_views(ct.pages.tolist(), pool)  # large CPU pages: in place
-        if rows is None:
-            staging = self._staging_for(n, nbytes)
-            rows = [row.data for row in staging.numpy()]
+        """Read, check and write a batch; False at the first missing or bad page (then
+        nothing was written outside the batch's own reserved slots). Large pages of a
+        device the host views in place are read straight into their slots; the others
+        are staged: the whole batch when it fits `staging_bytes` (all checked, then
+        written layer-major), else chunk by chunk (each checked, then written whole)."""
+        staged: list[tuple[CheckedTransfer, PageDevice]] = []
+        for ct, pool in plan:
+            if not ct.keys:
+                continue
+            views = _page_views(ct.pages.tolist(), pool)
+            if views is None:
+                staged.append((ct, pool))
+            elif not self._read_checked(ct.pool, ct.keys, views, pool, missing, corrupt):
+                return False
+        total = sum(len(ct.keys) * pool.page_nbytes for ct, pool in staged)
+        if total <= self.staging_bytes:
+            flat, at, parts = self.staging(total), 0, []
+            for ct, pool in staged:
+                size = len(ct.keys) * pool.page_nbytes
+                buf = flat[at : at + size].view(len(ct.keys), pool.page_nbytes)
+                at += size
+                rows = [row.data for row in buf.numpy()]
+                if not self._read_checked(ct.pool, ct.keys, rows, pool, missing, corrupt):
+                    return False
+                parts.append(StagedTransfer(ct.pool, pool, ct.pages, as_pages(buf, pool)))
+            self.write_layers(batch, parts)
+            return True
+        for ct, pool in staged:
+            for piece in chunks(len(ct.keys), pool.page_nbytes, self.staging_bytes):
+                keys = ct.keys[piece.start : piece.stop]
+                buf = self.staging(len(keys) * pool.page_nbytes).view(len(keys), -1)
+                rows = [row.data for row in buf.numpy()]
+                if not self._read_checked(ct.pool, keys, rows, pool, missing, corrupt):
+                    return False
+                pool.write_page_ids(ct.pages[piece.start : piece.stop], as_pages(buf, pool))
+        return True
+
+    def _read_checked(
+        self,
+        name: PoolName,
+        keys: Sequence[str],
+        rows: Sequence[memoryview],
+        pool: PageDevice,
+        missing: list[Ident],
+        corrupt: list[Ident],
+    ) -> bool:
+        """Read pages `keys` into `rows` and check each header and checksum; False on
+        a missing page (added to `missing`) or a bad one (to `corrupt`)."""
         try:
-            reads = self._read(ct.pool, ct.keys, rows)
+            reads = self.medium_read(name, keys, rows)
         except TornPage as torn:
-            corrupt.append((ct.pool, torn.key))
+            corrupt.append((name, torn.key))
             return False
         bad: list[Ident] = []
-        for key, read in zip(ct.keys, reads, strict=True):
+        for key, read in zip(keys, reads, strict=True):
             if read is None:
-                missing.append((ct.pool, key))
+                missing.append((name, key))
                 return False
             record, got = read
-            if record.key != key or record.pool is not ct.pool or record.nbytes != nbytes:
-                corrupt.append((ct.pool, key))
+            if record.key != key or record.pool is not name or record.nbytes != pool.page_nbytes:
+                corrupt.append((name, key))
                 return False
             if record.checksum != got:
-                bad.append((ct.pool, key))
-        if bad:
-            corrupt.extend(bad)
-            return False
-        if staging is not None:
-            pages = staging.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
-            pool.write_pages(ct.slots, pages.to(pool.device))
-        return True
+                bad.append((name, key))
+        corrupt.extend(bad)
+        return not bad
 
 
 _VIEW_BYTES = 64 << 10  # pages at least this large are read in place, not gathered
 
 
-def _source_pages(
-    ct: CheckedTransfer, indices: list[int], pool: KVPool
-) -> tuple[list[memoryview], list[int]]:
-    """The bytes of the chosen pages (one byte `memoryview` each) and their checksums.
-
-    Large pages of a CPU pool are views of the pool itself (no copy: the caller keeps
-    the source slots unchanged while the offload is pending); small pages, and pages on
-    another device, are gathered in one `read_pages` first."""
-    p, n, nbytes = pool.page_size, len(indices), pool.page_nbytes
-    pages = ct.pages if n == len(ct.keys) else ct.pages[torch.tensor(indices)]
-    views = _page_views(pages.tolist(), pool)
-    if views is None:
-        slots = ct.slots
-        if n != len(ct.keys):
-            index = torch.tensor(indices, dtype=torch.int64, device=ct.slots.device)
-            slots = ct.slots.view(-1, p).index_select(0, index).view(-1)
-        data = pool.read_pages(slots).to("cpu").view(torch.uint8).reshape(n, nbytes)
-        views = [row.data for row in data.numpy()]
-    return views, [page_checksum(v) for v in views]
-
-
-def _page_views(pages: list[int], pool: KVPool) -> list[memoryview] | None:
+def _page_views(pages: list[int], pool: PageDevice) -> list[memoryview] | None:
     """Each page of `pool` as a byte `memoryview` of the pool itself, when pages are large
     and the pool is on the CPU (reading or writing them in place saves a copy); None
     otherwise (small pages move faster gathered in one op)."""
@@ -367,4 +392,6 @@ def _page_views(pages: list[int], pool: KVPool) -> list[memoryview] | None:
     if pool.device.type != "cpu" or nbytes < _VIEW_BYTES or nbytes % 8:
         return None
     rows = pool.page_bytes()
+    if rows is None:  # memory the host cannot view in place
+        return None
     return [rows[page].data for page in pages]

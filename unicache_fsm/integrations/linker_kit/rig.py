@@ -195,7 +195,7 @@ class Rig:
             faults=self.faults,
         )
         self.checked.page = PAGE
-        self.monitor = ContractMonitor(self.checked, mode="record")
+        self.monitor = ContractMonitor.around(self.checked, mode="record")
         self.cache.init_cache_linker(self.monitor)
         self.kvcache.register_layer_transfer_counter(self.linker.layer_done_counter)
         self.closed = False

@@ -1,0 +1,214 @@
+"""`StoreLinker` on SGLang 0.5.23's own KV buffers: its memory, and its page moves.
+
+Run under a python that imports SGLang 0.5.23 (the differential suite's venv,
+``scripts/sglang_env.sh``) and this checkout: ``python benchmarks/bench_storelinker.py
+[--quick]``. From ``benchmarks/run.py`` (any python) it re-runs itself under
+``$SGLANG_VENV``'s python, or says it was skipped.
+
+One SGLang `MHATokenToKVPool` (bf16, page 16; 8 layers of 8 heads x 128, i.e. 32 KiB
+of K and V per token; 4096 tokens, 1024 with ``--quick``) served by
+``StoreLinker.from_store(MemoryStore(staging_bytes=...), ...)``. Printed side by side:
+
+- memory: the bytes of SGLang's buffers, the bytes of tensors the linker keeps of its
+  own after the moves (`footprint.owned_tensors`: views of SGLang's buffers are not its
+  own; the store's pages are the store's), and the staging budget;
+- throughput of whole-node moves (``pages`` pages per node, every layer):
+  - ``offload``: ``linker.offload`` + ``num_completed_offloads`` + ``pop`` (the store
+    gathers the pages from every layer into its page format, checksums and files them)
+    against a raw torch gather of the same pages (``index_select`` of the page rows of
+    every layer's K and V buffer);
+  - ``load``: ``linker.load`` + ``start_layer_wise_loading`` + ``finish`` (the store
+    verifies the pages and scatters them into the slots, layer by layer) against a raw
+    torch scatter of the same bytes (``index_copy_`` into every layer's buffers);
+  - the page device alone (`LayerBuffers.read_page_ids` / `write_page_ids`, the
+    transposition into the store's page format, no store) against the same baselines.
+
+Each is the median of rounds, interleaved with its baseline; a ratio is the baseline's
+time over the linker's (1.0: as fast as the raw copy). Nothing is asserted. On a CPU
+pool torch's index kernels copy bf16 rows element by element and suffer most from
+contended cores, so the baseline moves with the machine's load (printed) and with
+``--threads``; the page device copies whole rows through NumPy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def _elsewhere(argv: list[str]) -> int:
+    """Re-run under the SGLang venv's python, or say why not."""
+    py = Path(os.environ.get("SGLANG_VENV", REPO / ".venv-sglang")) / "bin" / "python"
+    if not py.exists():
+        print("skipped: needs SGLang 0.5.23 ($SGLANG_VENV or .venv-sglang: scripts/sglang_env.sh)")
+        return 0
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    cmd = [str(py), "-W", "ignore", str(Path(__file__).resolve()), *argv]
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def _median(fn: Callable[[], None], base: Callable[[], None], rounds: int) -> tuple[float, float]:
+    ours, theirs = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        base()
+        t1 = time.perf_counter()
+        fn()
+        t2 = time.perf_counter()
+        theirs.append(t1 - t0)
+        ours.append(t2 - t1)
+    return statistics.median(ours), statistics.median(theirs)
+
+
+def run(quick: bool) -> int:
+    logging.disable(logging.WARNING)
+    import torch
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from unicache_fsm.integrations.sglang import StoreLinker
+    from unicache_fsm.integrations.sglang.footprint import owned_bytes, owned_tensors
+    from unicache_fsm.pools.transfer import PoolName as OurPool
+    from unicache_fsm.store import MemoryStore
+    from unicache_fsm.store.protocol import ExternalStore
+
+    page, layers, heads, dim = 16, 8, 8, 128
+    tokens = 1024 if quick else 4096
+    node_pages = 16  # one node: 256 tokens, 8 MiB of K and V
+    rounds = 5 if quick else 15
+    staging = 16 << 20
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
+    kv = MHATokenToKVPool(
+        size=tokens,
+        page_size=page,
+        dtype=torch.bfloat16,
+        head_num=heads,
+        head_dim=dim,
+        layer_num=layers,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    gen = torch.Generator().manual_seed(0)
+    for buf in [*kv.k_buffer, *kv.v_buffer]:
+        buf.copy_(torch.randn(buf.shape, generator=gen).to(torch.bfloat16))
+    store = MemoryStore(staging_bytes=staging)
+    linker = StoreLinker.from_store(store, {PoolName.KV: kv})
+    buffers = [*kv.k_buffer, *kv.v_buffer]
+    pool_bytes = sum(t.nbytes for t in buffers)
+
+    src_pages = torch.arange(1, 1 + node_pages)
+    dst_pages = torch.arange(1 + node_pages, 1 + 2 * node_pages)
+    src = (src_pages[:, None] * page + torch.arange(page)).reshape(-1)
+    dst = (dst_pages[:, None] * page + torch.arange(page)).reshape(-1)
+    k_rows = [b.view(tokens // page + 1, -1) for b in kv.k_buffer]
+    v_rows = [b.view(tokens // page + 1, -1) for b in kv.v_buffer]
+    gathered: list[Any] = []
+    counter = iter(range(10**9))
+
+    def raw_gather() -> None:
+        gathered[:] = [r.index_select(0, src_pages) for r in [*k_rows, *v_rows]]
+
+    def raw_scatter() -> None:
+        for r, g in zip([*k_rows, *v_rows], gathered, strict=True):
+            r.index_copy_(0, dst_pages, g)
+
+    def keys() -> tuple[str, ...]:
+        n = next(counter)
+        return tuple(f"{n:032x}{i:032x}" for i in range(node_pages))
+
+    stored: list[tuple[str, ...]] = []
+
+    def offload() -> None:
+        ks = keys()
+        t = PoolTransfer(name=PoolName.KV, device_indices=src, keys=list(ks))
+        assert linker.offload([t])
+        assert linker.num_completed_offloads() == 1 and linker.pop_completed_offload()
+        stored.append(ks)
+
+    def load() -> None:
+        t = PoolTransfer(name=PoolName.KV, device_indices=dst, keys=list(stored[-1]))
+        assert linker.load("bench", [t])
+        index = linker.start_layer_wise_loading()
+        assert linker.finish_layer_wise_loading(index)
+
+    device = linker.buffers[OurPool.KV]
+    staged: list[Any] = []
+
+    def device_read() -> None:
+        device.allow("read", src_pages)
+        staged[:] = [device.read_page_ids(src_pages)]
+        device.revoke("read", src_pages)
+
+    def device_write() -> None:
+        device.allow("write", dst_pages)
+        device.write_page_ids(dst_pages, staged[0])
+        device.revoke("write", dst_pages)
+
+    offload()  # warm up every path once
+    raw_gather()
+    rows = []
+    moved = node_pages * device.page_nbytes
+    for name, fn, base in (
+        ("offload (store)", offload, raw_gather),
+        ("load (store)", load, raw_scatter),
+        ("page device read", device_read, raw_gather),
+        ("page device write", device_write, raw_scatter),
+    ):
+        fn()
+        ours, theirs = _median(fn, base, rounds)
+        rows.append((name, moved / ours / 2**30, moved / theirs / 2**30, theirs / ours))
+    assert all(torch.equal(kv.k_buffer[i][dst], kv.k_buffer[i][src]) for i in range(layers))
+
+    own = owned_tensors(linker, beside=buffers, skip=(ExternalStore,))
+    mib = pool_bytes / 2**20
+    print(f"SGLang pool: {tokens} tokens, page {page}, {layers} layers, bf16: {mib:.1f} MiB")
+    print(f"{'memory':<30}{'bytes':>14}")
+    print(f"{'SGLang K/V buffers':<30}{pool_bytes:>14,}")
+    print(f"{'linker-owned tensors':<30}{owned_bytes(own):>14,}   ({len(own)} tensors)")
+    print(f"{'largest linker-owned tensor':<30}{max((t.nbytes for t in own), default=0):>14,}")
+    print(f"{'staging budget (store)':<30}{staging:>14,}")
+    print()
+    print(f"node: {node_pages} pages, {moved / 2**20:.1f} MiB; median of {rounds} rounds")
+    print(f"{'move':<20}{'linker GiB/s':>14}{'raw torch GiB/s':>17}{'ratio':>8}")
+    for name, ours_gbs, raw_gbs, ratio in rows:
+        print(f"{name:<20}{ours_gbs:>14.2f}{raw_gbs:>17.2f}{ratio:>8.2f}")
+    loads = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"torch threads: {torch.get_num_threads()}; load average: {loads}")
+    linker.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller pool, fewer rounds")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        import unicache_fsm.integrations.sglang  # noqa: F401
+    except ImportError:
+        return _elsewhere(argv)
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return run(args.quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

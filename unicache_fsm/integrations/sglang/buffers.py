@@ -1,0 +1,314 @@
+"""SGLang's own per-layer K/V buffers, seen as the page device a store reads and writes.
+
+SGLang 0.5.23's token-major pools (`MHATokenToKVPool`, and each half of an `SWAKVPool`)
+hold one ``k_buffer[layer]`` and one ``v_buffer[layer]`` per layer, each
+``[size + page_size, heads, head_dim]`` (row = slot). A store moves pages in its own
+format: page = P rows x num_layers x width, K then V per layer. `LayerBuffers` gathers
+a page's rows from every layer into that format on offload and scatters them back on
+load, straight between SGLang's buffers and the store: it owns no tensor of its own but
+each call's transient gather (one call's pages; the store sizes its calls to its
+staging budget). It speaks the methods a store calls on a `KVPool`:
+
+- `layout`, `name`, `page_size`, `num_layers`, `width`, `dtype`, `device`,
+  `page_nbytes` — the facts (``layout.num_pages`` usable pages, page 0 never handed out);
+- `pages_of(slots, what)` — page ids of whole-page `slots`, else a typed error naming
+  `what` (the pools' own `SlotCodec`);
+- `read_page_ids(pages, out=None)` -> ``[len(pages) * P, num_layers, width]``;
+- `write_page_ids(pages, data, *, layers=None)` — every layer, or the layers of the
+  slice `layers` (``data`` then holds those layers only; a strided view is fine), so a
+  load lands layer by layer;
+- `page_bytes()` — None: no page is one run of bytes here, so a store moves pages only
+  through the two calls above.
+
+**The gate.** SGLang frees a load's slots as soon as `finish_layer_wise_loading`
+answered, and an offloaded node's slots once its verdict was popped; a store that is
+slow, stuck or lying may still write or read them afterwards, when they hold another
+request's KV. So every move passes a gate, checked and done under one lock:
+`allow(access, pages)` opens pages for ``"write"`` (a load in flight) or ``"read"`` (an
+offload SGLang has no verdict for), `revoke(access, pages)` closes them (a count per
+page: two jobs may hold one page). A move that touches a closed page raises
+`SlotsRevokedError` and moves nothing (the store fails that job); once `revoke`
+returned, no move of those pages is under way or can start.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from unicache_fsm.fsm.errors import UnicacheFsmError
+from unicache_fsm.integrations.errors import LinkerConfigError
+from unicache_fsm.pools.errors import DeviceMismatchError, TensorShapeError, TensorTypeError
+from unicache_fsm.pools.layout import PageLayout
+from unicache_fsm.pools.slots import SlotCodec, preview
+from unicache_fsm.pools.transfer import PoolName
+
+__all__ = ["Access", "LayerBuffers", "SlotsRevokedError", "halves"]
+
+Access = Literal["read", "write"]
+
+#: SGLang's pool names -> this project's (the stores file pages under these)
+POOLS = {"kv": PoolName.KV, "swa": PoolName.SWA}
+
+
+class SlotsRevokedError(UnicacheFsmError, PermissionError):
+    """A store moved pages that no job of it may touch now (module docstring, "the
+    gate"): `pool`, `access` and the `pages` name them; nothing moved."""
+
+    def __init__(self, msg: str, *, pool: str, access: str, pages: list[int]) -> None:
+        self.pool = pool
+        self.access = access
+        self.pages = pages
+        super().__init__(msg)
+
+
+def halves(pools: Any) -> dict[PoolName, Any]:
+    """SGLang's ``linker.pools`` -> the token-major pool serving each of our pools (the
+    FULL and SWA halves of an `SWAKVPool`); `LinkerConfigError` for a pool not served."""
+    out: dict[PoolName, Any] = {}
+    for name, pool in pools.items():
+        ours = POOLS.get(getattr(name, "value", name))
+        if ours is None:
+            msg = (
+                f"pool {name!r} is not served by StoreLinker (it serves "
+                f"{', '.join(POOLS)}); leave it out of pools"
+            )
+            raise LinkerConfigError(msg, argument="pools", value=name)
+        half = "swa_kv_pool" if ours is PoolName.SWA else "full_kv_pool"
+        out[ours] = getattr(pool, half, pool)  # an SWAKVPool holds both halves
+    return out
+
+
+def _layer_buffers(name: PoolName, kv: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    keys = list(getattr(kv, "k_buffer", None) or ())
+    values = list(getattr(kv, "v_buffer", None) or ())
+    if not keys or len(keys) != len(values):
+        msg = (
+            f"{name} pool {type(kv).__name__}: no per-layer k_buffer / v_buffer pair "
+            "(StoreLinker serves SGLang's token-major MHA pools)"
+        )
+        raise LinkerConfigError(msg, argument="pools", value=type(kv).__name__)
+    rows = kv.size + kv.page_size
+    first = keys[0]
+    for buf in keys + values:
+        if buf.dim() < 2 or buf.shape[0] != rows or not buf.is_contiguous():
+            msg = (
+                f"{name} pool: a K/V buffer of shape {tuple(buf.shape)} is not token-major "
+                f"and contiguous (rows = size + page_size = {rows}); StoreLinker serves "
+                "the default KV cache layout only"
+            )
+            raise LinkerConfigError(msg, argument="pools", value=tuple(buf.shape))
+        if buf.dtype != first.dtype or buf.device != first.device:
+            msg = f"{name} pool: K/V buffers of several dtypes or devices: {buf.dtype} {buf.device}"
+            raise LinkerConfigError(msg, argument="pools", value=str(buf.dtype))
+    widths = {(k[0].numel(), v[0].numel()) for k, v in zip(keys, values, strict=True)}
+    if len(widths) != 1:
+        msg = f"{name} pool: layers of different K/V widths {sorted(widths)}"
+        raise LinkerConfigError(msg, argument="pools", value=sorted(widths))
+    return keys, values
+
+
+class LayerBuffers:
+    """One SGLang pool's K/V buffers as a store's page device (module docstring)."""
+
+    def __init__(self, name: PoolName, kv: Any) -> None:
+        keys, values = _layer_buffers(name, kv)
+        self._layout = PageLayout(kv.size, kv.page_size, str(name.value))
+        first = keys[0]
+        self._device = first.device
+        self._dtype = first.dtype
+        self._codec = SlotCodec(self._layout, self._device)
+        self._kw, self._vw = keys[0][0].numel(), values[0][0].numel()
+        pages, p = self._layout.num_pages + 1, self._layout.page_size
+        # each layer's buffer as one row per page (a view: SGLang's own memory)
+        self._k = [k.view(pages, p * self._kw) for k in keys]
+        self._v = [v.view(pages, p * self._vw) for v in values]
+        self._page_nbytes = p * len(keys) * (self._kw + self._vw) * first.element_size()
+        # on the host, each layer's page rows as uint8 NumPy views of SGLang's memory:
+        # NumPy moves whole rows as blocks, where torch's CPU index kernels copy a bf16
+        # row element by element (several times slower, more so on contended cores)
+        self._host = (
+            [
+                (k.view(torch.uint8).numpy(), v.view(torch.uint8).numpy())
+                for k, v in zip(self._k, self._v, strict=True)
+            ]
+            if self._device.type == "cpu"
+            else None
+        )
+        self._lock = threading.Lock()
+        self._open: dict[str, Counter[int]] = {"read": Counter(), "write": Counter()}
+
+    # -- facts --------------------------------------------------------------------------
+
+    @property
+    def layout(self) -> PageLayout:
+        return self._layout
+
+    @property
+    def name(self) -> str:
+        return self._layout.name
+
+    @property
+    def page_size(self) -> int:
+        return self._layout.page_size
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._k)
+
+    @property
+    def width(self) -> int:
+        return self._kw + self._vw
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page in the store's format (P rows x layers x width)."""
+        return self._page_nbytes
+
+    def buffer_nbytes(self) -> int:
+        """Bytes of SGLang's buffers behind this pool (what a mirror would double)."""
+        return sum(t.untyped_storage().nbytes() for t in [*self._k, *self._v])
+
+    def page_bytes(self) -> None:
+        """None: SGLang's per-layer buffers hold no page as one run of bytes, so a store
+        moves pages only through `read_page_ids` / `write_page_ids` (and the gate)."""
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"LayerBuffers({self.name!r}, pages={self._layout.num_pages}, "
+            f"page_size={self.page_size}, layers={self.num_layers}, width={self.width}, "
+            f"dtype={self.dtype}, device={str(self.device)!r})"
+        )
+
+    def pages_of(self, slots: object, what: str) -> torch.Tensor:
+        """Page ids of whole-page `slots` (typed error naming `what`); nothing moves."""
+        codec = self._codec
+        return codec.to_pages(codec.check_index_tensor(slots, what), what)
+
+    # -- the gate -----------------------------------------------------------------------
+
+    def allow(self, access: Access, pages: torch.Tensor) -> None:
+        """Open `pages` for one more job's `access`."""
+        with self._lock:
+            self._open[access].update(pages.tolist())
+
+    def revoke(self, access: Access, pages: torch.Tensor) -> None:
+        """Close `pages` for one job's `access`; returns once no move of them runs."""
+        with self._lock:
+            opened = self._open[access]
+            for page in pages.tolist():
+                if opened[page] <= 1:
+                    del opened[page]
+                else:
+                    opened[page] -= 1
+
+    def opened(self, access: Access) -> int:
+        """Pages open for `access` now (a page held by two jobs counts once)."""
+        with self._lock:
+            return len(self._open[access])
+
+    def _check_open(self, access: Access, pages: list[int]) -> None:
+        opened = self._open[access]
+        closed = [p for p in pages if p not in opened]
+        if closed:
+            msg = (
+                f"pool {self.name!r}: the store would {access} page(s) {preview(closed)}, "
+                f"which no job of it may {access} now (SGLang may have reused them)"
+            )
+            raise SlotsRevokedError(msg, pool=self.name, access=access, pages=closed)
+
+    # -- moves --------------------------------------------------------------------------
+
+    def read_page_ids(
+        self, pages: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The pages' bytes in the store's format, ``[len(pages) * P, layers, width]``."""
+        n, p, kw = pages.numel(), self.page_size, self._kw
+        shape = (n * p, self.num_layers, self.width)
+        if out is None:
+            out = torch.empty(shape, dtype=self._dtype, device=self._device)
+        else:
+            self._check_data(out, shape, "out")
+        listed = pages.tolist()
+        with self._lock:
+            self._check_open("read", listed)
+            if self._host is not None:  # CPU: NumPy copies whole K or V rows of a page
+                self._gather_host(pages.numpy(), out.view(torch.uint8).numpy())
+                return out
+            rows = out.view(n, p, self.num_layers, self.width)
+            for layer, (k, v) in enumerate(zip(self._k, self._v, strict=True)):
+                rows[:, :, layer, :kw] = k.index_select(0, pages).view(n, p, kw)
+                rows[:, :, layer, kw:] = v.index_select(0, pages).view(n, p, self._vw)
+        return out
+
+    def _gather_host(self, at: Any, out: Any) -> None:
+        """`read_page_ids` on the host: `out` is the uint8 bytes of the result."""
+        n, p, layers = len(at), self.page_size, self.num_layers
+        assert self._host is not None
+        kb = self._host[0][0].shape[1] // p
+        if kb * 2 == out.shape[-1] // layers:  # K and V rows of one size: one token's
+            # K (or V) row as one NumPy element, so each moves as one block copy
+            row = np.dtype((np.void, kb))
+            dst = out.reshape(n, p, 2 * layers, kb).view(row)[..., 0]
+            for layer, (hk, hv) in enumerate(self._host):
+                dst[:, :, 2 * layer] = hk.reshape(-1, p, kb).view(row)[at, :, 0]
+                dst[:, :, 2 * layer + 1] = hv.reshape(-1, p, kb).view(row)[at, :, 0]
+            return
+        dst = out.reshape(n, p, layers, -1)
+        for layer, (hk, hv) in enumerate(self._host):
+            dst[:, :, layer, :kb] = hk[at].reshape(n, p, -1)
+            dst[:, :, layer, kb:] = hv[at].reshape(n, p, -1)
+
+    def write_page_ids(
+        self, pages: torch.Tensor, data: torch.Tensor, *, layers: slice | None = None
+    ) -> None:
+        """Store `data` (``[len(pages) * P, len(layers), width]``, the store's format)
+        into the pages, every layer or those of the slice `layers`."""
+        n, p, kw = pages.numel(), self.page_size, self._kw
+        chosen = range(self.num_layers) if layers is None else range(self.num_layers)[layers]
+        self._check_data(data, (n * p, len(chosen), self.width), "data", contiguous=False)
+        with self._lock:
+            self._check_open("write", pages.tolist())
+            if self._host is not None and n:  # CPU: NumPy copies whole K or V rows
+                src = data.view(torch.uint8).numpy().reshape(n, p, len(chosen), -1)
+                at = pages.numpy()
+                for i, layer in enumerate(chosen):
+                    hk, hv = self._host[layer]
+                    kb = hk.shape[1] // p
+                    hk[at] = src[:, :, i, :kb].reshape(n, -1)
+                    hv[at] = src[:, :, i, kb:].reshape(n, -1)
+                return
+            rows = data.reshape(n, p, len(chosen), self.width)  # a strided view too
+            for i, layer in enumerate(chosen):
+                self._k[layer].index_copy_(0, pages, rows[:, :, i, :kw].reshape(n, p * kw))
+                self._v[layer].index_copy_(0, pages, rows[:, :, i, kw:].reshape(n, -1))
+
+    def _check_data(
+        self, data: object, shape: tuple[int, ...], what: str, *, contiguous: bool = True
+    ) -> None:
+        if not isinstance(data, torch.Tensor) or data.dtype != self._dtype:
+            got = data.dtype if isinstance(data, torch.Tensor) else type(data)
+            msg = f"pool {self.name!r}: {what} must be a {self._dtype} tensor, got {got}"
+            raise TensorTypeError(msg, what=what, got=got, expected=self._dtype)
+        if data.device != self._device:
+            msg = f"pool {self.name!r}: {what} is on {data.device}, the buffers on {self._device}"
+            raise DeviceMismatchError(msg, what=what, got=data.device, expected=self._device)
+        if tuple(data.shape) != shape or (contiguous and not data.is_contiguous()):
+            msg = (
+                f"pool {self.name!r}: {what} has shape {tuple(data.shape)}, expected "
+                f"{'a contiguous ' if contiguous else ''}{shape} ([slots, layers, width])"
+            )
+            raise TensorShapeError(msg, what=what, got=tuple(data.shape), expected=shape)
