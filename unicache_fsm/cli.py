@@ -595,7 +595,25 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="write transition coverage (default with --trace: TRACE.coverage.json)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        type=_path,
+        metavar="PATH",
+        help="the run's summary as JSON: on stdout instead of the table, or with PATH "
+        "into that file (the table still printed); a later run compares with it "
+        "(--baseline)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=_path,
+        default=None,
+        metavar="RUN.json",
+        help="a summary an earlier run wrote with --json PATH: both runs side by side "
+        "(figures and deltas) in the terminal and in --report",
+    )
     p.add_argument(
         "--no-warm-up",
         dest="warm_up",
@@ -617,26 +635,24 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="DIR",
-        help="write DIR/index.html: a self-contained page of charts over time and the "
-        "coverage-coloured machine diagrams (needs Graphviz)",
+        help="write DIR/index.html: a self-contained page (no script, works offline) of "
+        "per-request figures, charts over time and the coverage-coloured machine "
+        "diagrams (needs Graphviz)",
     )
 
 
 def _check_report_folder(folder: Path) -> None:
     """Refuse a --report DIR that cannot be written, before the run (not after it)."""
     _output_folder("--report", folder)
-    try:
-        import plotly  # noqa: F401
-    except ImportError:
-        msg = "--report needs plotly: pip install 'unicache-fsm[report]'"
-        raise CliError(msg) from None
     if shutil.which("dot") is None:
         raise GraphvizNotFoundError("svg")
 
 
-def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> None:
+def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> dict[str, Any] | None:
     """Every check that needs no workload, cheapest first; the store last (it is opened
-    and closed: one that cannot be reached or opened is refused before the run)."""
+    and closed: one that cannot be reached or opened is refused before the run).
+    Returns the ``--baseline`` summary, read and checked (None without one)."""
+    from unicache_fsm.scheduler.compare import read_baseline
     from unicache_fsm.scheduler.workloads import WORKLOADS, UnknownWorkloadError
     from unicache_fsm.store.faults import FaultPolicy
     from unicache_fsm.store.spec import open_store
@@ -656,8 +672,16 @@ def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> None:
         _output_file("--coverage", coverage)
     if args.report is not None:
         _check_report_folder(args.report)
+    if args.json is not None and str(args.json) != "-":
+        _output_file("--json", args.json)
+    baseline = None
+    if args.baseline is not None:
+        _input_file("--baseline", args.baseline)
+        with _reading("--baseline", args.baseline):
+            baseline = read_baseline(args.baseline)
     with _reading("--store", config.store):
         open_store(config.store).close()
+    return baseline
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
@@ -667,6 +691,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     from unicache_fsm.console import print_table, progress
     from unicache_fsm.scheduler import SimConfig, Simulation, warm_up
+    from unicache_fsm.scheduler.compare import compare, run_summary
+    from unicache_fsm.scheduler.html_report import swa_note
     from unicache_fsm.tree.residency import ExecutorKind
 
     config = SimConfig(
@@ -684,7 +710,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     )
     if args.audit_every is not None:
         config = attrs.evolve(config, audit_every=args.audit_every)
-    _check_simulate_inputs(args, config)
+    baseline = _check_simulate_inputs(args, config)
     torch.set_num_threads(args.torch_threads)
     with progress("generating workload", config.requests) as generated:
         sim = Simulation(
@@ -703,10 +729,26 @@ def _run_simulate(args: argparse.Namespace) -> int:
         coverage_path = Path(args.trace).with_suffix(".coverage.json")
     if coverage_path is not None:
         coverage.save(coverage_path)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    summary = run_summary(report, sim.requests)
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    to_stdout = args.json is not None and str(args.json) == "-"
+    if args.json is not None and not to_stdout:
+        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    if to_stdout:
+        print(text)
     else:
         print_table(None, ["", "simulate"], report.rows())
+        note = swa_note(report.config)
+        if note is not None:
+            print(f"note: {note}")
+        if baseline is not None:
+            c = compare(baseline, summary)
+            if c.settings:
+                print_table("settings that differ", ["setting", "baseline", "this run"], c.settings)
+            rows = [(r.metric, r.baseline, r.current, r.delta) for r in c.rows]
+            print_table(
+                f"compared with {args.baseline}", ["", "baseline", "this run", "delta"], rows
+            )
     if args.report is not None:
         from unicache_fsm.scheduler.html_report import write_report
 
@@ -717,7 +759,15 @@ def _run_simulate(args: argparse.Namespace) -> int:
             ).decode("utf-8")
             for ex in sim.executors
         }
-        page = write_report(args.report, report=report, timeline=sim.timeline, diagrams=diagrams)
+        page = write_report(
+            args.report,
+            report=report,
+            timeline=sim.timeline,
+            diagrams=diagrams,
+            requests=sim.requests,
+            summary=summary,
+            baseline=baseline,
+        )
         print(f"report: {page}", file=sys.stderr)
     return EXIT_OK
 
