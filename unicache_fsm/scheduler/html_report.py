@@ -291,16 +291,13 @@ def _compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> list[st
 
 
 def _svg_body(svg: str) -> str:
-    """A Graphviz SVG document as an inline element that scales to the page width (no
-    XML prolog, DOCTYPE or comments; its fixed width and height left to CSS)."""
+    """A Graphviz SVG document as an inline element (no XML prolog, DOCTYPE or
+    comments); the page's CSS scales it down to the page width (``max-width``)."""
     start = svg.find("<svg")
     if start < 0:
         msg = "a diagram is not SVG text"
         raise ValueError(msg)
-    body = re.sub(r"<!--.*?-->", "", svg[start:], flags=re.S)
-    head_end = body.index(">")
-    head = re.sub(r'\s(?:width|height)="[^"]*"', "", body[:head_end])
-    return head + body[head_end:]
+    return re.sub(r"<!--.*?-->", "", svg[start:], flags=re.S)
 
 
 def render_report(
