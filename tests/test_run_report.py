@@ -111,9 +111,9 @@ def _probe(page: Path) -> tuple[dict[str, Any], list[str]]:
     dom, log = _dump(probed)
     found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
     assert found is not None, dom[-2000:]
-    answers = json.loads(found.group(1).replace("&lt;", "<").replace("&gt;", ">").replace(
-        "&amp;", "&"
-    ))
+    answers = json.loads(
+        found.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    )
     return answers, [line for line in log.splitlines() if "CONSOLE" in line]
 
 

@@ -121,6 +121,6 @@ class Timeline:
         prompt = self.counters.get("tokens.prompt", [])
         out: dict[str, list[float]] = {}
         for kind in ("device", "host", "external", "recomputed"):
-            got = self.counters.get(f"tokens.{kind}", [])
+            got = self.counters.get(f"tokens.{kind}", [0] * len(prompt))
             out[kind] = [g / p if p else 0.0 for g, p in zip(got, prompt, strict=True)]
         return out
