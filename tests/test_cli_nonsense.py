@@ -356,7 +356,7 @@ def _help_of(text: str, flag: str) -> str:
         ("explore", "--requests", "9"),
         ("explore", "--page-size", "64"),
         ("explore", "--key-pages", "64"),
-        ("explore", "--swa-window", "64"),
+        ("explore", "--swa-window", "4096"),
         ("explore", "--host-pages", "64"),
         ("explore", "--store-pages", "64"),
         ("explore", "--depth", "1000000"),
