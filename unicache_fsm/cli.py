@@ -361,7 +361,8 @@ def _diagram_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--highlight",
         metavar="STATE",
-        help="fill one state, named by dotted path (e.g. prepared.loading); needs MACHINE",
+        help="fill one state, named by dotted path (e.g. prepared.loading); needs MACHINE "
+        "(default: none)",
     )
     p.add_argument(
         "-o",
@@ -375,7 +376,8 @@ def _diagram_arguments(p: argparse.ArgumentParser) -> None:
         "--coverage",
         type=_path,
         metavar="FILE.json",
-        help="label and colour each arrow by how often a run took it (from simulate/fuzz)",
+        help="label and colour each arrow by how often a run took it (from simulate/fuzz; "
+        "default: no counts)",
     )
 
 
@@ -629,7 +631,8 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="FILE.jsonl",
-        help="record every transition as JSON lines",
+        help="record every transition as JSON lines, with its scheduler step and time "
+        "(default: no trace)",
     )
     p.add_argument(
         "--coverage",
@@ -647,7 +650,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the run's summary as JSON: on stdout instead of the table, or with PATH "
         "into that file (the table still printed); a later run compares with it "
-        "(--baseline)",
+        "(--baseline) (default: the table only)",
     )
     p.add_argument(
         "--baseline",
@@ -655,7 +658,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="RUN.json",
         help="a summary an earlier run wrote with --json PATH: both runs side by side "
-        "(figures and deltas) in the terminal and in --report",
+        "(figures and deltas) in the terminal and in --report (default: no comparison)",
     )
     p.add_argument(
         "--no-warm-up",
@@ -680,7 +683,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="write DIR/index.html: a self-contained page (no script, works offline) of "
         "per-request figures, charts over time and the coverage-coloured machine "
-        "diagrams (needs Graphviz)",
+        "diagrams (needs Graphviz; default: no report)",
     )
 
 
@@ -844,7 +847,7 @@ def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="FILE.json",
-        help="write the transitions taken (for diagram --coverage)",
+        help="write the transitions taken (for diagram --coverage; default: not written)",
     )
     p.add_argument(
         "--driver",
@@ -1060,14 +1063,14 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="FILE.json",
-        help="write the transitions reached (for diagram --coverage)",
+        help="write the transitions reached (for diagram --coverage; default: not written)",
     )
     p.add_argument(
         "--test-out",
         type=_path,
         default=None,
         metavar="FILE.py",
-        help="write the counterexample test there too (on a violation)",
+        help="write the counterexample test there too (on a violation; default: only printed)",
     )
 
 
