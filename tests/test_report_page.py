@@ -18,6 +18,7 @@ from unicache_fsm.scheduler.compare import BaselineError, compare, read_baseline
 from unicache_fsm.scheduler.html_report import render_report, swa_note
 from unicache_fsm.scheduler.requests import RequestRecord, TtftModel
 from unicache_fsm.scheduler.svg_chart import (
+    MAX_POINTS,
     ChartInputError,
     Series,
     bar_chart,
@@ -67,6 +68,16 @@ def test_a_gap_breaks_the_line_and_a_lone_point_is_a_dot() -> None:
     root = ET.fromstring(svg)
     assert len(list(root.iter(f"{SVG}polyline"))) == 1
     assert len(list(root.iter(f"{SVG}circle"))) == 1
+
+
+def test_a_long_line_is_sampled_down_to_its_last_point() -> None:
+    n = 10 * MAX_POINTS + 7
+    svg = line_chart("t", list(range(n)), [Series("s", [float(i) for i in range(n)])], chart_id="c")
+    (line,) = ET.fromstring(svg).iter(f"{SVG}polyline")
+    points = line.get("points", "").split()
+    assert len(points) <= MAX_POINTS + 1
+    last_x = float(points[-1].split(",")[0])
+    assert last_x == pytest.approx(760 - 16, abs=0.2)  # the run's last step is drawn
 
 
 def test_stacked_bars_leave_out_zeros_and_stack() -> None:

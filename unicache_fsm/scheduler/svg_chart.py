@@ -13,7 +13,8 @@ hover by the browser (an SVG ``<title>`` per point or bar).
 - `Series(name, values)` — one named row of numbers (``None``: no value there; a line
   breaks, a bar is left out).
 - `line_chart(title, x, series, ...)` — one polyline per series (or stacked areas with
-  ``stacked=True``), y from 0, ``percent=True`` for shares in 0..1.
+  ``stacked=True``), y from 0, ``percent=True`` for shares in 0..1. Past `MAX_POINTS`
+  x values it draws every k-th one (and the last), so a long run's page stays light.
 - `bar_chart(title, labels, series, ...)` — one stacked bar per label.
 
 Every chart has axes with round ticks, axis titles and a legend, even for a single
@@ -33,7 +34,18 @@ import attrs
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
 
-__all__ = ["PALETTE", "ChartInputError", "Series", "bar_chart", "line_chart", "nice_ticks"]
+__all__ = [
+    "MAX_POINTS",
+    "PALETTE",
+    "ChartInputError",
+    "Series",
+    "bar_chart",
+    "line_chart",
+    "nice_ticks",
+]
+
+#: the most points a line chart draws per series (a longer series is sampled evenly)
+MAX_POINTS = 600
 
 #: Okabe & Ito's colour-blind-safe palette, in the order series take it
 PALETTE = (
@@ -200,6 +212,11 @@ def line_chart(
 ) -> str:
     """Lines (or stacked areas) over `x`; see the module docstring."""
     _check(title, len(x), series, bars=stacked)
+    if len(x) > MAX_POINTS:
+        step = -(-len(x) // MAX_POINTS)
+        keep = [*range(0, len(x) - 1, step), len(x) - 1]
+        x = [x[i] for i in keep]
+        series = [Series(s.name, [s.values[i] for i in keep]) for s in series]
     if stacked:
         tops = [sum(s.values[i] or 0.0 for s in series) for i in range(len(x))]
     else:
