@@ -15,7 +15,8 @@ from unicache_fsm.cli import main
 from unicache_fsm.fsm.conformance import check_trace, read_trace
 from unicache_fsm.scheduler import SimConfig, Simulation
 from unicache_fsm.scheduler.compare import BaselineError, compare, read_baseline, run_summary
-from unicache_fsm.scheduler.html_report import render_report, swa_note
+from unicache_fsm.scheduler.html_report import render_report
+from unicache_fsm.scheduler.report import swa_note
 from unicache_fsm.scheduler.requests import RequestRecord, TtftModel
 from unicache_fsm.scheduler.svg_chart import (
     MAX_POINTS,

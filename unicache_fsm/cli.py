@@ -37,9 +37,8 @@ its arguments, a function that runs it, and one entry in the table):
   default a seeded random walk through its rules (`testing.walk`, runs of 50 steps),
   or Hypothesis's stateful engine (batches of 25 programs of 50 steps); a summary of
   runs, steps, steps/s and transition coverage (a progress bar on stderr while it
-  runs); exit 1 on a failure, after printing
-  the shrunk program as a Python script that replays it (the walk) or Hypothesis's
-  falsifying program.
+  runs); exit 1 on a failure, after printing the shrunk program as a Python script
+  that replays it (the walk) or Hypothesis's falsifying program.
 - ``explore [--pages N] [--requests R] [--page-size P] [--key-pages K] [--swa-window W]
   [--faults F] [--unpinned] [--corrupt] [--store-pages S] [--unrelated] [--depth D] [--minutes M]
   [--workers J] [--coverage F] [--test-out F]`` — breadth-first
@@ -737,7 +736,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     from unicache_fsm.scheduler import SimConfig, Simulation, warm_up
     from unicache_fsm.scheduler.compare import compare, run_summary
-    from unicache_fsm.scheduler.html_report import swa_note
+    from unicache_fsm.scheduler.report import swa_note
     from unicache_fsm.tree.residency import ExecutorKind
 
     config = SimConfig(

@@ -7,7 +7,8 @@ no script and fetches nothing: its charts are inline SVG drawn here
 Graphviz's SVG inline. It answers, in order:
 
 - what ran and how it went: the summary table (`SimReport.rows()`);
-- why SWA hit rates look as they do, when the run had an SWA window (``#swa-note``);
+- why SWA hit rates look as they do, when the run had an SWA window (``#swa-note``,
+  `report.swa_note`);
 - how it compares with a baseline run (``#compare``: the settings that differ and
   every figure side by side with its delta; only with ``baseline``);
 - hit rates per window of steps (the share of each window's admitted prompt tokens
@@ -40,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 from unicache_fsm.scheduler.compare import compare
-from unicache_fsm.scheduler.report import ABORT_REASONS, SimReport
+from unicache_fsm.scheduler.report import ABORT_REASONS, SimReport, swa_note
 from unicache_fsm.scheduler.requests import RequestRecord, TtftModel
 from unicache_fsm.scheduler.svg_chart import Series, bar_chart, line_chart
 from unicache_fsm.scheduler.timeline import Timeline
 
-__all__ = ["CHART_IDS", "MAX_REQUEST_ROWS", "render_report", "swa_note", "write_report"]
+__all__ = ["CHART_IDS", "MAX_REQUEST_ROWS", "render_report", "write_report"]
 
 CHART_IDS = ("chart-hit-rates-window", "chart-hit-rates")
 
@@ -71,30 +72,6 @@ svg.chart-svg .grid { stroke: #e5e5e5; } svg.chart-svg .axis { stroke: #777; }
 .diagram svg { display: block; max-width: 100%; height: auto; }
 .caption { color: #555; font-size: 0.85rem; }
 """
-
-
-def swa_note(config: Mapping[str, Any]) -> str | None:
-    """Why an SWA run's hit rates look as they do (None without an SWA window)."""
-    window = config.get("swa_window")
-    if not window:
-        return None
-    checkpoint = config.get("swa_checkpoint")
-    tail = (
-        f"This run kept SWA checkpoints every {checkpoint} tokens (--swa-checkpoint), so a "
-        "prefix ending at a checkpoint can hit again."
-        if checkpoint
-        else "simulate --swa-checkpoint K (issue 37) keeps SWA KV at checkpoints every K "
-        "tokens, so a prefix ending at a checkpoint can hit; compare a run with it."
-    )
-    return (
-        f"SWA is on (window {window} tokens). SGLang 0.5.23 keeps a request's SWA KV only "
-        "for its trailing window; below it the tree holds tombstones. A prefix is usable "
-        "only if the SWA KV of its last window is live, so a new request whose shared "
-        "prefix ends inside an earlier request (few-shot examples, a system prompt, a "
-        "conversation's earlier turns) finds no live window there: its device, host and "
-        "external hits stop at the first tombstone and fall to 0 on such workloads, while "
-        "the host tier still backs up finished requests (it fills and does not hit). " + tail
-    )
 
 
 def _esc(value: object) -> str:
