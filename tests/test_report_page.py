@@ -52,6 +52,8 @@ def test_ticks_are_round_and_reach_the_top() -> None:
     assert nice_ticks(1.0) == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     assert nice_ticks(7) == [0, 2, 4, 6, 8]
     assert nice_ticks(0) == [0.0, 1.0] and nice_ticks(math.nan) == [0.0, 1.0]
+    assert nice_ticks(2, whole=True) == [0, 1, 2]  # counts: no half ticks
+    assert nice_ticks(2) == [0, 0.5, 1.0, 1.5, 2.0]
 
 
 def test_a_line_chart_is_svg_with_a_legend_even_for_one_series() -> None:

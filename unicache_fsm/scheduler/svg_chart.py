@@ -79,11 +79,12 @@ class Series:
     values: tuple[float | None, ...] = attrs.field(converter=_values)
 
 
-def nice_ticks(top: float, count: int = 5) -> list[float]:
-    """Round tick values from 0 to at least `top` (1, 2 or 5 times a power of ten apart)."""
+def nice_ticks(top: float, count: int = 5, *, whole: bool = False) -> list[float]:
+    """Round tick values from 0 to at least `top` (1, 2 or 5 times a power of ten apart;
+    at least 1 apart with `whole`, for counts)."""
     if not math.isfinite(top) or top <= 0:
         return [0.0, 1.0]
-    raw = top / max(1, count)
+    raw = max(top / max(1, count), 1.0 if whole else 0.0)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     n = math.ceil(top / step - 1e-9)
@@ -120,10 +121,12 @@ def _check(title: str, n: int, series: Sequence[Series], *, bars: bool) -> None:
 class _Frame:
     """The plot area: maps data to drawing units and draws axes, titles and legend."""
 
-    def __init__(self, title: str, x_lo: float, x_hi: float, y_top: float, percent: bool) -> None:
+    def __init__(
+        self, title: str, x_lo: float, x_hi: float, y_top: float, percent: bool, whole: bool
+    ) -> None:
         self.title, self.percent = title, percent
         self.x_lo, self.x_hi = x_lo, x_hi if x_hi > x_lo else x_lo + 1
-        self.ticks = nice_ticks(1.0 if percent and y_top <= 1 else y_top)
+        self.ticks = nice_ticks(1.0 if percent and y_top <= 1 else y_top, whole=whole)
         self.y_hi = self.ticks[-1]
 
     def x(self, v: float) -> float:
@@ -221,7 +224,7 @@ def line_chart(
         tops = [sum(s.values[i] or 0.0 for s in series) for i in range(len(x))]
     else:
         tops = [v for s in series for v in s.values if v is not None]
-    frame = _Frame(title, x[0], x[-1], max(tops, default=0.0), percent)
+    frame = _Frame(title, x[0], x[-1], max(tops, default=0.0), percent, whole=False)
     body = frame.axes(x_title, y_title, _x_ticks(x))
     below = [0.0] * len(x)
     for i, s in enumerate(series):
@@ -279,7 +282,9 @@ def bar_chart(
     n = len(labels)
     tops = [sum(s.values[i] or 0.0 for s in series) for i in range(n)]
     half = (labels[-1] - labels[0]) / max(1, n - 1) / 2 if n > 1 else 0.5
-    frame = _Frame(title, labels[0] - half, labels[-1] + half, max(tops, default=0.0), False)
+    frame = _Frame(
+        title, labels[0] - half, labels[-1] + half, max(tops, default=0.0), False, whole=True
+    )
     body = frame.axes(x_title, y_title, _x_ticks(labels))
     width = max(1.0, (frame.x(labels[0] + half) - frame.x(labels[0] - half)) * 0.8)
     below = [0.0] * n
