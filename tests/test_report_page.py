@@ -293,15 +293,20 @@ def test_a_summary_from_before_the_per_request_figures_still_compares(tmp_path: 
 
 def test_trace_records_carry_step_and_time_and_old_traces_still_check(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
-    sim = Simulation(SimConfig(requests=10), trace_path=trace)
+    sim = Simulation(SimConfig(requests=30, pool_tokens=1536), trace_path=trace)
     sim.run()
     records = list(read_trace(trace))
-    steps = [r["step"] for r in records if "step" in r]
-    assert steps and steps == sorted(steps) and steps[-1] <= sim.report.steps
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and steps[0] >= 1 and steps[-1] <= sim.report.steps
     times = [r["t"] for r in records]
     assert times == sorted(times) and all(isinstance(t, float) for t in times)
     old = [{k: v for k, v in r.items() if k not in ("t", "step")} for r in records]
     assert check_trace(old).violation is None and check_trace(records).violation is None
-    # the per-request view from a trace: each load's records fall within its steps
-    loads = [r for r in records if r["machine"] == "load_transaction" and "step" in r]
-    assert all(1 <= r["step"] <= sim.report.steps for r in loads)
+    # the per-request view from a trace: a load is named by its request, within its steps
+    loads = [r for r in records if r["machine"] == "load_transaction"]
+    assert loads, "the small pool makes requests load from the store"
+    by_rid = sim.requests.records
+    for r in loads:
+        req = by_rid[r["model"]]
+        assert req.finished_step is not None
+        assert req.admitted_step <= r["step"] <= req.finished_step, (r, req)
