@@ -152,3 +152,12 @@ def test_images_of_every_machine_go_into_one_new_folder(
     assert len(written) > 1
     assert all(Path(p).parent == Path("unicache-fsm-diagrams") for p in written)
     assert all((tmp_path / p).is_file() for p in written)
+
+
+def test_table_cells_and_summaries_are_text_not_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    from unicache_fsm.console import print_summary, print_table
+
+    print_table(None, ["setting", "value"], [("store", "file:/runs/[bold]a[/bold]")])
+    print_summary([("trace", "/tmp/[red]t[/red].jsonl")])
+    out = capsys.readouterr().out
+    assert "file:/runs/[bold]a[/bold]" in out and "/tmp/[red]t[/red].jsonl" in out

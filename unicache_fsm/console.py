@@ -13,8 +13,9 @@ Built on `rich`:
   time limit, the time left. Quiet while it runs when stderr is not a terminal; one
   final line then.
 - `table(title, columns, rows)` — a `rich.table.Table` (a column whose cells all read
-  as numbers is right-aligned); `print_table(...)` prints one on stdout (plain columns
-  when stdout is not a terminal). Every benchmark prints its tables with it.
+  as numbers is right-aligned; cells are text as given, never rich markup);
+  `print_table(...)` prints one on stdout (plain columns when stdout is not a
+  terminal). Every benchmark prints its tables with it.
 - `print_summary(rows)` — (label, text) rows as two aligned columns without rules
   (labels bold on a terminal); the text is printed as given, never read as markup.
 """
@@ -144,7 +145,7 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[obj
         numeric = bool(cells) and all(_numeric(v) for v in cells)
         t.add_column(name, justify="right" if numeric else "left")
     for row in rows:
-        t.add_row(*(str(v) for v in row))
+        t.add_row(*(Text(str(v)) for v in row))  # as given: "[x]" in a path is not markup
     return t
 
 
