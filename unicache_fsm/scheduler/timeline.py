@@ -36,6 +36,11 @@ def _diff(series: list[int]) -> list[int]:
     return [b - a for a, b in zip([0, *series], series, strict=False)]
 
 
+def _at_window_ends(series: list[int], w: int) -> list[int]:
+    """The value at the end of each window of `w` entries (the last may be shorter)."""
+    return [series[min(i + w, len(series)) - 1] for i in range(0, len(series), w)]
+
+
 @attrs.define
 class Timeline:
     """Series indexed by the position of `steps` (see the module docstring)."""
@@ -96,19 +101,17 @@ class Timeline:
 
     def window_ends(self, w: int) -> list[int]:
         """The last step of each window of `w` steps (the last window may be shorter)."""
-        return [self.steps[min(i + w, len(self.steps)) - 1] for i in range(0, len(self.steps), w)]
-
-    def _at_window_ends(self, name: str, w: int) -> list[int]:
-        series = self.counters.get(name, [0] * len(self.steps))
-        return [series[min(i + w, len(series)) - 1] for i in range(0, len(series), w)]
+        return _at_window_ends(self.steps, w)
 
     def per_window(self, name: str, w: int) -> list[int]:
         """How much counter `name` grew in each window of `w` steps."""
-        return _diff(self._at_window_ends(name, w))
+        return _diff(_at_window_ends(self.counters.get(name, [0] * len(self.steps)), w))
 
     def windowed_hit_rates(self, w: int) -> dict[str, list[float | None]]:
         """Device / host / external / recomputed share of the prompt tokens admitted in
-        each window of `w` steps (None where a window admitted none)."""
+        each window of `w` steps (None where a window admitted none). Tokens count in
+        the step that served them: a load commits a step or two after its request was
+        admitted, so a window's external share may hold an earlier window's request."""
         prompt = self.per_window("tokens.prompt", w)
         out: dict[str, list[float | None]] = {}
         for kind in ("device", "host", "external", "recomputed"):
