@@ -13,10 +13,10 @@ Graphviz's SVG inline. It answers, in order:
   every figure side by side with its delta; only with ``baseline``);
 - hit rates per window of steps (the share of each window's admitted prompt tokens
   served from the device, the host tier, the external store) and cumulative;
-- per request (``#requests``): admission and finish step, prompt tokens, where they
-  came from (device, host, external store, computed), prefix hit, tokens saved, and a
-  modelled time to first token, with the model stated above the table
-  (`scheduler.requests.TtftModel`);
+- per request (``#requests``, the first `MAX_REQUEST_ROWS`): admission and finish
+  step, prompt tokens, where they came from (device, host, external store, computed),
+  prefix hit, tokens saved, and a modelled time to first token, with the model stated
+  above the table (`scheduler.requests.TtftModel`);
 - pool occupancy over time, one stacked chart per pool (``other (leaked)`` only when
   something leaked);
 - loads (committed, aborted per reason) and offloads (published, failed) per window,
@@ -159,23 +159,22 @@ def _loads_and_offloads(tl: Timeline) -> list[str]:
         _bars(tl, "Loads from the external store", "chart-loads", loads)
         or '<p class="caption" id="no-loads">No load from the external store in this run.</p>'
     ]
-    offloads = _bars(
-        tl,
-        "Offloads ended",
-        "chart-offloads",
-        [("published", "offloads.published"), ("failed", "offloads.failed")],
-    )
-    last = {k: (tl.counters.get(f"offloads.{k}") or [0])[-1] for k in ("submitted", "published")}
-    failed = (tl.counters.get("offloads.failed") or [0])[-1]
-    if offloads is None:
-        out.append('<p class="caption" id="no-offloads">No offload ended in this run.</p>')
-    else:
-        out.append(offloads)
-    open_ = last["submitted"] - last["published"] - failed
     out.append(
-        f'<p class="caption">{last["submitted"]} offloads submitted: {last["published"]} '
-        f"published, {failed} failed, {open_} still in flight at the last step (a submitted "
-        "offload ends published or failed, so it has no bar of its own).</p>"
+        _bars(
+            tl,
+            "Offloads ended",
+            "chart-offloads",
+            [("published", "offloads.published"), ("failed", "offloads.failed")],
+        )
+        or '<p class="caption" id="no-offloads">No offload ended in this run.</p>'
+    )
+    submitted, published, failed = (
+        (tl.counters.get(f"offloads.{k}") or [0])[-1] for k in ("submitted", "published", "failed")
+    )
+    out.append(
+        f'<p class="caption">{submitted} offloads submitted: {published} published, {failed} '
+        f"failed, {submitted - published - failed} still in flight at the last step (a "
+        "submitted offload ends published or failed, so it has no bar of its own).</p>"
     )
     return out
 
