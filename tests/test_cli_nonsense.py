@@ -202,6 +202,16 @@ VECTORS: list[tuple[list[str], str]] = [
     (["simulate", "--trace", "/proc/t.jsonl"], "cannot be written"),
     (["simulate", "--coverage", "{F}/missing/c.json"], "no folder"),
     (["simulate", "--trace", "{F}/t.jsonl", "--coverage", "/proc/c.json"], "--coverage"),
+    (["simulate", "--json", "{F}/missing/s.json"], "no folder"),
+    (["simulate", "--json", "{F}/folder.toml"], "not a regular file"),
+    (["simulate", "--baseline", "{F}/missing.json"], "no such file"),
+    (["simulate", "--baseline", "{F}/fifo.toml"], "not a regular file"),
+    (["simulate", "--baseline", "{F}/deep.json"], "--baseline"),
+    (["simulate", "--baseline", "{F}/digits.json"], "--baseline"),
+    (["simulate", "--baseline", "{F}/binary.toml"], "not UTF-8"),
+    (["simulate", "--baseline", "{F}/t.jsonl"], "lacks requests_served"),
+    (["explore", "--page-size", "4", "--swa-window", "6"], "multiple of the page size 4"),
+    (["explore", "--swa-window", "100000"], "--swa-window"),
 ]
 
 
@@ -356,7 +366,7 @@ def _help_of(text: str, flag: str) -> str:
         ("explore", "--requests", "9"),
         ("explore", "--page-size", "64"),
         ("explore", "--key-pages", "64"),
-        ("explore", "--swa-window", "64"),
+        ("explore", "--swa-window", "4096"),
         ("explore", "--host-pages", "64"),
         ("explore", "--store-pages", "64"),
         ("explore", "--depth", "1000000"),

@@ -20,44 +20,54 @@ its arguments, a function that runs it, and one entry in the table):
   every bundled machine. Text formats go to stdout (several machines one after the
   other, each preceded by a comment naming it) or to ``-o FILE``. Images need
   Graphviz; with one machine ``-o`` is the file (default ``<machine>.<fmt>``), with
-  several it is a directory (default ``.``, created if missing; a missing path with a
-  suffix such as ``all.png`` is refused as a file name) receiving one file per
-  machine; the paths written are printed.
+  several it is a directory (default ``unicache-fsm-diagrams``, created if missing; a
+  missing path with a suffix such as ``all.png`` is refused as a file name) receiving
+  one file per machine; the paths written are printed.
 - ``docs [--check] [--specs-dir DIR]`` — regenerate ``<machine>.md`` next to every
   ``<machine>.toml`` (default: the bundled specs of a source checkout; an installed
   package's copy is never rewritten); ``--check`` writes nothing and exits 1 listing
   the stale files.
 - ``--version`` prints the package version.
 - ``check-trace FILE.jsonl [--spec FILE_OR_DIR ...]`` — replay a trace against the
-  bundled specs and those given; exit 1 with the first illegal step and its context,
-  2 when the trace cannot be read (not JSON lines, a malformed record, a machine
-  with no spec).
+  bundled specs and those given (a progress bar on stderr); exit 1 with the first
+  illegal step and its context, 2 when the trace cannot be read (not JSON lines, a
+  malformed record, a machine with no spec).
 - ``fuzz --minutes M [--driver walk|hypothesis] [--seed S] [--coverage F]`` — fuzz the
   whole system (`SystemMachine`, every invariant after every step) for M minutes: by
   default a seeded random walk through its rules (`testing.walk`, runs of 50 steps),
   or Hypothesis's stateful engine (batches of 25 programs of 50 steps); a summary of
-  runs, steps, steps/s and transition coverage; exit 1 on a failure, after printing
-  the shrunk program as a Python script that replays it (the walk) or Hypothesis's
-  falsifying program.
+  runs, steps, steps/s and transition coverage (a progress bar on stderr while it
+  runs); exit 1 on a failure, after printing the shrunk program as a Python script
+  that replays it (the walk) or Hypothesis's falsifying program.
 - ``explore [--pages N] [--requests R] [--page-size P] [--key-pages K] [--swa-window W]
   [--faults F] [--unpinned] [--corrupt] [--store-pages S] [--unrelated] [--depth D] [--minutes M]
   [--workers J] [--coverage F] [--test-out F]`` — breadth-first
-  search of every state of a tiny system (`unicache_fsm.testing.explore`); prints the
-  distinct states, transitions, states/s, depth, whether the space was exhausted and
-  the declared transitions reached; on a violation prints the shortest operation
+  search of every state of a tiny system (`unicache_fsm.testing.explore`); shows its
+  progress (depth, states, time left under ``--minutes``) on stderr, then prints the
+  distinct states, transitions, states/s, depth, the declared transitions reached and
+  what ended it (exhausted, "depth limit D reached" or "time limit T s reached");
+  ``--swa-window`` is in tokens as in ``simulate`` (a multiple of the page size); on a
+  violation prints the shortest operation
   sequence as a pytest test and the machines' diagrams along it, and exits 1. Its
   defaults are a scope that exhausts in minutes (4 pages, 2 requests of one one-page
-  key, FULL+SWA window 1, `refuse_load` and `fail_batch_midway`).
+  key, FULL+SWA with a one-page window, `refuse_load` and `fail_batch_midway`).
 - ``simulate [...]`` — serve a workload through the reference scheduler loop and print
-  the report as a table (``--json``: as JSON); progress bars with elapsed time and ETA
-  go to stderr while the workload is generated and served. ``--trace`` records every
-  transition, ``--coverage`` writes transition counts that ``diagram --coverage``
-  draws, ``--host-tokens`` adds the host tier, ``--report DIR`` writes
-  ``DIR/index.html`` (charts over time and the coverage-coloured diagrams; needs
-  Graphviz and the ``report`` extra).
+  the report as a table (``--json``: the run's summary as JSON instead; ``--json
+  PATH``: into that file as well as the table); progress bars with elapsed time and ETA
+  go to stderr while the workload is generated and served. ``--baseline RUN.json``
+  puts an earlier run's summary beside this one (figures and deltas). ``--trace``
+  records every transition (with its scheduler step and time), ``--coverage`` writes
+  transition counts that ``diagram --coverage`` draws, ``--host-tokens`` adds the host
+  tier, ``--report DIR`` writes ``DIR/index.html`` (`scheduler.html_report`: per-request
+  figures, charts over time, the compare section, the coverage-coloured diagrams;
+  needs Graphviz). With an SWA window a note says why hit rates fall.
 - ``check-linker CONFIG_JSON_OR_@FILE [--minutes M] [--seed S] [--faults K] [--report
   DIR]`` — check any SGLang 0.5.23 linker inside SGLang's real cache
   (`unicache_fsm.integrations.linker_kit.cli`).
+
+Every ``--help`` states each option's default. Progress goes to stderr and is drawn
+only on a terminal (one final line otherwise, so CI logs stay plain); results are
+printed on stdout as aligned rich tables.
 
 Commands that never touch a tensor (``--help``, ``diagram``, ``docs``,
 ``check-trace``) never import torch: the heavy modules are imported inside the
@@ -73,13 +83,14 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import attrs
 
 from unicache_fsm import __version__
+from unicache_fsm.console import print_summary, print_table, progress, search_progress
 from unicache_fsm.fsm import loader
 from unicache_fsm.fsm.conformance import check_trace, read_trace, spec_lookup
 from unicache_fsm.fsm.coverage import Coverage
@@ -109,6 +120,9 @@ KV_EXTRA_MODULES = frozenset({"torch", "numpy", "hypothesis", "xxhash"})
 #: that ``--help`` does not import the scheduler (and torch). A test keeps them equal.
 DEFAULT_POOL_TOKENS = 4096
 
+#: where ``diagram --format svg|png`` writes every machine when no ``-o`` is given
+DEFAULT_DIAGRAM_FOLDER = "unicache-fsm-diagrams"
+
 
 class CliError(UnicacheFsmError, ValueError):
     """Bad command-line input that no library error describes (e.g. a bad ``-o``)."""
@@ -122,6 +136,22 @@ class _ArgumentParser(argparse.ArgumentParser):
         message = re.sub(r"^argument (?:\S+/)?(\S+): must be ", r"\1 must be ", message)
         message = " ".join(message.split())
         self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help states its default: one whose help does not mention it gets
+    `` (default: VALUE)`` (flags and options without a value have none to state)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "default" in text
+            or not action.option_strings
+            or action.default in (None, argparse.SUPPRESS)
+            or isinstance(action.default, bool)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 # -- what arguments may be --------------------------------------------------------------
@@ -330,20 +360,23 @@ def _diagram_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--highlight",
         metavar="STATE",
-        help="fill one state, named by dotted path (e.g. prepared.loading); needs MACHINE",
+        help="fill one state, named by dotted path (e.g. prepared.loading); needs MACHINE "
+        "(default: none)",
     )
     p.add_argument(
         "-o",
         "--output",
         type=_path,
         metavar="PATH",
-        help="file to write (several machines as svg/png: a directory)",
+        help="file to write (several machines as svg/png: a directory; default: stdout for "
+        f"text, <machine>.<format> for one image, {DEFAULT_DIAGRAM_FOLDER}/ for several)",
     )
     p.add_argument(
         "--coverage",
         type=_path,
         metavar="FILE.json",
-        help="label and colour each arrow by how often a run took it (from simulate/fuzz)",
+        help="label and colour each arrow by how often a run took it (from simulate/fuzz; "
+        "default: no counts)",
     )
 
 
@@ -421,7 +454,10 @@ def _write_images(
     if len(specs) == 1 and output is not None and not output.is_dir():
         targets = [output]
     else:
-        folder = output if output is not None else Path()
+        if output is not None:
+            folder = output
+        else:  # one image beside the caller; several in a folder of their own
+            folder = Path() if len(specs) == 1 else Path(DEFAULT_DIAGRAM_FOLDER)
         if folder.exists() and not folder.is_dir():
             msg = f"-o {str(folder)!r} must be a directory when drawing several machines"
             raise CliError(msg)
@@ -553,25 +589,33 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         type=_int_in(1, MAX_TOKENS),
         default=None,
         metavar="W",
-        help=f"sliding window in tokens (1 to {MAX_TOKENS}): adds the SWA component",
+        help=f"sliding window in tokens (1 to {MAX_TOKENS}): adds the SWA component "
+        "(default: off, no SWA)",
     )
     p.add_argument(
         "--chunk-size",
         type=_int_in(1, MAX_TOKENS),
         default=None,
         metavar="C",
-        help=f"chunked prefill: tokens per step (a multiple of P, at most {MAX_TOKENS})",
+        help=f"chunked prefill: tokens per step (a multiple of P, at most {MAX_TOKENS}; "
+        "default: off, a whole prompt in one step)",
     )
     p.add_argument(
         "--faults",
         default=None,
         metavar="POLICY",
-        help="fault injection, e.g. 'refuse_load=0.2,fail_batch_midway=every:5,seed=1'",
+        help="fault injection, e.g. 'refuse_load=0.2,fail_batch_midway=every:5,seed=1' "
+        "(default: none)",
     )
     p.add_argument(
         "--seed", type=_int_in(0, MAX_SEED), default=0, metavar="S", help="0 (default) to 2**64-1"
     )
-    p.add_argument("--executor", choices=["compiled", "reference"], default="compiled")
+    p.add_argument(
+        "--executor",
+        choices=["compiled", "reference"],
+        default="compiled",
+        help="the FSM executor: generated code, or the reference interpreter",
+    )
     p.add_argument(
         "--torch-threads",
         type=_int_in(1, MAX_TORCH_THREADS),
@@ -586,7 +630,8 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="FILE.jsonl",
-        help="record every transition as JSON lines",
+        help="record every transition as JSON lines, with its scheduler step and time "
+        "(default: no trace)",
     )
     p.add_argument(
         "--coverage",
@@ -595,7 +640,25 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE.json",
         help="write transition coverage (default with --trace: TRACE.coverage.json)",
     )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        type=_path,
+        metavar="PATH",
+        help="the run's summary as JSON: on stdout instead of the table, or with PATH "
+        "into that file (the table still printed); a later run compares with it "
+        "(--baseline) (default: the table only)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=_path,
+        default=None,
+        metavar="RUN.json",
+        help="a summary an earlier run wrote with --json PATH: both runs side by side "
+        "(figures and deltas) in the terminal and in --report (default: no comparison)",
+    )
     p.add_argument(
         "--no-warm-up",
         dest="warm_up",
@@ -617,26 +680,24 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="DIR",
-        help="write DIR/index.html: a self-contained page of charts over time and the "
-        "coverage-coloured machine diagrams (needs Graphviz)",
+        help="write DIR/index.html: a self-contained page (no script, works offline) of "
+        "per-request figures, charts over time and the coverage-coloured machine "
+        "diagrams (needs Graphviz; default: no report)",
     )
 
 
 def _check_report_folder(folder: Path) -> None:
     """Refuse a --report DIR that cannot be written, before the run (not after it)."""
     _output_folder("--report", folder)
-    try:
-        import plotly  # noqa: F401
-    except ImportError:
-        msg = "--report needs plotly: pip install 'unicache-fsm[report]'"
-        raise CliError(msg) from None
     if shutil.which("dot") is None:
         raise GraphvizNotFoundError("svg")
 
 
-def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> None:
+def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> dict[str, Any] | None:
     """Every check that needs no workload, cheapest first; the store last (it is opened
-    and closed: one that cannot be reached or opened is refused before the run)."""
+    and closed: one that cannot be reached or opened is refused before the run).
+    Returns the ``--baseline`` summary, read and checked (None without one)."""
+    from unicache_fsm.scheduler.compare import read_baseline
     from unicache_fsm.scheduler.workloads import WORKLOADS, UnknownWorkloadError
     from unicache_fsm.store.faults import FaultPolicy
     from unicache_fsm.store.spec import open_store
@@ -656,8 +717,16 @@ def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> None:
         _output_file("--coverage", coverage)
     if args.report is not None:
         _check_report_folder(args.report)
+    if args.json is not None and str(args.json) != "-":
+        _output_file("--json", args.json)
+    baseline = None
+    if args.baseline is not None:
+        _input_file("--baseline", args.baseline)
+        with _reading("--baseline", args.baseline):
+            baseline = read_baseline(args.baseline)
     with _reading("--store", config.store):
         open_store(config.store).close()
+    return baseline
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
@@ -665,8 +734,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from unicache_fsm.console import print_table, progress
     from unicache_fsm.scheduler import SimConfig, Simulation, warm_up
+    from unicache_fsm.scheduler.compare import compare, run_summary
+    from unicache_fsm.scheduler.report import swa_note
     from unicache_fsm.tree.residency import ExecutorKind
 
     config = SimConfig(
@@ -684,7 +754,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     )
     if args.audit_every is not None:
         config = attrs.evolve(config, audit_every=args.audit_every)
-    _check_simulate_inputs(args, config)
+    baseline = _check_simulate_inputs(args, config)
     torch.set_num_threads(args.torch_threads)
     with progress("generating workload", config.requests) as generated:
         sim = Simulation(
@@ -703,10 +773,26 @@ def _run_simulate(args: argparse.Namespace) -> int:
         coverage_path = Path(args.trace).with_suffix(".coverage.json")
     if coverage_path is not None:
         coverage.save(coverage_path)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2, sort_keys=True))
+    summary = run_summary(report, sim.requests)
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    to_stdout = args.json is not None and str(args.json) == "-"
+    if args.json is not None and not to_stdout:
+        Path(args.json).write_text(text + "\n", encoding="utf-8")
+    if to_stdout:
+        print(text)
     else:
         print_table(None, ["", "simulate"], report.rows())
+        note = swa_note(report.config)
+        if note is not None:
+            print(f"note: {note}")
+        if baseline is not None:
+            c = compare(baseline, summary)
+            if c.settings:
+                print_table("settings that differ", ["setting", "baseline", "this run"], c.settings)
+            rows = [(r.metric, r.baseline, r.current, r.delta) for r in c.rows]
+            print_table(
+                f"compared with {args.baseline}", ["", "baseline", "this run", "delta"], rows
+            )
     if args.report is not None:
         from unicache_fsm.scheduler.html_report import write_report
 
@@ -717,7 +803,15 @@ def _run_simulate(args: argparse.Namespace) -> int:
             ).decode("utf-8")
             for ex in sim.executors
         }
-        page = write_report(args.report, report=report, timeline=sim.timeline, diagrams=diagrams)
+        page = write_report(
+            args.report,
+            report=report,
+            timeline=sim.timeline,
+            diagrams=diagrams,
+            requests=sim.requests,
+            summary=summary,
+            baseline=baseline,
+        )
         print(f"report: {page}", file=sys.stderr)
     return EXIT_OK
 
@@ -752,7 +846,7 @@ def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="FILE.json",
-        help="write the transitions taken (for diagram --coverage)",
+        help="write the transitions taken (for diagram --coverage; default: not written)",
     )
     p.add_argument(
         "--driver",
@@ -773,7 +867,6 @@ def _run_fuzz(args: argparse.Namespace) -> int:
     import random
     import time
 
-    from unicache_fsm.console import progress
     from unicache_fsm.testing.machines import SystemMachine
 
     if args.seed is not None and args.driver != "walk":
@@ -796,10 +889,10 @@ def _run_fuzz(args: argparse.Namespace) -> int:
 
         if args.driver == "walk":
             runs, failure = _fuzz_walk(machine, seed, total, tick)
-            what = f"runs           {runs} of up to {FUZZ_STEPS} steps (seed {seed}"
+            what = ("runs", f"{runs} of up to {FUZZ_STEPS} steps (seed {seed}")
         else:
             runs, failure = _fuzz_hypothesis(machine, start, total, tick)
-            what = f"examples       {runs} (Hypothesis's engine"
+            what = ("examples", f"{runs} (Hypothesis's engine")
         advance(int(total), int(total))
     elapsed = time.perf_counter() - start
     cov = Coverage.from_counter(machine.coverage)
@@ -810,15 +903,19 @@ def _run_fuzz(args: argparse.Namespace) -> int:
         missing += len(cov.missing(spec))
     if args.coverage is not None:
         cov.save(args.coverage)
-    print(
-        f"{what}; {machine.steps} rule steps, {machine.steps / elapsed:.0f} steps/s, "
-        f"{elapsed:.0f} s)"
-    )
-    print(f"coverage       {arrows - missing}/{arrows} declared transitions taken")
-    if failure is not None:
-        print(f"FAILED         {failure}")
+    rows = [
+        (
+            what[0],
+            f"{what[1]}; {machine.steps} rule steps, {machine.steps / elapsed:.0f} steps/s, "
+            f"{elapsed:.0f} s)",
+        ),
+        ("coverage", f"{arrows - missing}/{arrows} declared transitions taken"),
+        ("result", "FAILED (below)" if failure is not None else "no invariant broken"),
+    ]
+    print_summary(rows)
+    if failure is not None:  # the replaying script, as it is (never laid out as a table)
+        print(f"\nFAILED {failure}")
         return EXIT_CHECK_FAILED
-    print("result         no invariant broken")
     return EXIT_OK
 
 
@@ -898,10 +995,11 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--swa-window",
-        type=_int_in(0, top),
-        default=1,
+        type=_int_in(0, top * top),
+        default=None,
         metavar="W",
-        help=f"SWA window in pages; 0 explores a FULL-only system (1; 0-{top})",
+        help=f"SWA window in tokens, a multiple of P of at most {top} pages; 0 explores a "
+        f"FULL-only system (0-{top * top}; default: one page)",
     )
     p.add_argument(
         "--host-pages",
@@ -943,14 +1041,14 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
         type=_int_in(1, MAX_STEPS),
         default=None,
         metavar="D",
-        help=f"stop after D operations (1-{MAX_STEPS})",
+        help=f"stop after D operations (1-{MAX_STEPS}; default: no depth limit)",
     )
     p.add_argument(
         "--minutes",
         type=_minutes,
         default=None,
         metavar="M",
-        help=f"stop after M minutes (above 0, at most {MAX_MINUTES:.0f})",
+        help=f"stop after M minutes (above 0, at most {MAX_MINUTES:.0f}; default: no time limit)",
     )
     p.add_argument(
         "--workers",
@@ -964,14 +1062,14 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
         type=_path,
         default=None,
         metavar="FILE.json",
-        help="write the transitions reached (for diagram --coverage)",
+        help="write the transitions reached (for diagram --coverage; default: not written)",
     )
     p.add_argument(
         "--test-out",
         type=_path,
         default=None,
         metavar="FILE.py",
-        help="write the counterexample test there too (on a violation)",
+        help="write the counterexample test there too (on a violation; default: only printed)",
     )
 
 
@@ -996,14 +1094,15 @@ def _explore_scope(args: argparse.Namespace) -> Any:
         path = getattr(args, flag)
         if path is not None:
             _output_file("--" + flag.replace("_", "-"), path)
+    window_pages = _window_pages(args.swa_window, args.page_size)
     try:
         return Scope(
             pages=args.pages,
             requests=args.requests,
             page_size=args.page_size,
-            swa=args.swa_window > 0,
+            swa=window_pages > 0,
             swa_pages=args.pages,
-            window_pages=max(1, args.swa_window),
+            window_pages=max(1, window_pages),
             key_pages=args.key_pages,
             host_pages=args.host_pages,
             faults=faults,
@@ -1018,24 +1117,60 @@ def _explore_scope(args: argparse.Namespace) -> Any:
         raise CliError(msg) from exc
 
 
+def _window_pages(tokens: int | None, page_size: int) -> int:
+    """``explore --swa-window`` (tokens, like ``simulate``'s) in pages; None: one page."""
+    if tokens is None:
+        return 1
+    if tokens % page_size:
+        lower, upper = tokens // page_size * page_size, (tokens // page_size + 1) * page_size
+        near = f"{lower} or {upper}" if lower else str(upper)
+        msg = (
+            f"--swa-window {tokens} is in tokens and must be a multiple of the page size "
+            f"{page_size} (--page-size): use {near}"
+        )
+        raise CliError(msg)
+    if tokens // page_size > MAX_EXPLORE_PAGES:
+        msg = (
+            f"--swa-window {tokens} is {tokens // page_size} pages of {page_size} tokens; "
+            f"at most {MAX_EXPLORE_PAGES} pages"
+        )
+        raise CliError(msg)
+    return tokens // page_size
+
+
+def _explore_result(args: argparse.Namespace, report: Any) -> str | None:
+    """Why the search ended, when no violation did it: which limit, or exhausted."""
+    if report.violation is not None:
+        return None
+    if report.exhausted:
+        return "exhausted: every reachable state checked, no invariant broken"
+    if args.depth is not None and report.depth >= args.depth:
+        return f"depth limit {args.depth} reached: no invariant broken so far"
+    if args.minutes is not None:
+        return f"time limit {args.minutes * 60:g} s reached: no invariant broken so far"
+    return "stopped: no invariant broken so far"
+
+
 def _run_explore(args: argparse.Namespace) -> int:
     from unicache_fsm.testing.explore import explore
 
     scope = _explore_scope(args)
-
-    def progress(depth: int, states: int, frontier: int) -> None:
-        print(f"depth {depth:3d}: {states} states, {frontier} new", file=sys.stderr, flush=True)
-
-    report = explore(
-        scope,
-        max_depth=args.depth,
-        minutes=args.minutes,
-        workers=args.workers,
-        progress=progress,
-    )
+    seconds = None if args.minutes is None else args.minutes * 60
+    with search_progress("exploring", seconds=seconds, depth=args.depth) as progress:
+        report = explore(
+            scope,
+            max_depth=args.depth,
+            minutes=args.minutes,
+            workers=args.workers,
+            progress=progress,
+        )
     if args.coverage is not None:
         report.coverage.save(args.coverage)
-    print(report.summary())
+    rows = [_summary_row(line) for line in report.summary().splitlines()]
+    result = _explore_result(args, report)
+    if result is not None:
+        rows = [("result", result) if k == "result" else (k, v) for k, v in rows]
+    print_summary(rows)
     if report.violation is None:
         return EXIT_OK
     test = report.violation.as_test()
@@ -1046,6 +1181,12 @@ def _run_explore(args: argparse.Namespace) -> int:
     if args.test_out is not None:
         Path(args.test_out).write_text(test, encoding="utf-8")
     return EXIT_CHECK_FAILED
+
+
+def _summary_row(line: str) -> tuple[str, str]:
+    """A ``label   text`` line of a search summary as a (label, text) row."""
+    label, _, text = line.partition(" ")
+    return label, text.strip()
 
 
 # -- check-trace ------------------------------------------------------------------------
@@ -1079,8 +1220,12 @@ def _run_check_trace(args: argparse.Namespace) -> int:
             specs.extend(loader.load_specs(path))
     _input_file("FILE.jsonl", args.trace)
     try:
-        with _reading("FILE.jsonl", args.trace):
-            records = read_trace(args.trace)
+        with (
+            _reading("FILE.jsonl", args.trace),
+            progress("checking records", 0, final_line=False) as update,
+        ):
+            lines = _count_lines(args.trace)
+            records = _counted(read_trace(args.trace), lambda n: update(n, lines))
             result = check_trace(records, spec_lookup(specs), context=args.context)
     except TraceInputError as exc:
         if exc.machine is None:
@@ -1093,8 +1238,29 @@ def _run_check_trace(args: argparse.Namespace) -> int:
     if result.records == 0:
         msg = f"{str(args.trace)!r} holds no trace records (an empty file checks nothing)"
         raise CliError(msg)
-    print(f"{result.records} records, {result.models} models: every step is legal")
+    print_summary(
+        [
+            ("trace", str(args.trace)),
+            ("result", f"{result.records} records, {result.models} models: every step is legal"),
+        ]
+    )
     return EXIT_OK
+
+
+def _count_lines(path: Path) -> int:
+    """Lines of a file (the progress bar's total), read in blocks of 1 MiB."""
+    with path.open("rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+def _counted(items: Iterable[Any], note: Callable[[int], None], every: int = 1000) -> Iterator[Any]:
+    """`items`, calling `note(done)` every `every` items and at the end."""
+    done = 0
+    for done, item in enumerate(items, start=1):
+        if done % every == 0:
+            note(done)
+        yield item
+    note(done)
 
 
 # -- entry point -----------------------------------------------------------------------
@@ -1190,12 +1356,18 @@ COMMANDS: tuple[Command, ...] = (
 def _parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog=PROG,
+        formatter_class=_HelpFormatter,
         description="Simulation, diagrams, docs and checks for the unicache_fsm machines.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
-        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        p = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.help,
+            formatter_class=_HelpFormatter,
+        )
         command.add_arguments(p)
         p.set_defaults(run=command.run)
     return parser

@@ -15,6 +15,8 @@ hierarchy (checked against the code by `tests/test_public_api.py`):
 UnicacheFsmError (unicache_fsm.fsm.errors)
   AwaitableGuardError (unicache_fsm.fsm.errors)
   BadLinkerError (unicache_fsm.integrations.linker_kit.obligations)
+  BaselineError (unicache_fsm.scheduler.compare)
+  ChartInputError (unicache_fsm.scheduler.svg_chart)
   CliError (unicache_fsm.cli)
   DeviceFault (unicache_fsm.testing.store_machine)
   GraphvizFailedError (unicache_fsm.fsm.diagram)

@@ -3,9 +3,13 @@
 - `TransitionCounter` — counts each ``(machine, source, trigger, dest)`` taken; cheap
   enough to leave on for fuzzing and simulation; `per_machine()` sums per machine.
 - `TraceRecorder` — one JSON object per transition (``seq``, ``machine``, ``model``,
-  ``source``, ``trigger``, ``dest``), written to a JSONL file as it happens, or kept in
-  a ring buffer of the last `capacity` records. Initializations are recorded too
-  (trigger ``"<init>"``, empty source), so a trace can be replayed from the start.
+  ``source``, ``trigger``, ``dest``, ``t``: seconds since the recorder opened, and
+  ``step``: the caller's step counter, e.g. the scheduler step, when the caller sets
+  `TraceRecorder.step`), written to a JSONL file as it happens, or kept in a ring
+  buffer of the last `capacity` records. Initializations are recorded too (trigger
+  ``"<init>"``, empty source), so a trace can be replayed from the start. ``t`` and
+  ``step`` are additions: `check-trace` needs neither, so traces written before them
+  still check.
 - `GuardedTrace(recorder, label)` — a `TraceRecorder` as an observer whose failures
   never reach the machine: a write or close that fails (a full disk, a closed pipe)
   stops the trace, is logged once and kept in `error`.
@@ -20,6 +24,7 @@ import collections
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -68,6 +73,9 @@ class TraceRecorder:
             self.path.open("w", encoding="utf-8") if self.path is not None else None
         )
         self.ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=capacity)
+        #: the caller's step (e.g. the scheduler step) stamped on each record; None: none
+        self.step: int | None = None
+        self._t0 = time.perf_counter()
 
     def __call__(self, ex: ExecutorBase, model: Any, source: str, trigger: str, dest: str) -> None:
         self.seq += 1
@@ -78,7 +86,10 @@ class TraceRecorder:
             "source": source,
             "trigger": trigger,
             "dest": dest,
+            "t": round(time.perf_counter() - self._t0, 6),
         }
+        if self.step is not None:
+            record["step"] = self.step
         if self._file is not None:
             self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
         else:

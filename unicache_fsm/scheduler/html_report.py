@@ -1,170 +1,274 @@
 """The run report of ``simulate --report DIR``: one self-contained HTML page.
 
-`write_report(folder, report=..., timeline=..., diagrams=...)` writes
-``folder/index.html`` (creating the folder) and returns its path. The page needs no
-network: plotly's JavaScript is inlined once and the machine diagrams are inline SVG.
-It shows
+`write_report(folder, report=..., timeline=..., requests=..., diagrams=..., baseline=...)`
+writes ``folder/index.html`` (creating the folder) and returns its path. The page holds
+no script and fetches nothing: its charts are inline SVG drawn here
+(`scheduler.svg_chart`, which says why no chart library), the machine diagrams are
+Graphviz's SVG inline. It answers, in order:
 
-- the summary table (`SimReport.rows()`, the leaked-slot count among them);
-- hit rates over time: the running share of prompt tokens served from the device,
-  the host tier (when there is one), the external store, and recomputed;
-- pool occupancy over time, one chart per pool: free, owned by the tree, reserved by
-  loads, held by requests (and ``other``, which stays 0 when nothing leaks);
-- load outcomes per step (committed, aborted per reason) and offload verdicts per
-  step (submitted, published, failed);
-- fault events per step (injected per kind, contained per store call);
-- the coverage-coloured diagram of every machine (`diagrams`: name -> SVG text).
+- what ran and how it went: the summary table (`SimReport.rows()`);
+- why SWA hit rates look as they do, when the run had an SWA window (``#swa-note``,
+  `report.swa_note`);
+- how it compares with a baseline run (``#compare``: the settings that differ and
+  every figure side by side with its delta; only with ``baseline``);
+- hit rates per window of steps (the share of each window's admitted prompt tokens
+  served from the device, the host tier, the external store) and cumulative;
+- per request (``#requests``, the first `MAX_REQUEST_ROWS`): admission and finish
+  step, prompt tokens, where they came from (device, host, external store, computed),
+  prefix hit, tokens saved, and a modelled time to first token, with the model stated
+  above the table (`scheduler.requests.TtftModel`);
+- pool occupancy over time, one stacked chart per pool (``other (leaked)`` only when
+  something leaked);
+- loads (committed, aborted per reason) and offloads (published, failed) per window,
+  each chart only when something of its kind happened (a sentence otherwise);
+  "submitted" is not a bar of its own: every offload submitted ends published or
+  failed, and the caption says how many were still in flight at the end;
+- faults per window, only when a fault was injected or contained;
+- the coverage-coloured diagram of every machine, scaled to the page width.
 
-Every chart is a ``<div class="chart" id="chart-...">``; `CHART_IDS` lists the fixed
-ones (plus ``chart-occupancy-<pool>`` per pool and ``diagram-<machine>`` per machine).
-The page records script errors into ``#page-errors`` and sets ``data-charts`` on
-``<body>`` to the number of charts that drew, once all of them did.
+Every chart is an ``<svg class="chart-svg" id="chart-...">``; `CHART_IDS` lists those
+every run has (plus ``chart-occupancy-<pool>`` per pool, ``chart-loads``,
+``chart-offloads`` and ``chart-faults`` when they have something to show, and
+``diagram-<machine>`` per machine).
 """
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-import plotly.graph_objects as go
-
-from unicache_fsm.scheduler.report import ABORT_REASONS, SimReport
+from unicache_fsm.scheduler.compare import compare
+from unicache_fsm.scheduler.report import ABORT_REASONS, SimReport, swa_note
+from unicache_fsm.scheduler.requests import RequestRecord, TtftModel
+from unicache_fsm.scheduler.svg_chart import Series, bar_chart, line_chart
 from unicache_fsm.scheduler.timeline import Timeline
 
-__all__ = ["CHART_IDS", "render_report", "write_report"]
+__all__ = ["CHART_IDS", "MAX_REQUEST_ROWS", "render_report", "write_report"]
 
-CHART_IDS = ("chart-hit-rates", "chart-loads", "chart-offloads", "chart-faults")
+CHART_IDS = ("chart-hit-rates-window", "chart-hit-rates")
+
+#: the per-request table shows at most this many requests (the page stays light)
+MAX_REQUEST_ROWS = 1000
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1100px;
-       color: #222; }
+       padding: 0 1rem; color: #222; }
 h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; }
-table.summary { border-collapse: collapse; font-size: 0.9rem; }
-table.summary td { padding: 2px 12px 2px 0; vertical-align: top; }
+table { border-collapse: collapse; font-size: 0.85rem; }
+td, th { padding: 2px 10px 2px 0; vertical-align: top; text-align: left; }
 table.summary td:first-child { font-weight: 600; white-space: nowrap; }
-.chart { min-height: 320px; }
-.diagram { overflow-x: auto; border: 1px solid #ddd; margin: 0.5rem 0 1rem; }
-.diagram svg { height: auto; }
-#page-errors:empty { display: none; }
-#page-errors { color: #b00; white-space: pre-wrap; }
+table.numbers td:not(:first-child), table.numbers th:not(:first-child) { text-align: right; }
+table.numbers th { border-bottom: 1px solid #999; }
+.scroll { max-height: 28rem; overflow-y: auto; }
+svg.chart-svg { width: 100%; height: auto; display: block; margin: 0.5rem 0 1rem; }
+svg.chart-svg text { font-size: 12px; fill: #333; }
+svg.chart-svg text.title { font-size: 14px; font-weight: 600; }
+svg.chart-svg .grid { stroke: #e5e5e5; } svg.chart-svg .axis { stroke: #777; }
+.note { background: #fff8e1; border-left: 4px solid #e69f00; padding: 0.5rem 0.8rem; }
+.diagram { border: 1px solid #ddd; margin: 0.5rem 0 1rem; }
+.diagram svg { display: block; max-width: 100%; height: auto; }
+.caption { color: #555; font-size: 0.85rem; }
 """
 
-# Errors go into the page (and stay on the console): a test reads them from the DOM.
-_ERRORS = """
-<pre id="page-errors"></pre>
-<script>
-(function () {
-  var box = document.getElementById("page-errors");
-  function note(text) { box.textContent += text + "\\n"; }
-  window.addEventListener("error", function (e) { note("error: " + e.message); });
-  window.addEventListener("unhandledrejection", function (e) {
-    note("unhandled rejection: " + e.reason);
-  });
-  var original = console.error;
-  console.error = function () {
-    note("console.error: " + Array.prototype.join.call(arguments, " "));
-    return original.apply(console, arguments);
-  };
-})();
-</script>
-"""
 
-_DONE = """
-<script>
-window.addEventListener("load", function () {
-  var charts = document.querySelectorAll("div.chart .js-plotly-plot");
-  var drawn = Array.prototype.filter.call(charts, function (c) {
-    return c.querySelector("svg.main-svg") !== null;
-  });
-  document.body.dataset.charts = String(drawn.length);
-});
-</script>
-"""
-
-_LAYOUT = {
-    "height": 340,
-    "margin": {"l": 60, "r": 20, "t": 50, "b": 45},
-    "template": "plotly_white",
-}
+def _esc(value: object) -> str:
+    return html.escape(str(value))
 
 
-def _figure(title: str, y_title: str, *, barmode: str | None = None) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(title=title, xaxis_title="scheduler step", yaxis_title=y_title, **_LAYOUT)
-    if barmode is not None:
-        fig.update_layout(barmode=barmode)
-    return fig
-
-
-def _hit_rates(tl: Timeline, host: bool) -> go.Figure:
-    fig = _figure("Hit rates over time (share of prompt tokens so far)", "share of tokens")
-    rates = tl.hit_rates()
-    kinds = (
-        ["device", "host", "external", "recomputed"]
-        if host
-        else ["device", "external", "recomputed"]
+def _table(
+    columns: Sequence[str], rows: Iterable[Sequence[object]], *, table_id: str, numbers: bool
+) -> str:
+    cls = "numbers" if numbers else "summary"
+    head = "".join(f"<th>{_esc(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(v)}</td>" for v in row) + "</tr>\n" for row in rows)
+    return (
+        f'<table class="{cls}" id="{table_id}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>\n{body}</tbody></table>"
     )
-    for kind in kinds:
-        fig.add_scatter(x=tl.steps, y=rates[kind], mode="lines", name=kind)
-    fig.update_yaxes(tickformat=".0%", rangemode="tozero")
-    return fig
 
 
-def _occupancy(tl: Timeline, pool: str) -> go.Figure:
-    fig = _figure(f"{pool} pool occupancy over time", "tokens")
+def _hit_rate_charts(tl: Timeline, host: bool) -> list[str]:
+    kinds = ["device", "host", "external"] if host else ["device", "external"]
+    w = tl.window()
+    windowed = tl.windowed_hit_rates(w)
+    running = tl.hit_rates()
+    return [
+        line_chart(
+            f"Hit rate per window of {w} step{'s' if w > 1 else ''} "
+            "(share of the prompt tokens admitted in the window)",
+            tl.window_ends(w),
+            [Series(k, windowed[k]) for k in kinds],
+            chart_id="chart-hit-rates-window",
+            y_title="share of tokens",
+            percent=True,
+        ),
+        line_chart(
+            "Cumulative hit rate (share of all prompt tokens so far)",
+            tl.steps,
+            [Series(k, running[k]) for k in [*kinds, "recomputed"]],
+            chart_id="chart-hit-rates",
+            y_title="share of tokens",
+            percent=True,
+        ),
+    ]
+
+
+def _occupancy(tl: Timeline, pool: str) -> str:
     occ = tl.occupancy[pool]
-    parts = {
-        "free": [o.free for o in occ],
-        "tree-owned": [o.tree for o in occ],
-        "reserved by loads": [o.loads for o in occ],
-        "held by requests": [o.requests for o in occ],
-        "other (leaked)": [o.other for o in occ],
-    }
-    for name, ys in parts.items():
-        fig.add_scatter(x=tl.steps, y=ys, mode="lines", stackgroup="pool", name=name)
-    return fig
+    parts = [
+        Series("free", [o.free for o in occ]),
+        Series("tree-owned", [o.tree for o in occ]),
+        Series("reserved by loads", [o.loads for o in occ]),
+        Series("held by requests", [o.requests for o in occ]),
+    ]
+    if any(o.other for o in occ):
+        parts.append(Series("other (leaked)", [o.other for o in occ]))
+    parts = [p for p in parts if any(p.values)] or parts[:1]
+    return line_chart(
+        f"{pool} pool occupancy",
+        tl.steps,
+        parts,
+        chart_id=f"chart-occupancy-{pool}",
+        y_title="tokens",
+        stacked=True,
+    )
 
 
-def _loads(tl: Timeline) -> go.Figure:
-    fig = _figure("Load outcomes per step", "loads", barmode="stack")
-    fig.add_bar(x=tl.steps, y=tl.per_step("loads.committed"), name="committed")
-    for code in tl.names("loads.aborted."):
-        label = f"aborted: {ABORT_REASONS.get(code, code)}"
-        fig.add_bar(x=tl.steps, y=tl.per_step(f"loads.aborted.{code}"), name=label)
-    if not any(tl.counters.get("loads.committed", [])) and not tl.names("loads.aborted."):
-        fig.add_annotation(
-            text="no load from the store in this run", showarrow=False, y=0.5, yref="paper"
+def _bars(tl: Timeline, title: str, chart_id: str, series: list[tuple[str, str]]) -> str | None:
+    """Per-window stacked bars of the counters in `series` ((label, counter name)); None
+    when none of them moved."""
+    w = tl.window()
+    drawn = [Series(label, tl.per_window(name, w)) for label, name in series]
+    drawn = [s for s in drawn if any(s.values)]
+    if not drawn:
+        return None
+    per = f"per window of {w} steps" if w > 1 else "per step"
+    return bar_chart(f"{title} {per}", tl.window_ends(w), drawn, chart_id=chart_id, y_title="count")
+
+
+def _loads_and_offloads(tl: Timeline) -> list[str]:
+    loads = [("committed", "loads.committed")]
+    loads += [
+        (f"aborted: {ABORT_REASONS.get(c, c)}", f"loads.aborted.{c}")
+        for c in tl.names("loads.aborted.")
+    ]
+    out = [
+        _bars(tl, "Loads from the external store", "chart-loads", loads)
+        or '<p class="caption" id="no-loads">No load from the external store in this run.</p>'
+    ]
+    out.append(
+        _bars(
+            tl,
+            "Offloads ended",
+            "chart-offloads",
+            [("published", "offloads.published"), ("failed", "offloads.failed")],
         )
-    return fig
+        or '<p class="caption" id="no-offloads">No offload ended in this run.</p>'
+    )
+    submitted, published, failed = (
+        (tl.counters.get(f"offloads.{k}") or [0])[-1] for k in ("submitted", "published", "failed")
+    )
+    out.append(
+        f'<p class="caption">{submitted} offloads submitted: {published} published, {failed} '
+        f"failed, {submitted - published - failed} still in flight at the last step (a "
+        "submitted offload ends published or failed, so it has no bar of its own).</p>"
+    )
+    return out
 
 
-def _offloads(tl: Timeline) -> go.Figure:
-    fig = _figure("Offload verdicts per step", "offloads", barmode="group")
-    for verdict in ("submitted", "published", "failed"):
-        fig.add_bar(x=tl.steps, y=tl.per_step(f"offloads.{verdict}"), name=verdict)
-    return fig
-
-
-def _faults(tl: Timeline) -> go.Figure:
-    fig = _figure("Fault events per step", "events", barmode="stack")
+def _faults(tl: Timeline) -> str | None:
     series = [(f"injected: {k}", f"faults.injected.{k}") for k in tl.names("faults.injected.")]
     series += [
         (f"contained in {k}", f"faults.contained.{k}") for k in tl.names("faults.contained.")
     ]
-    for label, name in series:
-        fig.add_bar(x=tl.steps, y=tl.per_step(name), name=label)
-    if not series:
-        fig.add_scatter(x=tl.steps, y=[0] * len(tl.steps), mode="lines", name="no faults")
-        fig.add_annotation(
-            text="no fault injected or contained in this run", showarrow=False, y=0.5, yref="paper"
+    return _bars(tl, "Faults", "chart-faults", series) if series else None
+
+
+def _request_rows(records: Sequence[RequestRecord], model: TtftModel) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for r in records[:MAX_REQUEST_ROWS]:
+        share = f"{r.hit / r.prompt_tokens:.0%}" if r.prompt_tokens else "-"
+        rows.append(
+            [
+                r.rid,
+                r.admitted_step,
+                "-" if r.finished_step is None else r.finished_step,
+                r.prompt_tokens,
+                r.device,
+                r.host,
+                r.external,
+                r.computed,
+                share,
+                r.saved,
+                f"{model.seconds(r) * 1e3:.2f}",
+                f"{model.cold_seconds(r) * 1e3:.2f}",
+            ]
         )
-    return fig
+    return rows
+
+
+_REQUEST_COLUMNS = (
+    "request",
+    "admitted (step)",
+    "finished (step)",
+    "prompt tokens",
+    "device",
+    "host",
+    "external store",
+    "computed",
+    "prefix hit",
+    "tokens saved",
+    "modelled TTFT (ms)",
+    "cold TTFT (ms)",
+)
+
+
+def _requests(records: Sequence[RequestRecord], model: TtftModel) -> list[str]:
+    shown = min(len(records), MAX_REQUEST_ROWS)
+    more = f" (the first {shown} of {len(records)})" if shown < len(records) else ""
+    return [
+        f"<h2>Requests{more}</h2>",
+        f'<p class="caption" id="ttft-model">Where each request\'s prompt tokens came from. '
+        f"{_esc(model.describe())}. Cold TTFT: the whole prompt recomputed.</p>",
+        '<div class="scroll">',
+        _table(_REQUEST_COLUMNS, _request_rows(records, model), table_id="requests", numbers=True),
+        "</div>",
+    ]
+
+
+def _compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    c = compare(baseline, current)
+    out = ['<section id="compare">', "<h2>Compared with the baseline run</h2>"]
+    if c.settings:
+        out.append(
+            _table(
+                ("setting", "baseline", "this run"),
+                c.settings,
+                table_id="compare-settings",
+                numbers=False,
+            )
+        )
+    else:
+        out.append('<p class="caption">Both runs have the same settings.</p>')
+    rows = [(r.metric, r.baseline, r.current, r.delta) for r in c.rows]
+    out.append(
+        _table(
+            ("figure", "baseline", "this run", "delta"),
+            rows,
+            table_id="compare-table",
+            numbers=True,
+        )
+    )
+    out.append("</section>")
+    return out
 
 
 def _svg_body(svg: str) -> str:
-    """An SVG document as an inline element (no XML prolog or DOCTYPE)."""
+    """A Graphviz SVG document as an inline element (no XML prolog, DOCTYPE or
+    comments); the page's CSS scales it down to the page width (``max-width``)."""
     start = svg.find("<svg")
     if start < 0:
         msg = "a diagram is not SVG text"
@@ -172,60 +276,80 @@ def _svg_body(svg: str) -> str:
     return re.sub(r"<!--.*?-->", "", svg[start:], flags=re.S)
 
 
-def render_report(*, report: SimReport, timeline: Timeline, diagrams: Mapping[str, str]) -> str:
-    """The page's HTML text (see the module docstring)."""
-    charts: list[tuple[str, str, go.Figure]] = [
-        ("Hit rates", "chart-hit-rates", _hit_rates(timeline, report.host_hit_tokens > 0)),
-    ]
-    charts += [
-        ("Pool occupancy" if i == 0 else "", f"chart-occupancy-{pool}", _occupancy(timeline, pool))
-        for i, pool in enumerate(timeline.occupancy)
-    ]
-    charts += [
-        ("Loads and offloads", "chart-loads", _loads(timeline)),
-        ("", "chart-offloads", _offloads(timeline)),
-        ("Faults", "chart-faults", _faults(timeline)),
-    ]
+def render_report(
+    *,
+    report: SimReport,
+    timeline: Timeline,
+    diagrams: Mapping[str, str],
+    requests: Iterable[RequestRecord] = (),
+    summary: Mapping[str, Any] | None = None,
+    baseline: Mapping[str, Any] | None = None,
+    model: TtftModel | None = None,
+) -> str:
+    """The page's HTML text (see the module docstring). `summary` is this run's JSON
+    summary (`compare.run_summary`), needed with `baseline`."""
+    model = model or TtftModel()
+    records = list(requests)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>unicache-fsm simulate report</title>",
         f"<style>{_STYLE}</style></head><body>",
-        _ERRORS,
         "<h1>unicache-fsm simulate report</h1>",
-        '<table class="summary">',
+        _table(("", "this run"), report.rows(), table_id="summary", numbers=False),
     ]
+    note = swa_note(report.config)
+    if baseline is not None:
+        if summary is None:
+            msg = "render_report: a baseline needs this run's summary to compare with"
+            raise ValueError(msg)
+        parts += _compare(baseline, summary)
+    parts.append("<h2>Hit rates</h2>")
+    if note is not None:
+        parts.append(f'<p class="note" id="swa-note">{_esc(note)}</p>')
+    parts += _hit_rate_charts(timeline, bool(report.config.get("host_tokens")))
+    parts += _requests(records, model)
+    parts.append("<h2>Pool occupancy (tokens)</h2>")
+    parts += [_occupancy(timeline, pool) for pool in timeline.occupancy]
+    parts.append("<h2>Loads and offloads</h2>")
+    parts += _loads_and_offloads(timeline)
+    faults = _faults(timeline)
+    if faults is not None:
+        parts += ["<h2>Faults</h2>", faults]
     parts += [
-        f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in report.rows()
+        "<h2>Machines</h2>",
+        '<p class="caption">Each arrow is labelled with how often this run took it: taken '
+        "arrows blue (wider when taken more), never-taken arrows red and dashed.</p>",
     ]
-    parts.append("</table>")
-    for i, (heading, div_id, fig) in enumerate(charts):
-        if heading:
-            parts.append(f"<h2>{html.escape(heading)}</h2>")
-        snippet = fig.to_html(
-            full_html=False,
-            include_plotlyjs=i == 0,
-            div_id=f"{div_id}-plot",
-            config={"displaylogo": False, "responsive": True},
-        )
-        parts.append(f'<div class="chart" id="{div_id}">{snippet}</div>')
-    parts.append("<h2>Machines (arrows coloured by how often this run took them)</h2>")
     for name, svg in diagrams.items():
-        parts.append(f"<h3>{html.escape(name)}</h3>")
-        parts.append(
-            f'<div class="diagram" id="diagram-{html.escape(name)}">{_svg_body(svg)}</div>'
-        )
-    parts += [_DONE, "</body></html>"]
+        parts.append(f"<h3>{_esc(name)}</h3>")
+        parts.append(f'<div class="diagram" id="diagram-{_esc(name)}">{_svg_body(svg)}</div>')
+    parts.append("</body></html>")
     return "\n".join(parts)
 
 
 def write_report(
-    folder: str | Path, *, report: SimReport, timeline: Timeline, diagrams: Mapping[str, str]
+    folder: str | Path,
+    *,
+    report: SimReport,
+    timeline: Timeline,
+    diagrams: Mapping[str, str],
+    requests: Iterable[RequestRecord] = (),
+    summary: Mapping[str, Any] | None = None,
+    baseline: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``folder/index.html``; returns its path."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     page = out / "index.html"
-    text = render_report(report=report, timeline=timeline, diagrams=diagrams)
+    text = render_report(
+        report=report,
+        timeline=timeline,
+        diagrams=diagrams,
+        requests=requests,
+        summary=summary,
+        baseline=baseline,
+    )
     page.write_text(text, encoding="utf-8")
     return page

@@ -4,6 +4,8 @@
   the (label, text) lines the terminal table and the HTML report show, `format()`
   those rows as plain text.
 - `ABORT_REASONS` — what each load-abort reason code means, in words.
+- `swa_note(config)` — why a run with an SWA window has the hit rates it has (the
+  terminal and the HTML report print it beside them); None without a window.
 - `calibrate_dispatch(executor)` — the executor's own cost per transition, measured
   in this process on the same spec with callbacks that do nothing (a random walk over
   legal triggers). The FSM share of a run is transitions fired times this cost, over
@@ -18,13 +20,14 @@ from __future__ import annotations
 import functools
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from unicache_fsm.fsm.executor import Executor
 
-__all__ = ["ABORT_REASONS", "SimReport", "calibrate_dispatch", "dispatch_cost"]
+__all__ = ["ABORT_REASONS", "SimReport", "calibrate_dispatch", "dispatch_cost", "swa_note"]
 
 #: A load-abort reason code (`unicache_fsm.linker.load.AbortReason`) in words.
 ABORT_REASONS: dict[str, str] = {
@@ -36,6 +39,30 @@ ABORT_REASONS: dict[str, str] = {
     "reset": "the linker was reset",
     "peer_aborted": "another rank could not load",
 }
+
+
+def swa_note(config: Mapping[str, Any]) -> str | None:
+    """Why an SWA run's hit rates look as they do (None without an SWA window)."""
+    window = config.get("swa_window")
+    if not window:
+        return None
+    checkpoint = config.get("swa_checkpoint")
+    tail = (
+        f"This run kept SWA checkpoints every {checkpoint} tokens (--swa-checkpoint), so a "
+        "prefix ending at a checkpoint can hit again."
+        if checkpoint
+        else "simulate --swa-checkpoint K (issue 37) keeps SWA KV at checkpoints every K "
+        "tokens, so a prefix ending at a checkpoint can hit; compare a run with it."
+    )
+    return (
+        f"SWA is on (window {window} tokens). SGLang 0.5.23 keeps a request's SWA KV only "
+        "for its trailing window; below it the tree holds tombstones. A prefix is usable "
+        "only if the SWA KV of its last window is live, so a new request whose shared "
+        "prefix ends inside an earlier request (few-shot examples, a system prompt, a "
+        "conversation's earlier turns) finds no live window there: its device, host and "
+        "external hits stop at the first tombstone and fall to 0 on such workloads, while "
+        "the host tier still backs up finished requests (it fills and does not hit). " + tail
+    )
 
 
 def _reason(code: str) -> str:

@@ -52,6 +52,7 @@ from unicache_fsm.pools.transfer import ComponentType
 from unicache_fsm.scheduler.host import HostPolicy
 from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
 from unicache_fsm.scheduler.report import SimReport, dispatch_cost
+from unicache_fsm.scheduler.requests import RequestLog
 from unicache_fsm.scheduler.timeline import Timeline
 from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.serving.kv import pool_holds
@@ -209,6 +210,7 @@ class Simulation:
         self.window = s.window
         self.host = HostPolicy(self.tree) if config.host_tokens else None
         self.timeline = Timeline() if timeline else None
+        self.requests = RequestLog()  # per request: where its tokens came from
         self.counter = TransitionCounter()
         self.executors = [
             self.tree.residency.executor,
@@ -265,6 +267,9 @@ class Simulation:
             self.report.prompt_tokens += len(spec.prompt)
             self.report.device_hit_tokens += req.prefix_len - from_host
             self.report.host_hit_tokens += from_host
+            self.requests.admitted(
+                spec.rid, len(spec.prompt), device=req.prefix_len - from_host, host=from_host
+            )
             if req.prepared:
                 self.loading[spec.rid] = req
             else:
@@ -294,6 +299,7 @@ class Simulation:
         if self.config.verify_loads:
             self._verify(req, load)
         self.report.loaded_tokens += load.prefix_len - load.device_hit_len
+        self.requests.loaded(req.rid, load.prefix_len - load.device_hit_len)
         req.prefix_len = load.prefix_len
         req.prefix_slots = load.slots
 
@@ -361,6 +367,7 @@ class Simulation:
             s.write_kv(swa_slots, req.key[swa_bound:end], swa_bound, swa=True)
             req.own_swa = swa_slots
         self.report.computed_tokens += max(0, min(end, prompt_len) - start)
+        self.requests.computed(req.rid, max(0, min(end, prompt_len) - start))
         self.report.decoded_tokens += max(0, end - max(start, prompt_len))
         finished = end == total
         aligned = end // p * p
@@ -397,6 +404,7 @@ class Simulation:
         if finished:
             s.release(req)
             self.done.add(req.rid)
+            self.requests.finished(req.rid)
             for item in self._blocked.pop(req.rid, ()):  # its successors may come in now
                 heapq.heappush(self._admissible, item)
             self.report.requests_served += 1
@@ -426,6 +434,9 @@ class Simulation:
         total = len(self.specs)
         while self.waiting or self.ready or self.loading:
             step += 1
+            self.requests.step = step
+            if self.trace is not None:
+                self.trace.step = step
             moved = self._admit() + self._loads() + self._forward() + self._offloads()
             if step % self.config.audit_every == 0:
                 self.audit()

@@ -6,9 +6,12 @@ can be differenced later) and one `Occupancy` per pool:
 
 - tokens: prompt tokens admitted, of them served from the device, loaded back from
   the host tier, loaded from the store, and recomputed — `hit_rates()` turns them
-  into running rates;
+  into running (cumulative) rates, `windowed_hit_rates(w)` into the rates of the
+  tokens admitted within each window of `w` steps (None for a window that admitted
+  none);
 - load outcomes (committed, and aborted per reason) and offload verdicts (submitted,
-  published, failed) — `per_step(name)` differences them into per-step counts;
+  published, failed) — `per_step(name)` differences them into per-step counts,
+  `per_window(name, w)` into per-window counts;
 - fault events: store faults injected per kind and store-call faults the linker
   contained, per call;
 - occupancy per pool (`scheduler.occupancy`).
@@ -31,6 +34,11 @@ __all__ = ["Timeline"]
 
 def _diff(series: list[int]) -> list[int]:
     return [b - a for a, b in zip([0, *series], series, strict=False)]
+
+
+def _at_window_ends(series: list[int], w: int) -> list[int]:
+    """The value at the end of each window of `w` entries (the last may be shorter)."""
+    return [series[min(i + w, len(series)) - 1] for i in range(0, len(series), w)]
 
 
 @attrs.define
@@ -87,11 +95,35 @@ class Timeline:
         """How much counter `name` grew in each step."""
         return _diff(self.counters.get(name, [0] * len(self.steps)))
 
+    def window(self, most: int = 60) -> int:
+        """The fewest steps per window that cut the run into at most `most` windows."""
+        return max(1, -(-len(self.steps) // max(1, most)))
+
+    def window_ends(self, w: int) -> list[int]:
+        """The last step of each window of `w` steps (the last window may be shorter)."""
+        return _at_window_ends(self.steps, w)
+
+    def per_window(self, name: str, w: int) -> list[int]:
+        """How much counter `name` grew in each window of `w` steps."""
+        return _diff(_at_window_ends(self.counters.get(name, [0] * len(self.steps)), w))
+
+    def windowed_hit_rates(self, w: int) -> dict[str, list[float | None]]:
+        """Device / host / external / recomputed share of the prompt tokens admitted in
+        each window of `w` steps (None where a window admitted none). Tokens count in
+        the step that served them: a load commits a step or two after its request was
+        admitted, so a window's external share may hold an earlier window's request."""
+        prompt = self.per_window("tokens.prompt", w)
+        out: dict[str, list[float | None]] = {}
+        for kind in ("device", "host", "external", "recomputed"):
+            got = self.per_window(f"tokens.{kind}", w)
+            out[kind] = [g / p if p else None for g, p in zip(got, prompt, strict=True)]
+        return out
+
     def hit_rates(self) -> dict[str, list[float]]:
         """Running device / host / external / recomputed share of the prompt tokens."""
         prompt = self.counters.get("tokens.prompt", [])
         out: dict[str, list[float]] = {}
         for kind in ("device", "host", "external", "recomputed"):
-            got = self.counters.get(f"tokens.{kind}", [])
+            got = self.counters.get(f"tokens.{kind}", [0] * len(prompt))
             out[kind] = [g / p if p else 0.0 for g, p in zip(got, prompt, strict=True)]
         return out
