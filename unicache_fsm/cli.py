@@ -556,6 +556,14 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         help=f"sliding window in tokens (1 to {MAX_TOKENS}): adds the SWA component",
     )
     p.add_argument(
+        "--swa-checkpoint",
+        type=_int_in(0, MAX_TOKENS),
+        default=None,
+        metavar="K",
+        help="with --swa-window: also keep the SWA window ending at every K pages of a "
+        "request, so prefixes ending there stay reusable (default: off, SGLang 0.5.23's rule)",
+    )
+    p.add_argument(
         "--chunk-size",
         type=_int_in(1, MAX_TOKENS),
         default=None,
@@ -677,6 +685,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         pool_tokens=args.pool_tokens,
         host_tokens=args.host_tokens,
         swa_window=args.swa_window,
+        swa_checkpoint=args.swa_checkpoint,
         chunk_size=args.chunk_size,
         faults=args.faults,
         seed=args.seed,

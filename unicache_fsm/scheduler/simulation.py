@@ -113,6 +113,7 @@ class SimConfig:
     width: int = 64
     audit_every: int = DEFAULT_AUDIT_EVERY  # steps between audits; one more at the end
     verify_loads: bool = True
+    swa_checkpoint: int | None = None  # K pages: keep the SWA window ending every K pages
 
     def validate_settings(self) -> None:
         """The checks that need no workload (run before one is built)."""
@@ -139,6 +140,13 @@ class SimConfig:
                 f"tokens ({gib:.1f} GiB of float16 KV at {self.num_layers} layers x "
                 f"{self.width} lanes) in this simulation"
             )
+            raise SimConfigError(msg)
+        k = self.swa_checkpoint
+        if k is not None and (type(k) is not int or k < 0):
+            msg = f"--swa-checkpoint must be a number of pages (0: off), got {k!r}"
+            raise SimConfigError(msg)
+        if k and self.swa_window is None:
+            msg = f"--swa-checkpoint {k} needs --swa-window (checkpoints keep SWA windows)"
             raise SimConfigError(msg)
 
     def validate(self, specs: list[RequestSpec]) -> None:
@@ -199,6 +207,7 @@ class Simulation:
             width=config.width,
             host_pages=config.host_tokens // p,
             reset_when_idle=True,  # a lying store's quarantine must not starve the run
+            swa_checkpoint=config.swa_checkpoint,
         )
         # the store holds every stored node's pages unless faults or the store drop some
         s.check_stored = (self.policy is None or not self.policy.rules) and not store_loses_pages(
@@ -345,21 +354,20 @@ class Simulation:
         slots = s.try_alloc(size)
         if slots is None:
             return None
-        # the request keeps SWA KV only for its last window (below it: tombstones)
+        # the request keeps SWA KV for its last window (below it: tombstones), and with
+        # checkpoints for the window ending at each checkpoint of its tokens
         swa_bound = max(start, (end - self.window) // p * p) if self.swa_kv else start
-        swa_slots = None
+        kept: tuple[tuple[int, int], ...] = ()
         if self.swa_kv is not None:
-            swa_slots = s.try_alloc_swa(start + size - swa_bound)
+            kept = s.kept_windows(start, end, min(swa_bound, end // p * p))
+            spans = [*kept, (swa_bound, start + size)]
+            swa_slots = s.try_map_swa(slots, req.key[:end], start, spans)
             if swa_slots is None:
                 self.allocator.free(slots)
                 return None
-            assert isinstance(self.allocator, SWAAllocator)
-            self.allocator.set_full_to_swa_mapping(slots[swa_bound - start :], swa_slots)
+            req.own_swa = swa_slots
         s.write_kv(slots, req.key[start:end], start)
         req.own_slots = slots
-        if swa_slots is not None:
-            s.write_kv(swa_slots, req.key[swa_bound:end], swa_bound, swa=True)
-            req.own_swa = swa_slots
         self.report.computed_tokens += max(0, min(end, prompt_len) - start)
         self.report.decoded_tokens += max(0, end - max(start, prompt_len))
         finished = end == total
@@ -374,6 +382,7 @@ class Simulation:
                     swa_evicted_seqlen=min(swa_bound, aligned),
                     chunked=not finished,
                     namespace=req.namespace,
+                    swa_kept_ranges=kept,
                 )
             )
             if result.write_through:

@@ -190,8 +190,18 @@ class SwaComponent(TreeComponent):
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         """Caller SWA slots still mapped below the boundary are freed here, so a
         tombstone never keeps a mapping (the contract leaves that case open)."""
-        bound = ctx.params.swa_evicted_seqlen
+        params = ctx.params
+        bound = params.swa_evicted_seqlen
         alloc = self.allocator
+        kept = [
+            (max(a, node.start), min(b, node.end))
+            for a, b in params.swa_kept_ranges
+            if a < node.end and b > node.start
+        ]
+        if kept:  # checkpoint windows below the boundary: their own live nodes
+            node = self._adopt_kept(node, kept, ctx)
+            if _live(node):  # the last window ended the node
+                return node
         if bound >= node.end:
             alloc.free_mapped_swa(node.data[FULL])
             return node
@@ -204,6 +214,26 @@ class SwaComponent(TreeComponent):
             self._go_live(older, alloc.translate(older.data[FULL]))  # older first: less recent
         self._go_live(node, alloc.translate(node.data[FULL]))
         ctx.result.record_adopted_range(SWA, live_start, node.end)
+        return node
+
+    def _adopt_kept(
+        self, node: TreeNode, kept: Sequence[tuple[int, int]], ctx: InsertContext
+    ) -> TreeNode:
+        """Split off, oldest first, each stretch of `node` up to the end of the last
+        kept range inside it: the kept ranges go live (the caller's mapped SWA), the
+        stretches between them stay tombstones (their mapped SWA freed). Returns the
+        rest of `node` (what `adopt` goes on with, at the last range's end), or `node`
+        itself, live, when the last range ends it."""
+        alloc, split = self.allocator, self.tree.split
+        for a, b in kept:
+            if a > node.start:
+                gap = split(node, a - node.start)
+                alloc.free_mapped_swa(gap.data[FULL])
+            piece = split(node, b - node.start) if b < node.end else node
+            self._go_live(piece, alloc.translate(piece.data[FULL]))
+            ctx.result.record_adopted_range(SWA, a, b)
+            if piece is node:
+                break
         return node
 
     def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
