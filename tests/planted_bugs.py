@@ -202,6 +202,23 @@ def _free_after_lost_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linker_mod.ExternalLinker, "start_loading", trusting)
 
 
+def _checkpoint_freed(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = components.SwaComponent.adopt
+
+    def frees_it(self: Any, node: Any, ctx: Any, *, new_leaf: bool) -> Any:
+        out = real(self, node, ctx, new_leaf=new_leaf)
+        for a, b in ctx.params.swa_kept_ranges:  # a checkpoint window's SWA goes back to
+            walk: Any = out  # the pool while its node still claims it
+            while walk is not None and walk.parent is not None:
+                swa = walk.data.get(ComponentType.SWA)
+                if swa is not None and a <= walk.start and walk.start + len(walk.key) <= b:
+                    self.allocator.free_swa(swa)
+                walk = walk.parent
+        return out
+
+    monkeypatch.setattr(components.SwaComponent, "adopt", frees_it)
+
+
 def _config(
     p: int,
     swa: bool,
@@ -210,10 +227,12 @@ def _config(
     rate: float = 0.25,
     capacities: tuple[int | None, ...] = (None,),
     kinds: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k not in LYING),
+    checkpoints: tuple[int, ...] = (0, 1, 2),
 ) -> dict[str, Any]:
     return {
         "page_sizes": (p,),
         "swa_choices": (swa,),
+        "swa_checkpoints": checkpoints,
         "fault_rates": (rate,) if faults else (0.0,),
         "store_capacities": capacities,
         "fault_kinds": kinds,
@@ -311,5 +330,12 @@ BUGS = [
         _free_after_lost_start,
         _config(4, False, True, rate=0.5, kinds=(K.LOST_REPLY,)),
         ("KV bytes", "loads landed", "COMMIT soundness", "slot conservation"),
+    ),
+    # issue 37's SWA checkpoints: a checkpoint window's SWA freed while its node keeps it
+    Bug(
+        "checkpoint_freed",
+        _checkpoint_freed,
+        _config(4, True, False, checkpoints=(1, 2)),
+        ("slot conservation", "KV bytes"),
     ),
 ]

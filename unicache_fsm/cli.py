@@ -40,8 +40,8 @@ its arguments, a function that runs it, and one entry in the table):
   the shrunk program as a Python script that replays it (the walk) or Hypothesis's
   falsifying program.
 - ``explore [--pages N] [--requests R] [--page-size P] [--key-pages K] [--swa-window W]
-  [--faults F] [--unpinned] [--corrupt] [--store-pages S] [--unrelated] [--depth D] [--minutes M]
-  [--workers J] [--coverage F] [--test-out F]`` — breadth-first
+  [--swa-checkpoint C] [--faults F] [--unpinned] [--corrupt] [--store-pages S] [--unrelated]
+  [--depth D] [--minutes M] [--workers J] [--coverage F] [--test-out F]`` — breadth-first
   search of every state of a tiny system (`unicache_fsm.testing.explore`); prints the
   distinct states, transitions, states/s, depth, whether the space was exhausted and
   the declared transitions reached; on a violation prints the shortest operation
@@ -913,6 +913,13 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
         help=f"SWA window in pages; 0 explores a FULL-only system (1; 0-{top})",
     )
     p.add_argument(
+        "--swa-checkpoint",
+        type=_int_in(0, top),
+        default=0,
+        metavar="K",
+        help=f"keep the SWA window ending every K pages of a request too (0: off; 0-{top})",
+    )
+    p.add_argument(
         "--host-pages",
         type=_int_in(0, top),
         default=0,
@@ -1001,6 +1008,9 @@ def _explore_scope(args: argparse.Namespace) -> Any:
             msg = f"--faults: unknown fault kind {bad[0]!r}; valid: all, none, {', '.join(kinds)}"
             raise CliError(msg)
         faults = tuple(dict.fromkeys(kinds[n] for n in names))
+    if args.swa_checkpoint and args.swa_window == 0:
+        msg = "--swa-checkpoint needs --swa-window above 0 (checkpoints keep SWA windows)"
+        raise CliError(msg)
     for flag in ("coverage", "test_out"):
         path = getattr(args, flag)
         if path is not None:
@@ -1020,6 +1030,7 @@ def _explore_scope(args: argparse.Namespace) -> Any:
             corrupt=args.corrupt,
             store_pages=args.store_pages,
             unrelated=args.unrelated,
+            swa_checkpoint=args.swa_checkpoint,
         )
     except ValueError as exc:
         flag = str(exc).split()[0].removeprefix("Scope.").replace("_", "-")
