@@ -48,7 +48,7 @@ from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.swa import SWAAllocator
-from unicache_fsm.pools.transfer import ComponentType
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.scheduler.host import HostPolicy
 from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
 from unicache_fsm.scheduler.report import SimReport, dispatch_cost
@@ -57,6 +57,7 @@ from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.serving.kv import pool_holds
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
+from unicache_fsm.store.base import BaseStore
 from unicache_fsm.store.faults import FaultPolicy
 from unicache_fsm.store.spec import open_store, store_loses_pages
 from unicache_fsm.tree.params import InsertParams
@@ -246,6 +247,9 @@ class Simulation:
         self.loading: dict[str, Request] = {}
         self.prompt_len: dict[str, int] = {}
         self.done: set[str] = set()
+        # pages the store holds per pool at the end of a run (before it is closed), where
+        # the store can list them (the project's backends can)
+        self.stored_pages: dict[PoolName, int] = {}
 
     # -- 1. admission --------------------------------------------------------------------
     def _admit(self) -> int:
@@ -454,6 +458,7 @@ class Simulation:
                 break
             self._offloads()
         self.audit()
+        self.stored_pages = _stored_pages(self.system.backend)
         self.report.wall_seconds = time.perf_counter() - t0
         self.report.steps = step
         self._finish_report()
@@ -530,6 +535,13 @@ def warm_up(config: SimConfig) -> None:
         faults=None,
     )
     Simulation(small).run()
+
+
+def _stored_pages(store: object) -> dict[PoolName, int]:
+    """Pages `store` holds per pool (none for a store that cannot list its keys)."""
+    if not isinstance(store, BaseStore):
+        return {}
+    return {pool: len(store.stored_keys(pool)) for pool in PoolName}
 
 
 def _plain(_inst: object, _field: object, value: object) -> object:
