@@ -19,7 +19,9 @@ Tree hooks:
 
 - `adopt` — a node that took caller FULL slots gets SWA live at or above the
   request's boundary (`swa_evicted_seqlen`), splitting there; below it the node
-  stays a tombstone (any caller SWA still mapped there is freed). A *new leaf* whose
+  stays a tombstone (any caller SWA still mapped there is freed), except inside the
+  insert's `swa_kept_ranges` (SWA checkpoint windows, `tree.swa_checkpoints`): split at
+  their edges, those go live with the caller's mapped SWA. A *new leaf* whose
   live part is longer than one window is split again, into an older part and the
   last window, so that a lock pins one window of SWA. Live parts join the LRU list
   oldest first.
