@@ -211,6 +211,21 @@ def test_bad_kept_ranges_are_refused_and_change_nothing(ranges: object) -> None:
     s.audit()
 
 
+def test_a_kept_range_without_mapped_swa_is_refused_and_changes_nothing() -> None:
+    s = _system(None)
+    key = _key(8)
+    slots = s.alloc(len(key))  # FULL slots only: nothing maps them to SWA
+    free = s.allocator.available_swa_size()  # type: ignore[union-attr]
+    with pytest.raises(InsertParamsError, match=r"\(4, 12\).*map to no SWA slot"):
+        s.tree.insert(
+            InsertParams(key=key, value=slots, swa_evicted_seqlen=32, swa_kept_ranges=[(4, 12)])
+        )
+    assert s.tree.match_prefix(key).prefix_len == 0
+    assert s.allocator.available_swa_size() == free  # type: ignore[union-attr]
+    s.allocator.free(slots)
+    s.audit()
+
+
 # -- the scheduler and the command line -----------------------------------------------------
 
 

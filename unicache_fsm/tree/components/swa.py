@@ -77,9 +77,9 @@ from unicache_fsm.tree.components.base import (
     TreeComponent,
     select_adopted_pages,
 )
-from unicache_fsm.tree.errors import TreeConfigError, TreeError
+from unicache_fsm.tree.errors import InsertParamsError, TreeConfigError, TreeError
 from unicache_fsm.tree.lru import LRUList
-from unicache_fsm.tree.params import EvictParams
+from unicache_fsm.tree.params import EvictParams, InsertParams
 from unicache_fsm.tree.residency import ResidencyTrigger, configs_where
 
 if TYPE_CHECKING:
@@ -189,6 +189,21 @@ class SwaComponent(TreeComponent):
         return int(swa.numel())
 
     # -- insert ---------------------------------------------------------------------------
+    def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
+        """The caller must hold the SWA it says it keeps: every FULL slot of a kept range
+        past `prev_prefix_len` (where the tree may take it) maps to an SWA slot."""
+        prev = params.prev_prefix_len
+        for a, b in params.swa_kept_ranges:
+            if b > prev and not bool(
+                self.allocator.translate(params.value[max(a, prev) : b]).all()
+            ):
+                msg = (
+                    f"swa_kept_ranges has ({a}, {b}) but the insert value's FULL slots there "
+                    "map to no SWA slot; map them (set_full_to_swa_mapping) or leave the "
+                    "range out"
+                )
+                raise InsertParamsError(msg, what="swa_kept_ranges", value=a)
+
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         """Caller SWA slots still mapped below the boundary are freed here, so a
         tombstone never keeps a mapping (the contract leaves that case open)."""
