@@ -16,7 +16,9 @@ a workload. Each step:
    back to recompute;
 3. forward the ready requests: allocate slots (`System.try_alloc`: evict the
    shortfall, then allocate), write the KV computed from the tokens
-   (`serving.kv.kv_bytes`), and insert what is computed — ``cache_unfinished``
+   (`serving.kv.kv_bytes`; with SWA, SWA slots for the request's last window and, with
+   ``SimConfig.swa_checkpoint``, for the window ending at each checkpoint of its tokens:
+   `tree.swa_checkpoints`), and insert what is computed — ``cache_unfinished``
    (chunked) after a prefill chunk, ``cache_finished`` at the end, then offload the
    write-through chain and release the request;
 4. let the store progress and complete offloads (``poll_offloads``);
