@@ -53,9 +53,9 @@ its arguments, a function that runs it, and one entry in the table):
   go to stderr while the workload is generated and served. ``--trace`` records every
   transition, ``--coverage`` writes transition counts that ``diagram --coverage``
   draws, ``--host-tokens`` adds the host tier, ``--swa-checkpoint K`` (with
-  ``--swa-window``) keeps the SWA window ending every K pages too (`tree.swa_checkpoints`), ``--report DIR`` writes
-  ``DIR/index.html`` (charts over time and the coverage-coloured diagrams; needs
-  Graphviz and the ``report`` extra).
+  ``--swa-window``) keeps the SWA window ending every K pages too
+  (`tree.swa_checkpoints`), ``--report DIR`` writes ``DIR/index.html`` (charts over
+  time and the coverage-coloured diagrams; needs Graphviz and the ``report`` extra).
 - ``check-linker CONFIG_JSON_OR_@FILE [--minutes M] [--seed S] [--faults K] [--report
   DIR]`` — check any SGLang 0.5.23 linker inside SGLang's real cache
   (`unicache_fsm.integrations.linker_kit.cli`).
