@@ -17,7 +17,11 @@ import pytest
 from unicache_fsm.linker import linker as linker_mod
 from unicache_fsm.linker.load import LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadTrigger
-from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase
+from unicache_fsm.pools.transfer import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    LinkerTransferPhase,
+)
 from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.faults import LYING, FaultKind
 from unicache_fsm.store.memory import MemoryStore
@@ -219,6 +223,21 @@ def _checkpoint_freed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(components.SwaComponent, "adopt", frees_it)
 
 
+def _checkpoint_offload_shifted(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = components.SwaComponent.build_external_linker_transfer
+
+    def shifted(self: Any, phase: Any, node: Any, keys: Any) -> Any:
+        out = real(self, phase, node, keys)
+        if phase is LinkerTransferPhase.OFFLOAD and out is not None and node.children:
+            # a checkpoint window (live SWA inside a path) sent with its pages one off
+            # their hashes: each page stored under its neighbour's key
+            k = out.keys
+            return attrs.evolve(out, keys=(*k[1:], *k[:1]))
+        return out
+
+    monkeypatch.setattr(components.SwaComponent, "build_external_linker_transfer", shifted)
+
+
 def _config(
     p: int,
     swa: bool,
@@ -337,5 +356,12 @@ BUGS = [
         _checkpoint_freed,
         _config(4, True, False, checkpoints=(1, 2)),
         ("slot conservation", "KV bytes"),
+    ),
+    # ... and a checkpoint window offloaded with its pages under the wrong hashes
+    Bug(
+        "checkpoint_offload_shifted",
+        _checkpoint_offload_shifted,
+        _config(4, True, False, checkpoints=(1,)),
+        ("KV bytes", "loads landed"),
     ),
 ]
