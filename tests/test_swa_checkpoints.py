@@ -7,8 +7,10 @@ and a prefix ending at a checkpoint is reusable from the device and from the sto
 from __future__ import annotations
 
 import collections
+import importlib.util
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,3 +259,18 @@ def test_the_command_line_refuses_checkpoints_without_a_window(
     assert len(err) == 1 and "--swa-checkpoint 4 needs --swa-window" in err[0]
     assert main(["explore", "--swa-window", "0", "--swa-checkpoint", "1"]) == 2
     assert "--swa-checkpoint needs --swa-window" in capsys.readouterr().err
+
+
+def test_the_benchmark_prints_each_configuration_against_no_swa_and_the_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_swa.py"
+    spec = importlib.util.spec_from_file_location("_bench_swa", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    plain, default, k32 = bench.compare("few_shot", 12, (32,))
+    assert default.hit == 0 < k32.hit == plain.hit
+    assert k32.store_bytes >= default.store_bytes > plain.store_bytes > 0
+    out = capsys.readouterr().out
+    assert "K=32 (best K)" in out and "SWA pool mean / peak" in out
