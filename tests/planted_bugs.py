@@ -17,7 +17,11 @@ import pytest
 from unicache_fsm.linker import linker as linker_mod
 from unicache_fsm.linker.load import LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadTrigger
-from unicache_fsm.pools.transfer import ComponentType, ExternalLinkerLoadPhase
+from unicache_fsm.pools.transfer import (
+    ComponentType,
+    ExternalLinkerLoadPhase,
+    LinkerTransferPhase,
+)
 from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.faults import LYING, FaultKind
 from unicache_fsm.store.memory import MemoryStore
@@ -202,6 +206,38 @@ def _free_after_lost_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linker_mod.ExternalLinker, "start_loading", trusting)
 
 
+def _checkpoint_freed(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = components.SwaComponent.adopt
+
+    def frees_it(self: Any, node: Any, ctx: Any, *, new_leaf: bool) -> Any:
+        out = real(self, node, ctx, new_leaf=new_leaf)
+        for a, b in ctx.params.swa_kept_ranges:  # a checkpoint window's SWA goes back to
+            walk: Any = out  # the pool while its node still claims it
+            while walk is not None and walk.parent is not None:
+                swa = walk.data.get(ComponentType.SWA)
+                if swa is not None and a <= walk.start and walk.start + len(walk.key) <= b:
+                    self.allocator.free_swa(swa)
+                walk = walk.parent
+        return out
+
+    monkeypatch.setattr(components.SwaComponent, "adopt", frees_it)
+
+
+def _checkpoint_offload_shifted(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = components.SwaComponent.build_external_linker_transfer
+
+    def shifted(self: Any, phase: Any, node: Any, keys: Any) -> Any:
+        out = real(self, phase, node, keys)
+        if phase is LinkerTransferPhase.OFFLOAD and out is not None and node.children:
+            # a checkpoint window (live SWA inside a path) sent with its pages one off
+            # their hashes: each page stored under its neighbour's key
+            k = out.keys
+            return attrs.evolve(out, keys=(*k[1:], *k[:1]))
+        return out
+
+    monkeypatch.setattr(components.SwaComponent, "build_external_linker_transfer", shifted)
+
+
 def _config(
     p: int,
     swa: bool,
@@ -210,10 +246,12 @@ def _config(
     rate: float = 0.25,
     capacities: tuple[int | None, ...] = (None,),
     kinds: tuple[FaultKind, ...] = tuple(k for k in FaultKind if k not in LYING),
+    checkpoints: tuple[int, ...] = (0, 1, 2),
 ) -> dict[str, Any]:
     return {
         "page_sizes": (p,),
         "swa_choices": (swa,),
+        "swa_checkpoints": checkpoints,
         "fault_rates": (rate,) if faults else (0.0,),
         "store_capacities": capacities,
         "fault_kinds": kinds,
@@ -311,5 +349,19 @@ BUGS = [
         _free_after_lost_start,
         _config(4, False, True, rate=0.5, kinds=(K.LOST_REPLY,)),
         ("KV bytes", "loads landed", "COMMIT soundness", "slot conservation"),
+    ),
+    # issue 37's SWA checkpoints: a checkpoint window's SWA freed while its node keeps it
+    Bug(
+        "checkpoint_freed",
+        _checkpoint_freed,
+        _config(4, True, False, checkpoints=(1, 2)),
+        ("slot conservation", "KV bytes"),
+    ),
+    # ... and a checkpoint window offloaded with its pages under the wrong hashes
+    Bug(
+        "checkpoint_offload_shifted",
+        _checkpoint_offload_shifted,
+        _config(4, True, False, checkpoints=(1,)),
+        ("KV bytes", "loads landed"),
     ),
 ]

@@ -297,6 +297,11 @@ BUGS = [
         "corrupt_page_kept",
         Scope(pages=2, requests=1, swa=False, key_pages=1, faults=(), corrupt=True),
     ),
+    # needs SWA checkpoints and a key longer than the window: a checkpoint window below it
+    _case(
+        "checkpoint_freed",
+        Scope(pages=3, requests=1, swa=True, key_pages=2, faults=(), swa_checkpoint=1),
+    ),
     # needs a capacity store and two requests: one key's chain stored below the other's
     _case(
         "chain_without_link",

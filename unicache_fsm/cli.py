@@ -40,8 +40,8 @@ its arguments, a function that runs it, and one entry in the table):
   runs); exit 1 on a failure, after printing the shrunk program as a Python script
   that replays it (the walk) or Hypothesis's falsifying program.
 - ``explore [--pages N] [--requests R] [--page-size P] [--key-pages K] [--swa-window W]
-  [--faults F] [--unpinned] [--corrupt] [--store-pages S] [--unrelated] [--depth D] [--minutes M]
-  [--workers J] [--coverage F] [--test-out F]`` — breadth-first
+  [--swa-checkpoint C] [--faults F] [--unpinned] [--corrupt] [--store-pages S] [--unrelated]
+  [--depth D] [--minutes M] [--workers J] [--coverage F] [--test-out F]`` — breadth-first
   search of every state of a tiny system (`unicache_fsm.testing.explore`); shows its
   progress (depth, states, time left under ``--minutes``) on stderr, then prints the
   distinct states, transitions, states/s, depth, the declared transitions reached and
@@ -58,9 +58,11 @@ its arguments, a function that runs it, and one entry in the table):
   puts an earlier run's summary beside this one (figures and deltas). ``--trace``
   records every transition (with its scheduler step and time), ``--coverage`` writes
   transition counts that ``diagram --coverage`` draws, ``--host-tokens`` adds the host
-  tier, ``--report DIR`` writes ``DIR/index.html`` (`scheduler.html_report`: per-request
-  figures, charts over time, the compare section, the coverage-coloured diagrams;
-  needs Graphviz). With an SWA window a note says why hit rates fall.
+  tier, ``--swa-checkpoint K`` (with ``--swa-window``) keeps the SWA window ending
+  every K pages too (`tree.swa_checkpoints`), ``--report DIR`` writes
+  ``DIR/index.html`` (`scheduler.html_report`: per-request figures, charts over time,
+  the compare section, the coverage-coloured diagrams; needs Graphviz). With an SWA
+  window a note says why hit rates fall.
 - ``check-linker CONFIG_JSON_OR_@FILE [--minutes M] [--seed S] [--faults K] [--report
   DIR]`` — check any SGLang 0.5.23 linker inside SGLang's real cache
   (`unicache_fsm.integrations.linker_kit.cli`).
@@ -593,6 +595,14 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         "(default: off, no SWA)",
     )
     p.add_argument(
+        "--swa-checkpoint",
+        type=_int_in(0, MAX_TOKENS),
+        default=None,
+        metavar="K",
+        help="with --swa-window: also keep the SWA window ending at every K pages of a "
+        "request, so prefixes ending there stay reusable (default: off, SGLang 0.5.23's rule)",
+    )
+    p.add_argument(
         "--chunk-size",
         type=_int_in(1, MAX_TOKENS),
         default=None,
@@ -747,6 +757,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         pool_tokens=args.pool_tokens,
         host_tokens=args.host_tokens,
         swa_window=args.swa_window,
+        swa_checkpoint=args.swa_checkpoint,
         chunk_size=args.chunk_size,
         faults=args.faults,
         seed=args.seed,
@@ -1002,6 +1013,13 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
         f"FULL-only system (0-{top * top}; default: one page)",
     )
     p.add_argument(
+        "--swa-checkpoint",
+        type=_int_in(0, top),
+        default=0,
+        metavar="K",
+        help=f"keep the SWA window ending every K pages of a request too (0: off; 0-{top})",
+    )
+    p.add_argument(
         "--host-pages",
         type=_int_in(0, top),
         default=0,
@@ -1090,6 +1108,9 @@ def _explore_scope(args: argparse.Namespace) -> Any:
             msg = f"--faults: unknown fault kind {bad[0]!r}; valid: all, none, {', '.join(kinds)}"
             raise CliError(msg)
         faults = tuple(dict.fromkeys(kinds[n] for n in names))
+    if args.swa_checkpoint and args.swa_window == 0:
+        msg = "--swa-checkpoint needs --swa-window above 0 (checkpoints keep SWA windows)"
+        raise CliError(msg)
     for flag in ("coverage", "test_out"):
         path = getattr(args, flag)
         if path is not None:
@@ -1110,6 +1131,7 @@ def _explore_scope(args: argparse.Namespace) -> Any:
             corrupt=args.corrupt,
             store_pages=args.store_pages,
             unrelated=args.unrelated,
+            swa_checkpoint=args.swa_checkpoint,
         )
     except ValueError as exc:
         flag = str(exc).split()[0].removeprefix("Scope.").replace("_", "-")

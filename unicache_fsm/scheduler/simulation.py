@@ -16,7 +16,9 @@ a workload. Each step:
    back to recompute;
 3. forward the ready requests: allocate slots (`System.try_alloc`: evict the
    shortfall, then allocate), write the KV computed from the tokens
-   (`serving.kv.kv_bytes`), and insert what is computed — ``cache_unfinished``
+   (`serving.kv.kv_bytes`; with SWA, SWA slots for the request's last window and, with
+   ``SimConfig.swa_checkpoint``, for the window ending at each checkpoint of its tokens:
+   `tree.swa_checkpoints`), and insert what is computed — ``cache_unfinished``
    (chunked) after a prefill chunk, ``cache_finished`` at the end, then offload the
    write-through chain and release the request;
 4. let the store progress and complete offloads (``poll_offloads``);
@@ -48,7 +50,7 @@ from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
 from unicache_fsm.linker.load import ExternalLoad, LoadState
 from unicache_fsm.pools.swa import SWAAllocator
-from unicache_fsm.pools.transfer import ComponentType
+from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.scheduler.host import HostPolicy
 from unicache_fsm.scheduler.occupancy import leaked_slots, pool_occupancy
 from unicache_fsm.scheduler.report import SimReport, dispatch_cost
@@ -58,6 +60,7 @@ from unicache_fsm.scheduler.workloads import RequestSpec, make_workload
 from unicache_fsm.serving.kv import pool_holds
 from unicache_fsm.serving.request import Request
 from unicache_fsm.serving.system import System
+from unicache_fsm.store.base import BaseStore
 from unicache_fsm.store.faults import FaultPolicy
 from unicache_fsm.store.spec import open_store, store_loses_pages
 from unicache_fsm.tree.params import InsertParams
@@ -114,6 +117,7 @@ class SimConfig:
     width: int = 64
     audit_every: int = DEFAULT_AUDIT_EVERY  # steps between audits; one more at the end
     verify_loads: bool = True
+    swa_checkpoint: int | None = None  # K pages: keep the SWA window ending every K pages
 
     def validate_settings(self) -> None:
         """The checks that need no workload (run before one is built)."""
@@ -140,6 +144,13 @@ class SimConfig:
                 f"tokens ({gib:.1f} GiB of float16 KV at {self.num_layers} layers x "
                 f"{self.width} lanes) in this simulation"
             )
+            raise SimConfigError(msg)
+        k = self.swa_checkpoint
+        if k is not None and (type(k) is not int or k < 0):
+            msg = f"--swa-checkpoint must be a number of pages (0: off), got {k!r}"
+            raise SimConfigError(msg)
+        if k and self.swa_window is None:
+            msg = f"--swa-checkpoint {k} needs --swa-window (checkpoints keep SWA windows)"
             raise SimConfigError(msg)
 
     def validate(self, specs: list[RequestSpec]) -> None:
@@ -200,6 +211,7 @@ class Simulation:
             width=config.width,
             host_pages=config.host_tokens // p,
             reset_when_idle=True,  # a lying store's quarantine must not starve the run
+            swa_checkpoint=config.swa_checkpoint,
         )
         # the store holds every stored node's pages unless faults or the store drop some
         s.check_stored = (self.policy is None or not self.policy.rules) and not store_loses_pages(
@@ -239,6 +251,9 @@ class Simulation:
         self.loading: dict[str, Request] = {}
         self.prompt_len: dict[str, int] = {}
         self.done: set[str] = set()
+        # pages the store holds per pool at the end of a run (before it is closed), where
+        # the store can list them (the project's backends can)
+        self.stored_pages: dict[PoolName, int] = {}
 
     # -- 1. admission --------------------------------------------------------------------
     def _admit(self) -> int:
@@ -351,21 +366,20 @@ class Simulation:
         slots = s.try_alloc(size)
         if slots is None:
             return None
-        # the request keeps SWA KV only for its last window (below it: tombstones)
+        # the request keeps SWA KV for its last window (below it: tombstones), and with
+        # checkpoints for the window ending at each checkpoint of its tokens
         swa_bound = max(start, (end - self.window) // p * p) if self.swa_kv else start
-        swa_slots = None
+        kept: tuple[tuple[int, int], ...] = ()
         if self.swa_kv is not None:
-            swa_slots = s.try_alloc_swa(start + size - swa_bound)
+            kept = s.kept_windows(start, end, min(swa_bound, end // p * p))
+            spans = [*kept, (swa_bound, start + size)]
+            swa_slots = s.try_map_swa(slots, req.key[:end], start, spans)
             if swa_slots is None:
                 self.allocator.free(slots)
                 return None
-            assert isinstance(self.allocator, SWAAllocator)
-            self.allocator.set_full_to_swa_mapping(slots[swa_bound - start :], swa_slots)
+            req.own_swa = swa_slots
         s.write_kv(slots, req.key[start:end], start)
         req.own_slots = slots
-        if swa_slots is not None:
-            s.write_kv(swa_slots, req.key[swa_bound:end], swa_bound, swa=True)
-            req.own_swa = swa_slots
         self.report.computed_tokens += max(0, min(end, prompt_len) - start)
         self.requests.computed(req.rid, max(0, min(end, prompt_len) - start))
         self.report.decoded_tokens += max(0, end - max(start, prompt_len))
@@ -381,6 +395,7 @@ class Simulation:
                     swa_evicted_seqlen=min(swa_bound, aligned),
                     chunked=not finished,
                     namespace=req.namespace,
+                    swa_kept_ranges=kept,
                 )
             )
             if result.write_through:
@@ -456,6 +471,7 @@ class Simulation:
                 break
             self._offloads()
         self.audit()
+        self.stored_pages = _stored_pages(self.system.backend)
         self.report.wall_seconds = time.perf_counter() - t0
         self.report.steps = step
         self._finish_report()
@@ -532,6 +548,13 @@ def warm_up(config: SimConfig) -> None:
         faults=None,
     )
     Simulation(small).run()
+
+
+def _stored_pages(store: object) -> dict[PoolName, int]:
+    """Pages `store` holds per pool (none for a store that cannot list its keys)."""
+    if not isinstance(store, BaseStore):
+        return {}
+    return {pool: len(store.stored_keys(pool)) for pool in PoolName}
 
 
 def _plain(_inst: object, _field: object, value: object) -> object:

@@ -74,6 +74,7 @@ from unicache_fsm.tree import (
     TreeConfig,
     TreeNode,
 )
+from unicache_fsm.tree.swa_checkpoints import check_interval, checkpoint_windows
 
 __all__ = ["System"]
 
@@ -90,6 +91,7 @@ class System:
     page_size: int
     swa: bool
     window: int  # SWA window in tokens (page multiple); 0 without SWA
+    swa_checkpoint: int  # SWA checkpoint interval in pages (`tree.swa_checkpoints`); 0: off
     allocator: PagedAllocator | SWAAllocator
     kv: KVPool
     swa_kv: KVPool | None
@@ -139,6 +141,7 @@ class System:
         num_layers: int = NUM_LAYERS,
         width: int = WIDTH,
         reset_when_idle: bool = False,
+        swa_checkpoint: int | None = None,
     ) -> System:
         """Wire a system; `store_factory` puts your own store backend in it (default: a
         `MemoryStore`), `host_pages` adds the host backup tier. With `swa`, the sliding
@@ -148,7 +151,10 @@ class System:
         `reset_when_idle` is the linker's (`LinkerConfig`), off here by default: a
         harness sees the quarantine wait for the store's own completions or an explicit
         reset (the store's behaviour, not the linker's resets, drives a fuzzer's search);
-        `simulate` turns it on, as a deployed linker has it."""
+        `simulate` turns it on, as a deployed linker has it. `swa_checkpoint` (K pages;
+        None or 0: off) makes requests also keep the SWA window ending at every K-page
+        checkpoint of their tokens (`tree.swa_checkpoints`)."""
+        interval = check_interval(swa_checkpoint)
         p = page_size
         kv = KVPool(full_pages * p, p, num_layers, width)
         pools = {PoolName.KV: kv}
@@ -185,6 +191,7 @@ class System:
             page_size=p,
             swa=swa,
             window=window,
+            swa_checkpoint=interval if swa else 0,
             allocator=allocator,
             kv=kv,
             swa_kv=swa_kv,
@@ -300,6 +307,35 @@ class System:
             rows = torch.from_numpy(padded)
         pool.write_pages(slots, rows)
 
+    def kept_windows(self, start: int, end: int, limit: int) -> tuple[tuple[int, int], ...]:
+        """The checkpoint windows a request computing ``[start, end)`` keeps below
+        `limit`, its trailing window's start (none with checkpoints off)."""
+        interval = self.swa_checkpoint * self.page_size
+        return checkpoint_windows(start, end, limit, self.window, interval)
+
+    def try_map_swa(
+        self,
+        fresh: torch.Tensor,
+        tokens: Sequence[int],
+        start: int,
+        spans: Sequence[tuple[int, int]],
+    ) -> torch.Tensor | None:
+        """SWA slots for the token `spans` of a request's `fresh` FULL slots (``fresh[i]``
+        holds token ``start + i`` of `tokens`), evicting the SWA shortfall first: mapped
+        from their FULL slots, each span's window KV written (zeros past the tokens).
+        None, nothing allocated, when the SWA pool stays short."""
+        a = self.allocator
+        assert isinstance(a, SWAAllocator)
+        sw = self.try_alloc_swa(sum(b - e for e, b in spans))
+        if sw is None:
+            return None
+        a.set_full_to_swa_mapping(torch.cat([fresh[e - start : b - start] for e, b in spans]), sw)
+        at = 0
+        for e, b in spans:
+            self.write_kv(sw[at : at + b - e], tokens[e:b], e, swa=True)
+            at += b - e
+        return sw
+
     def swa_boundary(self, n: int) -> int:
         """The request's SWA boundary: only the last window keeps SWA."""
         return max(0, n - self.window) if self.swa else 0
@@ -346,15 +382,17 @@ class System:
         key = self.aligned(req.key)
         n, h = len(key), int(prefix.numel())
         bound = self.swa_boundary(n) if swa_boundary is None else swa_boundary
+        kept: tuple[tuple[int, int], ...] = ()
         if n > h:
             fresh = self.alloc(n - h)
             self.write_kv(fresh, key[h:], h)
             live_from = max(h, bound)
-            if self.swa and n > live_from:
-                assert isinstance(self.allocator, SWAAllocator) and self.swa_kv is not None
-                sw = self.alloc_swa(n - live_from)
-                self.allocator.set_full_to_swa_mapping(fresh[live_from - h :], sw)
-                self.write_kv(sw, key[live_from:], live_from, swa=True)
+            if self.swa:
+                kept = self.kept_windows(h, n, live_from)
+            spans = [*kept, (live_from, n)] if n > live_from else list(kept)
+            if self.swa and spans:
+                sw = self.try_map_swa(fresh, key, h, spans)
+                assert sw is not None, "the SWA pool cannot hold the request's windows"
             value = torch.cat([prefix, fresh])
         else:
             value = prefix
@@ -365,6 +403,7 @@ class System:
                 prev_prefix_len=h,
                 swa_evicted_seqlen=bound if self.swa else 0,
                 namespace=req.namespace,
+                swa_kept_ranges=kept,
             )
         )
         assert result.last_device_node is not None

@@ -40,6 +40,8 @@ audit then checks that the store's chains stay whole, until an operation removes
 page from a chain's middle on purpose); ``unrelated``, a `compute u` of a one-page key
 whose first page no request shares, not offloaded (another prefix that takes the slots
 evictions free, so that a prefix evicted and loaded back lands in other slots).
+``swa_checkpoint`` (K pages, 0 off) adds no operation but changes what every compute
+keeps: the SWA window ending at every K-page checkpoint too (`tree.swa_checkpoints`).
 
 States are canonicalised (`canonical`): the tree's shape and keys, each node's
 residency, locks, hash/backup/offload marks, the relative order of its last access,
@@ -209,6 +211,7 @@ class Scope:
     corrupt: bool = False
     store_pages: int = 0
     unrelated: bool = False
+    swa_checkpoint: int = 0
 
     def __attrs_post_init__(self) -> None:
         for name in ("pages", "requests", "page_size", "key_pages", "swa_pages", "window_pages"):
@@ -216,7 +219,7 @@ class Scope:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 msg = f"Scope.{name} must be an int >= 1, got {value!r}"
                 raise ValueError(msg)
-        for name in ("host_pages", "store_pages"):
+        for name in ("host_pages", "store_pages", "swa_checkpoint"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 msg = f"Scope.{name} must be an int >= 0, got {value!r}"
@@ -265,6 +268,7 @@ class Scope:
             faults=FaultPolicy(),
             host_pages=self.host_pages,
             capacity_pages=self.store_pages or None,
+            swa_checkpoint=self.swa_checkpoint,
         )
         if self.store_pages or any(kind in self.faults for kind in _UNTRUSTED):
             s.check_stored = False
@@ -296,11 +300,15 @@ class Scope:
             parts.append(f", store_pages={self.store_pages}")
         if self.unrelated:
             parts.append(", unrelated=True")
+        if self.swa_checkpoint:
+            parts.append(f", swa_checkpoint={self.swa_checkpoint}")
         return "".join(parts)
 
     def describe(self) -> str:
         faults = ",".join(k.value for k in self.faults) or "none"
         kind = f"FULL+SWA (window {self.window_pages} pages)" if self.swa else "FULL only"
+        if self.swa and self.swa_checkpoint:
+            kind += f", SWA checkpoints every {self.swa_checkpoint} pages"
         extra = "".join(
             [
                 ", unpinned matches" if self.unpinned else "",

@@ -45,11 +45,12 @@ contract too: its `TestCase` holds two tests, ``test_in_the_system`` (this machi
 fails whichever machine its author picked. ``walk.fuzz`` drives this machine only.
 
 Class attributes: `page_sizes`, `swa_choices`, `fault_rates`, `store_capacities` (each
-run draws one of each), `fault_kinds` (the kinds injected at the drawn rate; every one
-but `NOT_YET_CONTAINED` by default, `MISBEHAVIOUR`'s at half of it), `host_pages` (0 turns
-the host tier off); `walk_config` names those a walk's reproduction pins. Every
-transition any run takes is counted in the class's `coverage` (a `TransitionCounter`),
-for coverage reports.
+run draws one of each), `swa_checkpoints` (with SWA, each run draws its SWA checkpoint
+interval in pages, `tree.swa_checkpoints`; 0 is off, SGLang 0.5.23's retention),
+`fault_kinds` (the kinds injected at the drawn rate; every one but `NOT_YET_CONTAINED`
+by default, `MISBEHAVIOUR`'s at half of it), `host_pages` (0 turns the host tier off);
+`walk_config` names those a walk's reproduction pins. Every transition any run takes is
+counted in the class's `coverage` (a `TransitionCounter`), for coverage reports.
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ class SystemMachine(RuleBasedStateMachine):
 
     page_sizes: ClassVar[tuple[int, ...]] = (1, 4)
     swa_choices: ClassVar[tuple[bool, ...]] = (False, True)
+    swa_checkpoints: ClassVar[tuple[int, ...]] = (0, 1, 2)
     fault_rates: ClassVar[tuple[float, ...]] = (0.0, 0.1, 0.25)
     host_pages: ClassVar[int] = 12
     store_capacities: ClassVar[tuple[int | None, ...]] = (None, 24, 6)
@@ -206,6 +208,7 @@ class SystemMachine(RuleBasedStateMachine):
     walk_config: ClassVar[tuple[str, ...]] = (
         "page_sizes",
         "swa_choices",
+        "swa_checkpoints",
         "fault_rates",
         "host_pages",
         "store_capacities",
@@ -267,6 +270,7 @@ class SystemMachine(RuleBasedStateMachine):
         rate = choose(data, cls.fault_rates, "fault_rate")
         seed = choose_int(data, 0, 2**16, "seed")
         capacity = choose(data, cls.store_capacities, "capacity_pages")
+        checkpoint = choose(data, cls.swa_checkpoints, "swa_checkpoint") if swa else 0
         rules = (  # misbehaviour (wild and lying kinds: most calls are eligible) is rarer
             {
                 k: FaultRule(probability=rate / 2 if k in MISBEHAVIOUR else rate)
@@ -285,6 +289,7 @@ class SystemMachine(RuleBasedStateMachine):
             host_pages=cls.host_pages,
             capacity_pages=capacity,
             store_factory=(lambda: backend) if backend is not None else None,
+            swa_checkpoint=checkpoint,
         )
         self.s.faulty.policy = self.policy
         # "stored" may be stale (the store drops pages on its own, and nothing LOOKUPs

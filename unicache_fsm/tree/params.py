@@ -4,7 +4,8 @@
   one enum of components and their pools, `unicache_fsm.pools.transfer`).
 - `InsertParams` — what `RadixTree.insert` takes: the key, the caller's FULL slots
   aligned with it, how much of them the caller got from the tree (`prev_prefix_len`),
-  the request's SWA boundary (`swa_evicted_seqlen`), `chunked`, adopted-range tracking.
+  the request's SWA boundary (`swa_evicted_seqlen`) and the SWA it keeps below it
+  (`swa_kept_ranges`: checkpoint windows), `chunked`, adopted-range tracking.
 - `InsertResult` — where the insert ended and which caller slots the tree adopted
   (`adopted_ranges`, kept sorted and disjoint by `record_adopted_range`), plus the
   write-through chain the insert triggered (root first).
@@ -23,7 +24,7 @@ import attrs
 import torch
 
 from unicache_fsm.pools.transfer import ComponentType
-from unicache_fsm.tree.errors import TreeError
+from unicache_fsm.tree.errors import InsertParamsError, TreeError
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
@@ -48,6 +49,19 @@ def as_key(value: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _as_ranges(value: object) -> tuple[tuple[int, int], ...]:
+    """`swa_kept_ranges` as a tuple of ``(start, end)`` int pairs; `InsertParamsError`
+    naming the field for anything else (bounds and alignment are the insert's check)."""
+    try:
+        out = tuple((a, b) for a, b in value)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        out = None
+    if out is None or not all(type(a) is int and type(b) is int for a, b in out):
+        msg = f"swa_kept_ranges must be (start, end) pairs of ints, got {value!r}"
+        raise InsertParamsError(msg, what="swa_kept_ranges", value=-1)
+    return out
+
+
 _as_key = as_key  # the linker's import (kept for it; new code uses `as_key`)
 
 
@@ -57,7 +71,12 @@ class InsertParams:
 
     `prev_prefix_len` leading tokens of `value` came from the tree (the caller's match):
     the insert neither frees nor adopts them. Below `swa_evicted_seqlen` the caller's
-    SWA slots are already freed: those tokens go in as SWA tombstones. `chunked`
+    SWA slots are already freed: those tokens go in as SWA tombstones, except inside
+    `swa_kept_ranges` — absolute token ranges ``(start, end)`` below the boundary,
+    sorted and disjoint, whose SWA slots the caller still holds, mapped from its FULL
+    slots (the windows of `tree.swa_checkpoints`; empty, 0.5.23's behaviour, by
+    default): a node the insert creates or unevicts there is split at their edges and
+    keeps them live. `chunked`
     inserts (chunked prefill, loads) neither count hits nor trigger write-through.
     `namespace` is the request's namespace seed (`hashing.namespace_seed`), which
     separates tenants in the tree and seeds its page hashes.
@@ -70,6 +89,7 @@ class InsertParams:
     chunked: bool = False
     track_adopted_ranges: bool = False
     namespace: str | None = None
+    swa_kept_ranges: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_as_ranges)
 
     def positions(self) -> tuple[tuple[str, int], ...]:
         """The token positions inside the key this insert names, by field name (each

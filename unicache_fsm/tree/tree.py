@@ -84,6 +84,23 @@ T = ResidencyTrigger
 ANCESTOR_STEP = 1e-5
 
 
+def _check_kept(ranges: Sequence[tuple[int, int]], bound: int, p: int) -> None:
+    """`InsertParams.swa_kept_ranges`: whole pages, non-empty, sorted, disjoint, inside
+    ``[0, swa_evicted_seqlen]`` (`InsertParamsError` / `UnalignedKeyError` naming one)."""
+    last = 0
+    for a, b in ranges:
+        if not last <= a < b <= bound:
+            msg = (
+                f"swa_kept_ranges has ({a}, {b}): each range must be non-empty, after the "
+                f"one before it (which ends at {last}) and end by swa_evicted_seqlen {bound}"
+            )
+            raise InsertParamsError(msg, what="swa_kept_ranges", value=a)
+        for v in (a, b):
+            if v % p:
+                check_aligned("swa_kept_ranges", v, p)
+        last = b
+
+
 @attrs.frozen
 class TreeConfig:
     """How a tree behaves.
@@ -283,6 +300,8 @@ class RadixTree(HostTier, Offloads):
                     raise InsertParamsError(msg, what=what, value=v)
                 if v % p:
                     check_aligned(what, v, p)
+        if params.swa_kept_ranges:
+            _check_kept(params.swa_kept_ranges, swa, p)
         # the slots the tree may take must be the caller's: whole, allocated pages
         tail_pages = None
         if self.config.check_slots:  # checked once; the components reuse the page ids

@@ -19,7 +19,9 @@ Tree hooks:
 
 - `adopt` — a node that took caller FULL slots gets SWA live at or above the
   request's boundary (`swa_evicted_seqlen`), splitting there; below it the node
-  stays a tombstone (any caller SWA still mapped there is freed). A *new leaf* whose
+  stays a tombstone (any caller SWA still mapped there is freed), except inside the
+  insert's `swa_kept_ranges` (SWA checkpoint windows, `tree.swa_checkpoints`): split at
+  their edges, those go live with the caller's mapped SWA. A *new leaf* whose
   live part is longer than one window is split again, into an older part and the
   last window, so that a lock pins one window of SWA. Live parts join the LRU list
   oldest first.
@@ -75,9 +77,9 @@ from unicache_fsm.tree.components.base import (
     TreeComponent,
     select_adopted_pages,
 )
-from unicache_fsm.tree.errors import TreeConfigError, TreeError
+from unicache_fsm.tree.errors import InsertParamsError, TreeConfigError, TreeError
 from unicache_fsm.tree.lru import LRUList
-from unicache_fsm.tree.params import EvictParams
+from unicache_fsm.tree.params import EvictParams, InsertParams
 from unicache_fsm.tree.residency import ResidencyTrigger, configs_where
 
 if TYPE_CHECKING:
@@ -187,11 +189,36 @@ class SwaComponent(TreeComponent):
         return int(swa.numel())
 
     # -- insert ---------------------------------------------------------------------------
+    def check_insert(self, params: InsertParams, tail_pages: Sequence[int] | None = None) -> None:
+        """The caller must hold the SWA it says it keeps: every FULL slot of a kept range
+        past `prev_prefix_len` (where the tree may take it) maps to an SWA slot."""
+        prev = params.prev_prefix_len
+        for a, b in params.swa_kept_ranges:
+            if b > prev and not bool(
+                self.allocator.translate(params.value[max(a, prev) : b]).all()
+            ):
+                msg = (
+                    f"swa_kept_ranges has ({a}, {b}) but the insert value's FULL slots there "
+                    "map to no SWA slot; map them (set_full_to_swa_mapping) or leave the "
+                    "range out"
+                )
+                raise InsertParamsError(msg, what="swa_kept_ranges", value=a)
+
     def adopt(self, node: TreeNode, ctx: InsertContext, *, new_leaf: bool) -> TreeNode:
         """Caller SWA slots still mapped below the boundary are freed here, so a
         tombstone never keeps a mapping (the contract leaves that case open)."""
-        bound = ctx.params.swa_evicted_seqlen
+        params = ctx.params
+        bound = params.swa_evicted_seqlen
         alloc = self.allocator
+        kept = [
+            (max(a, node.start), min(b, node.end))
+            for a, b in params.swa_kept_ranges
+            if a < node.end and b > node.start
+        ]
+        if kept:  # checkpoint windows below the boundary: their own live nodes
+            node = self._adopt_kept(node, kept, ctx)
+            if _live(node):  # the last window ended the node
+                return node
         if bound >= node.end:
             alloc.free_mapped_swa(node.data[FULL])
             return node
@@ -204,6 +231,26 @@ class SwaComponent(TreeComponent):
             self._go_live(older, alloc.translate(older.data[FULL]))  # older first: less recent
         self._go_live(node, alloc.translate(node.data[FULL]))
         ctx.result.record_adopted_range(SWA, live_start, node.end)
+        return node
+
+    def _adopt_kept(
+        self, node: TreeNode, kept: Sequence[tuple[int, int]], ctx: InsertContext
+    ) -> TreeNode:
+        """Split off, oldest first, each stretch of `node` up to the end of the last
+        kept range inside it: the kept ranges go live (the caller's mapped SWA), the
+        stretches between them stay tombstones (their mapped SWA freed). Returns the
+        rest of `node` (what `adopt` goes on with, at the last range's end), or `node`
+        itself, live, when the last range ends it."""
+        alloc, split = self.allocator, self.tree.split
+        for a, b in kept:
+            if a > node.start:
+                gap = split(node, a - node.start)
+                alloc.free_mapped_swa(gap.data[FULL])
+            piece = split(node, b - node.start) if b < node.end else node
+            self._go_live(piece, alloc.translate(piece.data[FULL]))
+            ctx.result.record_adopted_range(SWA, a, b)
+            if piece is node:
+                break
         return node
 
     def overlap(self, node: TreeNode, ctx: InsertContext) -> TreeNode:
