@@ -13,8 +13,9 @@ the contracts) except moving bytes. A backend subclasses it and provides the
   slots (outside the lock), then `finish_load_batch(batch, ok)` under the lock. It
   must complete the batch whatever happens (catch, keep the exception in
   `last_error`, finish it failed). Bytes in transit stay within `staging_bytes`
-  (`unicache_fsm.store.staging`); a batch staged whole is written with
-  `write_layers(batch, parts)`, which reports per-layer progress.
+  (`unicache_fsm.store.staging`): `write_staged(batch, staged, fill)` stages,
+  verifies (through the backend's `fill`) and writes a batch, layer-major when it fits
+  (`write_layers`, which reports per-layer progress), else chunk by chunk.
 - `backend_offload(record)` — `plan_new_pages` + `make_room` under the lock, write the
   pages outside it, then insert them into the books and `finish_offload(record, ok)`
   under the lock; it too must complete whatever happens.
@@ -60,7 +61,7 @@ from __future__ import annotations
 import collections
 import operator
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import filterfalse, repeat
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -97,7 +98,9 @@ from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 from unicache_fsm.store.staging import (
     DEFAULT_STAGING_BYTES,
     StagedTransfer,
+    as_pages,
     check_staging_bytes,
+    chunks,
     write_layer_major,
 )
 
@@ -806,6 +809,40 @@ class BaseStore(Generic[E]):
             grown = min(max(nbytes, 2 * self._staging.numel()), max(nbytes, self.staging_bytes))
             self._staging = torch.empty(grown, dtype=torch.uint8)
         return self._staging[:nbytes]
+
+    def write_staged(
+        self,
+        batch: LoadBatch,
+        staged: Sequence[tuple[CheckedTransfer, PageDevice]],
+        fill: Callable[[CheckedTransfer, PageDevice, range, torch.Tensor], bool],
+    ) -> bool:
+        """Load `staged` transfers of `batch` through host staging, within
+        `staging_bytes`: ``fill(ct, device, pages, buf)`` reads and verifies pages
+        `pages` (a range of the transfer's keys) into `buf` (``[len(pages),
+        page_nbytes]`` uint8) and answers whether every one checked out. When the whole
+        batch fits the budget, every transfer is filled (all verified, none stops the
+        others) and, only if all checked out, written layer-major (`write_layers`);
+        otherwise each chunk is filled and written with every layer before the next,
+        stopping at the first that fails. True when everything was written."""
+        total = sum(len(ct.keys) * device.page_nbytes for ct, device in staged)
+        if total <= self.staging_bytes:
+            flat, at, ok, parts = self.staging(total), 0, True, []
+            for ct, device in staged:
+                size = len(ct.keys) * device.page_nbytes
+                buf = flat[at : at + size].view(len(ct.keys), device.page_nbytes)
+                at += size
+                ok = fill(ct, device, range(len(ct.keys)), buf) and ok
+                parts.append(StagedTransfer(ct.pool, device, ct.pages, as_pages(buf, device)))
+            if ok:
+                self.write_layers(batch, parts)
+            return ok
+        for ct, device in staged:
+            for piece in chunks(len(ct.keys), device.page_nbytes, self.staging_bytes):
+                buf = self.staging(len(piece) * device.page_nbytes).view(len(piece), -1)
+                if not fill(ct, device, piece, buf):
+                    return False
+                device.write_page_ids(ct.pages[piece.start : piece.stop], as_pages(buf, device))
+        return True
 
     def write_layers(self, batch: LoadBatch, parts: Sequence[StagedTransfer]) -> None:
         """Write a batch's verified, staged transfers layer-major (outside the lock),

@@ -62,8 +62,6 @@ from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadT
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 from unicache_fsm.store.staging import (
     DEFAULT_STAGING_BYTES,
-    StagedTransfer,
-    as_pages,
     chunks,
     read_staged,
 )
@@ -415,30 +413,18 @@ class MemoryStore(BaseStore["_Entry"]):
             bad = [i for i, (g, e) in enumerate(zip(got, held, strict=True)) if g != e.checksum]
             rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
             ok = ok and not bad
-        total = sum(len(held) * slab.page_nbytes for _, held, slab, _ in staged)
-        if ok and total <= self.staging_bytes:
-            flat, at, parts = self.staging(total), 0, []
-            for ct, held, slab, pool in staged:
-                size = len(held) * slab.page_nbytes
-                buf = flat[at : at + size].view(len(held), slab.page_nbytes)
-                at += size
-                bad = _stage(buf, held, slab)
-                rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
-                ok = ok and not bad
-                parts.append(StagedTransfer(ct.pool, pool, ct.pages, as_pages(buf, pool)))
-            if ok:
-                self.write_layers(batch, parts)
-            return ok
-        for ct, held, slab, pool in staged if ok else ():
-            for piece in chunks(len(held), slab.page_nbytes, self.staging_bytes):
-                some = held[piece.start : piece.stop]
-                buf = self.staging(len(some) * slab.page_nbytes).view(len(some), slab.page_nbytes)
-                bad = _stage(buf, some, slab)
-                if bad:
-                    rejected += [((ct.pool, ct.keys[piece[i]]), some[i]) for i in bad]
-                    return False
-                pool.write_page_ids(ct.pages[piece.start : piece.stop], as_pages(buf, pool))
-        return ok
+        if not ok:
+            return False
+        found = {id(ct): (held, slab) for ct, held, slab, _ in staged}
+
+        def fill(ct: CheckedTransfer, _: PageDevice, pages: range, buf: torch.Tensor) -> bool:
+            held, slab = found[id(ct)]
+            some = held[pages.start : pages.stop]
+            bad = _stage(buf, some, slab)
+            rejected.extend(((ct.pool, ct.keys[pages[i]]), some[i]) for i in bad)
+            return not bad
+
+        return self.write_staged(batch, [(ct, pool) for ct, _, _, pool in staged], fill)
 
     def _drop_rejected(self, ident: _Ident, entry: _Entry) -> None:
         """A page failed its verification: drop it and the chain stored after it (its

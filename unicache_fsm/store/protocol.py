@@ -27,7 +27,8 @@ Primitives, in the order a caller uses them (one line each, with the contract):
   monotonic; every pool's `num_layers` once the batch completed successfully; a failed
   batch never reports a layer it did not write. A batch staged whole is written
   layer-major (every page verified first, then layer 0 of every transfer, then layer
-  1, ...), so the count rises layer by layer; a batch larger than the staging budget
+  1, ...), so the count rises layer by layer (a device the host views in place takes
+  every layer of a transfer in one write); a batch larger than the staging budget
   is written chunk by chunk and jumps to full at its successful completion. The store
   answers for a batch until its result is popped and for at least the last batch
   popped (a `BaseStore`: its last `history`); a batch the store never started (or has

@@ -61,7 +61,7 @@ from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
-from unicache_fsm.store.staging import StagedTransfer, as_pages, chunks, read_staged
+from unicache_fsm.store.staging import chunks, read_staged
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
 
@@ -313,11 +313,11 @@ class SharedStore(BaseStore[KnownPage]):
         missing: list[Ident],
         corrupt: list[Ident],
     ) -> bool:
-        """Read, check and write a batch; False at the first missing or bad page (then
-        nothing was written outside the batch's own reserved slots). Large pages of a
-        device the host views in place are read straight into their slots; the others
-        are staged: the whole batch when it fits `staging_bytes` (all checked, then
-        written layer-major), else chunk by chunk (each checked, then written whole)."""
+        """Read, check and write a batch; False when a page was missing or bad (nothing
+        was written outside the batch's own reserved slots). Large pages of a device
+        the host views in place are read straight into their slots; the others go
+        through `write_staged`: the whole batch when it fits `staging_bytes` (all read
+        and checked, then written layer-major), else chunk by chunk."""
         staged: list[tuple[CheckedTransfer, PageDevice]] = []
         for ct, pool in plan:
             if not ct.keys:
@@ -327,28 +327,13 @@ class SharedStore(BaseStore[KnownPage]):
                 staged.append((ct, pool))
             elif not self._read_checked(ct.pool, ct.keys, views, pool, missing, corrupt):
                 return False
-        total = sum(len(ct.keys) * pool.page_nbytes for ct, pool in staged)
-        if total <= self.staging_bytes:
-            flat, at, parts = self.staging(total), 0, []
-            for ct, pool in staged:
-                size = len(ct.keys) * pool.page_nbytes
-                buf = flat[at : at + size].view(len(ct.keys), pool.page_nbytes)
-                at += size
-                rows = [row.data for row in buf.numpy()]
-                if not self._read_checked(ct.pool, ct.keys, rows, pool, missing, corrupt):
-                    return False
-                parts.append(StagedTransfer(ct.pool, pool, ct.pages, as_pages(buf, pool)))
-            self.write_layers(batch, parts)
-            return True
-        for ct, pool in staged:
-            for piece in chunks(len(ct.keys), pool.page_nbytes, self.staging_bytes):
-                keys = ct.keys[piece.start : piece.stop]
-                buf = self.staging(len(keys) * pool.page_nbytes).view(len(keys), -1)
-                rows = [row.data for row in buf.numpy()]
-                if not self._read_checked(ct.pool, keys, rows, pool, missing, corrupt):
-                    return False
-                pool.write_page_ids(ct.pages[piece.start : piece.stop], as_pages(buf, pool))
-        return True
+
+        def fill(ct: CheckedTransfer, pool: PageDevice, pages: range, buf: torch.Tensor) -> bool:
+            rows = [row.data for row in buf.numpy()]
+            keys = ct.keys[pages.start : pages.stop]
+            return self._read_checked(ct.pool, keys, rows, pool, missing, corrupt)
+
+        return self.write_staged(batch, staged, fill)
 
     def _read_checked(
         self,
