@@ -212,6 +212,7 @@ def test_testing_kit_namespace_is_locked() -> None:
         "SystemMachine",
         "check_linker",
         "check_rank_agreement",
+        "check_store",
         "fault_policies",
         "keys_with_shared_prefixes",
         "load_profile",
