@@ -1,0 +1,168 @@
+"""Review of issue 33 (rev33): the launch JSON through SGLang 0.5.23's own
+`UnifiedCacheLinkerConfig.from_dict` and `create_unified_cache_linker`, attacked where
+a serving engineer's configuration or model differs from the tests' defaults.
+
+Each test names the defect it found in a one-line comment.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+from sglang.srt.mem_cache.unified_cache.linker_config import UnifiedCacheLinkerConfig
+from sglang.srt.mem_cache.unified_cache.linker_factory import create_unified_cache_linker
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+import sglang_linker.engine  # noqa: F401  (SGLang's logging quieted, as every test here)
+from unicache_fsm.integrations.errors import LinkerConfigError
+
+MODULE = "unicache_fsm.integrations.sglang"
+PAGE, TOKENS = 4, 64
+
+
+def _store_linker(**extra: Any) -> dict[str, Any]:
+    return {"linker": "StoreLinker", "linker_module_path": MODULE, "linker_extra_config": extra}
+
+
+def _monitor(wrap: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    extra = {"wrap": wrap, **extra}
+    return {"linker": "ContractMonitor", "linker_module_path": MODULE, "linker_extra_config": extra}
+
+
+def _mha(dtype: torch.dtype) -> MHATokenToKVPool:
+    return MHATokenToKVPool(
+        size=TOKENS,
+        page_size=PAGE,
+        dtype=dtype,
+        head_num=2,
+        head_dim=4,
+        layer_num=2,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+
+
+def _mla() -> MLATokenToKVPool:
+    return MLATokenToKVPool(
+        size=TOKENS,
+        page_size=PAGE,
+        dtype=torch.bfloat16,
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        layer_num=2,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+
+
+def launch(config: dict[str, Any], kv: Any, components: set[Any] | None = None) -> Any:
+    """The linker a worker launched with backend ``dynamic`` and `config` builds over
+    the KV pool `kv` (Full only unless `components` says otherwise)."""
+    components = components or {ComponentType.FULL}
+    args = ServerArgs(
+        model_path="dummy",
+        page_size=PAGE,
+        enable_unified_cache_external_linker=True,
+        unified_cache_external_linker_backend="dynamic",
+        unified_cache_external_linker_config=config,
+    )
+    set_global_server_args_for_scheduler(args)
+    allocator = PagedTokenToKVPoolAllocator(
+        size=TOKENS, page_size=PAGE, dtype=kv.dtype, device="cpu", kvcache=kv, need_sort=False
+    )
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=ReqToTokenPool(
+            size=4, max_context_len=256, device="cpu", enable_memory_saver=False
+        ),
+        token_to_kv_pool_allocator=allocator,
+        page_size=PAGE,
+        tree_components=tuple(sorted(components, key=int)),
+        tree_core_backend="python",
+    )
+    UnifiedCacheLinkerConfig.from_dict(config)  # what SGLang's argument check runs
+    return create_unified_cache_linker(
+        args,
+        params,
+        backend="dynamic",
+        config=config,
+        components=components,
+        forward_stream=None,
+    )
+
+
+def _threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def test_rev33_fp8_e4m3_and_e5m2_caches_never_share_a_namespace(tmp_path: Path) -> None:
+    # defect: SGLang stores every fp8 KV cache as uint8, so the identity's dtype (read
+    # from the buffers) is "torch.uint8" for both fp8 formats: same digest, shared pages
+    config = _store_linker(store=f"file:{tmp_path / 'kv'}", namespace="team")
+    one = launch(config, _mha(torch.float8_e4m3fn))
+    two = launch(config, _mha(torch.float8_e5m2))
+    try:
+        assert one.namespace != two.namespace
+    finally:
+        one.close()
+        two.close()
+
+
+def test_rev33_an_mla_pool_is_one_typed_line_naming_the_pool() -> None:
+    # defect: the identity reads k_buffer / v_buffer before the pool is checked, so an
+    # MLA model (DeepSeek's pool has kv_buffer only) stops the worker with AttributeError
+    with pytest.raises(LinkerConfigError) as info:
+        launch(_store_linker(), _mla())
+    assert info.value.argument == "pools"
+    assert "MLATokenToKVPool" in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("where", ["missing_dir", "a_directory"])
+def test_rev33_a_trace_path_that_cannot_be_opened_is_one_typed_line(
+    tmp_path: Path, where: str
+) -> None:
+    # defect: `trace` is opened unchecked: a missing folder or a directory stops the
+    # worker with a bare FileNotFoundError / IsADirectoryError, not a LinkerConfigError
+    trace = tmp_path / "no" / "such" / "t.jsonl" if where == "missing_dir" else tmp_path
+    before = _threads()
+    config = _store_linker(store=f"file:{tmp_path / 'kv'}", trace=str(trace))
+    with pytest.raises(LinkerConfigError) as info:
+        launch(config, _mha(torch.bfloat16))
+    assert info.value.argument == "linker_extra_config.trace"
+    assert len(str(info.value).splitlines()) == 1
+    assert _threads() <= before  # the store it opened was closed (no worker thread left)
+
+
+def test_rev33_a_monitor_trace_that_cannot_be_opened_closes_the_wrapped_linker(
+    tmp_path: Path,
+) -> None:
+    # defect: ContractMonitor builds the wrapped linker, then opens its trace: a missing
+    # folder raises a bare FileNotFoundError and leaves the wrapped linker's store open
+    wrap = _store_linker(store=f"file:{tmp_path / 'kv'}")
+    before = _threads()
+    with pytest.raises(LinkerConfigError) as info:
+        launch(
+            _monitor(wrap, mode="record", trace=str(tmp_path / "no" / "t.jsonl")),
+            _mha(torch.bfloat16),
+        )
+    assert info.value.argument == "linker_extra_config.trace"
+    assert len(str(info.value).splitlines()) == 1
+    assert _threads() <= before  # the wrapped StoreLinker's store worker was closed
+
+
+def test_rev33_a_component_it_cannot_serve_is_refused_at_start() -> None:
+    # defect: SGLang 0.5.23's wrapper sends a transfer for every tree component (Mamba
+    # included, no skip as for SWA); StoreLinker accepts a MAMBA component at start and
+    # then raises LinkerConfigError from the first lookup, killing the worker mid-serving
+    config = _store_linker()
+    with pytest.raises(LinkerConfigError) as info:
+        launch(config, _mha(torch.bfloat16), components={ComponentType.FULL, ComponentType.MAMBA})
+    assert "MAMBA" in str(info.value) and len(str(info.value).splitlines()) == 1
