@@ -7,7 +7,7 @@ Each test names the defect it found in a one-line comment.
 
 from __future__ import annotations
 
-import threading
+import os
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +99,8 @@ def launch(config: dict[str, Any], kv: Any, components: set[Any] | None = None) 
     )
 
 
-def _threads() -> set[int]:
-    return {t.ident for t in threading.enumerate() if t.ident is not None}
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def test_rev33_fp8_e4m3_and_e5m2_caches_never_share_a_namespace(tmp_path: Path) -> None:
@@ -132,13 +132,13 @@ def test_rev33_a_trace_path_that_cannot_be_opened_is_one_typed_line(
     # defect: `trace` is opened unchecked: a missing folder or a directory stops the
     # worker with a bare FileNotFoundError / IsADirectoryError, not a LinkerConfigError
     trace = tmp_path / "no" / "such" / "t.jsonl" if where == "missing_dir" else tmp_path
-    before = _threads()
+    before = _open_fds()
     config = _store_linker(store=f"file:{tmp_path / 'kv'}", trace=str(trace))
     with pytest.raises(LinkerConfigError) as info:
         launch(config, _mha(torch.bfloat16))
     assert info.value.argument == "linker_extra_config.trace"
     assert len(str(info.value).splitlines()) == 1
-    assert _threads() <= before  # the store it opened was closed (no worker thread left)
+    assert _open_fds() <= before  # the store it opened was closed (its lock file too)
 
 
 def test_rev33_a_monitor_trace_that_cannot_be_opened_closes_the_wrapped_linker(
@@ -147,7 +147,7 @@ def test_rev33_a_monitor_trace_that_cannot_be_opened_closes_the_wrapped_linker(
     # defect: ContractMonitor builds the wrapped linker, then opens its trace: a missing
     # folder raises a bare FileNotFoundError and leaves the wrapped linker's store open
     wrap = _store_linker(store=f"file:{tmp_path / 'kv'}")
-    before = _threads()
+    before = _open_fds()
     with pytest.raises(LinkerConfigError) as info:
         launch(
             _monitor(wrap, mode="record", trace=str(tmp_path / "no" / "t.jsonl")),
@@ -155,7 +155,7 @@ def test_rev33_a_monitor_trace_that_cannot_be_opened_closes_the_wrapped_linker(
         )
     assert info.value.argument == "linker_extra_config.trace"
     assert len(str(info.value).splitlines()) == 1
-    assert _threads() <= before  # the wrapped StoreLinker's store worker was closed
+    assert _open_fds() <= before  # the wrapped StoreLinker's store was closed
 
 
 def test_rev33_a_component_it_cannot_serve_is_refused_at_start() -> None:
