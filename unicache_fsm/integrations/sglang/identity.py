@@ -10,7 +10,8 @@ everything that decides what a page's bytes mean:
 - the model: path and revision (SGLang's resolved model config, ``get_model()``, as its
   own linkers read it; the server args where it is not published);
 - the page size;
-- the dtype, and every layer's K and V shape, pool by pool (``KV``; ``SWA`` for the SWA
+- the dtype (the buffers' and the pool's own: SGLang keeps every fp8 format in uint8
+  buffers), and every layer's K and V shape, pool by pool (``KV``; ``SWA`` for the SWA
   half of an `SWAKVPool`);
 - the component set (``FULL``, ``SWA``, ...);
 - the rank: tensor-parallel rank in the cache's group, pipeline and attention
@@ -91,6 +92,10 @@ class ModelIdentity:
                 for k, v in zip(kv.k_buffer, kv.v_buffer, strict=True)
             )
             dtypes |= {str(b.dtype) for b in [*kv.k_buffer, *kv.v_buffer]}
+            # the pool's own dtype too: SGLang stores every fp8 format as uint8 buffers
+            logical = getattr(kv, "dtype", None)
+            if logical is not None:
+                dtypes.add(str(logical))
             layers.append((str(getattr(name, "value", name)), shapes))
         ranks = (
             ("tp", _tp_rank(params)),

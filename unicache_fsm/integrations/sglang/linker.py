@@ -147,9 +147,15 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         settings = StoreLinkerSettings.parse(extra_config)
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()
         names = {str(getattr(c, "name", c)) for c in components}
+        unserved = sorted(names - {"FULL", "SWA"})
+        if unserved:  # SGLang would send their transfers to every call
+            msg = f"components {unserved}: StoreLinker serves FULL and SWA only"
+            raise LinkerConfigError(msg, argument="components", value=unserved)
         pools: dict[Any, object] = {SglangPoolName.KV: kvcache}
         if "SWA" in names and hasattr(kvcache, "swa_kv_pool"):
             pools[SglangPoolName.SWA] = kvcache
+        for name, kv in halves(pools).items():  # a pool it cannot serve: refused first
+            LayerBuffers(name, kv)
         identity = ModelIdentity.of(server_args, params, components, halves(pools))
         self.identity: ModelIdentity | None = identity
         namespace = identity.namespace(settings.namespace)
@@ -231,7 +237,13 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.layer_done_counter = LayerCounter(_layer_map(kvcache, self.buffers), self._advance)
         self.counter = TransitionCounter()
         trace = settings.trace
-        self.trace = TraceRecorder(trace) if trace is not None else None
+        try:
+            self.trace = TraceRecorder(trace) if trace is not None else None
+        except OSError as exc:
+            msg = f"linker_extra_config.trace {trace!r} cannot be written: {exc.strerror or exc}"
+            raise LinkerConfigError(
+                msg, argument="linker_extra_config.trace", value=trace
+            ) from None
         # a failing trace write (a full disk) stops the trace, never the linker call
         self._guard = GuardedTrace(self.trace, "StoreLinker") if self.trace is not None else None
         self._observers: list[Observer] = [self.counter]

@@ -51,7 +51,7 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCache
 
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.integrations.errors import LinkerConfigError
-from unicache_fsm.integrations.protocol import ProtocolMonitor
+from unicache_fsm.integrations.protocol import MonitorConfigError, ProtocolMonitor
 from unicache_fsm.integrations.sglang.buffers import halves
 from unicache_fsm.integrations.sglang.interface import problems
 from unicache_fsm.integrations.sglang.settings import MonitorSettings
@@ -146,7 +146,18 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
         if missing:
             msg = f"linker_extra_config.wrap: {where} built without {', '.join(missing)}"
             raise LinkerConfigError(msg, argument="linker_extra_config.wrap", value=where)
-        self._setup(linker, settings.mode, settings.trace, settings.summary_every_s)
+        try:
+            self._setup(linker, settings.mode, settings.trace, settings.summary_every_s)
+        except (OSError, MonitorConfigError) as exc:  # a trace it cannot write
+            try:
+                linker.close()  # nothing left open
+            except Exception:
+                logger.exception("ContractMonitor: closing the wrapped linker failed")
+            trace = settings.trace
+            msg = f"linker_extra_config.trace {trace!r} cannot be written: {exc}".splitlines()[0]
+            raise LinkerConfigError(
+                msg, argument="linker_extra_config.trace", value=trace
+            ) from None
 
     @classmethod
     def around(
