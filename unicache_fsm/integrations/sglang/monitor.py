@@ -220,7 +220,7 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
     def counts(self) -> dict[str, int]:
         """What the operator's log line holds (module docstring)."""
         out = dict(self._counts)
-        out["violations"] = len(self.monitor.violations)
+        out["violations"] = self.monitor.violation_count
         return out
 
     def summary(self) -> str:
