@@ -105,7 +105,7 @@ def run(quick: bool) -> int:
     for buf in [*kv.k_buffer, *kv.v_buffer]:
         buf.copy_(torch.randn(buf.shape, generator=gen).to(torch.bfloat16))
     store = MemoryStore(staging_bytes=staging)
-    linker = StoreLinker.from_store(store, {PoolName.KV: kv}, staging_bytes=staging)
+    linker = StoreLinker.from_store(store, {PoolName.KV: kv})
     buffers = [*kv.k_buffer, *kv.v_buffer]
     pool_bytes = sum(t.nbytes for t in buffers)
 

@@ -190,7 +190,9 @@ PLANTED = {
     "pages_land_in_the_wrong_slots": (
         _pages_land_in_the_wrong_slots,
         MemoryStoreMachine,
-        r"reported success, but load 'load-\d+' \w+ page \d+ .* holds the bytes of page \d+",
+        r"reported success, but load 'load-\d+' \w+ page \d+ .* holds the bytes of page \d+"
+        r"|loaded_layers\(\d+\) reports \d+ \w+ layer\(s\) landed, but load 'load-\d+' "
+        r"page \d+ .* holds other bytes",
     ),
     "batch_results_lost": (
         _odd_batch_results_lost,

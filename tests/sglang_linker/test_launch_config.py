@@ -43,6 +43,7 @@ def _free_port() -> int:
         ({"load_timeout_s": 0}, "linker_extra_config.load_timeout_s", "seconds"),
         ({"capacity_pages": 0}, "linker_extra_config.capacity_pages", "an integer"),
         ({"trace": ""}, "linker_extra_config.trace", "non-empty string"),
+        ({"trace": "/"}, "linker_extra_config.trace", "cannot write it"),
     ],
 )
 def test_a_bad_key_is_one_line_naming_it(extra: dict[str, Any], argument: str, says: str) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import torch
 
 from sglang_linker.engine import Engine
 from unicache_fsm.integrations.sglang.counter import LayerCounter
@@ -122,3 +123,26 @@ def test_a_layer_no_pool_holds_lands_at_once(layers: list[Any]) -> None:
     index = counter.update_producer()
     counter.land(index, {})
     assert counter.futures[index][0].done() is (layers[0] is None)
+
+
+@pytest.mark.parametrize("swa_window", [None, 8])
+def test_a_store_with_a_worker_lands_every_layer_before_the_forward_reads_it(
+    swa_window: int | None,
+) -> None:
+    """A store whose worker writes the batch on its own thread, layer by layer, while
+    the forward waits on each layer in turn: every layer the forward reads holds the
+    offloaded bytes."""
+    engine = Engine(MemoryStore(background=True), swa_window=swa_window, monitored=False)
+    full, swa = engine.compute(TOKENS)
+    engine.settle_offloads()
+    engine.evict_all()
+    loaded = engine.load([*TOKENS, 5], "r1")
+    assert (loaded.loaded, loaded.failed) == (16, ())
+    mapping = getattr(engine.kvcache, "layers_mapping", None)
+    for layer, (k, v) in loaded.layers_read.items():
+        local, is_swa = mapping[layer] if mapping is not None else (layer, False)
+        want = swa if is_swa else full
+        assert want is not None
+        cut = slice(-engine.window, None) if is_swa else slice(None)
+        assert torch.equal(k[cut], want.k[local][cut]) and torch.equal(v[cut], want.v[local][cut])
+    engine.close()

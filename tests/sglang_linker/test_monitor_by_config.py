@@ -99,6 +99,10 @@ def test_raise_mode_stops_the_call_before_the_wrapped_linker(tmp_path: Path) -> 
             "offload(transfers, session_id=...) fails",
         ),
         ({"backend": "lmcache"}, "one of mooncake, mori"),
+        (
+            {"linker": "DirLinker", "linker_module_path": DIRLINKER},  # no "root"
+            "building sglang_linker.thirdparty.dirlinker.DirLinker raised KeyError",
+        ),
     ],
 )
 def test_a_wrapped_linker_that_cannot_run_is_one_line(wrap: Any, says: str) -> None:

@@ -119,16 +119,20 @@ def test_cancel_a_queued_load_then_reset(engine: Engine) -> None:
     req, result = engine.match(TOKENS, "r1")
     loaded, slots = engine.load_back(req, result)
     assert loaded == 16 and slots is not None
+    assert engine.store_linker.open_pages()["write"] > 0  # open to the store
     engine.cache.linker.release_request("r1")  # the request was aborted before its batch
     assert "r1" not in engine.cache.linker.inflight_load_rids
+    assert engine.store_linker.open_pages()["write"] == 0  # closed to the store
     engine.free(slots)
     counts = engine.monitor.monitor.counter.counts
     assert counts[("sglang_load", "queued", "cancel", "cancelled")] == 1
 
     engine.compute(list(range(100, 116)))  # an offload in flight across the reset
+    assert engine.store_linker.open_pages()["read"] > 0  # the offload's slots
     engine.cache.reset()
     assert engine.pending_offloads() == 0
     assert engine.store_linker.in_flight() == {"loads": 0, "batches": 0, "verdicts": 0}
+    assert engine.store_linker.open_pages() == {"read": 0, "write": 0}
     assert counts[("sglang_linker", "open", "reset", "open")] == 1
 
 

@@ -6,8 +6,11 @@
 - `VllmUnavailableError` — ``unicache_fsm.integrations.vllm`` was imported where vLLM
   0.33.0 cannot be imported (not installed, another version, or its import failed); the
   message says which and what to do. An `ImportError` too.
-- `LinkerConfigError` — a `StoreLinker` was given pools it cannot serve (an unknown pool
-  name, a KV layout that is not token-major); `argument` and `value` name the culprit.
+- `LinkerConfigError` — a `StoreLinker` or `ContractMonitor` cannot be built as asked:
+  a ``linker_extra_config`` key that is unknown, of the wrong type or out of range, a
+  store that cannot be opened or reached, a wrapped linker that cannot run under SGLang
+  0.5.23, pools it cannot serve (an unknown pool name, a KV layout that is not
+  token-major); `argument` and `value` name the culprit, the message is one line.
 - `UnknownBatchError` — `finish_layer_wise_loading` got an index that no
   `start_layer_wise_loading` returned (or one already finished); nothing changed.
 """

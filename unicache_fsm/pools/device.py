@@ -116,12 +116,21 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _has(obj: object, member: str) -> bool:
+    """Whether `obj` has `member` (a property that raises counts as missing)."""
+    try:
+        getattr(obj, member)
+    except Exception:
+        return False
+    return True
+
+
 def check_page_device(obj: object, what: str) -> PageDevice:
     """`obj` as a `PageDevice`, else `PageDeviceError` naming `what` and every missing
     member, or the fact that does not add up (counts that are not ints >= 1, a dtype or
     device of the wrong type, a layout of another page size, `page_nbytes` other than
     ``P * num_layers * width * itemsize``)."""
-    missing = [m for m in PAGE_DEVICE_MEMBERS if not hasattr(obj, m)]
+    missing = [m for m in PAGE_DEVICE_MEMBERS if not _has(obj, m)]
     if missing:
         msg = (
             f"{what}: {type(obj).__name__} is not a page device; it lacks "

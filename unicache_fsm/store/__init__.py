@@ -3,7 +3,8 @@ Redis), the store-side machines, the LOOKUP rules, and a fault-injection wrapper
 
 One concept per module, each listing its primitives and their contracts:
 `protocol` (`ExternalStore`, `LoadBatchResult`), `lookup` (restorable-prefix rules),
-`requests` (attached pools, request validation), `jobs` (store-side load/offload
+`requests` (attached page devices, request validation), `staging` (bounded host
+staging, layer-major writes), `jobs` (store-side load/offload
 records and their machines), `base` (`BaseStore`: queues, completions, worker, chain
 books shared by every backend), `memory` (`MemoryStore`), `shared` (`SharedStore`: the
 medium-independent half of the persistent stores), `pageformat` (their page header and

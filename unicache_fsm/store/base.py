@@ -264,7 +264,7 @@ class BaseStore(Generic[E]):
                 setattr(new, name, deep(value, memo))
         return new
 
-    def _start_worker(self) -> None:
+    def start_worker(self) -> None:
         """Start the background worker (subclasses call it last in ``__init__``)."""
         if self.background and self._worker is None:
             self._worker = threading.Thread(target=self._work, name=self.worker_name, daemon=True)
@@ -273,23 +273,38 @@ class BaseStore(Generic[E]):
     # -- what a backend provides ---------------------------------------------------------
 
     def backend_present(self, pool: PoolName, keys: Sequence[str]) -> list[bool]:
-        """Which of `keys` the backend holds for `pool` (the lock is held)."""
+        """Which of `keys` the backend holds for `pool`, in order (the lock is held;
+        called by `lookup`, `load` and `contains`)."""
         raise NotImplementedError
 
     def backend_load_batch(self, batch: LoadBatch) -> None:
+        """Perform one started batch (called without the lock, by the one thread that
+        performs jobs): read and verify its pages, write them into its transfers'
+        slots (`write_layers` for a batch staged whole; never more than
+        `staging_bytes` of host staging at once), then `finish_load_batch(batch, ok)`
+        under the lock. It always finishes the batch: an exception is kept in
+        `last_error` and the batch finished failed."""
         raise NotImplementedError
 
     def backend_offload(self, record: StoreOffload) -> None:
+        """Perform one queued offload (without the lock, by the one thread that performs
+        jobs): choose its new pages and make room (`plan_new_pages`, `make_room`, under
+        the lock), read and write them (within `staging_bytes`), insert them into the
+        books and `finish_offload(record, ok)` under the lock; ok only when every new
+        page is stored. It always finishes the offload, as `backend_load_batch` does."""
         raise NotImplementedError
 
     def backend_check_layout(self, pools: AttachedPools) -> None:
-        """Refuse (StoreConfigError) pools whose layout contradicts stored pages."""
+        """On `attach`: refuse (`StoreConfigError`, nothing changed) page devices whose
+        layout contradicts stored pages (the lock is held). Default: accept."""
 
     def backend_drop(self, ident: Ident, entry: E) -> None:
-        """Release the bytes of a page the books just removed (the lock is held)."""
+        """Release the bytes of a page the books just removed (capacity eviction, a
+        rejected page; the lock is held). Default: nothing to release."""
 
     def backend_delete(self, idents: list[Ident]) -> int:
-        """`evict()`: remove these pages; the number removed (the lock is held)."""
+        """`evict()`: remove these pages, the books' and the backend's; the number
+        removed (the lock is held). Default: the books' pages, through `backend_drop`."""
         removed = 0
         for ident in idents:
             if ident in self._pages:
@@ -298,7 +313,8 @@ class BaseStore(Generic[E]):
         return removed
 
     def backend_release(self) -> None:
-        """Release the backend's resources at `close()` (the lock is held)."""
+        """Release the backend's resources at `close()` (the lock is held, the worker
+        joined, every job finished). Default: nothing to release."""
 
     # -- protocol: setup and lookup ------------------------------------------------------
 

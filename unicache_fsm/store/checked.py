@@ -175,16 +175,18 @@ class CheckedStore:
             self.on_fault("loaded_layers", exc)
             return None
         expected = f"a dict of attached pools to layer counts within {dict(num_layers)}"
-        if not isinstance(counts, Mapping) or not all(
-            isinstance(pool, PoolName) and pool in num_layers and _is_int(n)
-            for pool, n in counts.items()
+        # read as a plain dict (a subclass's own items() is not run) of plain ints
+        pairs = list(dict.items(counts)) if isinstance(counts, dict) else None
+        if pairs is None or not all(
+            isinstance(pool, PoolName)
+            and type(n) is int
+            and pool in num_layers
+            and 0 <= n <= num_layers[pool]
+            for pool, n in pairs
         ):
             self._protocol("loaded_layers", counts, expected)
             return None
-        checked = {pool: int(n) for pool, n in counts.items()}
-        if any(not 0 <= n <= num_layers[pool] for pool, n in checked.items()):
-            self._protocol("loaded_layers", counts, expected)
-            return None
+        checked: dict[PoolName, int] = dict(pairs)
         before = previous or {}
         if any(checked.get(pool, 0) < n for pool, n in before.items()):
             self._protocol("loaded_layers", counts, f"no count below the last answer {before}")

@@ -339,6 +339,7 @@ class _LoadEntry:
     force_fail: bool
     success: bool | None = None
     release_at: int = 0
+    cancelled: bool = False  # some of its loads were cancelled in the inner store
 
 
 @attrs.define(slots=True)
@@ -421,6 +422,7 @@ class FaultyStore:
             left = [rid for rid in rids if not self.inner.cancel_queued_load(rid)]
             inner = self.inner.start_loading() if left else -1
             entry = _LoadEntry(batch, inner if inner >= 0 else None, rids, force_fail=True)
+            entry.cancelled = len(left) < len(rids)
         else:
             inner = self.inner.start_loading()
             force = self.policy.roll(FaultKind.FAIL_BATCH_MIDWAY)
@@ -480,8 +482,8 @@ class FaultyStore:
         if entry is None:
             msg = f"loaded_layers: batch {batch!r} was never started by this store"
             raise StoreBatchUnknownError(msg, batch=batch)
-        if entry.inner_batch is None:
-            return {}
+        if entry.inner_batch is None or entry.cancelled:
+            return {}  # nothing, or not every load of the batch, reached the inner store
         counts = self.inner.loaded_layers(entry.inner_batch)
         full = {pool: self._num_layers.get(pool, n) for pool, n in counts.items()}
         if counts != full and self.policy.roll(FaultKind.OVERREPORT_LAYERS):

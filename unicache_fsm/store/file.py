@@ -345,7 +345,7 @@ class FileStore(SharedStore):
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self._start_worker()
+        self.start_worker()
 
     def __repr__(self) -> str:
         return (

@@ -18,20 +18,23 @@ and adds:
 - Optional capacity (pages, across pools), evicted from chain ends; queues, completions
   (synchronous, or a worker thread with ``background=True``) and thread safety: the
   shared half of every backend, `unicache_fsm.store.base.BaseStore` (see there).
-- Data moves in batches. Smaller pages of a CPU pool: an offload transfer's pages are
-  copied into their rows and checksummed as they land, in one call
-  (`checksum.copy_checksums`, native where built); a load transfer's stored rows are
-  copied the same way into a staging buffer, verified, then written into the pool's
-  pages with one NumPy row assignment. Another device: one read per offload transfer
-  and one write per load transfer. Pages of a
-  CPU pool of at least `PAGE_BY_PAGE_BYTES` go page by page, straight between the
-  pool's pages and the slab's rows, on a `PageCopier` (`unicache_fsm.store.copier`)
-  of `copy_threads` workers (None: as many as `torch.get_num_threads()`, like torch's
-  own copies; its threads are joined by `close()`): an offload copies each page into
-  its row and checksums it piece by piece while it is in cache; a load does the same
-  into the pool's pages and compares with the stored checksums, so a bad page fails the
+- Data moves between the slabs and any page device (`unicache_fsm.pools.device`).
+  Offload: a device whose pages the host views in place (`page_bytes()`, a CPU
+  `KVPool`) has its pages copied into their rows and checksummed as they land, in one
+  call (`checksum.copy_checksums`, native where built); any other device is read with
+  `read_page_ids` a chunk of at most `staging_bytes` at a time. Load: every header is
+  checked first; then the pages are copied into host staging and checksummed as they
+  land, the whole batch at once when it fits `staging_bytes` (every page verified,
+  then written layer-major with `write_layers`, so `loaded_layers` rises layer by
+  layer), else chunk by chunk (each verified, then written with every layer). Pages
+  of at least `PAGE_BY_PAGE_BYTES` of a device the host views in place go page by
+  page, straight between its pages and the slab's rows, on a `PageCopier`
+  (`unicache_fsm.store.copier`) of `copy_threads` workers (None: as many as
+  `torch.get_num_threads()`, like torch's own copies; its threads are joined by
+  `close()`): checksummed piece by piece while in cache, so a bad page fails the
   transfer after bytes landed in the load's own reserved slots (the protocol allows
-  it: a failed load's caller frees them; the persistent stores do the same).
+  it: a failed load's caller frees them), and such a transfer's layers count as landed
+  only when the batch completes.
 - Inspection for tests and invariants: `num_pages`, `stored_bytes(pool, key)` (a live
   uint8 view; writing through it corrupts the page), `recent_jobs()` (finished store-side
   records, newest last), `check_invariants()`, `last_error`.
@@ -57,7 +60,13 @@ from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
-from unicache_fsm.store.staging import DEFAULT_STAGING_BYTES, StagedTransfer, as_pages, chunks
+from unicache_fsm.store.staging import (
+    DEFAULT_STAGING_BYTES,
+    StagedTransfer,
+    as_pages,
+    chunks,
+    read_staged,
+)
 
 __all__ = ["MemoryStore", "PageHeader"]
 
@@ -275,7 +284,7 @@ class MemoryStore(BaseStore["_Entry"]):
         self.rejected_pages = 0  # pages dropped because they failed verification
         self._rejected: list[tuple[_Ident, _Entry]] = []  # entries that failed verification
         self._slabs: dict[PoolName, _Slab] = {}
-        self._start_worker()
+        self.start_worker()
 
     def __repr__(self) -> str:
         return (
@@ -513,9 +522,8 @@ class MemoryStore(BaseStore["_Entry"]):
         # a device the host cannot view: read in chunks within the staging budget
         ids, nbytes, sums = part.page_tensor(), slab.page_nbytes, []
         for piece in chunks(n, nbytes, self.staging_bytes):
-            got = pool.read_page_ids(ids[piece.start : piece.stop]).to("cpu").contiguous()
-            data = got.view(torch.uint8).reshape(len(piece), nbytes).numpy()
-            sums += copy_checksums(
-                dst, rows[piece.start : piece.stop], data, list(range(len(piece)))
-            )
+            buf = self.staging(len(piece) * nbytes).view(len(piece), nbytes)
+            read_staged(pool, ids[piece.start : piece.stop], buf)
+            into = rows[piece.start : piece.stop]
+            sums += copy_checksums(dst, into, buf.numpy(), list(range(len(piece))))
         part.checksums = sums

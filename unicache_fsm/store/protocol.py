@@ -28,8 +28,10 @@ Primitives, in the order a caller uses them (one line each, with the contract):
   batch never reports a layer it did not write. A batch staged whole is written
   layer-major (every page verified first, then layer 0 of every transfer, then layer
   1, ...), so the count rises layer by layer; a batch larger than the staging budget
-  is written chunk by chunk and jumps to full at its successful completion. A batch
-  the store never started: `StoreBatchUnknownError`.
+  is written chunk by chunk and jumps to full at its successful completion. The store
+  answers for a batch until its result is popped and for at least the last batch
+  popped (a `BaseStore`: its last `history`); a batch the store never started (or has
+  forgotten): `StoreBatchUnknownError`, a `LookupError`.
 - `num_completed_loads() -> int`, `pop_completed_load() -> LoadBatchResult` — one
   result per batch, FIFO; ``success`` is False when any page of the batch was missing
   or failed its checksum (then nothing of the batch may be trusted: bytes may have been

@@ -149,7 +149,7 @@ class RedisStore(SharedStore):
         self.namespace = namespace
         self._prefix = f"{KEY_PREFIX}:{namespace}:"
         self._reach()
-        self._start_worker()
+        self.start_worker()
 
     def _reach(self) -> None:
         """Refuse a server that does not answer now (`StoreUnavailableError`, one line

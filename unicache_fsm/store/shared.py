@@ -2,9 +2,9 @@
 
 `SharedStore` is a `BaseStore` whose pages live outside the process, in the
 `unicache_fsm.store.pageformat` format, where other processes may add and remove them.
-A medium (`FileStore`, `RedisStore`) provides four calls, each run by one thread at a
-time (they may raise; a failing call fails its job, or raises `StoreFaultError` from a
-synchronous protocol call):
+A medium (`FileStore`, `RedisStore`, or yours: docs/store-authors.md) provides four
+calls, each run by one thread at a time (they may raise; a failing call fails its job,
+or raises `StoreFaultError` from a synchronous protocol call):
 
 - `medium_exists(pool, keys) -> list[bool]` — which pages the medium holds now;
 - `medium_write(pool, pages)` — make each ``(key, header, payload)`` durable and visible,
@@ -28,19 +28,22 @@ What `SharedStore` does with them:
   whole namespace; see there.
 - OFFLOAD: the books are first reconciled with the medium for the offload's keys (so a
   page someone removed is written again, not skipped); the new pages (write-once,
-  chosen and made room for under the lock as in `BaseStore`) are read from the pool,
-  checksummed, and written with their headers; the offload completes True only when
-  `medium_write` returned for all of them.
-- LOAD: every page of a transfer is read and its header (key, pool, length) and
-  checksum checked. Large pages of a CPU pool are read straight into their reserved
-  slots and checked there (no staging copy); a bad page then fails the batch with
-  unchecked bytes left in the load's own reserved slots, which the protocol lets the
-  caller free (no other slot is touched). Small pages, and pages of a pool on another
-  device, are read into a staging buffer and the transfer is written into its slots in
-  one `write_pages` only when every page checked out. A bad page (a wrong header or
-  checksum, or one the medium cannot read: `TornPage`) is deleted together
-  with the chain stored after it (LOOKUP could never restore past it); a missing page
-  fails the batch and is forgotten.
+  chosen and made room for under the lock as in `BaseStore`) are read from the page
+  device (large pages of a device the host views in place: as views, no copy; others
+  through host staging, a chunk of at most `staging_bytes` at a time, each chunk
+  written before the next is read), checksummed, and written with their headers; the
+  offload completes True only when `medium_write` returned for all of them.
+- LOAD: every page is read and its header (key, pool, length) and checksum checked.
+  Large pages of a device the host views in place are read straight into their
+  reserved slots and checked there (no staging copy; a bad page then fails the batch
+  with unchecked bytes left in the load's own reserved slots, which the protocol lets
+  the caller free; such a transfer's layers count as landed when the batch completes).
+  Other pages are read into host staging: the whole batch when it fits
+  `staging_bytes`, all checked, then written layer-major (`write_layers`, so
+  `loaded_layers` rises layer by layer), else chunk by chunk, each checked, then
+  written with every layer. A bad page (a wrong header or checksum, or one the medium
+  cannot read: `TornPage`) is deleted together with the chain stored after it (LOOKUP
+  could never restore past it); a missing page fails the batch and is forgotten.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
-from unicache_fsm.store.staging import StagedTransfer, as_pages, chunks
+from unicache_fsm.store.staging import StagedTransfer, as_pages, chunks, read_staged
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
 
@@ -272,13 +275,8 @@ class SharedStore(BaseStore[KnownPage]):
 
     def _read_device(self, pool: PageDevice, ids: torch.Tensor) -> list[memoryview]:
         """Pages `ids` of `pool` read into host staging, one byte view per page."""
-        n, nbytes = ids.numel(), pool.page_nbytes
-        buf = self.staging(n * nbytes).view(n, nbytes)
-        if pool.device.type == "cpu":
-            out = buf.view(pool.dtype).view(n * pool.page_size, pool.num_layers, pool.width)
-            pool.read_page_ids(ids, out=out)
-        else:
-            buf.copy_(pool.read_page_ids(ids).to("cpu").view(torch.uint8).reshape(n, nbytes))
+        buf = self.staging(ids.numel() * pool.page_nbytes).view(ids.numel(), -1)
+        read_staged(pool, ids, buf)
         return [row.data for row in buf.numpy()]
 
     # -- loads ---------------------------------------------------------------------------

@@ -12,14 +12,22 @@ buffers. Every store bounds them by its `staging_bytes` option:
 - `StagedTransfer(pool, device, pages, data)` — one transfer of a load batch whose
   pages were read and verified into a staging buffer: `data` is
   ``[len(pages) * P, num_layers, width]`` in page format.
+- `read_staged(device, pages, buf)` — the device's pages `pages` read into `buf`
+  (``[n, page_nbytes]`` uint8, host), through `read_page_ids` (with ``out=`` a view of
+  `buf` when the device lives on the host); an answer of another shape or dtype is a
+  `StoreFaultError` naming the device (nothing is trusted from it).
 - `as_pages(buf, device)` — staged page bytes (``[n, page_nbytes]`` uint8, host) as
   page-format data of `device` (``[n * P, num_layers, width]`` of its dtype), copied
   to the device's memory when that is not the host's.
 - `write_layer_major(parts, landed)` — write verified transfers layer by layer: layer 0
   of every transfer, then layer 1, ...; after each layer, ``landed(counts)`` with, for
   every pool of the batch, how many leading layers are now in every slot of it (a pool
-  with fewer layers than another is complete once its last layer landed). A device
-  write that raises stops the writing there: the layers reported so far stay true.
+  with fewer layers than another is complete once its last layer landed). A device the
+  host views in place (`page_bytes()` answers, a CPU `KVPool`) takes each transfer with
+  every layer in one write, first, counted complete once written: it is the host's
+  own memory, so there is no copy to overlap with, and one write of whole rows is
+  several times faster than one strided write per layer. A device write that raises
+  stops the writing there: the layers reported so far stay true.
 
 A load batch whose verified pages fit the budget at once is staged whole and written
 layer-major, so `loaded_layers` shows real per-layer progress. A larger batch moves
@@ -37,7 +45,7 @@ import torch
 
 from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName
-from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
 
 __all__ = [
     "DEFAULT_STAGING_BYTES",
@@ -45,6 +53,7 @@ __all__ = [
     "as_pages",
     "check_staging_bytes",
     "chunks",
+    "read_staged",
     "write_layer_major",
 ]
 
@@ -72,6 +81,23 @@ def as_pages(buf: torch.Tensor, device: PageDevice) -> torch.Tensor:
     return data if device.device.type == "cpu" else data.to(device.device)
 
 
+def read_staged(device: PageDevice, pages: torch.Tensor, buf: torch.Tensor) -> None:
+    """Read `pages` of `device` into `buf`; see the module docstring."""
+    n, p = pages.numel(), device.page_size
+    shape = (n * p, device.num_layers, device.width)
+    out = buf.view(device.dtype).view(shape) if device.device.type == "cpu" else None
+    got: object = device.read_page_ids(pages, out=out)
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape or got.dtype != device.dtype:
+        what = f"{type(got).__name__} {getattr(got, 'shape', '')} {getattr(got, 'dtype', '')}"
+        msg = (
+            f"offload: page device {device.name!r} answered read_page_ids with {what}; "
+            f"expected a {device.dtype} tensor of shape {shape}"
+        )
+        raise StoreFaultError(msg, operation="offload")
+    if out is None or got.data_ptr() != out.data_ptr():
+        buf.copy_(got.contiguous().view(torch.uint8).reshape(buf.shape).to(buf.device))
+
+
 @attrs.frozen
 class StagedTransfer:
     """One verified transfer of a load batch, staged in page format (see the module)."""
@@ -85,14 +111,22 @@ class StagedTransfer:
 def write_layer_major(
     parts: Sequence[StagedTransfer], landed: Callable[[dict[PoolName, int]], None]
 ) -> None:
-    """Write `parts` layer by layer, reporting each layer after it landed everywhere."""
+    """Write `parts` layer by layer, reporting each layer after it landed everywhere;
+    see the module docstring (devices the host views in place take every layer at once)."""
     layers = {p.pool: p.device.num_layers for p in parts}
-    for layer in range(max(layers.values(), default=0)):
-        for part in parts:
+    whole = {p.pool for p in parts if p.device.page_bytes() is not None}
+    for part in parts:
+        if part.pool in whole:
+            part.device.write_page_ids(part.pages, part.data)
+    if whole:
+        landed({pool: layers[pool] for pool in whole})
+    stepped = [p for p in parts if p.pool not in whole]
+    for layer in range(max((p.device.num_layers for p in stepped), default=0)):
+        for part in stepped:
             if layer < part.device.num_layers:
                 one = slice(layer, layer + 1)
                 data = part.data[:, one]
                 if data.device != part.device.device:  # host staging, device memory
                     data = data.to(part.device.device)
                 part.device.write_page_ids(part.pages, data, layers=one)
-        landed({pool: min(layer + 1, n) for pool, n in layers.items()})
+        landed({p.pool: min(layer + 1, p.device.num_layers) for p in stepped})

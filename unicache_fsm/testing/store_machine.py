@@ -36,8 +36,14 @@ The rules are the protocol's calls (`unicache_fsm.store.protocol`), driven on re
   slots hold `POISON` first;
 - `start_loading`, `poll_loads`, `cancel_queued_load` (of a ticket that may by then be
   queued, started, finished or refused);
+- `loaded_layers` — the per-layer progress of a started batch (also asked of every
+  batch as it starts, and again when its result is popped, before its slots are freed);
 - `evict` (pages of a chain; one pool or all), `reset`;
-- `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`.
+- `corrupt_page` — only when the subclass overrides `corrupt(store, pool, key)`;
+- `break_device` — only with ``device_faults = True``: the next store write into a
+  pool (after `after` more) raises `DeviceFault` (a GPU copy that failed); loads pending
+  until it is disarmed, by the next `progress()` or `reset()`, may then fail, and must
+  report only layers that landed.
 
 `offload`, `load`, `load_restorable` and `start_loading` take a `settle` flag: then
 they also run `progress()` and poll (loads: poll, progress, poll), as a serving loop
@@ -72,6 +78,13 @@ What is checked, in the rules and after every step (invariants):
   *stored*; `contains` is True on *stored*; `evict` removes every *stored* page named;
   a load of *stored* pages (or of a boundary a lookup just reported) is accepted, and
   its batch lands unless the test evicted, corrupted or reset under it;
+- per-layer progress (`loaded_layers`): a dict of attached pools to ints in
+  ``0..num_layers``; never below an earlier answer for the batch; every layer it
+  reports holds the page's truth bytes in every slot of every load of the batch for
+  that pool, whenever asked (a store that reports a layer before writing it shows the
+  poison there), a failed batch included; a successful batch reports every layer of
+  each of its pools (asked right after its result is popped: a store answers for at
+  least the last batch popped); a batch id never started (-1) is a `LookupError`;
 - the store's own ``check_invariants()``, when it has one;
 - slots given back: every slot the machine freed (a load's or an offload's once its
   completion was popped or it was cancelled, a refused job's at once) holds `FREED`
@@ -119,6 +132,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.hashing import page_hashes
 from unicache_fsm.pools.kv import KVPool
 from unicache_fsm.pools.paged import PagedAllocator
@@ -128,7 +142,7 @@ from unicache_fsm.store.lookup import restorable_prefix_pages
 from unicache_fsm.store.memory import MemoryStore
 from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
 
-__all__ = ["POISON", "Chain", "LoadTicket", "MemoryStoreMachine", "StoreMachine"]
+__all__ = ["POISON", "Chain", "DeviceFault", "LoadTicket", "MemoryStoreMachine", "StoreMachine"]
 
 T = TypeVar("T")
 KV, SWA, MAMBA = PoolName.KV, PoolName.SWA, PoolName.MAMBA
@@ -147,6 +161,40 @@ _TRUTH_BOUND = 1000
 # (`PoolName` is the same enum).
 _POOL_NAMES = st.builds(PoolName, st.sampled_from([name.value for name in PoolName]))
 _POOL_INDEX = {name: i for i, name in enumerate(PoolName)}
+
+
+class DeviceFault(UnicacheFsmError, RuntimeError):
+    """A store's write into the machine's pools failed on purpose (`break_device`)."""
+
+
+class _BreakablePool(KVPool):
+    """A KVPool whose store writes can be made to fail: with `fail_after` = n, the
+    write after n more raises `DeviceFault` (then it is disarmed). The machine's own
+    writes (`write_pages`) neither count nor fail."""
+
+    __slots__ = ("fail_after",)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fail_after: int | None = None
+
+    def write_page_ids(
+        self, pages: torch.Tensor, data: torch.Tensor, *, layers: slice | None = None
+    ) -> None:
+        left = self.fail_after
+        if left is not None:
+            self.fail_after = left - 1 if left else None
+            if not left:
+                msg = f"pool {self.name!r}: the device write failed (break_device)"
+                raise DeviceFault(msg)
+        super().write_page_ids(pages, data, layers=layers)
+
+    def write_pages(self, slots: torch.Tensor, data: torch.Tensor) -> None:
+        armed, self.fail_after = self.fail_after, None
+        try:
+            super().write_pages(slots, data)
+        finally:
+            self.fail_after = armed
 
 
 @attrs.frozen
@@ -227,6 +275,8 @@ class StoreMachine(RuleBasedStateMachine):
     offload. False for a store that holds completions back on purpose (FaultyStore's
     delay_completion)."""
     pool_pages: ClassVar[int] = 512
+    device_faults: ClassVar[bool] = False
+    """True: the `break_device` rule may make a store's write into a pool fail."""
     num_layers: ClassVar[int] = 2
     width: ClassVar[int] = 4
     max_chain_pages: ClassVar[int] = 8
@@ -239,7 +289,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._store: ExternalStore | None = None
         self.page_size = 0
         self.allocators: dict[PoolName, PagedAllocator] = {}
-        self.kv_pools: dict[PoolName, KVPool] = {}
+        self.kv_pools: dict[PoolName, _BreakablePool] = {}
         self.known: set[Ident] = set()  # every page the test named to the store
         self.may: set[Ident] = set()
         self.stored: set[Ident] = set()
@@ -252,6 +302,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.orphans: dict[str, _Load] = {}  # queued at a reset: a failed result is due
         self.done: set[str] = set()  # rids whose result was popped, or cancelled
         self.refused: set[str] = set()  # rids of tickets the store never accepted
+        self.layers_seen: dict[int, dict[PoolName, int]] = {}  # batch -> last progress
+        self._armed = False  # break_device came, and no progress() or reset() since
         self._truth_pages: dict[Ident, torch.Tensor] = {}
         self._offload_number = 0
         self._load_number = 0
@@ -301,7 +353,9 @@ class StoreMachine(RuleBasedStateMachine):
             for name in names
         }
         self.kv_pools = {
-            name: KVPool.for_allocator(alloc, self.num_layers, self.width)
+            name: _BreakablePool(
+                alloc.size, page_size, self.num_layers, self.width, name=alloc.name
+            )
             for name, alloc in self.allocators.items()
         }
         self._store = self.make_store()
@@ -371,6 +425,7 @@ class StoreMachine(RuleBasedStateMachine):
         """progress(): every queued offload and started batch is performed (a background
         store's worker is idle), though a store may still hold the completions back."""
         done = self.store.progress()
+        self._mend_device()
         for record in self.offloads:
             record.ran = True
         assert isinstance(done, int) and done >= 0, (
@@ -502,6 +557,23 @@ class StoreMachine(RuleBasedStateMachine):
         )
         self.started[batch] = list(self.queued.values())
         self.queued.clear()
+        self._check_layers(batch, self.started[batch], full=False)
+
+    @rule(index=st.integers(0, 7))
+    def loaded_layers(self, index: int) -> None:
+        """Ask a started batch's per-layer progress, if one awaits its result (see the
+        module docstring), and a batch id never started. (No precondition: which batches
+        await a result depends on a background store's timing, and a guard must not.)"""
+        batches = list(self.started)
+        if batches:
+            batch = batches[index % len(batches)]
+            self._check_layers(batch, self.started[batch], full=False)
+        try:
+            answer: object = self.store.loaded_layers(-1)
+        except LookupError:
+            return
+        msg = f"loaded_layers(-1) answered {answer!r}; a batch never started is a LookupError"
+        raise AssertionError(msg)
 
     @rule()
     def poll_loads(self) -> None:
@@ -584,6 +656,7 @@ class StoreMachine(RuleBasedStateMachine):
         """reset(): every pending job completes (loads as failed); stored pages stay."""
         self._calls_since_reset = 0
         self.store.reset()
+        self._mend_device()
         for record in self.offloads:
             record.reset = record.ran = True  # nothing is queued or in flight afterwards
         for load in self._pending_loads():
@@ -596,6 +669,21 @@ class StoreMachine(RuleBasedStateMachine):
             f"{len(self.offloads)} pending offload(s); reset() must complete every one"
         )
         self._check_load_count("after reset()", exact=True)
+
+    @precondition(lambda self: self.device_faults and not self._armed)
+    @rule(pool=_POOL_NAMES, after=st.integers(0, 3))
+    def break_device(self, pool: PoolName, after: int) -> None:
+        """The store's write into `pool` after `after` more fails (`DeviceFault`)."""
+        self._armed = True  # (until mended: whether the store used it is its timing's)
+        if pool in self.kv_pools:
+            self.kv_pools[pool].fail_after = after
+        for load in self._pending_loads():
+            load.clean = False
+
+    def _mend_device(self) -> None:
+        self._armed = False
+        for pool in self.kv_pools.values():
+            pool.fail_after = None
 
     @precondition(lambda self: type(self).corrupt is not StoreMachine.corrupt)
     @rule(chain=chains, index=st.integers(0, 7), pool=_POOL_NAMES)
@@ -868,7 +956,7 @@ class StoreMachine(RuleBasedStateMachine):
             )
             self.refused.add(rid)
             return LoadTicket(rid)  # a refused load's ticket: cancelling it must say False
-        clean = self.lossless and idents <= self.stored - self.tainted
+        clean = self.lossless and idents <= self.stored - self.tainted and not self._armed
         self.queued[rid] = _Load(rid, parts, idents, clean)
         return LoadTicket(rid)
 
@@ -921,6 +1009,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert sorted(rids) == sorted(expected), (
                 f"load batch {batch} reports rids {rids}, but the batch holds {expected}"
             )
+            started = True
         else:
             stray = [rid for rid in rids if rid not in self.orphans]
             assert rids and not stray, (
@@ -932,6 +1021,7 @@ class StoreMachine(RuleBasedStateMachine):
                 "success; reset() must fail every queued load"
             )
             loads = [self.orphans.pop(rid) for rid in rids]
+            started = False
         if success:
             for load in loads:
                 for part in load.parts:
@@ -946,9 +1036,64 @@ class StoreMachine(RuleBasedStateMachine):
                 "successful offload and nothing evicted, corrupted or reset it since; the "
                 "store is lossless"
             )
+        if started:  # (a batch of loads queued at a reset was never started)
+            self._check_layers(batch, loads, full=success is True)
+            self.layers_seen.pop(batch, None)
         for load in loads:
             self.done.add(load.rid)
             self._free(load.parts, f"load {load.rid!r}'s destination, batch {batch} popped")
+
+    # -- helpers: per-layer progress -----------------------------------------------------
+
+    def _check_layers(self, batch: int, loads: list[_Load], *, full: bool) -> None:
+        """`loaded_layers(batch)`, checked: its form, monotonic, every layer it reports in
+        the slots; with `full` (the batch succeeded), every layer of each of its pools."""
+        counts: object = self.store.loaded_layers(batch)
+        assert isinstance(counts, dict) and all(
+            isinstance(pool, PoolName)
+            and pool in self.kv_pools
+            and isinstance(n, int)
+            and not isinstance(n, bool)
+            and 0 <= n <= self.num_layers
+            for pool, n in counts.items()
+        ), (
+            f"loaded_layers({batch}) returned {counts!r}; expected a dict of attached pools "
+            f"to layer counts in 0..{self.num_layers}"
+        )
+        seen = self.layers_seen.setdefault(batch, {})
+        for pool, before in seen.items():
+            assert counts.get(pool, 0) >= before, (
+                f"loaded_layers({batch}) reports {counts.get(pool, 0)} {pool.value} layer(s) "
+                f"after reporting {before}: progress never goes back"
+            )
+        seen.update(counts)
+        for load in loads:
+            for part in load.parts:
+                landed = counts.get(part.pool, 0)
+                if full:
+                    assert landed == self.num_layers, (
+                        f"load batch {batch} succeeded, but loaded_layers({batch}) reports "
+                        f"{landed} of {self.num_layers} {part.pool.value} layer(s)"
+                    )
+                wrong = self._wrong_layers(part, landed) if landed else None
+                assert wrong is None, (
+                    f"loaded_layers({batch}) reports {landed} {part.pool.value} layer(s) "
+                    f"landed, but load {load.rid!r} {wrong}"
+                )
+
+    def _wrong_layers(self, part: _Part, layers: int) -> str | None:
+        """None when the first `layers` layers of `part`'s slots hold its truth bytes,
+        else which page and layer is wrong."""
+        n, p = len(part.keys), self.page_size
+        got = self.kv_pools[part.pool].read_pages(part.slots).view(n, p, self.num_layers, -1)
+        want = torch.stack([self._truth((part.pool, k)) for k in part.keys])
+        same = (got[:, :, :layers] == want[:, :, :layers]).all(3).all(1)  # [page, layer]
+        if bool(same.all()):
+            return None
+        page, layer = (int(i) for i in (~same).nonzero()[0])
+        poisoned = bool((got[page, :, layer] == POISON).all())
+        how = "still holds the poison: not written yet" if poisoned else "holds other bytes"
+        return f"page {page} (key {part.keys[page][:12]}...) layer {layer} {how}"
 
     # -- helpers: completion counts ------------------------------------------------------
 
@@ -988,6 +1133,7 @@ class MemoryStoreMachine(StoreMachine):
 
     capacity_pages: ClassVar[int | None] = 24
     background: ClassVar[bool] = False
+    device_faults = True
 
     def make_store(self) -> ExternalStore:
         return MemoryStore(capacity_pages=self.capacity_pages, background=self.background)
@@ -1002,4 +1148,5 @@ class MemoryStoreMachine(StoreMachine):
     def no_swallowed_error(self) -> None:
         store = self.store
         assert isinstance(store, MemoryStore)
-        assert store.last_error is None, f"the store swallowed {store.last_error!r}"
+        error = store.last_error
+        assert error is None or isinstance(error, DeviceFault), f"the store swallowed {error!r}"

@@ -30,25 +30,9 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCache
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from unicache_fsm.integrations.linker_kit.obligations import BadLinkerError
+from unicache_fsm.integrations.sglang.interface import problems
 
 __all__ = ["build_linker", "linker_class", "parse_config", "server_args"]
-
-#: each method 0.5.23 calls -> (positional args, keyword args) it passes
-CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
-    "lookup": (("rid", []), {}),
-    "load": (("rid", []), {}),
-    "start_layer_wise_loading": ((), {}),
-    "finish_layer_wise_loading": ((0,), {}),
-    "cancel_queued_load": (("rid",), {}),
-    "offload": (([],), {"session_id": None}),
-    "num_completed_offloads": ((), {}),
-    "pop_completed_offload": ((), {}),
-    "reset": ((), {}),
-    "close": ((), {}),
-    "record_offload_ready": ((), {}),
-}
-
-CONSTRUCTOR_KEYWORDS = ("components", "extra_config", "forward_stream")
 
 
 def parse_config(text: str) -> dict[str, Any]:
@@ -75,18 +59,6 @@ def parse_config(text: str) -> dict[str, Any]:
     return dict(config)
 
 
-def _refusals(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None  # a builtin or C method: nothing to say before it runs
-    try:
-        sig.bind(None, *args, **kwargs)
-    except TypeError as exc:
-        return str(exc)
-    return None
-
-
 def linker_class(config: dict[str, Any]) -> type:
     """The configured class, checked as 0.5.23 will call it (module docstring)."""
     parsed = UnifiedCacheLinkerConfig.from_dict(config)
@@ -106,34 +78,11 @@ def linker_class(config: dict[str, Any]) -> type:
     if not inspect.isclass(cls) or not issubclass(cls, UnifiedCacheLinker):
         msg = f"{where} is not a subclass of SGLang 0.5.23's UnifiedCacheLinker"
         raise BadLinkerError(msg)
-    problems = []
-    abstract = sorted(getattr(cls, "__abstractmethods__", ()))
-    if abstract:
-        problems.append(f"abstract, missing {', '.join(abstract)}")
-    init_args = (None, None)
-    init_kwargs = {name: None for name in CONSTRUCTOR_KEYWORDS}
-    refused = _refusals(cls.__init__, init_args, init_kwargs)
-    if refused:
-        problems.append(
-            "its constructor cannot take (server_args, params, components=..., "
-            f"extra_config=..., forward_stream=...): {refused}"
-        )
-    for name, (args, kwargs) in CALLS.items():
-        if name in abstract:
-            continue
-        refused = _refusals(getattr(cls, name), args, kwargs)
-        if refused:
-            problems.append(f"{name}{_shape(args, kwargs)} fails: {refused}")
-    if problems:
-        msg = f"{where} cannot run under SGLang 0.5.23: {'; '.join(problems)}"
+    found = problems(cls)
+    if found:
+        msg = f"{where} cannot run under SGLang 0.5.23: {'; '.join(found)}"
         raise BadLinkerError(msg)
     return cls
-
-
-def _shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    parts = ["rid" if a == "rid" else "index" if isinstance(a, int) else "transfers" for a in args]
-    parts += [f"{k}=..." for k in kwargs]
-    return f"({', '.join(parts)})"
 
 
 def server_args(config: dict[str, Any], model: str, page: int) -> ServerArgs:

@@ -37,6 +37,7 @@ import threading
 from collections import Counter
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from unicache_fsm.fsm.errors import UnicacheFsmError
@@ -245,17 +246,31 @@ class LayerBuffers:
         with self._lock:
             self._check_open("read", listed)
             if self._host is not None:  # CPU: NumPy copies whole K or V rows of a page
-                dst = out.view(torch.uint8).numpy().reshape(n, p, self.num_layers, -1)
-                at = pages.numpy()
-                for layer, (hk, hv) in enumerate(self._host):
-                    dst[:, :, layer, : hk.shape[1] // p] = hk[at].reshape(n, p, -1)
-                    dst[:, :, layer, hk.shape[1] // p :] = hv[at].reshape(n, p, -1)
+                self._gather_host(pages.numpy(), out.view(torch.uint8).numpy())
                 return out
             rows = out.view(n, p, self.num_layers, self.width)
             for layer, (k, v) in enumerate(zip(self._k, self._v, strict=True)):
                 rows[:, :, layer, :kw] = k.index_select(0, pages).view(n, p, kw)
                 rows[:, :, layer, kw:] = v.index_select(0, pages).view(n, p, self._vw)
         return out
+
+    def _gather_host(self, at: Any, out: Any) -> None:
+        """`read_page_ids` on the host: `out` is the uint8 bytes of the result."""
+        n, p, layers = len(at), self.page_size, self.num_layers
+        assert self._host is not None
+        kb = self._host[0][0].shape[1] // p
+        if kb * 2 == out.shape[-1] // layers:  # K and V rows of one size: one token's
+            # K (or V) row as one NumPy element, so each moves as one block copy
+            row = np.dtype((np.void, kb))
+            dst = out.reshape(n, p, 2 * layers, kb).view(row)[..., 0]
+            for layer, (hk, hv) in enumerate(self._host):
+                dst[:, :, 2 * layer] = hk.reshape(-1, p, kb).view(row)[at, :, 0]
+                dst[:, :, 2 * layer + 1] = hv.reshape(-1, p, kb).view(row)[at, :, 0]
+            return
+        dst = out.reshape(n, p, layers, -1)
+        for layer, (hk, hv) in enumerate(self._host):
+            dst[:, :, layer, :kb] = hk[at].reshape(n, p, -1)
+            dst[:, :, layer, kb:] = hv[at].reshape(n, p, -1)
 
     def write_page_ids(
         self, pages: torch.Tensor, data: torch.Tensor, *, layers: slice | None = None

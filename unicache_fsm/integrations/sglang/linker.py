@@ -70,11 +70,7 @@ from unicache_fsm.integrations.sglang.buffers import POOLS, Access, LayerBuffers
 from unicache_fsm.integrations.sglang.counter import LayerCounter, LayerMap
 from unicache_fsm.integrations.sglang.fence import Fence, Release, Rows, rows_of
 from unicache_fsm.integrations.sglang.identity import ModelIdentity
-from unicache_fsm.integrations.sglang.settings import (
-    DEFAULT_LOAD_TIMEOUT_S,
-    DEFAULT_STAGING_BYTES,
-    StoreLinkerSettings,
-)
+from unicache_fsm.integrations.sglang.settings import DEFAULT_LOAD_TIMEOUT_S, StoreLinkerSettings
 from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
 from unicache_fsm.store.checked import CheckedStore
 from unicache_fsm.store.errors import StoreConfigError, StoreProtocolError
@@ -154,25 +150,36 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         pools: dict[Any, object] = {SglangPoolName.KV: kvcache}
         if "SWA" in names and hasattr(kvcache, "swa_kv_pool"):
             pools[SglangPoolName.SWA] = kvcache
-        for name, kv in halves(pools).items():  # a pool it cannot serve: refused first
-            LayerBuffers(name, kv)
-        identity = ModelIdentity.of(server_args, params, components, halves(pools))
+        served = halves(pools)
+        buffers = {name: LayerBuffers(name, kv) for name, kv in served.items()}
+        page = max(b.page_nbytes for b in buffers.values())
+        if settings.staging_bytes < page:
+            msg = (
+                f"linker_extra_config.staging_bytes {settings.staging_bytes} is smaller than "
+                f"one page ({page} bytes in the store's format); give at least that"
+            )
+            where = "linker_extra_config.staging_bytes"
+            raise LinkerConfigError(msg, argument=where, value=settings.staging_bytes)
+        identity = ModelIdentity.of(server_args, params, components, served)
         self.identity: ModelIdentity | None = identity
-        namespace = identity.namespace(settings.namespace)
-        self.namespace: str | None = namespace
+        self.namespace: str | None = identity.namespace(settings.namespace)
+        where = "linker_extra_config.store"
         try:
             store = open_store(
                 settings.store,
-                namespace=namespace,
+                namespace=self.namespace,
                 capacity_pages=settings.capacity_pages,
                 staging_bytes=settings.staging_bytes,
             )
         except StoreConfigError as exc:  # a spec it cannot open, a medium it cannot reach
-            msg = f"linker_extra_config.store {settings.store!r}: {exc}".splitlines()[0]
-            where = "linker_extra_config.store"
+            msg = f"{where} {settings.store!r}: {exc}".splitlines()[0]
             raise LinkerConfigError(msg, argument=where, value=settings.store) from None
         try:
-            self._setup(store, pools, settings, close_store=True)
+            self._setup(store, buffers, pools, settings, close_store=True)
+        except StoreConfigError as exc:  # the store cannot serve these pools
+            store.close()
+            msg = f"{where} {settings.store!r}: {exc}".splitlines()[0]
+            raise LinkerConfigError(msg, argument=where, value=settings.store) from None
         except BaseException:
             store.close()
             raise
@@ -186,49 +193,50 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         *,
         trace: str | Path | None = None,
         close_store: bool = True,
-        staging_bytes: int = DEFAULT_STAGING_BYTES,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
     ) -> StoreLinker:
         """A linker over `store`, built by hand: `pools` is what SGLang calls
         ``linker.pools`` (``{PoolName.KV: kv_pool}`` for Full only, ``{PoolName.KV:
-        swa_kv_pool, PoolName.SWA: swa_kv_pool}`` for Full + SWA); nothing is opened
-        and the namespace is the store's own."""
-        extra: dict[str, Any] = {"staging_bytes": staging_bytes, "load_timeout_s": load_timeout_s}
+        swa_kv_pool, PoolName.SWA: swa_kv_pool}`` for Full + SWA); nothing is opened,
+        the namespace and the staging budget are the store's own."""
+        extra: dict[str, Any] = {"load_timeout_s": load_timeout_s}
         if trace is not None:
             extra["trace"] = str(trace)
+        settings = StoreLinkerSettings.parse(extra)
+        buffers = {name: LayerBuffers(name, kv) for name, kv in halves(pools).items()}
         self = cls.__new__(cls)
         self.identity = None
         self.namespace = None
         self.forward_stream = None
-        self._setup(store, pools, StoreLinkerSettings.parse(extra), close_store=close_store)
+        self._setup(store, buffers, pools, settings, close_store=close_store)
         return self
 
     def _setup(
         self,
         store: ExternalStore,
+        buffers: dict[PoolName, LayerBuffers],
         pools: Mapping[Any, object],
         settings: StoreLinkerSettings,
         *,
         close_store: bool,
     ) -> None:
-        served = halves(pools)
-        if PoolName.KV not in served:
+        if PoolName.KV not in buffers:
             msg = "pools must hold the KV pool (PoolName.KV), the FULL component's pages"
             raise LinkerConfigError(msg, argument="pools", value=tuple(pools))
-        self.buffers = {name: LayerBuffers(name, kv) for name, kv in served.items()}
-        page = max(b.page_nbytes for b in self.buffers.values())
-        if settings.staging_bytes < page:
-            msg = (
-                f"linker_extra_config.staging_bytes {settings.staging_bytes} is smaller than "
-                f"one page ({page} bytes in the store's format); give at least that"
-            )
-            raise LinkerConfigError(
-                msg, argument="linker_extra_config.staging_bytes", value=settings.staging_bytes
-            )
+        trace = settings.trace
+        try:
+            self.trace = TraceRecorder(trace) if trace is not None else None
+        except (OSError, ValueError) as exc:
+            where = "linker_extra_config.trace"
+            msg = f"{where} {trace!r}: cannot write it: {exc}"
+            raise LinkerConfigError(msg, argument=where, value=trace) from None
+        self.buffers = buffers
         store.attach(self.buffers)
         self.settings = settings
         self.store = store
         self.calls = CheckedStore(store, self._fault)
+        # a store that runs its jobs on a worker of its own (`BaseStore(background=True)`)
+        self._background = getattr(store, "background", False) is True
         self.faults: dict[str, int] = {}  # store faults by call
         self.last_fault: BaseException | None = None
         self.pools = dict(pools)
@@ -236,14 +244,6 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         kvcache = next(iter(pools.values()))
         self.layer_done_counter = LayerCounter(_layer_map(kvcache, self.buffers), self._advance)
         self.counter = TransitionCounter()
-        trace = settings.trace
-        try:
-            self.trace = TraceRecorder(trace) if trace is not None else None
-        except OSError as exc:
-            msg = f"linker_extra_config.trace {trace!r} cannot be written: {exc.strerror or exc}"
-            raise LinkerConfigError(
-                msg, argument="linker_extra_config.trace", value=trace
-            ) from None
         # a failing trace write (a full disk) stops the trace, never the linker call
         self._guard = GuardedTrace(self.trace, "StoreLinker") if self.trace is not None else None
         self._observers: list[Observer] = [self.counter]
@@ -384,12 +384,14 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._queued.remove(rid)
         return True
 
-    def _take_load_completions(self) -> None:
+    def _take_load_completions(self, *, drive: bool = True) -> None:
         """Pop the store's load completions (at most what can be in flight): each ends
         its own batch's wait (`_results`) or releases fenced slots; a faulty or unknown
-        one fences the oldest batch in flight (it fails)."""
+        one fences the oldest batch in flight (it fails). With `drive` the store is
+        driven first (`progress`: a synchronous store runs its jobs there)."""
         calls = self.calls
-        calls.progress()
+        if drive:
+            calls.progress()
         running = [b for b, _ in self._batches.values() if b is not None and b >= 0]
         limit = len(running) + len(self._fence.loads) + COUNT_SLACK
         for _ in range(calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)):
@@ -452,7 +454,9 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             if batch is None or batch < 0:
                 self._settle(index, wait=False)
                 return
-            self._take_load_completions()
+            # a store with a worker of its own lands layers as it goes: poll it (its
+            # `progress` would wait for the whole batch); a synchronous one is driven
+            self._take_load_completions(drive=not self._background)
             if batch in self._results:
                 self._settle(index, wait=False)
                 return
@@ -475,7 +479,7 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             batch, _ = self._batches[index]
             if batch is None or batch < 0 or batch in self._results:
                 break
-            self._take_load_completions()
+            self._take_load_completions(drive=not self._background)  # (bounded waits)
             batch, _ = self._batches[index]
             done = batch is None or batch < 0 or batch in self._results
             if done or not wait or time.monotonic() >= self._deadlines.get(index, 0.0):

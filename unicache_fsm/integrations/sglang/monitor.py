@@ -134,14 +134,20 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
         config = settings.config
         if settings.backend == "dynamic":
             config = dict(config)
-        linker = create_unified_cache_linker(
-            server_args,
-            params,
-            backend=settings.backend,
-            config=config,
-            components=components,
-            forward_stream=forward_stream,
-        )
+        try:
+            linker = create_unified_cache_linker(
+                server_args,
+                params,
+                backend=settings.backend,
+                config=config,
+                components=components,
+                forward_stream=forward_stream,
+            )
+        except Exception as exc:  # its own constructor refused its config, or failed
+            msg = f"linker_extra_config.wrap: building {where} raised {type(exc).__name__}: {exc}"
+            raise LinkerConfigError(
+                msg.splitlines()[0], argument="linker_extra_config.wrap", value=where
+            ) from exc
         missing = [a for a in ("layer_done_counter", "pools") if not hasattr(linker, a)]
         if missing:
             msg = f"linker_extra_config.wrap: {where} built without {', '.join(missing)}"
