@@ -7,6 +7,7 @@ Each test names the defect it found in a one-line comment.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from sglang.srt.mem_cache.unified_cache.linker_factory import create_unified_cac
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 import sglang_linker.engine  # noqa: F401  (SGLang's logging quieted, as every test here)
+from sglang_linker.engine import Engine
 from unicache_fsm.integrations.errors import LinkerConfigError
 
 MODULE = "unicache_fsm.integrations.sglang"
@@ -166,3 +168,28 @@ def test_rev33_a_component_it_cannot_serve_is_refused_at_start() -> None:
     with pytest.raises(LinkerConfigError) as info:
         launch(config, _mha(torch.bfloat16), components={ComponentType.FULL, ComponentType.MAMBA})
     assert "MAMBA" in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="rev33: open; every rank opens the one trace path 'w'")
+def test_rev33_two_ranks_launched_with_one_trace_path_keep_a_readable_trace(
+    tmp_path: Path,
+) -> None:
+    # defect: every rank of a TP/PP deployment gets the same launch JSON, and each
+    # StoreLinker opens `trace` with "w": the ranks truncate and overwrite each other's
+    # records, so the trace an operator reads has lost most of them
+    trace = tmp_path / "linker.jsonl"
+    config = _store_linker(trace=str(trace))
+    first = Engine.launched(config, monitored=False)
+    first.compute(list(range(1, 17)))
+    first.settle_offloads()
+    second = Engine.launched(config, monitored=False)  # the next rank starts
+    first.compute(list(range(100, 116)))
+    first.settle_offloads()
+    second.compute(list(range(1, 17)))
+    second.settle_offloads()
+    wrote = [e.store_linker.trace.seq for e in (first, second)]
+    first.close()
+    second.close()
+    lines = trace.read_bytes().splitlines()
+    assert all(json.loads(line)["machine"] for line in lines)
+    assert len(lines) == sum(wrote), f"{len(lines)} records in the file, {wrote} written"
