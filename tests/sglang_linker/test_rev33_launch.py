@@ -193,3 +193,19 @@ def test_rev33_two_ranks_launched_with_one_trace_path_keep_a_readable_trace(
     lines = trace.read_bytes().splitlines()
     assert all(json.loads(line)["machine"] for line in lines)
     assert len(lines) == sum(wrote), f"{len(lines)} records in the file, {wrote} written"
+
+
+@pytest.mark.xfail(strict=True, reason="rev33: open; observers sit on the global job machines")
+def test_rev33_a_linker_counts_and_traces_only_its_own_stores_jobs(tmp_path: Path) -> None:
+    # defect: StoreLinker attaches its counter and trace to the process-wide store job
+    # machines, so each linker's `coverage()` and trace also hold every other linker's
+    # store jobs (two models, a draft beside a target, the check-linker kit's rigs)
+    first = Engine.launched(_store_linker(trace=str(tmp_path / "first.jsonl")), monitored=False)
+    second = Engine.launched(_store_linker(), monitored=False)
+    before = first.store_linker.trace.seq
+    second.compute(list(range(1, 17)))
+    second.settle_offloads()
+    seen = first.store_linker.trace.seq - before
+    first.close()
+    second.close()
+    assert seen == 0, f"the first linker recorded {seen} transitions of the second's store"
