@@ -165,6 +165,7 @@ class CountsBeforeCopies(MemoryStore):
 
 class _CountsFirstMachine(MemoryStoreMachine):
     pool_names = (KV,)
+    host_view = False  # pools the host cannot view: loads are written layer by layer
 
     def make_store(self) -> ExternalStore:
         return CountsBeforeCopies(capacity_pages=self.capacity_pages)
@@ -184,8 +185,12 @@ def test_a_store_counting_layers_before_they_land_fails_a_short_program(after: i
     machine.teardown()
 
 
+class _LayerWiseMachine(MemoryStoreMachine):
+    host_view = False
+
+
 def test_the_same_program_passes_the_honest_store() -> None:
-    machine = MemoryStoreMachine()
+    machine = _LayerWiseMachine()
     machine.open_store(page_size=4)
     chain = machine.offload(cut=0, mamba=0, pages=(1, 2), parent=None, settle=True, swa=0)
     machine.load(chain=chain, start=0, count=2, settle=False)
@@ -198,6 +203,7 @@ def test_the_same_program_passes_the_honest_store() -> None:
 def test_the_honest_memory_store_passes_the_same_hunt() -> None:
     class Machine(MemoryStoreMachine):
         pool_names = (KV,)
+        host_view = False
 
     run_state_machine_as_test(Machine, settings=settings(HUNT, max_examples=30))  # type: ignore[no-untyped-call]
 

@@ -117,7 +117,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 import torch
@@ -170,13 +170,20 @@ class DeviceFault(UnicacheFsmError, RuntimeError):
 class _BreakablePool(KVPool):
     """A KVPool whose store writes can be made to fail: with `fail_after` = n, the
     write after n more raises `DeviceFault` (then it is disarmed). The machine's own
-    writes (`write_pages`) neither count nor fail."""
+    writes (`write_pages`) neither count nor fail. With `host_view` False it hides its
+    memory from the host, as a GPU or SGLang's per-layer buffers do."""
 
-    __slots__ = ("fail_after",)
+    __slots__ = ("fail_after", "host_view")
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, host_view: bool = True, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fail_after: int | None = None
+        self.host_view = host_view
+
+    def page_bytes(self) -> Any:
+        """The pool's pages in place, or None when the machine hides them (`host_view`
+        False: stores then move bytes only through reads and per-layer writes)."""
+        return super().page_bytes() if self.host_view else None
 
     def write_page_ids(
         self, pages: torch.Tensor, data: torch.Tensor, *, layers: slice | None = None
@@ -262,7 +269,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     Class attributes a subclass may set: `page_sizes`, `pool_names` (KV first; windows
     drawn for pools not attached are ignored), `lossless`, `progress_completes`,
-    `pool_pages` (device pages per pool), `num_layers`, `width`, `max_chain_pages`.
+    `pool_pages` (device pages per pool), `num_layers`, `width`, `max_chain_pages`,
+    `device_faults`, `host_view`.
     """
 
     page_sizes: ClassVar[tuple[int, ...]] = (1, 2, 4, 8, 16)
@@ -277,6 +285,9 @@ class StoreMachine(RuleBasedStateMachine):
     pool_pages: ClassVar[int] = 512
     device_faults: ClassVar[bool] = False
     """True: the `break_device` rule may make a store's write into a pool fail."""
+    host_view: ClassVar[bool] = True
+    """False: the pools' `page_bytes()` answers None, so a store moves bytes only through
+    `read_page_ids` / `write_page_ids` (layer by layer, for a layer-major load)."""
     num_layers: ClassVar[int] = 2
     width: ClassVar[int] = 4
     max_chain_pages: ClassVar[int] = 8
@@ -354,7 +365,12 @@ class StoreMachine(RuleBasedStateMachine):
         }
         self.kv_pools = {
             name: _BreakablePool(
-                alloc.size, page_size, self.num_layers, self.width, name=alloc.name
+                alloc.size,
+                page_size,
+                self.num_layers,
+                self.width,
+                name=alloc.name,
+                host_view=self.host_view,
             )
             for name, alloc in self.allocators.items()
         }
