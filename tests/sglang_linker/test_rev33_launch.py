@@ -195,7 +195,6 @@ def test_rev33_two_ranks_launched_with_one_trace_path_keep_a_readable_trace(
     assert len(lines) == sum(wrote), f"{len(lines)} records in the file, {wrote} written"
 
 
-@pytest.mark.xfail(strict=True, reason="rev33: open; observers sit on the global job machines")
 def test_rev33_a_linker_counts_and_traces_only_its_own_stores_jobs(tmp_path: Path) -> None:
     # defect: StoreLinker attaches its counter and trace to the process-wide store job
     # machines, so each linker's `coverage()` and trace also hold every other linker's

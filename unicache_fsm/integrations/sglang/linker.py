@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,24 @@ def _layer_map(kvcache: Any, buffers: Mapping[PoolName, LayerBuffers]) -> LayerM
         name = PoolName.SWA if is_swa else PoolName.KV
         out.append((name, int(local)) if name in buffers else None)
     return out
+
+
+class _OwnJobs:
+    """`observer` called only for store jobs that move one of `devices`: a job's
+    transfers name the attached page device they move (`CheckedTransfer.device`), the
+    very objects a linker attaches, so its own store's jobs pass through any wrapper
+    that forwards `attach`, and another linker's store's jobs do not."""
+
+    __slots__ = ("devices", "observer")
+
+    def __init__(self, observer: Observer, devices: Iterable[object]) -> None:
+        self.observer = observer
+        self.devices = frozenset(id(d) for d in devices)
+
+    def __call__(self, ex: Any, model: Any, source: str, trigger: str, dest: str) -> None:
+        ids = self.devices
+        if any(id(getattr(t, "device", None)) in ids for t in getattr(model, "transfers", ())):
+            self.observer(ex, model, source, trigger, dest)
 
 
 class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
@@ -246,9 +264,10 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.counter = TransitionCounter()
         # a failing trace write (a full disk) stops the trace, never the linker call
         self._guard = GuardedTrace(self.trace, "StoreLinker") if self.trace is not None else None
-        self._observers: list[Observer] = [self.counter]
-        if self._guard is not None:
-            self._observers.append(self._guard)
+        # the job machines are process-wide: only the jobs that move this linker's
+        # buffers (its own store's, whatever wraps the store) reach its observers
+        own = [self.counter] if self._guard is None else [self.counter, self._guard]
+        self._observers: list[Observer] = [_OwnJobs(o, self.buffers.values()) for o in own]
         for observer in self._observers:
             attach(observer, LOAD_MACHINE, OFFLOAD_MACHINE)
         self._loads: dict[str, tuple[Rows, Permits]] = {}
