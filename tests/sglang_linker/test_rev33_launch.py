@@ -25,6 +25,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 import sglang_linker.engine  # noqa: F401  (SGLang's logging quieted, as every test here)
 from sglang_linker.engine import Engine
 from unicache_fsm.integrations.errors import LinkerConfigError
+from unicache_fsm.store import FaultPolicy, FaultyStore, MemoryStore, StoreOffload
 
 MODULE = "unicache_fsm.integrations.sglang"
 PAGE, TOKENS = 4, 64
@@ -208,3 +209,22 @@ def test_rev33_a_linker_counts_and_traces_only_its_own_stores_jobs(tmp_path: Pat
     first.close()
     second.close()
     assert seen == 0, f"the first linker recorded {seen} transitions of the second's store"
+
+
+def test_rev33_a_linker_counts_its_own_stores_jobs_behind_a_wrapper(tmp_path: Path) -> None:
+    # the other half of the filter: a store behind a wrapper (a FaultyStore injecting
+    # nothing) is still the linker's own, and every transition of its jobs is counted
+    inner = MemoryStore()
+    own = Engine(FaultyStore(inner, FaultPolicy()), monitored=False)
+    other = Engine.launched(_store_linker(), monitored=False)
+    other.compute(list(range(1, 17)))
+    other.settle_offloads()
+    own.compute(list(range(1, 17)))
+    own.compute(list(range(100, 116)))
+    own.settle_offloads()
+    offloads = [job for job in inner.recent_jobs() if isinstance(job, StoreOffload)]
+    counted = own.store_linker.counter.per_machine()
+    own.close()
+    other.close()
+    assert len(offloads) >= 2
+    assert counted == {"store_offload": 2 * len(offloads)}  # START and FINISH of each
