@@ -20,10 +20,13 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool,
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_cache.linker_config import UnifiedCacheLinkerConfig
 from sglang.srt.mem_cache.unified_cache.linker_factory import create_unified_cache_linker
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 import sglang_linker.engine  # noqa: F401  (SGLang's logging quieted, as every test here)
 from sglang_linker.engine import Engine
+from unicache_fsm.fsm.conformance import check_trace, read_trace
+from unicache_fsm.fsm.loader import bundled_spec
 from unicache_fsm.integrations.errors import LinkerConfigError
 from unicache_fsm.store import FaultPolicy, FaultyStore, MemoryStore, StoreOffload
 
@@ -171,19 +174,32 @@ def test_rev33_a_component_it_cannot_serve_is_refused_at_start() -> None:
     assert "MAMBA" in str(info.value) and len(str(info.value).splitlines()) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="rev33: open; every rank opens the one trace path 'w'")
+def _rank(tp: int, config: dict[str, Any]) -> Engine:
+    """Tensor-parallel rank `tp` of two, launched with `config` (SGLang publishes the
+    rank in its runtime context before the cache and its linker are built)."""
+    with get_parallel().override(tp_rank=tp, tp_size=2, attn_tp_size=2, moe_tp_size=2):
+        return Engine.launched(config, monitored=False)
+
+
+def _checked_lines(path: Path) -> int:
+    """The records in the trace at `path`, every one replayed by check-trace's checker."""
+    records = list(read_trace(path))
+    assert records and check_trace(records, bundled_spec).violation is None
+    return len(records)
+
+
 def test_rev33_two_ranks_launched_with_one_trace_path_keep_a_readable_trace(
     tmp_path: Path,
 ) -> None:
     # defect: every rank of a TP/PP deployment gets the same launch JSON, and each
-    # StoreLinker opens `trace` with "w": the ranks truncate and overwrite each other's
-    # records, so the trace an operator reads has lost most of them
+    # StoreLinker opened `trace` with "w": the ranks truncated and overwrote each
+    # other's records. Each rank now writes its own file, PATH.tp{tp}.pp{pp}.cp{cp}
     trace = tmp_path / "linker.jsonl"
     config = _store_linker(trace=str(trace))
-    first = Engine.launched(config, monitored=False)
+    first = _rank(0, config)
     first.compute(list(range(1, 17)))
     first.settle_offloads()
-    second = Engine.launched(config, monitored=False)  # the next rank starts
+    second = _rank(1, config)  # the next rank starts
     first.compute(list(range(100, 116)))
     first.settle_offloads()
     second.compute(list(range(1, 17)))
@@ -191,9 +207,36 @@ def test_rev33_two_ranks_launched_with_one_trace_path_keep_a_readable_trace(
     wrote = [e.store_linker.trace.seq for e in (first, second)]
     first.close()
     second.close()
-    lines = trace.read_bytes().splitlines()
-    assert all(json.loads(line)["machine"] for line in lines)
-    assert len(lines) == sum(wrote), f"{len(lines)} records in the file, {wrote} written"
+    files = [tmp_path / f"linker.tp{tp}.pp0.cp0.jsonl" for tp in (0, 1)]
+    assert sorted(tmp_path.iterdir()) == sorted(files)
+    assert [_checked_lines(f) for f in files] == wrote
+
+
+def test_rev33_two_ranks_of_a_monitor_launched_with_one_trace_path_write_one_file_each(
+    tmp_path: Path,
+) -> None:
+    # the same defect in ContractMonitor: its protocol trace is per rank too
+    config = _monitor(_store_linker(), mode="record", trace=str(tmp_path / "monitor.jsonl"))
+    ranks = [_rank(tp, config) for tp in (0, 1)]
+    for engine in ranks:
+        engine.compute(list(range(1, 17)))
+        engine.settle_offloads()
+    for engine in ranks:
+        engine.close()
+    wrote = [e.linker.monitor.trace.seq for e in ranks]  # (close records too)
+    files = [tmp_path / f"monitor.tp{tp}.pp0.cp0.jsonl" for tp in (0, 1)]
+    assert [_checked_lines(f) for f in files] == wrote
+
+
+def test_rev33_a_single_rank_writes_the_trace_path_it_was_given(tmp_path: Path) -> None:
+    # one rank: the operator's path as given (no rank in the name)
+    trace = tmp_path / "linker.jsonl"
+    engine = Engine.launched(_store_linker(trace=str(trace)), monitored=False)
+    engine.compute(list(range(1, 17)))
+    engine.settle_offloads()
+    wrote = engine.store_linker.trace.seq
+    engine.close()
+    assert _checked_lines(trace) == wrote
 
 
 def test_rev33_a_linker_counts_and_traces_only_its_own_stores_jobs(tmp_path: Path) -> None:

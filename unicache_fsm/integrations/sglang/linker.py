@@ -46,8 +46,12 @@ them — until the store's own completion or a reset (`fenced()`); see
 
 Its loads and offloads are the store's own machines (`specs/store_load.toml`,
 `specs/store_offload.toml`): `counter` counts them (`coverage()`), and with `trace` they
-are written to that JSONL file. A trace write that fails (a full disk) stops the trace,
-is logged and kept in `trace_error`, and never reaches SGLang's scheduler.
+are written to that JSONL file — per rank when the deployment has more than one
+(`identity.Placement.per_rank`: ``linker.tp0.pp1.cp0.jsonl`` for ``linker.jsonl``), as
+every rank is launched with the same JSON. Only its own store's jobs are observed (the
+job machines are process-wide; a job's transfers name the devices it moves). A trace
+write that fails (a full disk) stops the trace, is logged and kept in `trace_error`, and
+never reaches SGLang's scheduler.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName as SglangPoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
@@ -69,7 +74,7 @@ from unicache_fsm.integrations.errors import LinkerConfigError, UnknownBatchErro
 from unicache_fsm.integrations.sglang.buffers import POOLS, Access, LayerBuffers, halves
 from unicache_fsm.integrations.sglang.counter import LayerCounter, LayerMap
 from unicache_fsm.integrations.sglang.fence import Fence, Release, Rows, rows_of
-from unicache_fsm.integrations.sglang.identity import ModelIdentity
+from unicache_fsm.integrations.sglang.identity import ModelIdentity, Placement
 from unicache_fsm.integrations.sglang.settings import DEFAULT_LOAD_TIMEOUT_S, StoreLinkerSettings
 from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
 from unicache_fsm.store.checked import CheckedStore
@@ -179,6 +184,8 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             where = "linker_extra_config.staging_bytes"
             raise LinkerConfigError(msg, argument=where, value=settings.staging_bytes)
         identity = ModelIdentity.of(server_args, params, components, served)
+        if settings.trace is not None:  # every rank is launched with the one path
+            settings = attrs.evolve(settings, trace=Placement.of(params).per_rank(settings.trace))
         self.identity: ModelIdentity | None = identity
         self.namespace: str | None = identity.namespace(settings.namespace)
         where = "linker_extra_config.store"
