@@ -7,7 +7,6 @@ Each test names the defect it found in a one-line comment.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any

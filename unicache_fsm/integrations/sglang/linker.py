@@ -273,7 +273,9 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._guard = GuardedTrace(self.trace, "StoreLinker") if self.trace is not None else None
         # the job machines are process-wide: only the jobs that move this linker's
         # buffers (its own store's, whatever wraps the store) reach its observers
-        own = [self.counter] if self._guard is None else [self.counter, self._guard]
+        own: list[Observer] = [self.counter]
+        if self._guard is not None:
+            own.append(self._guard)
         self._observers: list[Observer] = [_OwnJobs(o, self.buffers.values()) for o in own]
         for observer in self._observers:
             attach(observer, LOAD_MACHINE, OFFLOAD_MACHINE)
