@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,13 @@ def _published(section: str, name: str) -> Any:
 
 
 def _int(value: object, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+    """`value` as an int (any integer type but bool), else `default`."""
+    if isinstance(value, bool):
+        return default
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return default
 
 
 def _tp(params: Any) -> tuple[int, int]:
