@@ -26,8 +26,10 @@ rid, ``start_layer_wise_loading`` answers an `int` that is not the index of a ba
 in flight, and ``num_completed_offloads`` an `int` from 0 to the accepted offloads not
 popped yet. A call or an answer the protocol does not allow is a `ProtocolViolation`,
 an `IllegalTransitionError` that carries the history of the load, offload or linker
-concerned: raised in ``raise`` mode, logged (and kept in `violations`) in ``record``
-mode. A recorded violation changes no machine, so the rest of the run is still checked.
+concerned: raised in ``raise`` mode, logged in ``record`` mode and counted in
+`violation_count`, the newest `KEPT_VIOLATIONS` kept in `violations` (a deployment's
+monitor runs for weeks: its memory stays bounded). A recorded violation changes no
+machine, so the rest of the run is still checked.
 
 `counter` counts every transition (`coverage()` gives the `Coverage` that
 ``unicache-fsm diagram --coverage`` draws); with `trace` every transition is written to
@@ -61,6 +63,7 @@ from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.trace import GuardedTrace, TraceRecorder, TransitionCounter, attach
 
 __all__ = [
+    "KEPT_VIOLATIONS",
     "MONITOR_MODES",
     "LinkerRecord",
     "LoadRecord",
@@ -79,6 +82,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MONITOR_MODES = ("raise", "record")
+
+#: recorded violations a `ProtocolMonitor` keeps (the newest; every one is counted)
+KEPT_VIOLATIONS = 256
 
 
 class SglangLinkerState(str, enum.Enum):
@@ -298,7 +304,9 @@ class ProtocolMonitor:
         self.batches: dict[int, list[LoadRecord]] = {}
         #: accepted offloads not yet popped or dropped, in submission order
         self.offloads: deque[OffloadRecord] = deque()
+        #: the newest `KEPT_VIOLATIONS` recorded violations; all of them are counted
         self.violations: list[ProtocolViolation] = []
+        self.violation_count = 0
         self._loads_made = 0
         self._offloads_made = 0
 
@@ -494,7 +502,10 @@ class ProtocolMonitor:
             if self.mode == "raise":
                 raise violation from None
             logger.error("SGLang linker protocol violation: %s", violation)
+            self.violation_count += 1
             self.violations.append(violation)
+            if len(self.violations) > KEPT_VIOLATIONS:
+                del self.violations[0]
             return False
         rec.history.append(f"{call}: {getattr(trigger, 'value', trigger)!s} -> {rec.state}")
         return True

@@ -15,8 +15,10 @@ Every store validates a request completely before it queues anything, the same w
   `TensorTypeError`, `DeviceMismatchError`, `TensorShapeError`, `ForeignSlotsError`,
   `UnalignedSlotsError`), ``len(indices) == len(keys) * P`` (`LengthMismatchError`);
   for LOAD, no page named twice (`DuplicatePagesError`: the write would be undefined).
-- `CheckedTransfer(pool, keys, slots, pages)` — one validated transfer: its pool name,
-  keys, slot tensor and the page id of each key's page (same order).
+- `CheckedTransfer(pool, keys, slots, pages, device)` — one validated transfer: its pool
+  name, keys, slot tensor, the page id of each key's page (same order) and the attached
+  page device it moves (the very object given to `attach`: a job's transfers say whose
+  memory it moves, whatever wraps the store).
 """
 
 from __future__ import annotations
@@ -51,12 +53,14 @@ _WHAT = {
 
 @attrs.frozen
 class CheckedTransfer:
-    """A validated LOAD/OFFLOAD transfer: `pages[i]` is the device page of `keys[i]`."""
+    """A validated LOAD/OFFLOAD transfer: `pages[i]` is the device page of `keys[i]`;
+    `device` is the attached page device of `pool` it moves."""
 
     pool: PoolName
     keys: tuple[str, ...]
     slots: torch.Tensor = attrs.field(eq=False, repr=False)
     pages: torch.Tensor = attrs.field(eq=False, repr=False)
+    device: PageDevice = attrs.field(eq=False, repr=False)
 
 
 class AttachedPools:
@@ -156,5 +160,5 @@ class AttachedPools:
                     "which copy lands would be undefined, so pass each page once"
                 )
                 raise DuplicatePagesError(msg, pool=pool.name, pages=dup)
-            out.append(CheckedTransfer(name, keys, slots, pages))
+            out.append(CheckedTransfer(name, keys, slots, pages, pool))
         return tuple(out)

@@ -10,7 +10,8 @@ everything that decides what a page's bytes mean:
 - the model: path and revision (SGLang's resolved model config, ``get_model()``, as its
   own linkers read it; the server args where it is not published);
 - the page size;
-- the dtype, and every layer's K and V shape, pool by pool (``KV``; ``SWA`` for the SWA
+- the dtype (the buffers' and the pool's own: SGLang keeps every fp8 format in uint8
+  buffers), and every layer's K and V shape, pool by pool (``KV``; ``SWA`` for the SWA
   half of an `SWAKVPool`);
 - the component set (``FULL``, ``SWA``, ...);
 - the rank: tensor-parallel rank in the cache's group, pipeline and attention
@@ -19,18 +20,26 @@ everything that decides what a page's bytes mean:
 `ModelIdentity.of(server_args, params, components, buffers)` reads it; `digest()` and
 `namespace(operator)` are pure. The same model and layout on the same rank always gives
 the same digest, in any process (a second server finds the first one's pages).
+
+`Placement.of(params)` reads the same rank facts with their widths (tensor-parallel
+group, pipeline, attention context-parallel); `per_rank(path)` is the file a rank
+writes where every rank of a deployment is given one path (a trace):
+``PATH.stem + ".tp{tp}.pp{pp}.cp{cp}" + PATH.suffix`` when the deployment has more than
+one rank, `path` itself when it has one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
-__all__ = ["ModelIdentity"]
+__all__ = ["ModelIdentity", "Placement"]
 
 DIGEST_HEX = 16
 
@@ -46,14 +55,62 @@ def _published(section: str, name: str) -> Any:
         return None
 
 
-def _tp_rank(params: Any) -> int:
+def _int(value: object, default: int) -> int:
+    """`value` as an int (any integer type but bool), else `default`."""
+    if isinstance(value, bool):
+        return default
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return default
+
+
+def _tp(params: Any) -> tuple[int, int]:
+    """(rank, width) in the cache's tensor-parallel group."""
     import torch.distributed as dist
 
     group = getattr(params, "attn_tp_cache_group", None) or getattr(params, "tp_cache_group", None)
     if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank(group=group))
-    rank = _published("parallel", "tp_rank")
-    return int(rank) if isinstance(rank, int) else 0
+        return int(dist.get_rank(group=group)), int(dist.get_world_size(group=group))
+    rank = _int(_published("parallel", "tp_rank"), 0)
+    return rank, max(_int(_published("parallel", "tp_size"), 1), rank + 1)
+
+
+@attrs.frozen
+class Placement:
+    """This worker's rank and the width of each parallel axis it is one rank of:
+    ``tp`` (the cache's tensor-parallel group), ``pp``, ``attn_cp``."""
+
+    ranks: tuple[tuple[str, int], ...]
+    sizes: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, params: Any) -> Placement:
+        tp, tp_size = _tp(params)
+        pp = _int(getattr(params, "pp_rank", 0), 0)
+        cp = _int(getattr(params, "attn_cp_rank", 0), 0)
+        return cls(
+            ranks=(("tp", tp), ("pp", pp), ("attn_cp", cp)),
+            sizes=(
+                ("tp", tp_size),
+                ("pp", max(_int(getattr(params, "pp_size", 1), 1), pp + 1)),
+                ("attn_cp", max(_int(getattr(params, "attn_cp_size", 1), 1), cp + 1)),
+            ),
+        )
+
+    @property
+    def several(self) -> bool:
+        """Whether the deployment has more than one rank."""
+        return any(size > 1 for _, size in self.sizes)
+
+    def per_rank(self, path: str) -> str:
+        """The file this rank writes for `path` (module docstring)."""
+        where = Path(path)
+        if not self.several or not where.name:
+            return path
+        ranks = dict(self.ranks)
+        tag = f".tp{ranks['tp']}.pp{ranks['pp']}.cp{ranks['attn_cp']}"
+        return str(where.with_name(where.stem + tag + where.suffix))
 
 
 @attrs.frozen
@@ -91,12 +148,12 @@ class ModelIdentity:
                 for k, v in zip(kv.k_buffer, kv.v_buffer, strict=True)
             )
             dtypes |= {str(b.dtype) for b in [*kv.k_buffer, *kv.v_buffer]}
+            # the pool's own dtype too: SGLang stores every fp8 format as uint8 buffers
+            logical = getattr(kv, "dtype", None)
+            if logical is not None:
+                dtypes.add(str(logical))
             layers.append((str(getattr(name, "value", name)), shapes))
-        ranks = (
-            ("tp", _tp_rank(params)),
-            ("pp", int(getattr(params, "pp_rank", 0) or 0)),
-            ("attn_cp", int(getattr(params, "attn_cp_rank", 0) or 0)),
-        )
+        ranks = Placement.of(params).ranks
         return cls(
             model_path=str(model),
             revision=None if revision is None else str(revision),

@@ -46,18 +46,23 @@ them — until the store's own completion or a reset (`fenced()`); see
 
 Its loads and offloads are the store's own machines (`specs/store_load.toml`,
 `specs/store_offload.toml`): `counter` counts them (`coverage()`), and with `trace` they
-are written to that JSONL file. A trace write that fails (a full disk) stops the trace,
-is logged and kept in `trace_error`, and never reaches SGLang's scheduler.
+are written to that JSONL file — per rank when the deployment has more than one
+(`identity.Placement.per_rank`: ``linker.tp0.pp1.cp0.jsonl`` for ``linker.jsonl``), as
+every rank is launched with the same JSON. Only its own store's jobs are observed (the
+job machines are process-wide; a job's transfers name the devices it moves). A trace
+write that fails (a full disk) stops the trace, is logged and kept in `trace_error`, and
+never reaches SGLang's scheduler.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 from sglang.srt.mem_cache.hicache_storage import PoolName as SglangPoolName
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
@@ -69,7 +74,7 @@ from unicache_fsm.integrations.errors import LinkerConfigError, UnknownBatchErro
 from unicache_fsm.integrations.sglang.buffers import POOLS, Access, LayerBuffers, halves
 from unicache_fsm.integrations.sglang.counter import LayerCounter, LayerMap
 from unicache_fsm.integrations.sglang.fence import Fence, Release, Rows, rows_of
-from unicache_fsm.integrations.sglang.identity import ModelIdentity
+from unicache_fsm.integrations.sglang.identity import ModelIdentity, Placement
 from unicache_fsm.integrations.sglang.settings import DEFAULT_LOAD_TIMEOUT_S, StoreLinkerSettings
 from unicache_fsm.pools.transfer import PoolHitPolicy, PoolName, PoolTransfer
 from unicache_fsm.store.checked import CheckedStore
@@ -123,6 +128,24 @@ def _layer_map(kvcache: Any, buffers: Mapping[PoolName, LayerBuffers]) -> LayerM
     return out
 
 
+class _OwnJobs:
+    """`observer` called only for store jobs that move one of `devices`: a job's
+    transfers name the attached page device they move (`CheckedTransfer.device`), the
+    very objects a linker attaches, so its own store's jobs pass through any wrapper
+    that forwards `attach`, and another linker's store's jobs do not."""
+
+    __slots__ = ("devices", "observer")
+
+    def __init__(self, observer: Observer, devices: Iterable[object]) -> None:
+        self.observer = observer
+        self.devices = frozenset(id(d) for d in devices)
+
+    def __call__(self, ex: Any, model: Any, source: str, trigger: str, dest: str) -> None:
+        ids = self.devices
+        if any(id(getattr(t, "device", None)) in ids for t in getattr(model, "transfers", ())):
+            self.observer(ex, model, source, trigger, dest)
+
+
 class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
     """SGLang 0.5.23's linker interface over an `ExternalStore` (module docstring).
 
@@ -143,6 +166,10 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         settings = StoreLinkerSettings.parse(extra_config)
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()
         names = {str(getattr(c, "name", c)) for c in components}
+        unserved = sorted(names - {"FULL", "SWA"})
+        if unserved:  # SGLang would send their transfers to every call
+            msg = f"components {unserved}: StoreLinker serves FULL and SWA only"
+            raise LinkerConfigError(msg, argument="components", value=unserved)
         pools: dict[Any, object] = {SglangPoolName.KV: kvcache}
         if "SWA" in names and hasattr(kvcache, "swa_kv_pool"):
             pools[SglangPoolName.SWA] = kvcache
@@ -157,6 +184,8 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             where = "linker_extra_config.staging_bytes"
             raise LinkerConfigError(msg, argument=where, value=settings.staging_bytes)
         identity = ModelIdentity.of(server_args, params, components, served)
+        if settings.trace is not None:  # every rank is launched with the one path
+            settings = attrs.evolve(settings, trace=Placement.of(params).per_rank(settings.trace))
         self.identity: ModelIdentity | None = identity
         self.namespace: str | None = identity.namespace(settings.namespace)
         where = "linker_extra_config.store"
@@ -242,9 +271,12 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self.counter = TransitionCounter()
         # a failing trace write (a full disk) stops the trace, never the linker call
         self._guard = GuardedTrace(self.trace, "StoreLinker") if self.trace is not None else None
-        self._observers: list[Observer] = [self.counter]
+        # the job machines are process-wide: only the jobs that move this linker's
+        # buffers (its own store's, whatever wraps the store) reach its observers
+        own: list[Observer] = [self.counter]
         if self._guard is not None:
-            self._observers.append(self._guard)
+            own.append(self._guard)
+        self._observers: list[Observer] = [_OwnJobs(o, self.buffers.values()) for o in own]
         for observer in self._observers:
             attach(observer, LOAD_MACHINE, OFFLOAD_MACHINE)
         self._loads: dict[str, tuple[Rows, Permits]] = {}

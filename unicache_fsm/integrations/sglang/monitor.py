@@ -31,7 +31,9 @@ offloaded (slots moved times the pool's bytes per token, every layer's K and V),
 violations and exceptions of the wrapped linker; a summary line goes to the
 ``unicache_fsm.integrations.sglang.monitor`` logger every ``summary_every_s`` seconds
 (checked on each call) and at `close`. With `trace` the protocol machines' transitions
-go to that JSONL file (``unicache-fsm check-trace`` accepts it); `coverage()` /
+go to that JSONL file — per rank when the deployment has more than one
+(`identity.Placement.per_rank`), as every rank is launched with the same JSON
+(``unicache-fsm check-trace`` accepts each); `coverage()` /
 `save_coverage(path)` give what ``unicache-fsm diagram --coverage`` draws.
 """
 
@@ -51,8 +53,9 @@ from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCache
 
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.integrations.errors import LinkerConfigError
-from unicache_fsm.integrations.protocol import ProtocolMonitor
+from unicache_fsm.integrations.protocol import MonitorConfigError, ProtocolMonitor
 from unicache_fsm.integrations.sglang.buffers import halves
+from unicache_fsm.integrations.sglang.identity import Placement
 from unicache_fsm.integrations.sglang.interface import problems
 from unicache_fsm.integrations.sglang.settings import MonitorSettings
 
@@ -131,6 +134,9 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
     ) -> None:
         settings = MonitorSettings.parse(extra_config)
         where, _ = _wrapped_class(settings)
+        trace = settings.trace
+        if trace is not None:  # every rank is launched with the one path
+            trace = Placement.of(params).per_rank(trace)
         config = settings.config
         if settings.backend == "dynamic":
             config = dict(config)
@@ -152,7 +158,17 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
         if missing:
             msg = f"linker_extra_config.wrap: {where} built without {', '.join(missing)}"
             raise LinkerConfigError(msg, argument="linker_extra_config.wrap", value=where)
-        self._setup(linker, settings.mode, settings.trace, settings.summary_every_s)
+        try:
+            self._setup(linker, settings.mode, trace, settings.summary_every_s)
+        except (OSError, MonitorConfigError) as exc:  # a trace it cannot write
+            try:
+                linker.close()  # nothing left open
+            except Exception:
+                logger.exception("ContractMonitor: closing the wrapped linker failed")
+            msg = f"linker_extra_config.trace {trace!r} cannot be written: {exc}".splitlines()[0]
+            raise LinkerConfigError(
+                msg, argument="linker_extra_config.trace", value=trace
+            ) from None
 
     @classmethod
     def around(
@@ -215,7 +231,7 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
     def counts(self) -> dict[str, int]:
         """What the operator's log line holds (module docstring)."""
         out = dict(self._counts)
-        out["violations"] = len(self.monitor.violations)
+        out["violations"] = self.monitor.violation_count
         return out
 
     def summary(self) -> str:
