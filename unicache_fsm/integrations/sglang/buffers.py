@@ -290,7 +290,7 @@ class LayerBuffers:
         dominates), so small pages keep the fancy index."""
         assert self._host is not None
         hk, hv = self._host[0]
-        return min(hk.shape[1], hv.shape[1]) >= PAGE_BY_PAGE_BYTES
+        return bool(min(hk.shape[1], hv.shape[1]) >= PAGE_BY_PAGE_BYTES)
 
     def _gather_host(self, at: Any, out: Any) -> None:
         """`read_page_ids` on the host: `out` is the uint8 bytes of the result."""
