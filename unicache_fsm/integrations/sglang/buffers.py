@@ -140,6 +140,7 @@ class LayerBuffers:
             if self._device.type == "cpu"
             else None
         )
+        self._host_bufs: list[tuple[Any, Any]] | None = None  # see `_host_rows`
         self._lock = threading.Lock()
         self._open: dict[str, Counter[int]] = {"read": Counter(), "write": Counter()}
 
@@ -266,20 +267,24 @@ class LayerBuffers:
         p = self.page_size
         hk0, hv0 = self._host[0]
         kb, vb = hk0.shape[1] // p, hv0.shape[1] // p
+        if self._host_bufs is None:  # built once: the buffers never change
+            if kb == vb:
+                row = np.dtype((np.void, kb))
+                self._host_bufs = [
+                    (
+                        hk.reshape(-1, p, kb).view(row)[..., 0],
+                        hv.reshape(-1, p, kb).view(row)[..., 0],
+                    )
+                    for hk, hv in self._host
+                ]
+            else:
+                self._host_bufs = [
+                    (hk.reshape(-1, p, kb), hv.reshape(-1, p, vb)) for hk, hv in self._host
+                ]
         if kb == vb:
-            row = np.dtype((np.void, kb))
-            rows = data.reshape(-1, p, 2 * layers, kb).view(row)[..., 0]
-            bufs = [
-                (hk.reshape(-1, p, kb).view(row)[..., 0], hv.reshape(-1, p, kb).view(row)[..., 0])
-                for hk, hv in self._host
-            ]
-            return rows, bufs, True
-        rows = data.reshape(-1, p, layers, kb + vb)
-        return (
-            rows,
-            [(hk.reshape(-1, p, kb), hv.reshape(-1, p, vb)) for hk, hv in self._host],
-            False,
-        )
+            rows = data.reshape(-1, p, 2 * layers, kb).view(np.dtype((np.void, kb)))[..., 0]
+            return rows, self._host_bufs, True
+        return data.reshape(-1, p, layers, kb + vb), self._host_bufs, False
 
     def _per_page(self) -> bool:
         """Whether host moves go page by page: a page's K and V bytes per layer reach
