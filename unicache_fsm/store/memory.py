@@ -22,7 +22,9 @@ and adds:
   Offload: a device whose pages the host views in place (`page_bytes()`, a CPU
   `KVPool`) has its pages copied into their rows and checksummed as they land, in one
   call (`checksum.copy_checksums`, native where built); any other device is read with
-  `read_page_ids` a chunk of at most `staging_bytes` at a time. Load: every header is
+  `read_page_ids` a chunk of at most `staging_bytes` at a time (a CPU device straight
+  into the new pages' rows when they are one run, then checksummed there; else through
+  host staging, copied into the rows as they are checksummed). Load: every header is
   checked first; then the pages are copied into host staging and checksummed as they
   land, the whole batch at once when it fits `staging_bytes` (every page verified,
   then written layer-major with `write_layers`, so `loaded_layers` rises layer by
