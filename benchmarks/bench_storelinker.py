@@ -31,16 +31,17 @@ contended cores, so the baseline moves with the machine's load (printed) and wit
 of at least 16 KiB per layer (as here), with one fancy index per layer below.
 
 The store runs at its capacity (4 nodes) once warm, as a serving store does: an offload
-evicts the oldest node and refills its rows. Read the 1-thread figures (with torch's
-default threads the raw bf16 kernels collapse under contention and every ratio is far
-above 1). Measured on 2 loaded cores (load average 2-3.5), ``--threads 1``: offload
-through the store 0.22-0.40x, load through the store 0.71-0.87x, the page device's read
-(the linker's move alone: SGLang's per-layer buffers into the store's page format)
-0.58-0.75x, its write 2.5-2.7x. Offload through the store cannot reach 0.8x: beyond
-the move (about 2.0 ms for the node's 8 MiB, against 1.6 ms for the raw gather) the
-store checksums every page (XXH3, about 0.6 ms here) and files it under its lock, so
-its budget is spent before the store's own work starts; the move alone is the figure
-to hold to the raw gather. The store reads pages straight into its own rows (no
+evicts the oldest node and refills its rows. Read the 1-thread figures: with torch's
+default threads the raw bf16 kernels swing with contention (ratios from 0.2 to over 7
+between runs on one machine). Measured on 2 shared cores (load average 1.4-3.5),
+``--threads 1``, several runs: offload through the store 0.22-0.47x, load through the
+store 0.71-0.87x, the page device's read (the linker's move alone: SGLang's per-layer
+buffers into the store's page format) 0.58-0.79x, its write 2.3-2.7x; run to run the
+raw gather itself moved between 4 and 6.8 GiB/s. Offload through the store cannot reach
+0.8x: beyond the move (about 2.0 ms for the node's 8 MiB, against 1.6 ms for the raw
+gather) the store checksums every page (XXH3, about 0.6 ms here) and files it under its
+lock, so the budget is spent before the store's own work starts; the move alone is the
+figure to hold to the raw gather. The store reads pages straight into its own rows (no
 staging buffer, no second copy), and checksums them there once.
 """
 
