@@ -22,7 +22,9 @@ and adds:
   Offload: a device whose pages the host views in place (`page_bytes()`, a CPU
   `KVPool`) has its pages copied into their rows and checksummed as they land, in one
   call (`checksum.copy_checksums`, native where built); any other device is read with
-  `read_page_ids` a chunk of at most `staging_bytes` at a time. Load: every header is
+  `read_page_ids` a chunk of at most `staging_bytes` at a time (a CPU device straight
+  into the new pages' rows when they are one run, then checksummed there; else through
+  host staging, copied into the rows as they are checksummed). Load: every header is
   checked first; then the pages are copied into host staging and checksummed as they
   land, the whole batch at once when it fits `staging_bytes` (every page verified,
   then written layer-major with `write_layers`, so `loaded_layers` rises layer by
@@ -55,7 +57,7 @@ from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES
 from unicache_fsm.pools.slots import int64_tensor
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
-from unicache_fsm.store.checksum import copy_checksums
+from unicache_fsm.store.checksum import copy_checksums, page_checksums
 from unicache_fsm.store.copier import PageCopier, check_threads
 from unicache_fsm.store.errors import StoreConfigError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
@@ -505,11 +507,19 @@ class MemoryStore(BaseStore["_Entry"]):
             # one call (native where built)
             part.checksums = copy_checksums(dst, rows, src, part.page_list())
             return
-        # a device the host cannot view: read in chunks within the staging budget
+        # else read in chunks within the staging budget; on a CPU device, with the rows
+        # one ascending run, straight into them and checksummed in place (no staging
+        # buffer, no second copy)
         ids, nbytes, sums = part.page_tensor(), slab.page_nbytes, []
+        direct = pool.device.type == "cpu" and rows[-1] - rows[0] == n - 1
         for piece in chunks(n, nbytes, self.staging_bytes):
+            into = rows[piece.start : piece.stop]
+            if direct:
+                buf = slab.data[into[0] : into[-1] + 1]
+                read_staged(pool, ids[piece.start : piece.stop], buf)
+                sums += page_checksums(buf)
+                continue
             buf = self.staging(len(piece) * nbytes).view(len(piece), nbytes)
             read_staged(pool, ids[piece.start : piece.stop], buf)
-            into = rows[piece.start : piece.stop]
             sums += copy_checksums(dst, into, buf.numpy(), list(range(len(piece))))
         part.checksums = sums

@@ -1,0 +1,87 @@
+"""`LayerBuffers` on SGLang 0.5.23's own `MHATokenToKVPool` (CPU): its host moves copy
+page by page when a page's K and V bytes per layer reach `PAGE_BY_PAGE_BYTES`, with one
+fancy index per layer below. Both paths, forced in turn on the same pool, read and write
+the same bytes as a torch gather/scatter of SGLang's buffers: K and V rows of one size
+and of two sizes, pages of 1 and 16 tokens, every layer and a slice of layers (a strided
+`data`)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+HEADS, HEAD_DIM, LAYERS, PAGES = 8, 128, 3, 6
+PICK = [5, 2, 3]  # pages moved, out of order
+
+
+def _pool(page: int, v_head_dim: int) -> tuple[object, object]:
+    logging.disable(logging.WARNING)
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from unicache_fsm.integrations.sglang.buffers import LayerBuffers
+    from unicache_fsm.pools.transfer import PoolName
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
+    kv = MHATokenToKVPool(
+        size=PAGES * page,
+        page_size=page,
+        dtype=torch.bfloat16,
+        head_num=HEADS,
+        head_dim=HEAD_DIM,
+        layer_num=LAYERS,
+        device="cpu",
+        enable_memory_saver=False,
+        v_head_dim=v_head_dim,
+    )
+    gen = torch.Generator().manual_seed(page * 1000 + v_head_dim)
+    for buf in [*kv.k_buffer, *kv.v_buffer]:
+        buf.copy_(torch.randn(buf.shape, generator=gen).to(torch.bfloat16))
+    return kv, LayerBuffers(PoolName.KV, kv)
+
+
+def _gathered(kv: object, page: int, pages: list[int]) -> torch.Tensor:
+    """The pages in the store's format, by torch: [rows, layers, K bytes then V bytes]."""
+    slots = (torch.tensor(pages)[:, None] * page + torch.arange(page)).reshape(-1)
+    per_layer = [
+        torch.cat([k[slots].flatten(1), v[slots].flatten(1)], dim=1)
+        for k, v in zip(kv.k_buffer, kv.v_buffer, strict=True)  # type: ignore[attr-defined]
+    ]
+    return torch.stack(per_layer, dim=1)
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("v_head_dim", [HEAD_DIM, HEAD_DIM // 2], ids=["K=V", "K!=V"])
+@pytest.mark.parametrize("per_page", [True, False], ids=["per-page", "fancy"])
+def test_both_host_paths_move_the_bytes_of_a_torch_gather_and_scatter(
+    monkeypatch: pytest.MonkeyPatch, page: int, v_head_dim: int, per_page: bool
+) -> None:
+    from unicache_fsm.integrations.sglang import buffers as module
+
+    monkeypatch.setattr(module, "PAGE_BY_PAGE_BYTES", 0 if per_page else 1 << 40)
+    kv, device = _pool(page, v_head_dim)
+    pages = torch.tensor(PICK)
+    device.allow("read", pages)  # type: ignore[attr-defined]
+    device.allow("write", pages)  # type: ignore[attr-defined]
+    read = device.read_page_ids(pages)  # type: ignore[attr-defined]
+    assert torch.equal(read.view(torch.int16), _gathered(kv, page, PICK).view(torch.int16))
+
+    # every layer written: the buffers then gather to exactly the written bytes
+    gen = torch.Generator().manual_seed(7)
+    new = torch.randn(read.shape, generator=gen).to(torch.bfloat16)
+    device.write_page_ids(pages, new)  # type: ignore[attr-defined]
+    assert torch.equal(_gathered(kv, page, PICK).view(torch.int16), new.view(torch.int16))
+
+    # layers 1..2 only, from a strided view of a wider tensor: layer 0 keeps its bytes
+    wider = torch.randn((read.shape[0], LAYERS + 1, read.shape[2]), generator=gen)
+    part = wider.to(torch.bfloat16)[:, 1:3]
+    device.write_page_ids(pages, part, layers=slice(1, 3))  # type: ignore[attr-defined]
+    after = _gathered(kv, page, PICK)
+    assert torch.equal(after[:, 0].view(torch.int16), new[:, 0].view(torch.int16))
+    assert torch.equal(after[:, 1:].view(torch.int16), part.view(torch.int16))
+    # the other pages untouched: page 1 still reads as SGLang's buffers hold it
+    device.allow("read", torch.tensor([1]))  # type: ignore[attr-defined]
+    one = device.read_page_ids(torch.tensor([1]))  # type: ignore[attr-defined]
+    assert torch.equal(one.view(torch.int16), _gathered(kv, page, [1]).view(torch.int16))
