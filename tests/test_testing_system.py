@@ -23,6 +23,7 @@ from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.loader import bundled_machines, bundled_spec
 from unicache_fsm.fsm.trace import TransitionCounter
 from unicache_fsm.store.protocol import ExternalStore
+from unicache_fsm.testing import walk
 from unicache_fsm.testing.machines import SystemMachine
 
 COMBOS = [(p, swa, faults) for p in (1, 4, 16) for swa in (False, True) for faults in (False, True)]
@@ -99,7 +100,14 @@ def test_system_machine_on_every_backend(p: int, swa: bool, faults: bool, backen
                 stores.cleanup()
 
     OnBackend.__name__ = f"{base.__name__}_{backend}"
-    run_state_machine_as_test(OnBackend, settings=BACKEND_RUNS)
+    if stores.background:
+        # a store with its own worker finishes jobs on its own clock, so what a step sees
+        # (a completion popped now or one step later) depends on timing; Hypothesis
+        # replays a program to shrink it and refuses one whose draws changed
+        # (FlakyStrategyDefinition), while the seeded walk needs no replay to run
+        walk.fuzz(OnBackend, seed=0, runs=BACKEND_RUNS.max_examples, steps=40)
+    else:
+        run_state_machine_as_test(OnBackend, settings=BACKEND_RUNS)
     assert OnBackend.steps > 0
 
 
