@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 import attrs
 import torch
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
-from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from unicache_fsm.integrations.linker_kit.kvmodel import KvModel
 from unicache_fsm.integrations.linker_kit.ledger import Ledger
@@ -42,6 +41,7 @@ from unicache_fsm.integrations.linker_kit.obligations import (
     Obligation,
     Verdicts,
 )
+from unicache_fsm.integrations.sglang.interface import WrappingLinker
 
 __all__ = ["CheckedLinker", "bounded"]
 
@@ -93,7 +93,7 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
+class CheckedLinker(WrappingLinker):
     """The linker under test, checked on every call (module docstring)."""
 
     def __init__(
@@ -123,20 +123,7 @@ class CheckedLinker(UnifiedCacheLinker):  # type: ignore[misc]
         self._before: dict[int, dict[Any, list[torch.Tensor]]] = {}
         self._early: dict[int, str] = {}
 
-    # -- delegation ---------------------------------------------------------------------
-
-    @property
-    def layer_done_counter(self) -> Any:
-        return self.linker.layer_done_counter
-
-    @property
-    def pools(self) -> dict[Any, object]:
-        pools: dict[Any, object] = self.linker.pools
-        return pools
-
-    @property
-    def forward_stream(self) -> Any:
-        return getattr(self.linker, "forward_stream", None)
+    # -- delegation (the counter, pools and stream: `WrappingLinker`) -------------------
 
     def record_offload_ready(self) -> list[Any]:
         events: list[Any] = self._call("record_offload_ready", self.linker.record_offload_ready)

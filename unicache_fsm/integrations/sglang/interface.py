@@ -17,7 +17,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
-__all__ = ["CALLS", "CONSTRUCTOR_KEYWORDS", "problems"]
+__all__ = ["CALLS", "CONSTRUCTOR_KEYWORDS", "WrappingLinker", "problems"]
 
 #: each method 0.5.23 calls -> (positional args, keyword args) it passes
 CALLS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
@@ -80,3 +80,25 @@ def problems(cls: object) -> list[str]:
         if refused:
             found.append(f"{name}{_shape(args, kwargs)} fails: {refused}")
     return found
+
+
+class WrappingLinker(UnifiedCacheLinker):  # type: ignore[misc]
+    """A linker that wraps another (`self.linker`): the attributes SGLang reads of a
+    linker besides `CALLS` (`layer_done_counter`, `pools`, `forward_stream`) are the
+    wrapped linker's, read at each access, so SGLang waits on the counter and reads the
+    pools the wrapped linker really uses."""
+
+    linker: Any
+
+    @property
+    def layer_done_counter(self) -> Any:
+        return self.linker.layer_done_counter
+
+    @property
+    def pools(self) -> dict[Any, object]:
+        pools: dict[Any, object] = self.linker.pools
+        return pools
+
+    @property
+    def forward_stream(self) -> Any:
+        return getattr(self.linker, "forward_stream", None)

@@ -49,14 +49,13 @@ from typing import Any, TypeVar
 
 from sglang.srt.mem_cache.unified_cache.linker_config import UnifiedCacheLinkerConfig
 from sglang.srt.mem_cache.unified_cache.linker_factory import create_unified_cache_linker
-from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.integrations.errors import LinkerConfigError
 from unicache_fsm.integrations.protocol import MonitorConfigError, ProtocolMonitor
 from unicache_fsm.integrations.sglang.buffers import halves
 from unicache_fsm.integrations.sglang.identity import Placement
-from unicache_fsm.integrations.sglang.interface import problems
+from unicache_fsm.integrations.sglang.interface import WrappingLinker, problems
 from unicache_fsm.integrations.sglang.settings import MonitorSettings
 
 __all__ = ["BUILT_IN_CLASSES", "ContractMonitor"]
@@ -120,7 +119,7 @@ def _bytes_per_token(pools: Any) -> dict[str, int]:
     return out
 
 
-class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
+class ContractMonitor(WrappingLinker):
     """Any `UnifiedCacheLinker`, every call checked (module docstring)."""
 
     def __init__(
@@ -256,20 +255,7 @@ class ContractMonitor(UnifiedCacheLinker):  # type: ignore[misc]
             self._last_summary = now
             logger.info("%s", self.summary())
 
-    # -- what SGLang reads ----------------------------------------------------------------
-
-    @property
-    def layer_done_counter(self) -> object:
-        return self.linker.layer_done_counter
-
-    @property
-    def pools(self) -> dict[Any, object]:
-        pools: dict[Any, object] = self.linker.pools
-        return pools
-
-    @property
-    def forward_stream(self) -> Any:
-        return getattr(self.linker, "forward_stream", None)
+    # -- what SGLang reads (the counter, pools and stream: `WrappingLinker`) ---------------
 
     def record_offload_ready(self) -> list[Any]:
         events: list[Any] = self.linker.record_offload_ready()
