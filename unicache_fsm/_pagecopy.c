@@ -26,6 +26,39 @@
  *   with non-temporal (streaming) stores on the AVX2 path: a page that large is not read
  *   again soon, and a streaming store skips reading the destination's line first.
  *
+ * gather_pages(dst, sources, row_bytes, pages, page_size, checksum=True, hardware=True)
+ *     -> list[int] | None
+ *
+ *   Pages assembled from several page-major sources (a KV cache's per-layer K and V
+ *   buffers) into one page format: source s is a C-contiguous buffer of pages of
+ *   page_size * row_bytes[s] bytes (token t of page k: the row_bytes[s] bytes at
+ *   (k * page_size + t) * row_bytes[s]); page i of `dst` (page_nbytes = page_size *
+ *   sum(row_bytes) bytes, at i * page_nbytes) holds, token by token, that token's row
+ *   of every source in order. `dst` is a writable C-contiguous buffer of exactly
+ *   len(pages) * page_nbytes bytes. With checksum=True, also each destination page's
+ *   XXH3-64 (page_nbytes must then exceed 240); else None. A page is filled source by
+ *   source (each source's page_size rows read as one run, written at the token stride):
+ *   measured on 8 MiB of 16 x 2 KiB sources, 0.75 ms against 2.1 ms token by token (16
+ *   interleaved source streams defeat the hardware prefetcher), a plain memcpy's time.
+ *   With checksums, each page is filled in a scratch page that stays in cache, then
+ *   moved to its place and hashed in one pass (as copy_rows: streaming stores for
+ *   large aligned pages, which skip reading the destination's old lines): measured in
+ *   a memory store at capacity (destination rows not in cache), 1.0 ms per 8 MiB
+ *   against 1.9 ms filling the destination and hashing it there. Errors (nothing written):
+ *   TypeError for a buffer of the wrong kind or an id or size that is not an int;
+ *   ValueError for a source count other than len(row_bytes), a row size < 1, a page
+ *   id outside a source, a destination of another size, or a source that overlaps the
+ *   destination. The copies run with the GIL released.
+ *
+ * scatter_pages(src, dests, row_bytes, pages, page_size, checksum=True, hardware=True)
+ *     -> list[int] | None
+ *
+ *   The inverse move: page i of `src` (page format, len(pages) * page_nbytes bytes,
+ *   C-contiguous) into page pages[i] of every page-major buffer of `dests` (writable,
+ *   C-contiguous), with each page's XXH3-64 taken first (which brings the page into
+ *   cache for its copies); the same checks and errors as gather_pages. A page named
+ *   twice is written twice (the caller's check).
+ *
  * hardware=False forces the portable path even where the CPU has AVX2 (the tests run
  * both). HARDWARE_AVX2: whether this build and CPU have the AVX2 path (CPUID, at import).
  *
@@ -368,6 +401,176 @@ done:
     return result;
 }
 
+/* `obj` as a Py_ssize_t >= lo, else -1 with TypeError / ValueError naming `what` and `i` */
+static Py_ssize_t index_at_least(const char *call, PyObject *obj, Py_ssize_t lo, const char *what,
+                                 Py_ssize_t i) {
+    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: %s %zd is a %.80s, not an int", call, what, i,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    Py_ssize_t v = PyLong_AsSsize_t(obj);
+    if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (v < lo) {
+        PyErr_Format(PyExc_ValueError, "%s: %s %zd is %R, below %zd", call, what, i, obj, lo);
+        return -1;
+    }
+    return v;
+}
+
+/* gather_pages (scatter = 0) and scatter_pages (1): `page` is the page-format side
+ * (written by a gather, read by a scatter), `buffers` the page-major side */
+static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
+    static char *gather_keywords[] = {"dst",       "sources",  "row_bytes", "pages",
+                                      "page_size", "checksum", "hardware",  NULL};
+    static char *scatter_keywords[] = {"src",       "dests",    "row_bytes", "pages",
+                                       "page_size", "checksum", "hardware",  NULL};
+    const char *call = scatter ? "scatter_pages" : "gather_pages";
+    Py_buffer side = {0}, *bufs = NULL;
+    PyObject *buffers, *row_obj, *pages_obj, *buf_seq = NULL, *row_seq = NULL, *page_seq = NULL;
+    PyObject *result = NULL;
+    Py_ssize_t page_size, nbuf = 0, opened = 0, *rows = NULL, *ids = NULL;
+    uint64_t *sums = NULL;
+    uint8_t *scratch = NULL;
+    int checksum = 1, hardware = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, scatter ? "y*OOOn|pp:scatter_pages" : "w*OOOn|pp:gather_pages",
+                                     scatter ? scatter_keywords : gather_keywords, &side, &buffers,
+                                     &row_obj, &pages_obj, &page_size, &checksum, &hardware))
+        return NULL;
+    if (page_size < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: page_size %zd must be >= 1", call, page_size);
+        goto done;
+    }
+    buf_seq = PySequence_Fast(buffers, "the page-major buffers must be a sequence of buffers");
+    if (!buf_seq) goto done;
+    row_seq = PySequence_Fast(row_obj, "row_bytes must be a sequence of ints");
+    if (!row_seq) goto done;
+    page_seq = PySequence_Fast(pages_obj, "pages must be a sequence of ints");
+    if (!page_seq) goto done;
+    nbuf = PySequence_Fast_GET_SIZE(buf_seq);
+    if (nbuf < 1 || PySequence_Fast_GET_SIZE(row_seq) != nbuf) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd buffer(s) for %zd row size(s)", call, nbuf,
+                     PySequence_Fast_GET_SIZE(row_seq));
+        goto done;
+    }
+    rows = PyMem_Malloc((size_t)nbuf * sizeof(Py_ssize_t));
+    bufs = PyMem_Calloc((size_t)nbuf, sizeof(Py_buffer));
+    if (!rows || !bufs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int flags = scatter ? PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE : PyBUF_C_CONTIGUOUS;
+    Py_ssize_t token_bytes = 0, pages_in = PY_SSIZE_T_MAX;
+    for (Py_ssize_t s = 0; s < nbuf; s++) {
+        rows[s] = index_at_least(call, PySequence_Fast_GET_ITEM(row_seq, s), 1, "row size", s);
+        if (rows[s] < 0) goto done;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(buf_seq, s), &bufs[s], flags) < 0) goto done;
+        opened++;
+        Py_ssize_t page_bytes = page_size * rows[s];
+        if (bufs[s].len / page_bytes < pages_in) pages_in = bufs[s].len / page_bytes;
+        token_bytes += rows[s];
+    }
+    Py_ssize_t page_nbytes = page_size * token_bytes;
+    if (checksum && page_nbytes <= SHORT_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: pages of %zd bytes; checksums need more than %d", call,
+                     page_nbytes, SHORT_MAX);
+        goto done;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(page_seq);
+    if (side.len != n * page_nbytes) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd page-format bytes for %zd page(s) of %zd", call,
+                     side.len, n, page_nbytes);
+        goto done;
+    }
+    ids = PyMem_Malloc(n ? (size_t)n * sizeof(Py_ssize_t) : 1);
+    sums = PyMem_Malloc(n ? (size_t)n * sizeof(uint64_t) : 1);
+    if (!ids || !sums) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ids[i] = index_at_least(call, PySequence_Fast_GET_ITEM(page_seq, i), 0, "page", i);
+        if (ids[i] < 0) goto done;
+        if (ids[i] >= pages_in) {
+            PyErr_Format(PyExc_ValueError, "%s: page %zd is %zd, outside the buffers' 0 .. %zd", call,
+                         i, ids[i], pages_in - 1);
+            goto done;
+        }
+    }
+    const uint8_t *p0 = (const uint8_t *)side.buf, *p1 = p0 + side.len;
+    for (Py_ssize_t s = 0; s < nbuf; s++) {
+        const uint8_t *b0 = (const uint8_t *)bufs[s].buf;
+        if (side.len && b0 < p1 && p0 < b0 + bufs[s].len) {
+            PyErr_Format(PyExc_ValueError, "%s: buffer %zd overlaps the page-format bytes", call, s);
+            goto done;
+        }
+    }
+    /* A gather with checksums fills each page in a scratch page (in cache, reused),
+     * then moves it to its place and hashes it in one pass (streaming stores for large
+     * pages: no read of the destination's old lines first). A scatter with checksums
+     * hashes each page first, which leaves it in cache for its rows' copies. */
+    if (checksum && !scatter && n) {
+        scratch = PyMem_Malloc((size_t)page_nbytes);
+        if (!scratch) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    pass_fn pass = pick(hardware);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint8_t *place = (uint8_t *)side.buf + i * page_nbytes;
+        uint8_t *page = scratch ? scratch : place;
+        if (checksum && scatter) sums[i] = pass(NULL, place, (size_t)page_nbytes);
+        Py_ssize_t offset = 0; /* of buffer s's row inside a token's bytes */
+        for (Py_ssize_t s = 0; s < nbuf; s++) {
+            uint8_t *run = (uint8_t *)bufs[s].buf + ids[i] * page_size * rows[s];
+            uint8_t *at = page + offset;
+            for (Py_ssize_t t = 0; t < page_size; t++, run += rows[s], at += token_bytes) {
+                if (scatter) memcpy(run, at, (size_t)rows[s]);
+                else memcpy(at, run, (size_t)rows[s]);
+            }
+            offset += rows[s];
+        }
+        if (checksum && !scatter) sums[i] = pass(place, scratch, (size_t)page_nbytes);
+    }
+    Py_END_ALLOW_THREADS
+    if (!checksum) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyList_New(n);
+    if (!result) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(sums[i]);
+        if (!v) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+done:
+    for (Py_ssize_t s = 0; s < opened; s++) PyBuffer_Release(&bufs[s]);
+    PyMem_Free(scratch);
+    PyMem_Free(bufs);
+    PyMem_Free(rows);
+    PyMem_Free(ids);
+    PyMem_Free(sums);
+    Py_XDECREF(buf_seq);
+    Py_XDECREF(row_seq);
+    Py_XDECREF(page_seq);
+    if (side.obj) PyBuffer_Release(&side);
+    return result;
+}
+
+static PyObject *py_gather_pages(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return move_pages(args, kwargs, 0);
+}
+
+static PyObject *py_scatter_pages(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return move_pages(args, kwargs, 1);
+}
+
 static PyMethodDef methods[] = {
     {"xxh3_64", (PyCFunction)(void (*)(void))py_xxh3_64, METH_VARARGS | METH_KEYWORDS,
      "xxh3_64(data, hardware=True) -> int\n\n"
@@ -376,6 +579,16 @@ static PyMethodDef methods[] = {
      "copy_rows(dst, dst_rows, src, src_rows, row_bytes, hardware=True) -> list[int]\n\n"
      "Copy row src_rows[i] of src to row dst_rows[i] of dst, each with its XXH3-64, in one "
      "pass; the GIL is released while the bytes move."},
+    {"gather_pages", (PyCFunction)(void (*)(void))py_gather_pages, METH_VARARGS | METH_KEYWORDS,
+     "gather_pages(dst, sources, row_bytes, pages, page_size, checksum=True, hardware=True) "
+     "-> list[int] | None\n\n"
+     "Assemble pages from page-major sources (a row of each per token) into dst, each "
+     "page's XXH3-64 taken as it lands; the GIL is released while the bytes move."},
+    {"scatter_pages", (PyCFunction)(void (*)(void))py_scatter_pages, METH_VARARGS | METH_KEYWORDS,
+     "scatter_pages(src, dests, row_bytes, pages, page_size, checksum=True, hardware=True) "
+     "-> list[int] | None\n\n"
+     "The inverse of gather_pages: each page of src (page format) into its rows of the "
+     "page-major dests, with its XXH3-64; the GIL is released while the bytes move."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,3 +15,21 @@ def copy_rows(
     row_bytes: int,
     hardware: bool = True,
 ) -> list[int]: ...
+def gather_pages(
+    dst: Any,
+    sources: Any,
+    row_bytes: Any,
+    pages: Any,
+    page_size: int,
+    checksum: bool = True,
+    hardware: bool = True,
+) -> list[int] | None: ...
+def scatter_pages(
+    src: Any,
+    dests: Any,
+    row_bytes: Any,
+    pages: Any,
+    page_size: int,
+    checksum: bool = True,
+    hardware: bool = True,
+) -> list[int] | None: ...

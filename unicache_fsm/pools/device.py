@@ -28,6 +28,23 @@ Members (all read-only facts but the three moves), with their contracts:
   host cannot view the memory in place (a GPU, per-layer buffers). A store then moves
   bytes only through `read_page_ids` / `write_page_ids`.
 
+Two optional members, which a store uses where a host device has them (each reads or
+writes and checksums a page in one pass, while the page is in cache, where a move and
+a hash are two passes over memory); both answer the store's checksum of each page, in
+order (`unicache_fsm.store.checksum.page_checksum`, XXH3-64 of the page's bytes in page
+format). A store checks the answer's form (one int per page) and trusts its values no
+more than the bytes: a wrong value fails a later load's verification, or this one's.
+
+- `read_checksummed(pages, *, out) -> list[int]` — `read_page_ids(pages, out=out)`
+  (`out` required) and the checksums of the pages as read.
+- `write_checksummed(pages, data) -> list[int]` — `write_page_ids(pages, data)` (every
+  layer; `data` contiguous) and the checksums of `data`'s pages. The bytes land
+  whatever their checksums: a store that finds a mismatch fails the load, whose
+  reserved slots are its own.
+
+SGLang's per-layer buffers (`unicache_fsm.integrations.sglang.buffers.LayerBuffers`)
+offer both.
+
 `PageDevice` is a runtime-checkable `typing.Protocol` (presence of members only);
 `check_page_device(obj, what)` also names every missing member and refuses a device
 whose page format does not add up, with `PageDeviceError`.

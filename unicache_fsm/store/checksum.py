@@ -21,6 +21,20 @@
   row), the checksums in order: the form `unicache_fsm.store.copier` calls, a chunk of
   pages at a time.
 
+- `gather_checksums(dst, sources, row_bytes, pages, page_size) -> list[int]` — pages
+  assembled from page-major sources into the store's page format (a KV cache's
+  per-layer K and V buffers: source ``s`` holds pages of ``page_size`` rows of
+  ``row_bytes[s]`` bytes; page ``i`` of `dst` holds, token by token, that token's row of
+  every source in order), with each assembled page's `page_checksum`, taken right
+  after the page landed, while it is in the core's cache. `dst` is a C-contiguous,
+  writable uint8 array of exactly ``len(pages) * page_size * sum(row_bytes)`` bytes;
+  the sources C-contiguous uint8 arrays. `gather_pages` is the same move without the
+  checksums. Bad arguments raise `TypeError` / `ValueError` before a byte moves.
+- `scatter_checksums(src, dests, row_bytes, pages, page_size) -> list[int]` — the
+  inverse: each page of `src` (page format) into its rows of the page-major `dests`
+  (writable), with its `page_checksum`, taken before its rows are copied (which leaves
+  the page in cache for them); `scatter_pages` without the checksums.
+
 Rows are ints, NumPy integers or integer arrays (read by value on either path; a bool
 or a non-integer row is a `TypeError` naming it).
 
@@ -64,20 +78,30 @@ __all__ = [
     "PIECE_BYTES",
     "copy_checksum",
     "copy_checksums",
+    "gather_checksums",
+    "gather_pages",
     "page_checksum",
     "page_checksums",
+    "scatter_checksums",
+    "scatter_pages",
 ]
 
 _XXH3 = xxhash.xxh3_64_intdigest
 
 _NativeRows = Callable[[Any, list[int], Any, list[int], int], list[int]]
+_NativeMove = Callable[[Any, list[Any], list[int], list[int], int, bool], "list[int] | None"]
 _native_rows: _NativeRows | None
+_native_gather: _NativeMove | None
+_native_scatter: _NativeMove | None
 try:
     from unicache_fsm._pagecopy import HARDWARE_AVX2 as _HARDWARE_AVX2
     from unicache_fsm._pagecopy import SHORT_MAX as _SHORT_MAX
     from unicache_fsm._pagecopy import copy_rows as _native_rows
+    from unicache_fsm._pagecopy import gather_pages as _native_gather
+    from unicache_fsm._pagecopy import scatter_pages as _native_scatter
 except ImportError:  # pragma: no cover - built without a C compiler
     _native_rows, _HARDWARE_AVX2, _SHORT_MAX = None, False, 0
+    _native_gather = _native_scatter = None
 
 NATIVE_COPY: bool = _native_rows is not None
 """Whether `copy_checksum` and `copy_checksums` move contiguous pages of more than 240
@@ -145,9 +169,9 @@ def copy_checksums(
         raise ValueError(msg)
     # (lists of plain ints, the usual case, pass as they are without a call each)
     if type(dst_rows) is not list or not set(map(type, dst_rows)) <= _INT:
-        dst_rows = _int_rows(dst_rows, "destination")
+        dst_rows = _int_rows(dst_rows, "destination row")
     if type(src_rows) is not list or not set(map(type, src_rows)) <= _INT:
-        src_rows = _int_rows(src_rows, "source")
+        src_rows = _int_rows(src_rows, "source row")
     if NATIVE_COPY and n > _SHORT_MAX:  # `_native`, inline
         flags = dst.flags
         if flags.c_contiguous and flags.writeable and src.flags.c_contiguous:
@@ -156,7 +180,100 @@ def copy_checksums(
     return [copy_checksum(dst[d], src[s]) for d, s in zip(dst_rows, src_rows, strict=True)]
 
 
-def _int_rows(rows: Any, side: str) -> list[int]:
+def gather_checksums(
+    dst: Any, sources: Sequence[Any], row_bytes: Sequence[int], pages: Sequence[int], page_size: int
+) -> list[int]:
+    """Assemble `pages` from `sources` into `dst` and return each page's `page_checksum`
+    (module docstring); native where built, else NumPy and the `xxhash` package."""
+    sums = _move(dst, sources, row_bytes, pages, page_size, checksum=True, scatter=False)
+    assert sums is not None
+    return sums
+
+
+def gather_pages(
+    dst: Any, sources: Sequence[Any], row_bytes: Sequence[int], pages: Sequence[int], page_size: int
+) -> None:
+    """`gather_checksums` without the checksums."""
+    _move(dst, sources, row_bytes, pages, page_size, checksum=False, scatter=False)
+
+
+def scatter_checksums(
+    src: Any, dests: Sequence[Any], row_bytes: Sequence[int], pages: Sequence[int], page_size: int
+) -> list[int]:
+    """The inverse of `gather_checksums`: each page of `src` into its rows of `dests`,
+    and its `page_checksum` (module docstring)."""
+    sums = _move(src, dests, row_bytes, pages, page_size, checksum=True, scatter=True)
+    assert sums is not None
+    return sums
+
+
+def scatter_pages(
+    src: Any, dests: Sequence[Any], row_bytes: Sequence[int], pages: Sequence[int], page_size: int
+) -> None:
+    """`scatter_checksums` without the checksums."""
+    _move(src, dests, row_bytes, pages, page_size, checksum=False, scatter=True)
+
+
+def _move(
+    side: Any,
+    buffers: Sequence[Any],
+    row_bytes: Sequence[int],
+    pages: Sequence[int],
+    page_size: int,
+    *,
+    checksum: bool,
+    scatter: bool,
+) -> list[int] | None:
+    """A gather (`side` is written) or a scatter (`buffers` are written) of page-format
+    bytes `side` and page-major `buffers`, native where built."""
+    call = "scatter" if scatter else "gather"
+    rows = _int_rows(row_bytes, "row size", call)
+    ids = _int_rows(pages, "page", call)
+    for what, a in (
+        ("page-format bytes", side),
+        *((f"buffer {i}", a) for i, a in enumerate(buffers)),
+    ):
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
+            kind = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+            msg = f"{call}: the {what} must be a C-contiguous uint8 array, got {kind}"
+            raise TypeError(msg)
+    token = sum(rows) if rows else 0
+    nbytes = page_size * token
+    if checksum and nbytes <= _SHORT_MAX_PAGE:
+        # short pages: XXH3's short paths are not native; the move is, then each hash
+        _move(side, buffers, rows, ids, page_size, checksum=False, scatter=scatter)
+        return [_XXH3(page.data) for page in side.reshape(len(ids), nbytes)]
+    native = _native_scatter if scatter else _native_gather
+    if NATIVE_COPY and native is not None:
+        got: list[int] | None = native(side, list(buffers), rows, ids, page_size, checksum)
+        return got
+    # the same checks as the native path, then the same bytes page by page through NumPy
+    if len(buffers) != len(rows) or not buffers or min(rows) < 1 or page_size < 1:
+        msg = f"{call}: {len(buffers)} buffer(s), row sizes {rows}, page_size {page_size}"
+        raise ValueError(msg)
+    have = min(a.size // (page_size * r) for a, r in zip(buffers, rows, strict=True))
+    if side.size != len(ids) * nbytes or any(not 0 <= i < have for i in ids):
+        msg = f"{call}: {side.size} page-format bytes for pages {ids} of {nbytes} (0 .. {have - 1})"
+        raise ValueError(msg)
+    formatted = side.reshape(len(ids), page_size, token)
+    sums = []
+    for i, page in enumerate(ids):
+        if checksum and scatter:
+            sums.append(_XXH3(formatted[i].data))
+        at = 0
+        for buf, r in zip(buffers, rows, strict=True):
+            run = buf[page * page_size * r : (page + 1) * page_size * r].reshape(page_size, r)
+            if scatter:
+                run[...] = formatted[i, :, at : at + r]
+            else:
+                formatted[i, :, at : at + r] = run
+            at += r
+        if checksum and not scatter:
+            sums.append(_XXH3(formatted[i].data))
+    return sums if checksum else None
+
+
+def _int_rows(rows: Any, side: str, call: str = "copy_checksums") -> list[int]:
     """`rows` as a list of ints (NumPy integers and arrays read by value; one path
     takes what the other does), else TypeError naming the row (a bool too: NumPy would
     read it as a mask)."""
@@ -168,13 +285,16 @@ def _int_rows(rows: Any, side: str) -> list[int]:
     out = []
     for i, r in enumerate(rows):
         if isinstance(r, (bool, np.bool_)) or not hasattr(type(r), "__index__"):
-            msg = f"copy_checksums: {side} row {i} is a {type(r).__name__}, not an integer"
+            msg = f"{call}: {side} {i} is a {type(r).__name__}, not an integer"
             raise TypeError(msg)
         out.append(operator.index(r))
     return out
 
 
 _INT = frozenset({int})
+#: pages of at most this many bytes take XXH3's short paths, which the native code lacks
+#: (the gathers and scatters move them natively and hash them with the `xxhash` package)
+_SHORT_MAX_PAGE = 240
 _UINT8 = np.dtype(np.uint8)
 
 

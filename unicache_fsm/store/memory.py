@@ -23,8 +23,9 @@ and adds:
   `KVPool`) has its pages copied into their rows and checksummed as they land, in one
   call (`checksum.copy_checksums`, native where built); any other device is read with
   `read_page_ids` a chunk of at most `staging_bytes` at a time (a CPU device straight
-  into the new pages' rows when they are one run, then checksummed there; else through
-  host staging, copied into the rows as they are checksummed). Load: every header is
+  into the new pages' rows when they are one run, checksummed there, in the same pass
+  where the device offers `read_checksummed`; else through host staging, copied into
+  the rows as they are checksummed). Load: every header is
   checked first; then the pages are copied into host staging and checksummed as they
   land, the whole batch at once when it fits `staging_bytes` (every page verified,
   then written layer-major with `write_layers`, so `loaded_layers` rises layer by
@@ -64,8 +65,12 @@ from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadT
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 from unicache_fsm.store.staging import (
     DEFAULT_STAGING_BYTES,
+    StagedTransfer,
+    as_pages,
     chunks,
+    read_checksummed,
     read_staged,
+    written_checksums,
 )
 
 __all__ = ["MemoryStore", "PageHeader"]
@@ -217,6 +222,24 @@ def _bad_headers(ct: CheckedTransfer, entries: list[_Entry], pool: PageDevice) -
         for i, (key, h) in enumerate(zip(ct.keys, entries, strict=True))
         if h.key != key or h.pool is not ct.pool or h.nbytes != pool.page_nbytes
     ]
+
+
+def _in_place(
+    staged: list[tuple[CheckedTransfer, list[_Entry], _Slab, PageDevice]], budget: int
+) -> list[torch.Tensor] | None:
+    """Each transfer's slab rows as one view, when every transfer's device lives on the
+    host and its pages lie in one ascending run of rows (the usual case: a node's pages
+    are stored together), and the batch fits `budget` bytes (as a staged batch must, to
+    be written whole: a larger one moves chunk by chunk); else None."""
+    if sum(len(held) * slab.page_nbytes for _, held, slab, _ in staged) > budget:
+        return None
+    views = []
+    for _, held, slab, pool in staged:
+        first = held[0].row
+        if pool.device.type != "cpu" or [e.row - first for e in held] != list(range(len(held))):
+            return None
+        views.append(slab.data[first : first + len(held)])
+    return views
 
 
 def _stage(buf: torch.Tensor, entries: list[_Entry], slab: _Slab) -> list[int]:
@@ -417,6 +440,9 @@ class MemoryStore(BaseStore["_Entry"]):
             ok = ok and not bad
         if not ok:
             return False
+        in_place = _in_place(staged, self.staging_bytes)
+        if in_place is not None:
+            return self._load_in_place(batch, staged, in_place, rejected)
         found = {id(ct): (held, slab) for ct, held, slab, _ in staged}
 
         def fill(ct: CheckedTransfer, _: PageDevice, pages: range, buf: torch.Tensor) -> bool:
@@ -427,6 +453,35 @@ class MemoryStore(BaseStore["_Entry"]):
             return not bad
 
         return self.write_staged(batch, [(ct, pool) for ct, _, _, pool in staged], fill)
+
+    def _load_in_place(
+        self,
+        batch: LoadBatch,
+        staged: list[tuple[CheckedTransfer, list[_Entry], _Slab, PageDevice]],
+        views: list[torch.Tensor],
+        rejected: list[tuple[_Ident, _Entry]],
+    ) -> bool:
+        """Load transfers whose pages are one run of slab rows each, for host devices,
+        straight from the rows (no staging copy). Devices that offer `write_checksummed`
+        take every page with all its layers, checksummed as it is written (one pass; a
+        mismatch fails the batch with bytes only in its own reserved slots, as a failed
+        load may leave them); otherwise every page is verified where it lies, then,
+        only if all checked out, written layer-major. The rows cannot change meanwhile:
+        the batch's pages are pinned (no capacity eviction), pages are write-once, and
+        bytes move by one thread at a time, so no offload refills a row now (an
+        explicit `evict` frees a row only for a later offload's bytes)."""
+        one_pass = all(hasattr(pool, "write_checksummed") for _, _, _, pool in staged)
+        ok, parts = True, []
+        for (ct, held, _, pool), view in zip(staged, views, strict=True):
+            data = as_pages(view, pool)
+            got = written_checksums(pool, ct.pages, data) if one_pass else page_checksums(view)
+            bad = [i for i, (g, e) in enumerate(zip(got, held, strict=True)) if g != e.checksum]
+            rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
+            ok = ok and not bad
+            parts.append(StagedTransfer(ct.pool, pool, ct.pages, data))
+        if ok and not one_pass:
+            self.write_layers(batch, parts)
+        return ok
 
     def _drop_rejected(self, ident: _Ident, entry: _Entry) -> None:
         """A page failed its verification: drop it and the chain stored after it (its
@@ -516,8 +571,7 @@ class MemoryStore(BaseStore["_Entry"]):
             into = rows[piece.start : piece.stop]
             if direct:
                 buf = slab.data[into[0] : into[-1] + 1]
-                read_staged(pool, ids[piece.start : piece.stop], buf)
-                sums += page_checksums(buf)
+                sums += read_checksummed(pool, ids[piece.start : piece.stop], buf)
                 continue
             buf = self.staging(len(piece) * nbytes).view(len(piece), nbytes)
             read_staged(pool, ids[piece.start : piece.stop], buf)

@@ -61,7 +61,7 @@ from unicache_fsm.store.errors import StoreConfigError, StoreError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.pageformat import PageRecord, encode_header
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
-from unicache_fsm.store.staging import chunks, read_staged
+from unicache_fsm.store.staging import chunks, read_checksummed
 
 __all__ = ["KnownPage", "PageRead", "PageWrite", "SharedStore", "TornPage"]
 
@@ -252,9 +252,9 @@ class SharedStore(BaseStore[KnownPage]):
         views = _page_views(ids.tolist(), pool)
         for piece in [range(n)] if views is not None else chunks(n, nbytes, self.staging_bytes):
             if views is not None:
-                data = views
+                data, sums = views, [page_checksum(page) for page in views]
             else:
-                data = self._read_device(pool, ids[piece.start : piece.stop])
+                data, sums = self._read_device(pool, ids[piece.start : piece.stop])
             pages: list[PageWrite] = []
             for row, i in zip(piece, new.indices[piece.start : piece.stop], strict=True):
                 page = data[row - piece.start]
@@ -264,7 +264,7 @@ class SharedStore(BaseStore[KnownPage]):
                     parent[1] if parent else None,
                     ct.pool,
                     nbytes,
-                    page_checksum(page),
+                    sums[row - piece.start],
                 )
                 pages.append((ct.keys[i], header, page))
             self.medium_write(ct.pool, pages)
@@ -273,11 +273,14 @@ class SharedStore(BaseStore[KnownPage]):
                 for row, i in zip(piece, new.indices[piece.start : piece.stop], strict=True)
             )
 
-    def _read_device(self, pool: PageDevice, ids: torch.Tensor) -> list[memoryview]:
-        """Pages `ids` of `pool` read into host staging, one byte view per page."""
+    def _read_device(
+        self, pool: PageDevice, ids: torch.Tensor
+    ) -> tuple[list[memoryview], list[int]]:
+        """Pages `ids` of `pool` read into host staging, one byte view per page, and
+        their checksums (`read_checksummed`: one pass where the device offers it)."""
         buf = self.staging(ids.numel() * pool.page_nbytes).view(ids.numel(), -1)
-        read_staged(pool, ids, buf)
-        return [row.data for row in buf.numpy()]
+        sums = read_checksummed(pool, ids, buf)
+        return [row.data for row in buf.numpy()], sums
 
     # -- loads ---------------------------------------------------------------------------
 

@@ -16,6 +16,15 @@ buffers. Every store bounds them by its `staging_bytes` option:
   (``[n, page_nbytes]`` uint8, host), through `read_page_ids` (with ``out=`` a view of
   `buf` when the device lives on the host); an answer of another shape or dtype is a
   `StoreFaultError` naming the device (nothing is trusted from it).
+- `read_checksummed(device, pages, buf) -> list[int]` — `read_staged`, and each page's
+  `page_checksum` (as read, in order). A host device with the protocol's optional
+  `read_checksummed` reads and hashes in one pass; its answer must be one int in
+  ``0 .. 2**64 - 1`` per page, else `StoreFaultError` naming the device (a wrong value
+  is no worse than wrong bytes: a load of that page then fails its verification).
+  Otherwise the pages are read, then hashed.
+- `written_checksums(device, pages, data) -> list[int]` — the protocol's optional
+  `write_checksummed`: `data` (page format, every layer) written into `pages` and each
+  page's checksum as written, the answer checked as `read_checksummed`'s is.
 - `as_pages(buf, device)` — staged page bytes (``[n, page_nbytes]`` uint8, host) as
   page-format data of `device` (``[n * P, num_layers, width]`` of its dtype), copied
   to the device's memory when that is not the host's.
@@ -45,6 +54,7 @@ import torch
 
 from unicache_fsm.pools.device import PageDevice
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.checksum import page_checksums
 from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
 
 __all__ = [
@@ -53,8 +63,10 @@ __all__ = [
     "as_pages",
     "check_staging_bytes",
     "chunks",
+    "read_checksummed",
     "read_staged",
     "write_layer_major",
+    "written_checksums",
 ]
 
 #: the default bound on host bytes in transit per load batch or offload
@@ -96,6 +108,41 @@ def read_staged(device: PageDevice, pages: torch.Tensor, buf: torch.Tensor) -> N
         raise StoreFaultError(msg, operation="offload")
     if out is None or got.data_ptr() != out.data_ptr():
         buf.copy_(got.contiguous().view(torch.uint8).reshape(buf.shape).to(buf.device))
+
+
+def read_checksummed(device: PageDevice, pages: torch.Tensor, buf: torch.Tensor) -> list[int]:
+    """`read_staged` and each page's checksum; see the module docstring."""
+    reader = getattr(device, "read_checksummed", None)
+    if reader is None or device.device.type != "cpu":
+        read_staged(device, pages, buf)
+        return page_checksums(buf)
+    n = pages.numel()
+    out = buf.view(device.dtype).view(n * device.page_size, device.num_layers, device.width)
+    got: object = reader(pages, out=out)
+    return _checked_sums(device, "offload", "read_checksummed", got, n)
+
+
+def written_checksums(device: PageDevice, pages: torch.Tensor, data: torch.Tensor) -> list[int]:
+    """The device's `write_checksummed(pages, data)`, its answer checked; see the module
+    docstring."""
+    got: object = device.write_checksummed(pages, data)  # type: ignore[attr-defined]
+    return _checked_sums(device, "load", "write_checksummed", got, pages.numel())
+
+
+def _checked_sums(device: PageDevice, operation: str, call: str, got: object, n: int) -> list[int]:
+    """`got` when it is `n` checksums (ints in ``0 .. 2**64 - 1``), else `StoreFaultError`."""
+    if (
+        not isinstance(got, list)
+        or len(got) != n
+        or any(type(v) is not int or not 0 <= v < 1 << 64 for v in got)
+    ):
+        shown = repr(got)[:80]
+        msg = (
+            f"{operation}: page device {device.name!r} answered {call} with {shown}; "
+            f"expected {n} checksum(s), one int in 0 .. 2**64 - 1 per page"
+        )
+        raise StoreFaultError(msg, operation=operation)
+    return got
 
 
 @attrs.frozen

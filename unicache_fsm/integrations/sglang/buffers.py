@@ -14,6 +14,10 @@ staging budget). It speaks the methods a store calls on a `KVPool`:
 - `pages_of(slots, what)` — page ids of whole-page `slots`, else a typed error naming
   `what` (the pools' own `SlotCodec`);
 - `read_page_ids(pages, out=None)` -> ``[len(pages) * P, num_layers, width]``;
+- `read_checksummed(pages, out=...)` -> each page's checksum: the read above with every
+  page's `page_checksum` taken as it lands (the protocol's optional one-pass offload read);
+- `write_checksummed(pages, data)` -> each page's checksum: `write_page_ids` of every
+  layer with each page's `page_checksum` of `data` (the optional one-pass load write);
 - `write_page_ids(pages, data, *, layers=None)` — every layer, or the layers of the
   slice `layers` (``data`` then holds those layers only; a strided view is fine), so a
   load lands layer by layer;
@@ -47,6 +51,13 @@ from unicache_fsm.pools.kv import PAGE_BY_PAGE_BYTES
 from unicache_fsm.pools.layout import PageLayout
 from unicache_fsm.pools.slots import SlotCodec, preview
 from unicache_fsm.pools.transfer import PoolName
+from unicache_fsm.store.checksum import (
+    gather_checksums,
+    gather_pages,
+    page_checksums,
+    scatter_checksums,
+    scatter_pages,
+)
 
 __all__ = ["Access", "LayerBuffers", "SlotsRevokedError", "halves"]
 
@@ -140,6 +151,11 @@ class LayerBuffers:
             if self._device.type == "cpu"
             else None
         )
+        # the same as one source list for `gather_pages` (K0, V0, K1, V1, ...: a token's
+        # rows in page-format order) and each one's row bytes
+        self._sources = [b.reshape(-1) for pair in self._host or () for b in pair]
+        row = first.element_size()
+        self._row_bytes = [self._kw * row, self._vw * row] * len(keys)
         self._host_bufs: list[tuple[Any, Any]] | None = None  # see `_host_rows`
         self._lock = threading.Lock()
         self._open: dict[str, Counter[int]] = {"read": Counter(), "write": Counter()}
@@ -247,14 +263,31 @@ class LayerBuffers:
         listed = pages.tolist()
         with self._lock:
             self._check_open("read", listed)
-            if self._host is not None:  # CPU: NumPy copies whole K or V rows of a page
-                self._gather_host(pages.numpy(), out.view(torch.uint8).numpy())
+            if self._host is not None:  # CPU: whole runs of K or V rows, natively
+                gather_pages(
+                    out.view(torch.uint8).numpy(), self._sources, self._row_bytes, listed, p
+                )
                 return out
             rows = out.view(n, p, self.num_layers, self.width)
             for layer, (k, v) in enumerate(zip(self._k, self._v, strict=True)):
                 rows[:, :, layer, :kw] = k.index_select(0, pages).view(n, p, kw)
                 rows[:, :, layer, kw:] = v.index_select(0, pages).view(n, p, self._vw)
         return out
+
+    def read_checksummed(self, pages: torch.Tensor, *, out: torch.Tensor) -> list[int]:
+        """`read_page_ids(pages, out=out)` and each page's `page_checksum`, in order: on
+        the host each page is hashed right after it landed, while in cache (one pass
+        over the bytes, where a read then a hash are two)."""
+        n, p = pages.numel(), self.page_size
+        self._check_data(out, (n * p, self.num_layers, self.width), "out")
+        if self._host is None:
+            self.read_page_ids(pages, out=out)
+            return page_checksums(out.view(torch.uint8).view(n, -1).cpu())
+        listed = pages.tolist()
+        with self._lock:
+            self._check_open("read", listed)
+            dst = out.view(torch.uint8).numpy()
+            return gather_checksums(dst, self._sources, self._row_bytes, listed, p)
 
     def _host_rows(self, data: Any, layers: int) -> tuple[Any, list[tuple[Any, Any]], bool]:
         """Host views for a move between page-format bytes `data` (uint8, ``layers``
@@ -297,19 +330,6 @@ class LayerBuffers:
         hk, hv = self._host[0]
         return bool(min(hk.shape[1], hv.shape[1]) >= PAGE_BY_PAGE_BYTES)
 
-    def _gather_host(self, at: Any, out: Any) -> None:
-        """`read_page_ids` on the host: `out` is the uint8 bytes of the result."""
-        rows, bufs, paired = self._host_rows(out, self.num_layers)
-        for i, where in self._steps(at):
-            for layer, (k, v) in enumerate(bufs):
-                if paired:
-                    rows[i, :, 2 * layer] = k[where]
-                    rows[i, :, 2 * layer + 1] = v[where]
-                else:
-                    kb = k.shape[-1]
-                    rows[i, :, layer, :kb] = k[where]
-                    rows[i, :, layer, kb:] = v[where]
-
     def _scatter_host(self, at: Any, data: Any, chosen: range) -> None:
         """`write_page_ids` on the host: `data` is the uint8 bytes of the layers `chosen`."""
         rows, bufs, paired = self._host_rows(data, len(chosen))
@@ -339,8 +359,14 @@ class LayerBuffers:
         n, p, kw = pages.numel(), self.page_size, self._kw
         chosen = range(self.num_layers) if layers is None else range(self.num_layers)[layers]
         self._check_data(data, (n * p, len(chosen), self.width), "data", contiguous=False)
+        listed = pages.tolist()
         with self._lock:
-            self._check_open("write", pages.tolist())
+            self._check_open("write", listed)
+            if self._host is not None and layers is None and data.is_contiguous():
+                # every layer from contiguous bytes: whole runs of K or V rows, natively
+                src = data.view(torch.uint8).numpy()
+                scatter_pages(src, self._sources, self._row_bytes, listed, p)
+                return
             if self._host is not None and n:  # CPU: NumPy copies whole K or V rows
                 self._scatter_host(pages.numpy(), data.view(torch.uint8).numpy(), chosen)
                 return
@@ -348,6 +374,23 @@ class LayerBuffers:
             for i, layer in enumerate(chosen):
                 self._k[layer].index_copy_(0, pages, rows[:, :, i, :kw].reshape(n, p * kw))
                 self._v[layer].index_copy_(0, pages, rows[:, :, i, kw:].reshape(n, -1))
+
+    def write_checksummed(self, pages: torch.Tensor, data: torch.Tensor) -> list[int]:
+        """`write_page_ids(pages, data)` (every layer) and each page's `page_checksum` of
+        `data`, in order: on the host each page is hashed right before its rows are
+        copied, which brings it into cache for them (one pass over the bytes, where a
+        check then a write are two). The bytes land whatever their checksums: a caller
+        that finds a mismatch fails the load (the slots are the load's own)."""
+        n, p = pages.numel(), self.page_size
+        self._check_data(data, (n * p, self.num_layers, self.width), "data")
+        if self._host is None:
+            self.write_page_ids(pages, data)
+            return page_checksums(data.view(torch.uint8).view(n, -1).cpu())
+        listed = pages.tolist()
+        with self._lock:
+            self._check_open("write", listed)
+            src = data.view(torch.uint8).numpy()
+            return scatter_checksums(src, self._sources, self._row_bytes, listed, p)
 
     def _check_data(
         self, data: object, shape: tuple[int, ...], what: str, *, contiguous: bool = True
