@@ -1,9 +1,12 @@
-"""`LayerBuffers` on SGLang 0.5.23's own `MHATokenToKVPool` (CPU): its host moves copy
-page by page when a page's K and V bytes per layer reach `PAGE_BY_PAGE_BYTES`, with one
-fancy index per layer below. Both paths, forced in turn on the same pool, read and write
-the same bytes as a torch gather/scatter of SGLang's buffers: K and V rows of one size
-and of two sizes, pages of 1 and 16 tokens, every layer and a slice of layers (a strided
-`data`)."""
+"""`LayerBuffers` on SGLang 0.5.23's own `MHATokenToKVPool` (CPU). Reads, and writes of
+every layer from contiguous bytes, move whole runs of K or V rows natively
+(`checksum.gather_pages` / `scatter_pages`); writes of a slice of layers copy page by
+page when a page's K and V bytes per layer reach `PAGE_BY_PAGE_BYTES`, with one fancy
+index per layer below. Every path, forced in turn on the same pool, reads and writes the
+same bytes as a torch gather/scatter of SGLang's buffers: K and V rows of one size and
+of two sizes, pages of 1 and 16 tokens, every layer and a slice of layers (a strided
+`data`). The one-pass moves (`read_checksummed` / `write_checksummed`) move the same
+bytes with each page's XXH3-64, and pass the gate like the others."""
 
 from __future__ import annotations
 
@@ -85,3 +88,46 @@ def test_both_host_paths_move_the_bytes_of_a_torch_gather_and_scatter(
     device.allow("read", torch.tensor([1]))  # type: ignore[attr-defined]
     one = device.read_page_ids(torch.tensor([1]))  # type: ignore[attr-defined]
     assert torch.equal(one.view(torch.int16), _gathered(kv, page, [1]).view(torch.int16))
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("v_head_dim", [HEAD_DIM, HEAD_DIM // 2], ids=["K=V", "K!=V"])
+def test_the_one_pass_moves_carry_each_pages_checksum(page: int, v_head_dim: int) -> None:
+    import xxhash
+
+    kv, device = _pool(page, v_head_dim)
+    pages = torch.tensor(PICK)
+    want = _gathered(kv, page, PICK)
+    device.allow("read", pages)  # type: ignore[attr-defined]
+    out = torch.empty_like(want)
+    sums = device.read_checksummed(pages, out=out)  # type: ignore[attr-defined]
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    rows = out.view(torch.uint8).reshape(len(PICK), -1)
+    assert sums == [xxhash.xxh3_64_intdigest(r.numpy().tobytes()) for r in rows]
+
+    back = torch.tensor([4, 1, 6])
+    device.allow("write", back)  # type: ignore[attr-defined]
+    assert device.write_checksummed(back, out) == sums  # type: ignore[attr-defined]
+    assert torch.equal(_gathered(kv, page, [4, 1, 6]).view(torch.int16), want.view(torch.int16))
+
+
+def test_the_one_pass_moves_pass_the_gate() -> None:
+    from unicache_fsm.integrations.sglang.buffers import SlotsRevokedError
+    from unicache_fsm.pools.errors import TensorShapeError
+
+    kv, device = _pool(16, HEAD_DIM)
+    pages = torch.tensor(PICK)
+    want = _gathered(kv, 16, PICK)
+    out = torch.zeros_like(want)
+    device.allow("read", pages[:2])  # type: ignore[attr-defined]
+    with pytest.raises(SlotsRevokedError, match="read page"):
+        device.read_checksummed(pages, out=out)  # type: ignore[attr-defined]
+    assert not out.view(torch.int16).any()
+    device.allow("write", pages[1:])  # type: ignore[attr-defined]
+    with pytest.raises(SlotsRevokedError, match="write page"):
+        device.write_checksummed(pages, torch.zeros_like(want))  # type: ignore[attr-defined]
+    assert torch.equal(_gathered(kv, 16, PICK).view(torch.int16), want.view(torch.int16))
+    with pytest.raises(TensorShapeError):
+        device.read_checksummed(pages[:2], out=out)  # type: ignore[attr-defined]
+    with pytest.raises(TensorShapeError):  # a strided view: the one-pass write wants rows
+        device.write_checksummed(pages[1:], want[: 2 * 16 * 2 : 2])  # type: ignore[attr-defined]
