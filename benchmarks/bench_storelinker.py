@@ -74,17 +74,26 @@ def _elsewhere(argv: list[str]) -> int:
     return subprocess.run(cmd, env=env, check=False).returncode
 
 
-def _median(fn: Callable[[], None], base: Callable[[], None], rounds: int) -> tuple[float, float]:
-    ours, theirs = [], []
+def _paired(
+    fn: Callable[[], None], bases: list[Callable[[], None]], rounds: int
+) -> tuple[float, list[float], list[float]]:
+    """Median times of `fn` and of each baseline, run interleaved round by round, and
+    the median over rounds of each baseline's time over `fn`'s in the same round (a
+    paired ratio: a slow spell of the machine slows both sides of a round)."""
+    ours: list[float] = []
+    theirs: list[list[float]] = [[] for _ in bases]
     for _ in range(rounds):
+        for times, base in zip(theirs, bases, strict=True):
+            t0 = time.perf_counter()
+            base()
+            times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        base()
-        t1 = time.perf_counter()
         fn()
-        t2 = time.perf_counter()
-        theirs.append(t1 - t0)
-        ours.append(t2 - t1)
-    return statistics.median(ours), statistics.median(theirs)
+        ours.append(time.perf_counter() - t0)
+    ratios = [
+        statistics.median(t / o for t, o in zip(times, ours, strict=True)) for times in theirs
+    ]
+    return statistics.median(ours), [statistics.median(t) for t in theirs], ratios
 
 
 def run(quick: bool) -> int:
@@ -103,7 +112,7 @@ def run(quick: bool) -> int:
     page, layers, heads, dim = 16, 8, 8, 128
     tokens = 1024 if quick else 4096
     node_pages = 16  # one node: 256 tokens, 8 MiB of K and V
-    rounds = 5 if quick else 15
+    rounds = 7 if quick else 31
     staging = 16 << 20
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
     kv = MHATokenToKVPool(
@@ -143,6 +152,19 @@ def run(quick: bool) -> int:
         for r, g in zip([*k_rows, *v_rows], gathered, strict=True):
             r.index_copy_(0, dst_pages, g)
 
+    # the same raw moves with the far side in memory the size of the store's (4 nodes,
+    # used in turn): a store keeps what it gathers, so its rows are not in cache
+    ring = [[torch.empty_like(r[:node_pages]) for r in [*k_rows, *v_rows]] for _ in range(4)]
+    turn = iter(range(10**9))
+
+    def raw_gather_ring() -> None:
+        for r, out in zip([*k_rows, *v_rows], ring[next(turn) % 4], strict=True):
+            torch.index_select(r, 0, src_pages, out=out)
+
+    def raw_scatter_ring() -> None:
+        for r, g in zip([*k_rows, *v_rows], ring[next(turn) % 4], strict=True):
+            r.index_copy_(0, dst_pages, g)
+
     def keys() -> tuple[str, ...]:
         n = next(counter)
         return tuple(f"{n:032x}{i:032x}" for i in range(node_pages))
@@ -177,17 +199,19 @@ def run(quick: bool) -> int:
 
     offload()  # warm up every path once
     raw_gather()
+    for _ in range(4):
+        raw_gather_ring()
     rows = []
     moved = node_pages * device.page_nbytes
-    for name, fn, base in (
-        ("offload (store)", offload, raw_gather),
-        ("load (store)", load, raw_scatter),
-        ("page device read", device_read, raw_gather),
-        ("page device write", device_write, raw_scatter),
+    for name, fn, bases in (
+        ("offload (store)", offload, [raw_gather, raw_gather_ring]),
+        ("load (store)", load, [raw_scatter, raw_scatter_ring]),
+        ("page device read", device_read, [raw_gather, raw_gather_ring]),
+        ("page device write", device_write, [raw_scatter, raw_scatter_ring]),
     ):
         fn()
-        ours, theirs = _median(fn, base, rounds)
-        rows.append((name, moved / ours / 2**30, moved / theirs / 2**30, theirs / ours))
+        ours, theirs, ratios = _paired(fn, bases, rounds)
+        rows.append((name, moved / ours / 2**30, [moved / t / 2**30 for t in theirs], ratios))
     assert all(torch.equal(kv.k_buffer[i][dst], kv.k_buffer[i][src]) for i in range(layers))
 
     own = owned_tensors(linker, beside=buffers, skip=(ExternalStore,))
@@ -199,10 +223,17 @@ def run(quick: bool) -> int:
     print(f"{'largest linker-owned tensor':<30}{max((t.nbytes for t in own), default=0):>14,}")
     print(f"{'staging budget (store)':<30}{staging:>14,}")
     print()
-    print(f"node: {node_pages} pages, {moved / 2**20:.1f} MiB; median of {rounds} rounds")
-    print(f"{'move':<20}{'linker GiB/s':>14}{'raw torch GiB/s':>17}{'ratio':>8}")
-    for name, ours_gbs, raw_gbs, ratio in rows:
-        print(f"{name:<20}{ours_gbs:>14.2f}{raw_gbs:>17.2f}{ratio:>8.2f}")
+    print(f"node: {node_pages} pages, {moved / 2**20:.1f} MiB; medians of {rounds} rounds")
+    print(
+        "raw: torch index_select / index_copy_ with the far side reused (in cache); "
+        "raw, ring: the far side 4 nodes of memory used in turn, as a store's rows"
+    )
+    head = ("move", "linker GiB/s", "raw GiB/s", "ratio", "raw, ring GiB/s", "ratio")
+    print(f"{head[0]:<20}{head[1]:>14}{head[2]:>11}{head[3]:>7}{head[4]:>17}{head[5]:>7}")
+    for name, ours_gbs, (raw, ring_gbs), (ratio, ring_ratio) in rows:
+        print(
+            f"{name:<20}{ours_gbs:>14.2f}{raw:>11.2f}{ratio:>7.2f}{ring_gbs:>17.2f}{ring_ratio:>7.2f}"
+        )
     loads = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"torch threads: {torch.get_num_threads()}; load average: {loads}")
     linker.close()
