@@ -15,32 +15,6 @@ executors use), its name that name's last dotted segment upper-cased (``prepared
 
 import enum
 
-__all__ = [
-    "BlockState",
-    "BlockTrigger",
-    "LoadState",
-    "LoadTrigger",
-    "ManagerState",
-    "ManagerTrigger",
-    "OffloadState",
-    "OffloadTrigger",
-    "RequestState",
-    "RequestTrigger",
-    "ResidencyTrigger",
-    "SglangLinkerState",
-    "SglangLinkerTrigger",
-    "SglangLoadState",
-    "SglangLoadTrigger",
-    "SglangOffloadState",
-    "SglangOffloadTrigger",
-    "StoreLoadState",
-    "StoreLoadTrigger",
-    "StoreOffloadState",
-    "StoreOffloadTrigger",
-    "TransferState",
-    "TransferTrigger",
-]
-
 
 class LoadTrigger(str, enum.Enum):
     """The triggers of the `load_transaction` machine, in declaration order."""

@@ -218,8 +218,8 @@ def _machine_classes(spec: MachineSpec, enums: MachineEnums) -> list[list[str]]:
     return classes
 
 
-def _class_names(module: EnumModule) -> list[str]:
-    """The enum class names of `module`, refusing ones that are no identifier or repeat."""
+def _check_class_names(module: EnumModule) -> None:
+    """Refuse enum class names of `module` that are no identifier or repeat."""
     names = [n for m in module.machines for n in (m.triggers, m.states) if n is not None]
     bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -233,12 +233,11 @@ def _class_names(module: EnumModule) -> list[str]:
     ]
     if problems:
         raise InvalidSpecError(module.path, module.path, problems)
-    return names
 
 
 def enum_module_source(module: EnumModule, specs: Mapping[str, MachineSpec]) -> str:
     """The Python source of `module`, from `specs` (machine name -> its spec)."""
-    names = _class_names(module)
+    _check_class_names(module)
     for m in module.machines:
         spec = specs.get(m.machine)
         if spec is None or spec.name != m.machine:
@@ -253,9 +252,7 @@ def enum_module_source(module: EnumModule, specs: Mapping[str, MachineSpec]) -> 
     )
     lines = ["# " + line for line in textwrap.wrap(header, width=LINE_LENGTH - 2)]
     lines += _docstring([module.summary, _CONTRACT], "")
-    lines += ["", "import enum", "", "__all__ = ["]
-    lines += [f'{INDENT}"{n}",' for n in sorted(names)]
-    lines.append("]")
+    lines += ["", "import enum"]  # every class is public: no `__all__` to restate them
     for m in module.machines:
         for cls in _machine_classes(specs[m.machine], m):
             lines += ["", "", *cls]
