@@ -184,7 +184,9 @@ def test_a_spec_that_gains_a_trigger_or_state_makes_the_module_stale(
     assert member in text and member not in GENERATED.read_text(encoding="utf-8")
 
 
-def test_docs_finds_and_fixes_a_planted_drift_in_a_checkout(tmp_path: Path) -> None:
+def test_docs_finds_and_fixes_a_planted_drift_and_a_broken_module_in_a_checkout(
+    tmp_path: Path,
+) -> None:
     # a copy of the checkout (package, specs, pyproject): `docs` rewrites only that copy
     for name in ("unicache_fsm", "specs"):
         shutil.copytree(ROOT / name, tmp_path / name)  # compiled files too: a faster start
@@ -192,6 +194,9 @@ def test_docs_finds_and_fixes_a_planted_drift_in_a_checkout(tmp_path: Path) -> N
     edited = tmp_path / "specs" / "offload.toml"
     edited.write_text(edited.read_text(encoding="utf-8") + EXTRA_TRIGGER, encoding="utf-8")
     generated = tmp_path / "unicache_fsm" / "spec_enums.py"
+    # and a module cut short (a crash while it was written): `docs` must not need it
+    generated.write_text(GENERATED.read_text(encoding="utf-8")[:2000], encoding="utf-8")
+    broken = generated.read_bytes()
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
 
     def docs(*args: str) -> subprocess.CompletedProcess[str]:
@@ -202,7 +207,7 @@ def test_docs_finds_and_fixes_a_planted_drift_in_a_checkout(tmp_path: Path) -> N
     assert checked.returncode == 1, checked.stderr
     stale = [line.split()[1] for line in checked.stdout.splitlines()]
     assert stale == [str(tmp_path / "specs" / "offload.md"), str(generated)]
-    assert generated.read_bytes() == GENERATED.read_bytes()  # --check writes nothing
+    assert generated.read_bytes() == broken  # --check writes nothing
     written = docs()
     assert written.returncode == 0, written.stderr
     assert written.stdout.splitlines()[-1] == "11 of 13 docs were up to date"
@@ -230,9 +235,10 @@ def test_a_member_is_named_by_the_last_segment_upper_cased() -> None:
 
 
 #: descriptions that a docstring must escape or wrap: quotes (three, and one at the end),
-#: a backslash, a control character, a word longer than a line, many words
+#: a backslash, a control character, a look-alike of ASCII, a word longer than a line, many
+#: words
 AWKWARD = [
-    'A "quoted" word, """ three quotes, a back\\slash and a \x07 bell, then "',
+    'A "quoted" word, """ three quotes, a back\\slash, a \x07 bell, an en dash \u2013, then "',
     "x" * 120 + " and a short tail",
     "many words " * 30,
 ]

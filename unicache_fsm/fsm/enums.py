@@ -80,7 +80,7 @@ class MachineEnums:
 
 @attrs.frozen
 class EnumModule:
-    """One generated module: `path` inside the package (``"linker/spec_enums.py"``), the
+    """One generated module: `path` inside the package (``"spec_enums.py"``), the
     first line of its docstring, and the machines whose enums it holds, in that order."""
 
     path: str
@@ -153,9 +153,11 @@ def _state_paths(spec: MachineSpec) -> list[str]:
 
 
 def _doc_text(text: str) -> str:
-    """`text` on one line, safe inside a triple-quoted docstring."""
-    text = " ".join(text.split())
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.replace("\\", "\\\\"))
+    """`text` on one line, safe inside a triple-quoted docstring: backslashes doubled,
+    characters that are not printable ASCII escaped (ruff refuses look-alikes of ASCII in
+    docstrings), triple quotes and a final quote escaped."""
+    text = " ".join(text.split()).replace("\\", "\\\\")
+    text = "".join(c if c.isascii() and c.isprintable() else ascii(c)[1:-1] for c in text)
     text = text.replace('"""', '\\"\\"\\"')
     return text[:-1] + '\\"' if text.endswith('"') else text
 
