@@ -241,16 +241,19 @@ AWKWARD = [
     'A "quoted" word, """ three quotes, a back\\slash, a \x07 bell, an en dash \u2013, then "',
     "x" * 120 + " and a short tail",
     "many words " * 30,
+    'ends in three quotes """',
+    "ends in a backslash \\",
 ]
 
 
 def test_any_description_gives_a_clean_module_whose_docstrings_are_the_spec(
     tmp_path: Path,
 ) -> None:
+    n = len(AWKWARD)
     toml = machine(
         "".join(f"[states.s{i}]\ndescription = {json.dumps(d)}\n" for i, d in enumerate(AWKWARD))
         + "".join(
-            f'[[transitions]]\ntrigger = "go"\nsource = "s{i}"\ndest = "s{(i + 1) % 3}"\n'
+            f'[[transitions]]\ntrigger = "go"\nsource = "s{i}"\ndest = "s{(i + 1) % n}"\n'
             f"description = {json.dumps(d)}\n"
             for i, d in enumerate(AWKWARD)
         )
@@ -259,15 +262,13 @@ def test_any_description_gives_a_clean_module_whose_docstrings_are_the_spec(
     namespace: dict[str, Any] = {}
     exec(compile(text, "m.py", "exec"), namespace)
     assert [(m.name, m.value) for m in namespace["MState"]] == [
-        ("S0", "s0"),
-        ("S1", "s1"),
-        ("S2", "s2"),
+        (f"S{i}", f"s{i}") for i in range(n)
     ]
     classes = {n.name: n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
     docs = [n.value.value for n in classes["MState"].body[1:] if isinstance(n, ast.Expr)]
     assert [" ".join(d.split()) for d in docs] == [" ".join(d.split()) for d in AWKWARD]
     (go,) = [n.value.value for n in classes["MTrigger"].body[1:] if isinstance(n, ast.Expr)]
-    arrows = " ".join(f"s{i} -> s{(i + 1) % 3}: {d}" for i, d in enumerate(AWKWARD))
+    arrows = " ".join(f"s{i} -> s{(i + 1) % n}: {d}" for i, d in enumerate(AWKWARD))
     assert " ".join(go.split()) == " ".join(arrows.split())
     path = tmp_path / "m.py"
     path.write_text(text, encoding="utf-8")

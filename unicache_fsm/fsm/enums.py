@@ -155,11 +155,13 @@ def _state_paths(spec: MachineSpec) -> list[str]:
 def _doc_text(text: str) -> str:
     """`text` on one line, safe inside a triple-quoted docstring: backslashes doubled,
     characters that are not printable ASCII escaped (ruff refuses look-alikes of ASCII in
-    docstrings), triple quotes and a final quote escaped."""
+    docstrings), quotes escaped where they would close it."""
     text = " ".join(text.split()).replace("\\", "\\\\")
     text = "".join(c if c.isascii() and c.isprintable() else ascii(c)[1:-1] for c in text)
-    text = text.replace('"""', '\\"\\"\\"')
-    return text[:-1] + '\\"' if text.endswith('"') else text
+    # a quote followed by a quote, or by the closing quotes, is escaped: no run of three
+    return "".join(
+        '\\"' if c == '"' and text[i + 1 : i + 2] in ('"', "") else c for i, c in enumerate(text)
+    )
 
 
 def _docstring(paragraphs: Iterable[str], indent: str, *, blank: bool = True) -> list[str]:
