@@ -355,4 +355,9 @@ def test_a_missing_spec_or_a_bad_class_name_is_refused_and_nothing_is_written(
     with pytest.raises(InvalidSpecError) as caught:
         enum_sources(tmp_path, tmp_path, [bad])
     assert caught.value.names("enum class names that are no identifier") == ("class", "1x")
+    for path in ("../escape.py", "/abs.py", "enums.txt"):
+        outside = EnumModule(path, "x", (MachineEnums("offload", "T"),))
+        with pytest.raises(InvalidSpecError) as caught:
+            enum_sources(tmp_path, tmp_path, [outside])
+        assert caught.value.kinds() == {"enum module path that is no .py file inside the package"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["offload.toml"]

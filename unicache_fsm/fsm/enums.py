@@ -45,7 +45,7 @@ import attrs
 from unicache_fsm.fsm.errors import InvalidSpecError, SpecProblem
 from unicache_fsm.fsm.flat import flatten
 from unicache_fsm.fsm.loader import load_spec
-from unicache_fsm.fsm.spec import ANY_STATE, MachineSpec
+from unicache_fsm.fsm.spec import ANY_STATE, MachineSpec, StateKind
 
 __all__ = [
     "BUNDLED_ENUM_MODULE",
@@ -143,13 +143,13 @@ def _members(spec: MachineSpec, names: Sequence[str], what: str) -> list[str]:
 
 
 def _state_paths(spec: MachineSpec) -> list[str]:
-    """The configurations of `spec`, in document order, when each is one state."""
-    configs = set(flatten(spec).configs)
-    paths = [s.path for s in spec.states() if s.path in configs]
-    if len(paths) != len(configs):  # a parallel machine: configurations are combinations
+    """The configurations of `spec`, in document order, when each is one state (refused
+    before any is enumerated when parallel regions make them combinations)."""
+    if any(s.kind is StateKind.PARALLEL for s in (spec.root, *spec.states())):
         kind = "state enum of configurations that are not single states"
         raise InvalidSpecError(spec.name, spec.source, [SpecProblem(kind, [spec.name])])
-    return paths
+    configs = set(flatten(spec).configs)
+    return [s.path for s in spec.states() if s.path in configs]
 
 
 def _doc_text(text: str) -> str:
@@ -222,26 +222,27 @@ def _machine_classes(spec: MachineSpec, enums: MachineEnums) -> list[list[str]]:
     return classes
 
 
-def _check_class_names(module: EnumModule) -> None:
-    """Refuse enum class names of `module` that are no identifier or repeat."""
+def _check_module(module: EnumModule) -> None:
+    """Refuse a `module` whose path is not a ``.py`` file inside the package, or whose
+    enum class names are no identifiers or repeat."""
     names = [n for m in module.machines for n in (m.triggers, m.states) if n is not None]
-    bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    problems = [
-        SpecProblem(k, v)
-        for k, v in [
-            ("enum class names that are no identifier", bad),
-            ("enum class names given twice", twice),
-        ]
-        if v
-    ]
+    path = Path(module.path)
+    outside = path.is_absolute() or ".." in path.parts or path.suffix != ".py"
+    found = {
+        "enum module path that is no .py file inside the package": [module.path] if outside else [],
+        "enum class names that are no identifier": [
+            n for n in names if not n.isidentifier() or keyword.iskeyword(n)
+        ],
+        "enum class names given twice": sorted({n for n in names if names.count(n) > 1}),
+    }
+    problems = [SpecProblem(kind, culprits) for kind, culprits in found.items() if culprits]
     if problems:
         raise InvalidSpecError(module.path, module.path, problems)
 
 
 def enum_module_source(module: EnumModule, specs: Mapping[str, MachineSpec]) -> str:
     """The Python source of `module`, from `specs` (machine name -> its spec)."""
-    _check_class_names(module)
+    _check_module(module)
     for m in module.machines:
         spec = specs.get(m.machine)
         if spec is None or spec.name != m.machine:
