@@ -26,10 +26,11 @@ member), and a test fails while a committed module differs from what it would wr
   the ``<machine>.toml`` files in `specs_dir`; `stale_enum_modules` — those whose file
   differs (or is missing).
 
-Bad input raises `InvalidSpecError` naming the machine and the culprits and writes
-nothing: a spec file that is missing or malformed, two names that give one member name
-(``go`` and ``Go``), a name that gives a private member (``_x``), a state enum asked of
-a machine whose configurations are not single states.
+Bad input raises `InvalidSpecError` naming the machine (or module) and the culprits, and
+nothing is written: a spec file that is missing or malformed, two names that give one
+member name (``go`` and ``Go``), a name that gives a private member (``_x``), a state
+enum asked of a machine whose configurations are not single states, a module path
+outside the package, enum class names that are no identifier or repeat.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def _trigger_doc(spec: MachineSpec, trigger: str) -> list[str]:
 
 
 def _enum_class(name: str, doc: str, members: list[tuple[str, str, list[str]]]) -> list[str]:
-    lines = [f"class {name}(str, enum.Enum):", *_docstring([doc], INDENT), ""]
+    lines = [f"class {name}(str, enum.Enum):", *_docstring([doc], INDENT)]
+    lines += [""] if members else []
     for member, value, paragraphs in members:
         lines.append(f"{INDENT}{member} = {json.dumps(value)}")
         lines += _docstring(paragraphs, INDENT, blank=False)
@@ -292,5 +294,5 @@ def stale_enum_modules(
     return [
         (path, text)
         for path, text in enum_sources(specs_dir, package_dir, modules)
-        if not path.is_file() or path.read_text(encoding="utf-8") != text
+        if not path.is_file() or path.read_bytes() != text.encode("utf-8")
     ]
