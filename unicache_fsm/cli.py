@@ -24,7 +24,8 @@ its arguments, a function that runs it, and one entry in the table):
   missing path with a suffix such as ``all.png`` is refused as a file name) receiving
   one file per machine; the paths written are printed.
 - ``docs [--check] [--specs-dir DIR]`` — regenerate ``<machine>.md`` next to every
-  ``<machine>.toml`` (default: the bundled specs of a source checkout; an installed
+  ``<machine>.toml`` (default: the bundled specs of a source checkout, which also give
+  the package's enums, ``unicache_fsm/spec_enums.py`` (`fsm.enums`); an installed
   package's copy is never rewritten); ``--check`` writes nothing and exits 1 listing
   the stale files.
 - ``--version`` prints the package version.
@@ -104,6 +105,7 @@ from unicache_fsm.fsm.diagram import (
     render_markdown_doc,
     render_mermaid,
 )
+from unicache_fsm.fsm.enums import enum_sources
 from unicache_fsm.fsm.errors import InvalidSpecError, TraceInputError, UnicacheFsmError
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.integrations.linker_kit import cli as check_linker_cli
@@ -494,7 +496,8 @@ def _docs_arguments(p: argparse.ArgumentParser) -> None:
         "--specs-dir",
         type=_path,
         metavar="DIR",
-        help="the folder of *.toml specs to document (default: the bundled specs)",
+        help="the folder of *.toml specs to document (default: the bundled specs, and from a "
+        "source checkout the package's enums generated from them)",
     )
 
 
@@ -527,6 +530,16 @@ def _run_docs(args: argparse.Namespace) -> int:
         current = target.read_text(encoding="utf-8") if target.is_file() else None
         if current != text:
             stale.append((target, text))
+    documents = len(spec_files)
+    if args.specs_dir is None and loader.specs_are_source():
+        # a checkout's bundled specs also give the package's enums (unicache_fsm.spec_enums)
+        for target, text in enum_sources(folder):
+            documents += 1
+            if target.exists() and not target.is_file():
+                msg = f"{str(target)!r} exists and is not a regular file"
+                raise CliError(msg)
+            if not target.is_file() or target.read_bytes() != text.encode("utf-8"):
+                stale.append((target, text))
     if not args.check:
         for target, text in stale:
             target.write_text(text, encoding="utf-8", newline="\n")
@@ -535,11 +548,11 @@ def _run_docs(args: argparse.Namespace) -> int:
             print(f"stale: {target} (run `{PROG} docs` to regenerate it)")
         if stale:
             return EXIT_CHECK_FAILED
-        print(f"{len(spec_files)} docs up to date")
+        print(f"{documents} docs up to date")
         return EXIT_OK
     for target, _ in stale:
         print(f"wrote {target}")
-    print(f"{len(spec_files) - len(stale)} of {len(spec_files)} docs were up to date")
+    print(f"{documents - len(stale)} of {documents} docs were up to date")
     return EXIT_OK
 
 
@@ -1346,7 +1359,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "diagram", "draw machines as Mermaid, DOT, SVG or PNG", _diagram_arguments, _run_diagram
     ),
-    Command("docs", "regenerate specs/<machine>.md from the specs", _docs_arguments, _run_docs),
+    Command("docs", "regenerate specs/<machine>.md and the spec enums", _docs_arguments, _run_docs),
     Command(
         "check-trace",
         "replay a JSONL trace against the specs; report the first illegal step",

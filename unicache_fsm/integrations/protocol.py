@@ -38,13 +38,12 @@ path that is a directory, FIFO or socket is refused (`MonitorConfigError`); a wr
 fails later (a full disk) stops the trace, is logged and kept in `trace_error`, and is
 never raised into the caller.
 
-The enums mirror the specs (checked when the executors are bound and by
-tests/test_spec_mirrors.py). This module imports nothing of SGLang.
+The enums are generated from the specs (`unicache_fsm.spec_enums`, re-exported here;
+checked again when the executors are bound). This module imports nothing of SGLang.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import numbers
 from collections import deque
@@ -61,6 +60,14 @@ from unicache_fsm.fsm.errors import (
 )
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.trace import GuardedTrace, TraceRecorder, TransitionCounter, attach
+from unicache_fsm.spec_enums import (
+    SglangLinkerState,
+    SglangLinkerTrigger,
+    SglangLoadState,
+    SglangLoadTrigger,
+    SglangOffloadState,
+    SglangOffloadTrigger,
+)
 
 __all__ = [
     "KEPT_VIOLATIONS",
@@ -85,62 +92,6 @@ MONITOR_MODES = ("raise", "record")
 
 #: recorded violations a `ProtocolMonitor` keeps (the newest; every one is counted)
 KEPT_VIOLATIONS = 256
-
-
-class SglangLinkerState(str, enum.Enum):
-    OPEN = "open"
-    CLOSED = "closed"
-
-
-class SglangLinkerTrigger(str, enum.Enum):
-    LOOKUP = "lookup"
-    LOAD = "load"
-    START = "start"
-    START_ANSWER = "start_answer"
-    FINISH = "finish"
-    CANCEL = "cancel"
-    OFFLOAD = "offload"
-    COUNT = "count"
-    COUNT_ANSWER = "count_answer"
-    POP = "pop"
-    RESET = "reset"
-    CLOSE = "close"
-
-
-class SglangLoadState(str, enum.Enum):
-    REQUESTED = "requested"
-    QUEUED = "queued"
-    STARTED = "started"
-    LANDED = "landed"
-    FAILED = "failed"
-    REFUSED = "refused"
-    CANCELLED = "cancelled"
-    DROPPED = "dropped"
-
-
-class SglangLoadTrigger(str, enum.Enum):
-    ANSWER = "answer"
-    START = "start"
-    FINISH = "finish"
-    CANCEL = "cancel"
-    DROP = "drop"
-
-
-class SglangOffloadState(str, enum.Enum):
-    REQUESTED = "requested"
-    PENDING = "pending"
-    COMPLETED = "completed"
-    STORED = "stored"
-    FAILED = "failed"
-    REFUSED = "refused"
-    DROPPED = "dropped"
-
-
-class SglangOffloadTrigger(str, enum.Enum):
-    ANSWER = "answer"
-    REPORT = "report"
-    POP = "pop"
-    DROP = "drop"
 
 
 class MonitorConfigError(UnicacheFsmError, ValueError):

@@ -33,32 +33,11 @@ import attrs
 import torch
 
 from unicache_fsm.pools.transfer import PoolTransfer
+from unicache_fsm.spec_enums import LoadState, LoadTrigger
 from unicache_fsm.tree.components import LoadContext
 from unicache_fsm.tree.node import TreeNode
 
 __all__ = ["AbortReason", "ExternalLoad", "LoadState", "LoadTrigger"]
-
-
-class LoadTrigger(str, enum.Enum):
-    """The `load_transaction` triggers (checked against the spec when bound)."""
-
-    PREPARE = "prepare"
-    START = "start"
-    LAND = "land"
-    COMMIT = "commit"
-    ABORT = "abort"
-
-
-class LoadState(str, enum.Enum):
-    """The configurations of the `load_transaction` machine (what `ExternalLoad.state`
-    holds; checked against the spec when the executor is bound)."""
-
-    IDLE = "idle"
-    QUEUED = "prepared.queued"
-    LOADING = "prepared.loading"
-    LANDED = "prepared.landed"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
 
 
 class AbortReason(str, enum.Enum):

@@ -13,30 +13,13 @@ A `PendingOffload` is plain data; the linker is the handler its executor calls
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 
 from unicache_fsm.pools.transfer import PoolTransfer
+from unicache_fsm.spec_enums import OffloadState, OffloadTrigger
 from unicache_fsm.tree.offload import OffloadTicket
 
 __all__ = ["OffloadState", "OffloadTrigger", "PendingOffload"]
-
-
-class OffloadTrigger(str, enum.Enum):
-    """The `offload` triggers (checked against the spec when bound)."""
-
-    SUBMIT = "submit"
-    COMPLETE = "complete"
-
-
-class OffloadState(str, enum.Enum):
-    """The configurations of the `offload` machine (checked against the spec when bound)."""
-
-    QUEUED = "queued"
-    PENDING = "pending"
-    PUBLISHED = "published"
-    FAILED = "failed"
 
 
 @attrs.define(slots=True, eq=False, repr=False)

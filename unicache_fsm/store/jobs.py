@@ -13,16 +13,21 @@ executors below, so every store speaks the same lifecycle and an illegal step ra
   `is_final`); records keep only their state slot, the machines are shared.
 - `StoreLoadState`, `StoreOffloadState`, `StoreLoadTrigger`, `StoreOffloadTrigger` —
   the states and triggers as enums (``str`` enums: they compare equal to the names the
-  executors report), checked against the specs when the executors are bound.
+  executors report), generated from the specs (`unicache_fsm.spec_enums`, re-exported
+  here) and checked against them again when the executors are bound.
 """
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 
 from unicache_fsm.fsm.compiled import CompiledExecutor
+from unicache_fsm.spec_enums import (
+    StoreLoadState,
+    StoreLoadTrigger,
+    StoreOffloadState,
+    StoreOffloadTrigger,
+)
 from unicache_fsm.store.requests import CheckedTransfer
 
 __all__ = [
@@ -35,34 +40,6 @@ __all__ = [
     "StoreOffloadState",
     "StoreOffloadTrigger",
 ]
-
-
-class StoreLoadState(str, enum.Enum):
-    QUEUED = "queued"
-    STARTED = "started"
-    LANDED = "landed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-class StoreLoadTrigger(str, enum.Enum):
-    START = "start"
-    FINISH = "finish"
-    CANCEL = "cancel"
-    ABANDON = "abandon"
-
-
-class StoreOffloadState(str, enum.Enum):
-    QUEUED = "queued"
-    STARTED = "started"
-    LANDED = "landed"
-    FAILED = "failed"
-
-
-class StoreOffloadTrigger(str, enum.Enum):
-    START = "start"
-    FINISH = "finish"
-    ABANDON = "abandon"
 
 
 def _verified(self: object, ok: bool = False) -> bool:

@@ -7,8 +7,8 @@ It changes only through `Residency.fire`, i.e. through an executor; reads go thr
 the precomputed sets below (one frozenset membership test each), so the derived
 flags (`external_cache_stored`, `backuped`, `evicted`) cost nothing.
 
-- `ResidencyTrigger` — the spec's triggers as an enum (checked against the spec when
-  the executor is bound).
+- `ResidencyTrigger` — the spec's triggers as an enum, generated from the spec
+  (`unicache_fsm.spec_enums`, re-exported here; checked again when the executor is bound).
 - `Residency(kind)` — the executor for tree nodes, compiled (default) or reference.
 - `RESIDENT`, `EVICTED`, `STORED`, `OFFLOADING`, `BACKED_UP`, `BACKING_UP` — the
   configurations in which that state is active; `configs_where(path)` gives the same
@@ -29,6 +29,7 @@ from unicache_fsm.fsm.reference import ReferenceExecutor
 
 if TYPE_CHECKING:
     from unicache_fsm.tree.node import TreeNode
+from unicache_fsm.spec_enums import ResidencyTrigger
 
 __all__ = [
     "BACKED_UP",
@@ -45,25 +46,6 @@ __all__ = [
 ]
 
 MACHINE = "node_residency"
-
-
-class ResidencyTrigger(str, enum.Enum):
-    EVICT = "evict"
-    LOAD_BACK = "load_back"
-    UNEVICT = "unevict"
-    DELETE = "delete"
-    START_OFFLOAD = "start_offload"
-    OFFLOAD_SUCCEEDED = "offload_succeeded"
-    OFFLOAD_FAILED = "offload_failed"
-    MARK_STORED = "mark_stored"
-    DEMOTE = "demote"
-    START_BACKUP = "start_backup"
-    BACKUP_SUCCEEDED = "backup_succeeded"
-    BACKUP_FAILED = "backup_failed"
-    DROP_BACKUP = "drop_backup"
-    # the per-component regions (each fired only by its component, tree.components)
-    ADOPT_SWA = "adopt_swa"
-    TOMBSTONE_SWA = "tombstone_swa"
 
 
 class ExecutorKind(str, enum.Enum):

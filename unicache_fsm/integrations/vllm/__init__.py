@@ -5,8 +5,9 @@ anything else raises `VllmUnavailableError` saying why (``bash scripts/vllm_env.
 builds a virtualenv that holds it next to this project). One concept per module:
 
 - `machines` — the contract's four machines (`specs/vllm_manager.toml`,
-  `vllm_block.toml`, `vllm_request.toml`, `vllm_transfer.toml`): their mirror enums and
-  `OffloadingProtocol`, which drives them from a record of the calls.
+  `vllm_block.toml`, `vllm_request.toml`, `vllm_transfer.toml`): their enums (generated
+  from the specs, `unicache_fsm.spec_enums`) and `OffloadingProtocol`, which drives them
+  from a record of the calls.
 - `monitor` — `MonitoredManager` / `MonitoredWorker`: any `OffloadingManager` /
   `OffloadingWorker`, every call checked against those machines (raise or record).
 - `model` — `ModelManager`: the project's executable model of vLLM's CPU manager with

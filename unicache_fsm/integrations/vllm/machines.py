@@ -35,7 +35,6 @@ This module imports nothing of vLLM.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
@@ -48,6 +47,16 @@ from unicache_fsm.fsm.errors import GuardRejectedError, IllegalTransitionError, 
 from unicache_fsm.fsm.executor import Executor
 from unicache_fsm.fsm.trace import TraceRecorder, TransitionCounter, attach
 from unicache_fsm.integrations.protocol import MONITOR_MODES, MonitorConfigError, ProtocolViolation
+from unicache_fsm.spec_enums import (
+    BlockState,
+    BlockTrigger,
+    ManagerState,
+    ManagerTrigger,
+    RequestState,
+    RequestTrigger,
+    TransferState,
+    TransferTrigger,
+)
 
 __all__ = [
     "REMEMBERED",
@@ -66,66 +75,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class ManagerState(str, enum.Enum):
-    UNLOCKED = "unlocked"
-    LOCKED = "locked"
-    SHUT_DOWN = "shut_down"
-
-
-class ManagerTrigger(str, enum.Enum):
-    ACQUIRE = "acquire"
-    RELEASE = "release"
-    CALL = "call"
-    SHUTDOWN = "shutdown"
-
-
-class BlockState(str, enum.Enum):
-    ABSENT = "absent"
-    STORING = "storing"
-    STORED = "stored"
-    LOADING = "loading"
-    EVICTED = "evicted"
-    FAILED = "failed"
-    LOST = "lost"
-    CLEARED = "cleared"
-
-
-class BlockTrigger(str, enum.Enum):
-    STORE = "store"
-    COMPLETE = "complete"
-    FOUND = "found"
-    LOSE = "lose"
-    LOAD = "load"
-    UNLOAD = "unload"
-    EVICT = "evict"
-    CLEAR = "clear"
-
-
-class RequestState(str, enum.Enum):
-    UNSEEN = "unseen"
-    ACTIVE = "active"
-    FINISHED = "finished"
-
-
-class RequestTrigger(str, enum.Enum):
-    BEGIN = "begin"
-    SUBMIT = "submit"
-    FINISH = "finish"
-
-
-class TransferState(str, enum.Enum):
-    SUBMITTED = "submitted"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    REFUSED = "refused"
-
-
-class TransferTrigger(str, enum.Enum):
-    ANSWER = "answer"
-    FINISH = "finish"
 
 
 class OffloadingViolation(ProtocolViolation):
