@@ -120,7 +120,9 @@ The package, one concept per module (dependencies pointing down the list):
   *stored*, *tainted*), with the checks of LOOKUP, `contains` and `evict` answers.
 - `completions` — the jobs the store owes a completion for, and the checks of every
   completion, count and per-layer progress it reports.
-- `machine` — `StoreMachine`: the rules and invariants.
+- `faults` — the faults the machine injects itself: `break_device`, `corrupt_page`
+  (rules of `FaultRules`, a base of `StoreMachine`).
+- `machine` — `StoreMachine`: the protocol's rules and the invariants.
 - `memory` — `MemoryStoreMachine`, the reference subclass.
 """
 
