@@ -90,7 +90,6 @@ starts them later; agreement per load makes the ranks end them together.
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,28 +97,29 @@ import attrs
 import torch
 
 from unicache_fsm import hashing
-from unicache_fsm.fsm.compiled import CompiledExecutor
 from unicache_fsm.fsm.errors import GuardRejectedError
-from unicache_fsm.fsm.executor import Executor
-from unicache_fsm.fsm.reference import ReferenceExecutor
 from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
-from unicache_fsm.linker.offload import OffloadState, OffloadTrigger, PendingOffload
-from unicache_fsm.linker.quarantine import Quarantine
-from unicache_fsm.linker.ranks import RankGroup, SingleRank, agree, intersect_restorable
+from unicache_fsm.linker.offload import OffloadTrigger, PendingOffload
+from unicache_fsm.linker.ranks import SingleRank, agree, intersect_restorable
+from unicache_fsm.linker.state import (
+    COUNT_SLACK,
+    Batch,
+    LinkerConfig,
+    LinkerState,
+    LinkerStats,
+    protocol_fault,
+    store_fault,
+)
 from unicache_fsm.pools.transfer import (
     ExternalLinkerLoadPhase,
     LinkerTransferPhase,
     PoolName,
     PoolTransfer,
 )
-from unicache_fsm.store.checked import CheckedStore
-from unicache_fsm.store.errors import StoreProtocolError
-from unicache_fsm.store.protocol import ExternalStore, LoadBatchResult
-from unicache_fsm.tree.components import LoadContext, components_for
+from unicache_fsm.store.protocol import LoadBatchResult
+from unicache_fsm.tree.components import LoadContext
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import InsertParams, MatchResult
-from unicache_fsm.tree.residency import ExecutorKind
-from unicache_fsm.tree.tree import RadixTree
 
 __all__ = ["ExternalLinker", "LinkerConfig", "LinkerMatch", "LinkerStats"]
 
@@ -137,13 +137,8 @@ PREPARE, COMMIT, ABORT = (
 
 # per-load settlement values, agreed by MIN across ranks in `finish_loads`
 _UNSETTLED, _FAILED, _LANDED = 0, 1, 2
-# completions a store may report beyond those the linker knows in flight (a batch
-# started by a `start_loading` whose answer was lost); more is a miscount, a fault
-_COUNT_SLACK = 2
 # empty batches the store acknowledged (nothing of ours to load) kept for their completion
 _EMPTY_KEPT = 8
-# ids of batches ended by a fault kept for their own completion (the quarantine's key)
-_UNCONFIRMED_KEPT = 64
 # `finish_loads` calls without a completion after which the oldest batch holding loads
 # asks the store to start loads again (a store that answered a batch id it never started
 # still holds them queued; an honest one answers -1)
@@ -171,57 +166,6 @@ class _StoreHoldsLoad(Exception):
     """Internal: the store did not confirm that it gave a queued load back."""
 
 
-@attrs.define(slots=True, eq=False)
-class _Batch:
-    """A batch the store acknowledged starting: its id and the loads it holds."""
-
-    id: int
-    loads: list[ExternalLoad]
-    waited: int = 0  # `finish_loads` calls that found no completion while it was oldest
-
-
-@attrs.frozen
-class LinkerConfig:
-    """`executor` picks the executor that drives the load and offload machines.
-
-    `reset_when_idle`: when the quarantine holds something and nothing of the linker's
-    is in flight in the store (no prepared load, no batch of ours, no offload), the end
-    of `finish_loads` / `poll_offloads` resets the store — its reset returning is the
-    trusted signal that releases the quarantine, and with nothing in flight it ends
-    nothing else. Off, the quarantine waits for the store's own completions or for an
-    explicit `reset` / `close` (a store that consumed a completion it never answered
-    then holds its slots until one). `serving.System` (the test and fuzzing harness)
-    builds its linker with it off unless asked; `simulate` turns it on.
-    """
-
-    executor: ExecutorKind = ExecutorKind.COMPILED
-    reset_when_idle: bool = True
-
-
-@attrs.define(slots=True)
-class LinkerStats:
-    """Counters of what the linker did (all monotonic)."""
-
-    lookups: int = 0
-    lookup_faults: int = 0
-    hit_pages: int = 0
-    loads_prepared: int = 0
-    loads_committed: int = 0
-    loads_aborted: dict[str, int] = attrs.field(factory=dict)
-    pages_loaded: int = 0  # pages whose loaded bytes the tree adopted
-    pages_duplicate: int = 0  # loaded pages freed at COMMIT (the tree had them)
-    offloads_submitted: int = 0
-    offloads_published: int = 0
-    offloads_failed: int = 0
-    pages_offloaded: int = 0
-    nodes_demoted: int = 0
-    store_faults: dict[str, int] = attrs.field(factory=dict)  # by store call
-    loads_quarantined: int = 0  # loads whose slots went to the quarantine
-    offloads_quarantined: int = 0  # offloads held in the quarantine (nodes locked)
-    quarantine_released: int = 0  # loads and offloads the trusted signal released
-    idle_resets: int = 0  # store resets made to release the quarantine (`reset_when_idle`)
-
-
 @attrs.frozen
 class LinkerMatch:
     """The device prefix, and the external load when the store can restore more."""
@@ -234,7 +178,7 @@ class LinkerMatch:
         return 0 if self.load is None else self.load.prefix_len - self.load.device_hit_len
 
 
-class ExternalLinker:
+class ExternalLinker(LinkerState):
     """One rank's linker between a `RadixTree` and an `ExternalStore`: LOOKUP at
     `match`, LOAD + PREPARE at `load_back`, LAND and COMMIT or ABORT at `finish_loads`,
     OFFLOAD at `offload_nodes` / `poll_offloads` (the primitives, in the order a
@@ -246,64 +190,6 @@ class ExternalLinker:
     handed to the tree exactly once. The caller attaches the store to the KV pools
     before building the linker; with several ranks, `group` agrees every verdict.
     """
-
-    def __init__(
-        self,
-        tree: RadixTree,
-        store: ExternalStore,
-        *,
-        group: RankGroup | None = None,
-        config: LinkerConfig | None = None,
-    ) -> None:
-        self.tree = tree
-        self.store = store
-        self.calls = CheckedStore(store, self._store_fault)
-        self.last_store_fault: BaseException | None = None
-        self.group: RankGroup = group if group is not None else SingleRank()
-        self.config = config or LinkerConfig()
-        self.components = components_for(tree)
-        self.page_size = tree.page_size
-        kind: type[Executor] = (
-            CompiledExecutor if self.config.executor is ExecutorKind.COMPILED else ReferenceExecutor
-        )
-        # the records are data; this linker is the handler of both machines
-        self.load_machine = kind(
-            "load_transaction", ExternalLoad, triggers=LoadTrigger, states=LoadState, handler=self
-        )
-        self.offload_machine = kind(
-            "offload", PendingOffload, triggers=OffloadTrigger, states=OffloadState, handler=self
-        )
-        self.loads: dict[str, ExternalLoad] = {}  # every load not yet final, by rid
-        # released loads the store may still write into: they still own slots and a lock
-        self.draining: list[ExternalLoad] = []
-        # every prepared load not yet ended, in the order load_back prepared them (the
-        # same on every rank): what `finish_loads` agrees on, one value per load
-        self.held: dict[int, ExternalLoad] = {}
-        # batches the store acknowledged starting, oldest first (completions are FIFO)
-        self.batches: deque[_Batch] = deque()
-        # accepted offloads not completed, FIFO; None marks a store offload this rank
-        # queued but the group refused: its completion is popped and dropped locally
-        self.offloads: deque[PendingOffload | None] = deque()
-        # what the store may still touch after it broke the protocol (`quarantine`)
-        self.quarantine = Quarantine()
-        # ids of batches ended without their own completion (a fault), newest last: the
-        # completion, when it comes, releases what they hold and is no fault
-        self.unconfirmed: deque[int] = deque(maxlen=_UNCONFIRMED_KEPT)
-        self.stats = LinkerStats()
-        self._offload_ids = 0
-        self._prepared_seq = 0
-
-    def _store_fault(self, operation: str, error: BaseException) -> None:
-        """A store call failed or answered outside the protocol: count it, keep it."""
-        faults = self.stats.store_faults
-        faults[operation] = faults.get(operation, 0) + 1
-        if operation == "lookup":
-            self.stats.lookup_faults += 1
-        self.last_store_fault = error
-
-    def _protocol_fault(self, operation: str, value: object, msg: str) -> None:
-        """The store broke the protocol in a way only the linker can see."""
-        self._store_fault(operation, StoreProtocolError(msg, operation=operation, value=value))
 
     # -- LOOKUP ------------------------------------------------------------------------
     def match(
@@ -359,8 +245,8 @@ class ExternalLinker:
             self.load_machine.fire(load, L.PREPARE)
         except _LoadRefused as refused:
             refusal = refused.reason
-        self._prepared_seq += 1  # the same on every rank: load_back is collective
-        load.seq = self._prepared_seq
+        self.prepared_seq += 1  # the same on every rank: load_back is collective
+        load.seq = self.prepared_seq
         self.held[load.seq] = load
         if not agree(self.group, refusal is None):
             self._end_now_or_later(load, refusal or AbortReason.PEER_ABORTED)
@@ -410,14 +296,14 @@ class ExternalLinker:
                 f"start_loading: the store answered batch {batch}, which is already in "
                 "flight or held; its loads cannot be told apart from that batch's"
             )
-            self._protocol_fault("start_loading", batch, msg)
+            protocol_fault(self, "start_loading", batch, msg)
             for load in started:
                 self._suspect(load, None)
             return -1
         for load in started:
             self.load_machine.fire(load, L.START)
             load.batch = batch
-        self.batches.append(_Batch(batch, started))
+        self.batches.append(Batch(batch, started))
         if not started:  # the store started nothing of ours: keep a few for their completion
             empty = [b for b in self.batches if not b.loads]
             if len(empty) > _EMPTY_KEPT:
@@ -484,7 +370,7 @@ class ExternalLinker:
             ):
                 self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
         calls = self.calls
-        limit = len(self.batches) + len(self.unconfirmed) + _COUNT_SLACK
+        limit = len(self.batches) + len(self.unconfirmed) + COUNT_SLACK
         count = calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)
         for _ in range(count):
             self._end_batch(calls.pop_completed_load())
@@ -518,7 +404,7 @@ class ExternalLinker:
                 f"pop_completed_load: the completion names batch {result.batch}, which is "
                 f"neither in flight nor held (oldest in flight: {oldest})"
             )
-            self._protocol_fault("pop_completed_load", result, msg)
+            protocol_fault(self, "pop_completed_load", result, msg)
             self._suspect_oldest()
             return
         named = self.batches[position]
@@ -542,7 +428,7 @@ class ExternalLinker:
                 f"pop_completed_load: batch {result.batch} completed before batch "
                 f"{skipped.id}, which was started first"
             )
-            self._protocol_fault("pop_completed_load", result, msg)
+            protocol_fault(self, "pop_completed_load", result, msg)
             self._suspect_batch(skipped, skipped.id)
         batch = self.batches.popleft()
         mine = sorted(ld.rid for ld in batch.loads)
@@ -551,12 +437,12 @@ class ExternalLinker:
                 f"pop_completed_load: the completion of batch {batch.id} names "
                 f"{sorted(result.rids)}, the batch holds {mine}"
             )
-            self._protocol_fault("pop_completed_load", result, msg)
+            protocol_fault(self, "pop_completed_load", result, msg)
             self._suspect_batch(batch, None)  # its own completion came, and is wrong
             return
         self._settle_batch(batch, result.success)
 
-    def _settle_batch(self, batch: _Batch, success: bool) -> None:
+    def _settle_batch(self, batch: Batch, success: bool) -> None:
         """The store's own well-formed completion for `batch`: its verdict settles it."""
         for load in batch.loads:
             if load.state == LoadState.LOADING and load.settled is None:
@@ -572,7 +458,7 @@ class ExternalLinker:
             self.batches.remove(batch)
             self._suspect_batch(batch, batch.id)
 
-    def _suspect_batch(self, batch: _Batch, held_for: int | None) -> None:
+    def _suspect_batch(self, batch: Batch, held_for: int | None) -> None:
         """Every load of `batch` the store may still write: see `_suspect`."""
         if held_for is not None:
             self.unconfirmed.append(held_for)
@@ -776,9 +662,9 @@ class ExternalLinker:
             return None
         transfers, chain_pages = self._offload_transfers(chain)
         ticket = self.tree.begin_offload(chain)
-        self._offload_ids += 1
+        self.offload_ids += 1
         record = PendingOffload(
-            id=self._offload_ids, ticket=ticket, transfers=transfers, chain_pages=chain_pages
+            id=self.offload_ids, ticket=ticket, transfers=transfers, chain_pages=chain_pages
         )
         self.offload_machine.initialize(record)
         queued = self.calls.offload(transfers)  # None: the reply was lost
@@ -1028,7 +914,7 @@ class ExternalLinker:
         calls, held = self.calls, self.quarantine
         ids = [b.id for b in self.batches] + list(self.unconfirmed)
         popped = calls.drain(
-            calls.num_completed_loads, calls.pop_completed_load, len(ids) + _COUNT_SLACK
+            calls.num_completed_loads, calls.pop_completed_load, len(ids) + COUNT_SLACK
         )
         if None in popped:  # which batch a faulty pop ended is unknown: owe them all
             popped = []
@@ -1066,7 +952,7 @@ class ExternalLinker:
         try:
             self.store.close()
         except Exception as exc:
-            self._store_fault("close", exc)
+            store_fault(self, "close", exc)
             return
         self._release_quarantine()
 
