@@ -98,6 +98,16 @@ import torch
 
 from unicache_fsm import hashing
 from unicache_fsm.fsm.errors import GuardRejectedError
+from unicache_fsm.linker.aborting import (
+    Aborting,
+    abort_load,
+    end_now_or_later,
+    forget,
+    release_load,
+    settle_cancel,
+    suspect,
+    suspect_batch,
+)
 from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadTrigger, PendingOffload
 from unicache_fsm.linker.ranks import SingleRank, agree, intersect_restorable
@@ -105,7 +115,6 @@ from unicache_fsm.linker.state import (
     COUNT_SLACK,
     Batch,
     LinkerConfig,
-    LinkerState,
     LinkerStats,
     protocol_fault,
     store_fault,
@@ -162,10 +171,6 @@ class _LoadRefused(Exception):
         self.reason = reason
 
 
-class _StoreHoldsLoad(Exception):
-    """Internal: the store did not confirm that it gave a queued load back."""
-
-
 @attrs.frozen
 class LinkerMatch:
     """The device prefix, and the external load when the store can restore more."""
@@ -178,7 +183,7 @@ class LinkerMatch:
         return 0 if self.load is None else self.load.prefix_len - self.load.device_hit_len
 
 
-class ExternalLinker(LinkerState):
+class ExternalLinker(Aborting):
     """One rank's linker between a `RadixTree` and an `ExternalStore`: LOOKUP at
     `match`, LOAD + PREPARE at `load_back`, LAND and COMMIT or ABORT at `finish_loads`,
     OFFLOAD at `offload_nodes` / `poll_offloads` (the primitives, in the order a
@@ -249,7 +254,7 @@ class ExternalLinker(LinkerState):
         load.seq = self.prepared_seq
         self.held[load.seq] = load
         if not agree(self.group, refusal is None):
-            self._end_now_or_later(load, refusal or AbortReason.PEER_ABORTED)
+            end_now_or_later(self, load, refusal or AbortReason.PEER_ABORTED)
             return False  # (if its end is deferred, `finish_loads` does not report it)
         load.awaited = True
         self.stats.loads_prepared += 1
@@ -286,7 +291,7 @@ class ExternalLinker(LinkerState):
         if batch < 0:
             for load in started:
                 if load.maybe_started:  # perhaps in the batch whose answer was lost
-                    self._suspect(load, None)
+                    suspect(load, None)
                 else:
                     load.settled = False  # the store holds nothing queued
             return -1
@@ -298,7 +303,7 @@ class ExternalLinker(LinkerState):
             )
             protocol_fault(self, "start_loading", batch, msg)
             for load in started:
-                self._suspect(load, None)
+                suspect(load, None)
             return -1
         for load in started:
             self.load_machine.fire(load, L.START)
@@ -345,14 +350,14 @@ class ExternalLinker(LinkerState):
             if landed:
                 if load.abort_pending is None:
                     self.load_machine.fire(load, L.COMMIT)
-                    self._forget(load)
+                    forget(self, load)
                     self.stats.loads_committed += 1
                 else:  # every page landed, but the request gave the load up meanwhile
-                    self._abort(load, load.abort_pending)
+                    abort_load(self, load, load.abort_pending)
             elif load.state == LoadState.LOADING:
-                self._abort(load, AbortReason.LOAD_FAILED)
+                abort_load(self, load, AbortReason.LOAD_FAILED)
             else:
-                self._abort(load, load.abort_pending or AbortReason.LOAD_FAILED)
+                abort_load(self, load, load.abort_pending or AbortReason.LOAD_FAILED)
             if load.awaited:  # not a load whose load_back already answered False
                 ended.append(load)
         self._reclaim()
@@ -368,7 +373,7 @@ class ExternalLinker(LinkerState):
                 and load.abort_pending is not None
                 and load.settled is None
             ):
-                self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
+                settle_cancel(load, self.calls.cancel_queued_load(load.rid))
         calls = self.calls
         limit = len(self.batches) + len(self.unconfirmed) + COUNT_SLACK
         count = calls.bounded("num_completed_loads", calls.num_completed_loads(), limit)
@@ -395,7 +400,7 @@ class ExternalLinker(LinkerState):
                 if load.suspect and load.held_for == result.batch:
                     load.suspect = False  # not ended yet: it is freed when it ends
             for load in self.quarantine.take_batch(result.batch):
-                self._release_load(load)
+                release_load(self, load)
             return
         position = next((i for i, b in enumerate(self.batches) if b.id == result.batch), None)
         if position is None:
@@ -429,7 +434,7 @@ class ExternalLinker(LinkerState):
                 f"{skipped.id}, which was started first"
             )
             protocol_fault(self, "pop_completed_load", result, msg)
-            self._suspect_batch(skipped, skipped.id)
+            suspect_batch(self, skipped, skipped.id)
         batch = self.batches.popleft()
         mine = sorted(ld.rid for ld in batch.loads)
         if sorted(result.rids) != mine:
@@ -438,7 +443,7 @@ class ExternalLinker(LinkerState):
                 f"{sorted(result.rids)}, the batch holds {mine}"
             )
             protocol_fault(self, "pop_completed_load", result, msg)
-            self._suspect_batch(batch, None)  # its own completion came, and is wrong
+            suspect_batch(self, batch, None)  # its own completion came, and is wrong
             return
         self._settle_batch(batch, result.success)
 
@@ -456,40 +461,7 @@ class ExternalLinker(LinkerState):
         batch = next((b for b in self.batches if b.loads), None)
         if batch is not None:
             self.batches.remove(batch)
-            self._suspect_batch(batch, batch.id)
-
-    def _suspect_batch(self, batch: Batch, held_for: int | None) -> None:
-        """Every load of `batch` the store may still write: see `_suspect`."""
-        if held_for is not None:
-            self.unconfirmed.append(held_for)
-        for load in batch.loads:
-            if load.state == LoadState.LOADING and load.settled is None:
-                self._suspect(load, held_for)
-
-    def _suspect(self, load: ExternalLoad, held_for: int | None) -> None:
-        """The store broke the protocol about `load`: it ends (agreed in `finish_loads`)
-        as failed, and its slots go to the quarantine, released by `held_for`'s own
-        completion (None: only by a reset or close of the store that returned)."""
-        load.settled = False
-        load.suspect = True
-        load.held_for = held_for
-
-    def _settle_cancel(self, load: ExternalLoad, cancelled: bool | None) -> None:
-        """The store's answer to cancelling a queued load (None: lost; nothing known)."""
-        if cancelled is None:
-            return
-        if cancelled or not load.maybe_started:
-            load.settled = False  # the store holds the load no more
-        else:  # not queued: perhaps in the batch whose `start_loading` answer was lost
-            self._suspect(load, None)
-
-    def _release_load(self, load: ExternalLoad) -> None:
-        """The store's job for a quarantined load ended: free what it reserved."""
-        assert load.ctx is not None
-        for c, t in reversed(list(zip(self.components, load.transfers, strict=True))):
-            c.update_external_linker_load(ABORT, t, load.ctx)
-        load.transfers = []
-        self.stats.quarantine_released += 1
+            suspect_batch(self, batch, batch.id)
 
     # -- spec callbacks of load_transaction (called by `load_machine` only) -----------
     def reserve_slots(self, load: ExternalLoad) -> None:
@@ -576,76 +548,6 @@ class ExternalLinker(LinkerState):
         tree.inc_lock_ref(endpoint)  # the caller's, from now on: the loaded path stays put
         tree.dec_lock_ref(load.anchor)
         load.transfers = []
-
-    def withdraw_store_load(self, load: ExternalLoad, reason: AbortReason) -> None:
-        """Before ``abort`` from queued: the store gives the load back (skipped when it
-        already did, or holds nothing: `settled`). Raise when it does not confirm: the
-        slots must not be freed while the store may still write into them."""
-        if load.settled is not None:
-            return
-        self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
-        if load.settled is None:
-            raise _StoreHoldsLoad(load.rid)
-
-    def free_reservation(self, load: ExternalLoad, reason: AbortReason) -> None:
-        """Before ``abort`` from prepared: free exactly what LOAD reserved (reverse
-        component order), unmap SWA, release the anchor lock; publish nothing."""
-        assert load.ctx is not None
-        if load.suspect:  # the store may still write them: held, not freed
-            self.quarantine.hold_load(load, load.held_for)
-            self.stats.loads_quarantined += 1
-        else:
-            for c, t in reversed(list(zip(self.components, load.transfers, strict=True))):
-                c.update_external_linker_load(ABORT, t, load.ctx)
-            load.transfers = []
-        self.tree.dec_lock_ref(load.anchor)
-
-    def record_abort(self, load: ExternalLoad, reason: AbortReason) -> None:
-        """On entering ``aborted``: keep the reason, forget the load, count it."""
-        load.abort_reason = reason
-        self._forget(load)
-        self.stats.loads_aborted[reason.value] = self.stats.loads_aborted.get(reason.value, 0) + 1
-
-    # -- ABORT -------------------------------------------------------------------------
-    def _abort(self, load: ExternalLoad, reason: AbortReason) -> None:
-        self.load_machine.fire(load, L.ABORT, reason)
-
-    def _forget(self, load: ExternalLoad) -> None:
-        """The load ended: it is no longer the request's, held, or draining."""
-        if self.loads.get(load.rid) is load:
-            del self.loads[load.rid]
-        if load in self.draining:
-            self.draining.remove(load)
-        self.held.pop(load.seq, None)
-
-    def _end_now_or_later(self, load: ExternalLoad, reason: AbortReason) -> None:
-        """Abort `load` now if every rank's store is done with it, else when it is.
-
-        A collective call (one MIN): a load still queued is withdrawn from this rank's
-        store first; one in a running batch is not done until the batch completes.
-        """
-        if load.state == LoadState.QUEUED and load.settled is None:
-            self._settle_cancel(load, self.calls.cancel_queued_load(load.rid))
-        done = load.state == LoadState.IDLE or load.settled is not None
-        if agree(self.group, done):
-            self._abort(load, reason)
-            return
-        load.abort_pending = reason  # ends in finish_loads once every store is done
-        if self.loads.get(load.rid) is load:
-            del self.loads[load.rid]
-        if load not in self.draining:
-            self.draining.append(load)
-
-    def release_request(self, rid: str) -> None:
-        """The request is gone: abort its load now, or once every rank's store is done
-        with it (a collective call for a prepared load)."""
-        load = self.loads.get(rid)
-        if load is None:
-            return
-        if load.state == LoadState.IDLE:
-            self._abort(load, AbortReason.RELEASED)
-            return
-        self._end_now_or_later(load, AbortReason.RELEASED)
 
     # -- OFFLOAD -----------------------------------------------------------------------
     def offload_nodes(self, chain: Sequence[TreeNode]) -> PendingOffload | None:
@@ -860,14 +762,14 @@ class ExternalLinker(LinkerState):
             owed = self._drain_completions()
         else:  # their own completions, when they come, release them
             for batch in self.batches:
-                self._suspect_batch(batch, batch.id)
+                suspect_batch(self, batch, batch.id)
         for load in [*self.loads.values(), *self.draining]:
             if load.in_flight and load.settled is None:
                 if quiet:
                     load.settled = False  # quiesced: the store writes no more into it
                 else:
-                    self._suspect(load, None)
-            self._abort(load, AbortReason.RESET)
+                    suspect(load, None)
+            abort_load(self, load, AbortReason.RESET)
         self.batches.clear()
         while self.offloads:
             record = self.offloads.popleft()
@@ -938,7 +840,7 @@ class ExternalLinker(LinkerState):
         self.unconfirmed.clear()
         loads, held.loads = held.loads, []
         for _, load in loads:
-            self._release_load(load)
+            release_load(self, load)
         while held.offloads:
             record = held.offloads.popleft()
             if record is not None:
