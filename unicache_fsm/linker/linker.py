@@ -108,6 +108,7 @@ from unicache_fsm.linker.aborting import (
     suspect,
     suspect_batch,
 )
+from unicache_fsm.linker.lifecycle import Lifecycle, reclaim
 from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadTrigger, PendingOffload
 from unicache_fsm.linker.ranks import SingleRank, agree, intersect_restorable
@@ -117,7 +118,6 @@ from unicache_fsm.linker.state import (
     LinkerConfig,
     LinkerStats,
     protocol_fault,
-    store_fault,
 )
 from unicache_fsm.pools.transfer import (
     ExternalLinkerLoadPhase,
@@ -183,7 +183,7 @@ class LinkerMatch:
         return 0 if self.load is None else self.load.prefix_len - self.load.device_hit_len
 
 
-class ExternalLinker(Aborting):
+class ExternalLinker(Aborting, Lifecycle):
     """One rank's linker between a `RadixTree` and an `ExternalStore`: LOOKUP at
     `match`, LOAD + PREPARE at `load_back`, LAND and COMMIT or ABORT at `finish_loads`,
     OFFLOAD at `offload_nodes` / `poll_offloads` (the primitives, in the order a
@@ -320,7 +320,7 @@ class ExternalLinker(Aborting):
         self._take_completions()
         held = list(self.held.values())
         if not held:
-            self._reclaim()
+            reclaim(self)
             return []
         mine = [
             _FAILED
@@ -360,7 +360,7 @@ class ExternalLinker(Aborting):
                 abort_load(self, load, load.abort_pending or AbortReason.LOAD_FAILED)
             if load.awaited:  # not a load whose load_back already answered False
                 ended.append(load)
-        self._reclaim()
+        reclaim(self)
         return ended
 
     def _take_completions(self) -> None:
@@ -692,7 +692,7 @@ class ExternalLinker(Aborting):
             assert record is not None  # (`count` stops before the first placeholder)
             self.offload_machine.fire(record, OFF.COMPLETE, success)
             done.append(record)
-        self._reclaim()
+        reclaim(self)
         return done
 
     # -- spec callbacks of offload (called by `offload_machine` only) -----------------
@@ -740,123 +740,6 @@ class ExternalLinker(Aborting):
                 demoted += 1
         self.stats.nodes_demoted += demoted
         return demoted
-
-    # -- lifecycle ---------------------------------------------------------------------
-    def reset(self) -> None:
-        """Quiesce the store, then abort every load and fail every pending offload.
-
-        The store's own results of what it quiesced are drained and dropped (at most
-        what can be in flight, asked a bounded number of times): the records they
-        belong to end here, failed. A reset of the store that returned is the trusted
-        signal that it touches nothing any more: the quarantine is released too; the
-        completions the drain did not find (a store that undercounts) are still owed,
-        and dropped when they come (`_owe`). When the store's reset fails, the records
-        end all the same (loads abort, their requests recompute), but what the store
-        may still touch is quarantined — a load's slots, an offload's locked nodes —
-        until a later reset or `close` returns.
-        """
-        held = self.quarantine
-        quiet = agree(self.group, self.calls.reset())  # (the ranks' trees stay alike)
-        owed: tuple[list[int], int] = ([], 0)
-        if quiet:
-            owed = self._drain_completions()
-        else:  # their own completions, when they come, release them
-            for batch in self.batches:
-                suspect_batch(self, batch, batch.id)
-        for load in [*self.loads.values(), *self.draining]:
-            if load.in_flight and load.settled is None:
-                if quiet:
-                    load.settled = False  # quiesced: the store writes no more into it
-                else:
-                    suspect(load, None)
-            abort_load(self, load, AbortReason.RESET)
-        self.batches.clear()
-        while self.offloads:
-            record = self.offloads.popleft()
-            if quiet and record is not None:
-                self.offload_machine.fire(record, OFF.COMPLETE, False)
-            elif record is not None:
-                held.offloads.append(record)
-                self.stats.offloads_quarantined += 1
-        if quiet:
-            self._release_quarantine()
-            self._owe(*owed)
-
-    def _reclaim(self) -> None:
-        """`LinkerConfig.reset_when_idle`: reset an idle store to release the quarantine.
-
-        Collective where the tree would change (held offloads unlock nodes: every rank
-        holds the same ones, and all reset or none); held load slots are per rank."""
-        held = self.quarantine
-        offloads = any(r is not None for r in held.offloads)
-        if not self.config.reset_when_idle or not (held.loads or offloads):
-            return
-        idle = not self.held and not self.offloads and not any(b.loads for b in self.batches)
-        if offloads:
-            idle = agree(self.group, idle)
-        if not idle:
-            return
-        self.stats.idle_resets += 1
-        quiet = self.calls.reset()
-        if offloads:
-            quiet = agree(self.group, quiet)
-        if not quiet:
-            return  # held as before (a later call tries again)
-        owed = self._drain_completions()
-        self.batches.clear()  # (empty ones only: nothing of ours was in flight)
-        self._release_quarantine()
-        self._owe(*owed)
-
-    def _drain_completions(self) -> tuple[list[int], int]:
-        """After a reset of the store returned: drop the completions it still holds (a
-        stale one would be taken for a later batch's or offload's), at most what can
-        be in flight. Returns what the drain did not find but the store still owes (a
-        reset completes every job; a store that undercounts hides some): the ids of
-        the batches not drained, and how many offload completions."""
-        calls, held = self.calls, self.quarantine
-        ids = [b.id for b in self.batches] + list(self.unconfirmed)
-        popped = calls.drain(
-            calls.num_completed_loads, calls.pop_completed_load, len(ids) + COUNT_SLACK
-        )
-        if None in popped:  # which batch a faulty pop ended is unknown: owe them all
-            popped = []
-        drained = {r.batch for r in popped if r is not None}
-        in_flight = len(self.offloads) + len(held.offloads)
-        offloads = calls.drain(calls.num_completed_offloads, calls.pop_completed_offload, in_flight)
-        return [i for i in ids if i not in drained], in_flight - len(offloads)
-
-    def _owe(self, batches: list[int], offloads: int) -> None:
-        """After the quarantine's release: completions the store still owes for jobs
-        before its reset are dropped when they come, before any later one is taken.
-        A stale batch id ends nothing (it is `unconfirmed`); stale offload completions
-        are placeholders in the quarantine, and offloads queued behind them are held
-        (never published on a verdict that may be a stale one)."""
-        self.unconfirmed.extend(batches)
-        self.quarantine.offloads.extend([None] * offloads)
-
-    def _release_quarantine(self) -> None:
-        """The store quiesced (a reset or close returned): free and unlock what it held."""
-        held = self.quarantine
-        self.unconfirmed.clear()
-        loads, held.loads = held.loads, []
-        for _, load in loads:
-            release_load(self, load)
-        while held.offloads:
-            record = held.offloads.popleft()
-            if record is not None:
-                self.offload_machine.fire(record, OFF.COMPLETE, False)
-                self.stats.quarantine_released += 1
-
-    def close(self) -> None:
-        """`reset()`, then close the store (a failing close is a fault, not an error);
-        a close that returned releases the quarantine."""
-        self.reset()
-        try:
-            self.store.close()
-        except Exception as exc:
-            store_fault(self, "close", exc)
-            return
-        self._release_quarantine()
 
     # -- audit helpers -----------------------------------------------------------------
     def reserved_slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
