@@ -98,14 +98,14 @@ import torch
 from unicache_fsm import hashing
 from unicache_fsm.linker.aborting import (
     Aborting,
-    end_now_or_later,
 )
 from unicache_fsm.linker.landing import Landing
 from unicache_fsm.linker.lifecycle import Lifecycle
-from unicache_fsm.linker.load import AbortReason, ExternalLoad, LoadTrigger
+from unicache_fsm.linker.load import ExternalLoad, LoadTrigger
+from unicache_fsm.linker.loading import Loading
 from unicache_fsm.linker.offload import OffloadTrigger
 from unicache_fsm.linker.offloading import Offloading
-from unicache_fsm.linker.ranks import agree, intersect_restorable
+from unicache_fsm.linker.ranks import intersect_restorable
 from unicache_fsm.linker.state import (
     LinkerConfig,
     LinkerStats,
@@ -114,9 +114,7 @@ from unicache_fsm.pools.transfer import (
     ExternalLinkerLoadPhase,
     LinkerTransferPhase,
     PoolName,
-    PoolTransfer,
 )
-from unicache_fsm.tree.components import LoadContext
 from unicache_fsm.tree.node import TreeNode
 from unicache_fsm.tree.params import MatchResult
 
@@ -144,14 +142,6 @@ def _token_key(key: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
     return tuple(key)
 
 
-class _LoadRefused(Exception):
-    """Internal: PREPARE could not go ahead; carries the reason for the ABORT."""
-
-    def __init__(self, reason: AbortReason) -> None:
-        super().__init__(reason.value)
-        self.reason = reason
-
-
 @attrs.frozen
 class LinkerMatch:
     """The device prefix, and the external load when the store can restore more."""
@@ -164,7 +154,7 @@ class LinkerMatch:
         return 0 if self.load is None else self.load.prefix_len - self.load.device_hit_len
 
 
-class ExternalLinker(Aborting, Landing, Offloading, Lifecycle):
+class ExternalLinker(Aborting, Loading, Landing, Offloading, Lifecycle):
     """One rank's linker between a `RadixTree` and an `ExternalStore`: LOOKUP at
     `match`, LOAD + PREPARE at `load_back`, LAND and COMMIT or ABORT at `finish_loads`,
     OFFLOAD at `offload_nodes` / `poll_offloads` (the primitives, in the order a
@@ -221,72 +211,6 @@ class ExternalLinker(Aborting, Landing, Offloading, Lifecycle):
         self.load_machine.initialize(load)
         self.loads[rid] = load
         return LinkerMatch(device, load)
-
-    # -- LOAD + PREPARE ----------------------------------------------------------------
-    def load_back(self, load: ExternalLoad) -> bool:
-        """Reserve, prepare and queue `load` on every rank, or on none; False when it was
-        aborted instead (a collective call: the outcome is agreed across ranks)."""
-        refusal: AbortReason | None = None
-        try:
-            self.load_machine.fire(load, L.PREPARE)
-        except _LoadRefused as refused:
-            refusal = refused.reason
-        self.prepared_seq += 1  # the same on every rank: load_back is collective
-        load.seq = self.prepared_seq
-        self.held[load.seq] = load
-        if not agree(self.group, refusal is None):
-            end_now_or_later(self, load, refusal or AbortReason.PEER_ABORTED)
-            return False  # (if its end is deferred, `finish_loads` does not report it)
-        load.awaited = True
-        self.stats.loads_prepared += 1
-        return True
-
-    def _prefix_current(self, load: ExternalLoad) -> bool:
-        """Whether the matched device prefix is still the tree's: the same nodes ending at
-        the anchor, the same FULL slots, and (SWA) a live window behind its end."""
-        hit = load.device_hit_len
-        if hit == 0:
-            return True
-        now = self.tree.match_prefix(load.key[:hit], load.namespace)
-        return (
-            now.prefix_len == hit
-            and now.last_device_node is load.anchor
-            and torch.equal(now.device_indices, load.device_prefix)
-        )
-
-    # -- spec callbacks of load_transaction (called by `load_machine` only) -----------
-    def reserve_slots(self, load: ExternalLoad) -> None:
-        """Before ``prepare``: check the prefix, lock the anchor, LOAD every component,
-        PREPARE; on any failure undo exactly this work and raise (the load stays idle)."""
-        anchor = load.anchor
-        if anchor is not self.tree.root and not anchor.device_resident:
-            raise _LoadRefused(AbortReason.NO_SLOTS)  # the matched prefix is gone
-        if not self._prefix_current(load):
-            raise _LoadRefused(AbortReason.STALE_PREFIX)
-        self.tree.inc_lock_ref(anchor)  # before allocating: eviction must spare the prefix
-        built: list[PoolTransfer] = []
-        ctx = LoadContext(prefix_len=load.prefix_len)
-        try:
-            for c in self.components:
-                t = c.build_external_linker_transfer(LOAD, None, load.tail_hashes)
-                if t is None:
-                    raise _LoadRefused(AbortReason.NO_SLOTS)
-                built.append(t)
-            ctx.full_transfer = built[0]
-            for c, t in zip(self.components, built, strict=True):
-                c.update_external_linker_load(PREPARE, t, ctx)
-        except BaseException:
-            for c, t in reversed(list(zip(self.components, built, strict=False))):
-                c.update_external_linker_load(ABORT, t, ctx)
-            self.tree.dec_lock_ref(anchor)
-            raise
-        load.transfers, load.ctx = built, ctx
-
-    def queue_store_load(self, load: ExternalLoad) -> None:
-        """After ``prepare``: hand the transfers to the store; raise when it refused (or
-        the call failed: the store may hold the load anyway, ABORT withdraws it)."""
-        if not self.calls.load(load.rid, load.transfers):
-            raise _LoadRefused(AbortReason.STORE_REFUSED)
 
     # -- store-side eviction -----------------------------------------------------------
     def verify_stored(self, node: TreeNode) -> int:
