@@ -72,6 +72,16 @@ Every reserved slot ends exactly one way: adopted by the tree at COMMIT, freed a
 duplicate at COMMIT, or freed by ABORT. Nothing is published before the verdict, so no
 node claims KV that never landed.
 
+Where each part lives: `ExternalLinker` is composed of one mixin per concept, all over
+one state (`linker.state.LinkerState`: every field made in one ``__init__``), so a call
+costs what a method of one class costs. `linker.matching` (LOOKUP: `match`,
+`verify_stored`), `linker.loading` (LOAD + PREPARE: `load_back`), `linker.landing`
+(batches and completions, LAND and COMMIT: `start_loading`, `finish_loads`),
+`linker.aborting` (ABORT: `release_request`, cancels, suspicion, freeing or
+quarantining slots), `linker.offloading` (`offload_nodes`, `poll_offloads`),
+`linker.lifecycle` (`reset`, `close`, the drain and `reset_when_idle`), `linker.audit`
+(`reserved_slots`, `quarantined_slots`, `locks_held`, `busy`, `describe`).
+
 Spec callbacks (``callback(record, *trigger_args)``; never call them directly):
 `reserve_slots`, `queue_store_load`, `landed_everywhere`, `publish`,
 `withdraw_store_load`, `free_reservation`, `record_abort` (load_transaction);
@@ -89,72 +99,18 @@ starts them later; agreement per load makes the ranks end them together.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-import attrs
-import torch
-
-from unicache_fsm import hashing
-from unicache_fsm.linker.aborting import (
-    Aborting,
-)
+from unicache_fsm.linker.audit import Audit
 from unicache_fsm.linker.landing import Landing
 from unicache_fsm.linker.lifecycle import Lifecycle
-from unicache_fsm.linker.load import ExternalLoad, LoadTrigger
 from unicache_fsm.linker.loading import Loading
-from unicache_fsm.linker.offload import OffloadTrigger
+from unicache_fsm.linker.matching import LinkerMatch, Matching
 from unicache_fsm.linker.offloading import Offloading
-from unicache_fsm.linker.ranks import intersect_restorable
-from unicache_fsm.linker.state import (
-    LinkerConfig,
-    LinkerStats,
-)
-from unicache_fsm.pools.transfer import (
-    ExternalLinkerLoadPhase,
-    LinkerTransferPhase,
-    PoolName,
-)
-from unicache_fsm.tree.node import TreeNode
-from unicache_fsm.tree.params import MatchResult
+from unicache_fsm.linker.state import LinkerConfig, LinkerStats
 
 __all__ = ["ExternalLinker", "LinkerConfig", "LinkerMatch", "LinkerStats"]
 
-L, OFF = LoadTrigger, OffloadTrigger
-LOOKUP, LOAD, OFFLOAD = (
-    LinkerTransferPhase.LOOKUP,
-    LinkerTransferPhase.LOAD,
-    LinkerTransferPhase.OFFLOAD,
-)
-PREPARE, COMMIT, ABORT = (
-    ExternalLinkerLoadPhase.PREPARE,
-    ExternalLinkerLoadPhase.COMMIT,
-    ExternalLinkerLoadPhase.ABORT,
-)
 
-
-def _token_key(key: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
-    """A request key as a tuple of tokens (what `ExternalLoad.key` holds)."""
-    if isinstance(key, tuple):
-        return key
-    if isinstance(key, torch.Tensor):
-        return tuple(key.tolist())
-    return tuple(key)
-
-
-@attrs.frozen
-class LinkerMatch:
-    """The device prefix, and the external load when the store can restore more."""
-
-    device: MatchResult
-    load: ExternalLoad | None = None
-
-    @property
-    def external_hit_len(self) -> int:
-        return 0 if self.load is None else self.load.prefix_len - self.load.device_hit_len
-
-
-class ExternalLinker(Aborting, Loading, Landing, Offloading, Lifecycle):
+class ExternalLinker(Matching, Loading, Landing, Offloading, Lifecycle, Audit):
     """One rank's linker between a `RadixTree` and an `ExternalStore`: LOOKUP at
     `match`, LOAD + PREPARE at `load_back`, LAND and COMMIT or ABORT at `finish_loads`,
     OFFLOAD at `offload_nodes` / `poll_offloads` (the primitives, in the order a
@@ -166,109 +122,3 @@ class ExternalLinker(Aborting, Loading, Landing, Offloading, Lifecycle):
     handed to the tree exactly once. The caller attaches the store to the KV pools
     before building the linker; with several ranks, `group` agrees every verdict.
     """
-
-    # -- LOOKUP ------------------------------------------------------------------------
-    def match(
-        self, rid: str, key: Sequence[int] | torch.Tensor, namespace: str | None = None
-    ) -> LinkerMatch:
-        """Device prefix plus, when the store can restore more, an idle load for `rid`."""
-        if rid in self.loads:
-            self.release_request(rid)
-        key = _token_key(key)
-        device = self.tree.match_prefix(key, namespace)
-        p = self.page_size
-        hit = device.prefix_len
-        tail_pages = (len(key) - hit) // p
-        if tail_pages == 0:
-            return LinkerMatch(device)
-        if hit > 0:
-            prior = device.last_device_node.last_hash()
-            if prior is None:  # a tail hashed without its anchor would hash as a head
-                return LinkerMatch(device)
-        else:
-            prior = namespace
-        hashes = hashing.page_hashes(key[hit : hit + tail_pages * p], p, prior)
-        transfers = [
-            c.build_external_linker_transfer(LOOKUP, None, hashes) for c in self.components
-        ]
-        assert all(t is not None for t in transfers)
-        self.stats.lookups += 1
-        found = self.calls.lookup(rid, [t for t in transfers if t is not None], tail_pages)
-        # a failing store is a miss, never an error for the request (on this rank; the
-        # intersection makes it a miss on every rank)
-        hit_pages = intersect_restorable(self.group, found or [], tail_pages)
-        if hit_pages == 0:
-            return LinkerMatch(device)
-        self.stats.hit_pages += hit_pages
-        load = ExternalLoad(
-            rid=rid,
-            key=key[: hit + hit_pages * p],
-            namespace=namespace,
-            anchor=device.last_device_node,
-            device_prefix=device.device_indices,
-            tail_hashes=tuple(hashes[:hit_pages]),
-        )
-        self.load_machine.initialize(load)
-        self.loads[rid] = load
-        return LinkerMatch(device, load)
-
-    # -- store-side eviction -----------------------------------------------------------
-    def verify_stored(self, node: TreeNode) -> int:
-        """LOOKUP the stored path root→`node`; demote nodes whose pages are gone.
-
-        Returns how many nodes were demoted (they become eligible for offload again).
-        `stored` is about FULL (KV) pages: a lost SWA window only narrows what LOOKUP
-        restores, and re-offloading a node whose SWA is tombstoned could not bring it
-        back, so SWA losses demote nothing. A failed LOOKUP is no evidence of loss.
-        """
-        path = node.path_from_root()
-        if not path or any(n.hashes is None for n in path):
-            return 0
-        keys = [k for n in path for k in (n.hashes or ())]
-        transfer = self.components[0].build_external_linker_transfer(LOOKUP, None, keys)
-        assert transfer is not None
-        found = self.calls.lookup(f"verify-{node.id}", [transfer], len(keys))
-        if found is None:  # cannot tell: no evidence of loss, but stay in the collective
-            found = list(range(1, len(keys) + 1))
-        present = intersect_restorable(self.group, found, len(keys)) * self.page_size
-        demoted = 0
-        for n in path:
-            if n.end > present and self.tree.demote(n):
-                demoted += 1
-        self.stats.nodes_demoted += demoted
-        return demoted
-
-    # -- audit helpers -----------------------------------------------------------------
-    def reserved_slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(FULL, SWA) slots reserved by prepared loads: held outside the tree."""
-        full: list[torch.Tensor] = []
-        swa: list[torch.Tensor] = []
-        for load in [*self.loads.values(), *self.draining]:
-            for t in load.transfers:
-                assert t.device_indices is not None
-                (swa if t.name is PoolName.SWA else full).append(t.device_indices)
-        return full, swa
-
-    def quarantined_slots(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(FULL, SWA) slots in the quarantine: held outside the tree, neither free nor
-        any live load's (the fourth term of slot conservation)."""
-        return self.quarantine.slots()
-
-    def locks_held(self) -> list[TreeNode]:
-        """The node each of the linker's outstanding locks is anchored on (the
-        quarantined offloads' included)."""
-        held = [ld.anchor for ld in [*self.loads.values(), *self.draining] if ld.transfers]
-        held += [
-            rec.ticket.anchor
-            for rec in [*self.offloads, *self.quarantine.offloads]
-            if rec is not None
-        ]
-        return held
-
-    def busy(self) -> bool:
-        """Whether any load or offload is still in flight (prepared, or pending); what
-        the quarantine holds is not: only the store's own signal releases it."""
-        return bool(self.held or any(b.loads for b in self.batches) or self.offloads)
-
-    def describe(self) -> dict[str, Any]:
-        return attrs.asdict(self.stats)
