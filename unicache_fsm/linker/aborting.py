@@ -10,7 +10,7 @@ about it (`suspect`): then they go to the quarantine until the store proves it d
 
 `Aborting` holds `ExternalLinker.release_request` and the ABORT-side spec callbacks of
 ``load_transaction`` (`withdraw_store_load`, `free_reservation`, `record_abort`); the
-functions are shared with the modules that end loads (completions, lifecycle, loading).
+functions are shared with the modules that end loads (landing, lifecycle, loading).
 """
 
 from __future__ import annotations
