@@ -17,6 +17,7 @@ import pytest
 from unicache_fsm.linker import linker as linker_mod
 from unicache_fsm.linker.load import LoadState, LoadTrigger
 from unicache_fsm.linker.offload import OffloadTrigger
+from unicache_fsm.linker.state import Batch
 from unicache_fsm.pools.transfer import (
     ComponentType,
     ExternalLinkerLoadPhase,
@@ -200,7 +201,7 @@ def _free_after_lost_start(monkeypatch: pytest.MonkeyPatch) -> None:
         for load in started:
             self.load_machine.fire(load, LoadTrigger.START)
             load.batch = batch
-        self.batches.append(linker_mod._Batch(batch, started))
+        self.batches.append(Batch(batch, started))
         return batch
 
     monkeypatch.setattr(linker_mod.ExternalLinker, "start_loading", trusting)

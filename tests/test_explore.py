@@ -37,7 +37,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from planted_bugs import BUGS as PLANTED_BUGS
 from planted_bugs import Bug
 from unicache_fsm.cli import main
-from unicache_fsm.linker import linker as linker_mod
+from unicache_fsm.linker import matching as matching_mod
 from unicache_fsm.linker import ranks as ranks_mod
 from unicache_fsm.pools.transfer import ComponentType, PoolName
 from unicache_fsm.serving.invariants import InvariantViolation
@@ -490,7 +490,7 @@ def _plant_min_of_maxima(monkeypatch: pytest.MonkeyPatch) -> None:
         return int(group.all_reduce_min([best])[0])
 
     monkeypatch.setattr(ranks_mod, "intersect_restorable", min_of_maxima)
-    monkeypatch.setattr(linker_mod, "intersect_restorable", min_of_maxima)  # its own name
+    monkeypatch.setattr(matching_mod, "intersect_restorable", min_of_maxima)  # its own name
 
 
 RANK_SCOPE = RankScope(ranks=2, pages=2, doc_pages=2, window_pages=1)
