@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unicache_fsm.store import checksum
 
@@ -291,3 +293,52 @@ def test_gathers_on_several_threads_land_what_one_thread_does() -> None:
         t.join()
     for i in range(4):
         assert np.array_equal(outs[i], want[i]) and got[i] == _hashes(want[i], len(pages[i]))
+
+
+def _outcome(move: Any, side: Any, buffers: list[Any], rows: Any, pages: Any, p: Any) -> Any:
+    """What a move did: its answer and the bytes of every array, or its error's type."""
+    try:
+        got = move(side, buffers, rows, pages, p)
+    except (TypeError, ValueError) as exc:
+        return type(exc), [a.tobytes() for a in (side, *buffers)]
+    return got, [a.tobytes() for a in (side, *buffers)]
+
+
+@needs_native
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    scatter=st.booleans(),
+    checksummed=st.booleans(),
+    page_size=st.sampled_from([0, 1, 2, 3, 16, True, 2**61, -1]),
+    row_bytes=st.lists(st.sampled_from([0, 1, 8, 100, 512]), max_size=4),
+    extra=st.integers(0, 2),
+    pages=st.lists(st.integers(-1, 4), max_size=4),
+    side_pages=st.integers(-1, 1),
+)
+def test_the_native_and_python_paths_do_the_same_to_any_arguments(
+    scatter: bool,
+    checksummed: bool,
+    page_size: Any,
+    row_bytes: list[int],
+    extra: int,
+    pages: list[int],
+    side_pages: int,
+) -> None:
+    # valid and invalid shapes alike: the same answer and bytes, or the same error
+    # type with nothing moved, whichever path runs
+    p = int(page_size) if 0 < page_size < 64 else 2
+    sizes = [3 * p * r + extra if r else 8 for r in row_bytes]
+    side_size = max(0, (len(pages) + side_pages) * p * sum(row_bytes))
+    if checksummed:
+        move = checksum.scatter_checksums if scatter else checksum.gather_checksums
+    else:
+        move = checksum.scatter_pages if scatter else checksum.gather_pages
+    outcomes = []
+    for native in (True, False):
+        rng = np.random.default_rng(7)
+        side = rng.integers(0, 256, side_size, dtype=np.uint8)
+        buffers = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(checksum, "NATIVE_COPY", native)
+            outcomes.append(_outcome(move, side, buffers, row_bytes, pages, page_size))
+    assert outcomes[0] == outcomes[1]
