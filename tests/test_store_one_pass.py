@@ -72,6 +72,13 @@ def test_an_honest_one_pass_device_round_trips_on_every_store(
         assert "write" in device.calls  # the memory store loads from its rows in one pass
 
 
+class _Shifty(list):  # type: ignore[type-arg]
+    """A list whose items, read one by one, are not what iterating it yields."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return "not a checksum"
+
+
 BAD_ANSWERS = {
     "none": lambda honest: None,
     "a string": lambda honest: "0" * len(honest),
@@ -82,6 +89,7 @@ BAD_ANSWERS = {
     "too big": lambda honest: [1 << 64, *honest[1:]],
     "a bool": lambda honest: [True, *honest[1:]],
     "a float": lambda honest: [float(honest[0]), *honest[1:]],
+    "a list subclass": lambda honest: _Shifty(honest),
 }
 
 
@@ -135,7 +143,7 @@ def test_wrong_read_checksums_are_caught_when_the_pages_load(
     assert _stored(store, names) == 0
 
 
-@pytest.mark.parametrize("answer", ["none", "one short", "a string"])
+@pytest.mark.parametrize("answer", ["none", "one short", "a string", "a list subclass"])
 def test_a_write_answer_of_the_wrong_form_fails_the_load(answer: str) -> None:
     store, device = MemoryStore(), OnePassKV()
     store.attach({KV: device})
