@@ -257,7 +257,7 @@ def _move(
         return [_XXH3(page.data) for page in side.reshape(len(ids), nbytes)]
     native = _native_scatter if scatter else _native_gather
     if NATIVE_COPY and native is not None:
-        got: list[int] | None = native(side, list(buffers), rows, ids, page_size, checksum)
+        got: list[int] | None = native(side, buffers, rows, ids, page_size, checksum)
         return got
     # the same checks as the native path, then the same bytes page by page through NumPy
     if len(buffers) != len(rows) or not buffers or min(rows) < 1:
