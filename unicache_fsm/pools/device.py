@@ -22,7 +22,9 @@ Members (all read-only facts but the three moves), with their contracts:
   width]``. A `slice` of layers (step 1, inside ``0..num_layers``): only those layers'
   K and V are written, `data` is ``[len(pages) * P, len(layers), width]`` (a strided
   view of a page-format buffer is fine); the other layers of those slots are left as
-  they were. Bad data raises a typed error before any byte moves.
+  they were. Bad data raises a typed error before any byte moves. `data` is only
+  read, never written, during the call or after it: a store may hand its stored pages
+  themselves (the memory store loads straight from its rows), not a copy.
 - `page_bytes()` — the pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
   NumPy array over the device's own memory (row = page id, no copy), or None when the
   host cannot view the memory in place (a GPU, per-layer buffers). A store then moves
