@@ -79,6 +79,27 @@ class _Shifty(list):  # type: ignore[type-arg]
         return "not a checksum"
 
 
+class NotOffered(SplitKV):
+    """`SplitKV` whose one-pass members are None: not offered (a device that forwards
+    another's optional members, where that one has none)."""
+
+    read_checksummed = None
+    write_checksummed = None
+
+
+def test_one_pass_members_that_are_none_are_not_offered(
+    make_store: Callable[..., Any],
+) -> None:
+    store, device = make_store(), NotOffered()
+    store.attach({KV: device})
+    device.fill([1, 2, 3], seed=17)
+    names = keys(3)
+    assert store.offload(transfer([1, 2, 3], names))
+    settle(store)
+    assert run_load(store, "r", [7, 8, 9], names), store.last_error
+    assert torch.equal(device.pages([7, 8, 9]), device.pages([1, 2, 3]))
+
+
 BAD_ANSWERS = {
     "none": lambda honest: None,
     "a string": lambda honest: "0" * len(honest),

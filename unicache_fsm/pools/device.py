@@ -30,7 +30,8 @@ Members (all read-only facts but the three moves), with their contracts:
   host cannot view the memory in place (a GPU, per-layer buffers). A store then moves
   bytes only through `read_page_ids` / `write_page_ids`.
 
-Two optional members, which a store uses where a host device has them (each reads or
+Two optional members (one that is absent or None is not offered), which a store uses
+where a host device has them (each reads or
 writes and checksums a page in one pass, while the page is in cache, where a move and
 a hash are two passes over memory); both answer the store's checksum of each page, in
 order (`unicache_fsm.store.checksum.page_checksum`, XXH3-64 of the page's bytes in page

@@ -470,7 +470,10 @@ class MemoryStore(BaseStore["_Entry"]):
         the batch's pages are pinned (no capacity eviction), pages are write-once, and
         bytes move by one thread at a time, so no offload refills a row now (an
         explicit `evict` frees a row only for a later offload's bytes)."""
-        one_pass = all(hasattr(pool, "write_checksummed") for _, _, _, pool in staged)
+        # (a member that is None is not offered, as `staging.read_checksummed` reads it)
+        one_pass = all(
+            getattr(pool, "write_checksummed", None) is not None for _, _, _, pool in staged
+        )
         ok, parts = True, []
         for (ct, held, _, pool), view in zip(staged, views, strict=True):
             data = as_pages(view, pool)
