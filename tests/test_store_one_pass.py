@@ -178,9 +178,11 @@ def test_a_write_answer_of_the_wrong_form_fails_the_load(answer: str) -> None:
     assert "write_checksummed" in str(store.last_error)
 
 
-def test_a_write_that_reports_another_checksum_fails_the_load() -> None:
+def test_a_write_that_reports_another_checksum_fails_the_load_and_keeps_the_page() -> None:
     """The store compares what the device says it wrote with what it stored: a device
-    that wrote (or hashed) other bytes fails the load; the page is dropped."""
+    that wrote (or hashed) other bytes fails the load, with a `StoreFaultError` naming
+    it; the store's row, hashed again, checks out, so the page stays (a device's lie
+    costs the store nothing) and an honest load of it succeeds."""
     store, device = MemoryStore(), OnePassKV()
     store.attach({KV: device})
     device.fill([1, 2, 3], seed=15)
@@ -189,7 +191,12 @@ def test_a_write_that_reports_another_checksum_fails_the_load() -> None:
     settle(store)
     device.lie = lambda call, honest: [*honest[:2], honest[2] ^ 1] if call == "write" else honest
     assert not run_load(store, "r", [7, 8, 9], names)
-    assert _stored(store, names) == 2  # the third page failed and went
+    assert isinstance(store.last_error, StoreFaultError)
+    assert "'kv' answered write_checksummed" in str(store.last_error)
+    assert _stored(store, names) == 3
+    device.lie = lambda call, honest: honest
+    assert run_load(store, "r2", [7, 8, 9], names)
+    assert torch.equal(device.pages([7, 8, 9]), device.pages([1, 2, 3]))
 
 
 @pytest.mark.parametrize("one_pass", [True, False], ids=["write_checksummed", "verify-first"])
