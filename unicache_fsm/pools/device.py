@@ -35,8 +35,10 @@ where a host device has them (each reads or
 writes and checksums a page in one pass, while the page is in cache, where a move and
 a hash are two passes over memory); both answer the store's checksum of each page, in
 order (`unicache_fsm.store.checksum.page_checksum`, XXH3-64 of the page's bytes in page
-format). A store checks the answer's form (one int per page) and trusts its values no
-more than the bytes: a wrong value fails a later load's verification, or this one's.
+format). A store checks the answer's form (a list of one int per page) and trusts its
+values no more than the bytes: a wrong value fails a later load's verification, or
+this one's (where the store's own copy of the page still checks out, the page stays
+and the load fails with `StoreFaultError` naming the device).
 
 - `read_checksummed(pages, *, out) -> list[int]` — `read_page_ids(pages, out=out)`
   (`out` required) and the checksums of the pages as read.
