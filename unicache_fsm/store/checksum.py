@@ -29,7 +29,10 @@
   after the page landed, while it is in the core's cache. `dst` is a C-contiguous,
   writable uint8 array of exactly ``len(pages) * page_size * sum(row_bytes)`` bytes;
   the sources C-contiguous uint8 arrays. `gather_pages` is the same move without the
-  checksums. Bad arguments raise `TypeError` / `ValueError` before a byte moves.
+  checksums. Bad arguments raise `TypeError` (an array of another kind, a read-only
+  destination, a page, size or page_size that is not an integer) / `ValueError`
+  (sizes that do not add up or exceed memory, a page outside the sources, a source
+  overlapping `dst`) before a byte moves, the same on either path.
 - `scatter_checksums(src, dests, row_bytes, pages, page_size) -> list[int]` — the
   inverse: each page of `src` (page format) into its rows of the page-major `dests`
   (writable), with its `page_checksum`, taken before its rows are copied (which leaves
