@@ -14,12 +14,16 @@ nothing; threads at once land what one thread does.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any
 
 import numpy as np
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unicache_fsm.store import checksum
 
@@ -147,6 +151,11 @@ def _bad_calls() -> list[tuple[str, dict[str, Any], type[Exception], str]]:
         ("rows for fewer buffers", {"row_bytes": [512]}, ValueError, "buffer"),
         ("a zero row", {"row_bytes": [512, 0]}, ValueError, "row size|row sizes"),
         ("a bad page size", {"page_size": 0}, ValueError, "page_size"),
+        ("a bool page size", {"page_size": True}, TypeError, "page_size is a bool"),
+        ("a float page size", {"page_size": 4.0}, TypeError, "page_size is a float"),
+        # page_size * 512 wraps a 64-bit size to 512: larger than memory, not small
+        ("a page past memory", {"page_size": 2**55 + 1}, ValueError, "page_size"),
+        ("a page size past int64", {"page_size": 2**70}, ValueError, "page_size"),
         ("too few page bytes", {"pages": [1, 2, 0]}, ValueError, "page-format bytes"),
     ]
 
@@ -205,6 +214,65 @@ def test_the_native_move_refuses_overlapping_memory() -> None:
         _pagecopy.scatter_pages(whole[:4096], buffers, [512, 512], [1], 4)
 
 
+@PATHS
+@pytest.mark.parametrize("scatter", [False, True], ids=["gather", "scatter"])
+def test_both_paths_refuse_overlapping_memory_and_move_nothing(
+    monkeypatch: pytest.MonkeyPatch, native: bool, scatter: bool
+) -> None:
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    whole = np.arange(6 * 4 * 512, dtype=np.uint64).astype(np.uint8)
+    before = whole.copy()
+    buffers = [whole[: 3 * 2048], whole[3 * 2048 :]]
+    move = checksum.scatter_checksums if scatter else checksum.gather_checksums
+    with pytest.raises(ValueError, match="buffer 0 overlaps"):
+        move(whole[1024 : 1024 + 4096], buffers, [512, 512], [2], 4)
+    assert np.array_equal(whole, before)
+
+
+@PATHS
+@pytest.mark.parametrize("scatter", [False, True], ids=["gather", "scatter"])
+def test_a_read_only_destination_is_a_type_error_and_nothing_moves(
+    monkeypatch: pytest.MonkeyPatch, native: bool, scatter: bool
+) -> None:
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    buffers = [np.zeros(3 * 4 * 512, np.uint8) for _ in range(2)]
+    side = np.full(2 * 4 * 1024, 7, np.uint8)
+    # the last destination is the read-only one: a move that checks it late has written
+    # the others already
+    (buffers[1] if scatter else side).flags.writeable = False
+    before = [b.copy() for b in (side, *buffers)]
+    move = checksum.scatter_checksums if scatter else checksum.gather_checksums
+    with pytest.raises(TypeError, match="must be writable"):
+        move(side, buffers, [512, 512], [1, 2], 4)
+    assert all(np.array_equal(a, b) for a, b in zip(before, (side, *buffers), strict=True))
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "call",
+    [
+        # page_size * 8 wraps to 0 (a division by zero, SIGFPE)
+        "gather_pages(bytearray(0), [bytearray(16)], [8], [], 2**61, checksum=False)",
+        # page_size * 4 wraps to 4: page 0 "fits", then 2**62 rows are copied (SIGSEGV)
+        "gather_pages(bytearray(4), [bytearray(64)], [4], [0], 2**62 + 1, checksum=False)",
+        "scatter_pages(bytes(4), [bytearray(64)], [4], [0], 2**62 + 1, checksum=False)",
+        # the sum of the row sizes wraps
+        "gather_pages(bytearray(0), [bytearray(8)] * 2, [2**62, 2**62], [], 1, False)",
+    ],
+)
+def test_the_native_move_refuses_sizes_that_wrap(call: str) -> None:
+    # in a child process: on a build that computes the wrapped size, the call crashes
+    code = (
+        "from unicache_fsm._pagecopy import gather_pages, scatter_pages\n"
+        f"try:\n    {call}\nexcept ValueError as e:\n    print('refused:', e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused:") and "larger than memory" in done.stdout
+
+
 @needs_native
 def test_gathers_on_several_threads_land_what_one_thread_does() -> None:
     row_bytes = [1024] * 8
@@ -225,3 +293,52 @@ def test_gathers_on_several_threads_land_what_one_thread_does() -> None:
         t.join()
     for i in range(4):
         assert np.array_equal(outs[i], want[i]) and got[i] == _hashes(want[i], len(pages[i]))
+
+
+def _outcome(move: Any, side: Any, buffers: list[Any], rows: Any, pages: Any, p: Any) -> Any:
+    """What a move did: its answer and the bytes of every array, or its error's type."""
+    try:
+        got = move(side, buffers, rows, pages, p)
+    except (TypeError, ValueError) as exc:
+        return type(exc), [a.tobytes() for a in (side, *buffers)]
+    return got, [a.tobytes() for a in (side, *buffers)]
+
+
+@needs_native
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    scatter=st.booleans(),
+    checksummed=st.booleans(),
+    page_size=st.sampled_from([0, 1, 2, 3, 16, True, 2**61, -1]),
+    row_bytes=st.lists(st.sampled_from([0, 1, 8, 100, 512]), max_size=4),
+    extra=st.integers(0, 2),
+    pages=st.lists(st.integers(-1, 4), max_size=4),
+    side_pages=st.integers(-1, 1),
+)
+def test_the_native_and_python_paths_do_the_same_to_any_arguments(
+    scatter: bool,
+    checksummed: bool,
+    page_size: Any,
+    row_bytes: list[int],
+    extra: int,
+    pages: list[int],
+    side_pages: int,
+) -> None:
+    # valid and invalid shapes alike: the same answer and bytes, or the same error
+    # type with nothing moved, whichever path runs
+    p = int(page_size) if 0 < page_size < 64 else 2
+    sizes = [3 * p * r + extra if r else 8 for r in row_bytes]
+    side_size = max(0, (len(pages) + side_pages) * p * sum(row_bytes))
+    if checksummed:
+        move = checksum.scatter_checksums if scatter else checksum.gather_checksums
+    else:
+        move = checksum.scatter_pages if scatter else checksum.gather_pages
+    outcomes = []
+    for native in (True, False):
+        rng = np.random.default_rng(7)
+        side = rng.integers(0, 256, side_size, dtype=np.uint8)
+        buffers = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(checksum, "NATIVE_COPY", native)
+            outcomes.append(_outcome(move, side, buffers, row_bytes, pages, page_size))
+    assert outcomes[0] == outcomes[1]

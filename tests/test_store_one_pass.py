@@ -72,6 +72,34 @@ def test_an_honest_one_pass_device_round_trips_on_every_store(
         assert "write" in device.calls  # the memory store loads from its rows in one pass
 
 
+class _Shifty(list):  # type: ignore[type-arg]
+    """A list whose items, read one by one, are not what iterating it yields."""
+
+    def __getitem__(self, i: Any) -> Any:
+        return "not a checksum"
+
+
+class NotOffered(SplitKV):
+    """`SplitKV` whose one-pass members are None: not offered (a device that forwards
+    another's optional members, where that one has none)."""
+
+    read_checksummed = None
+    write_checksummed = None
+
+
+def test_one_pass_members_that_are_none_are_not_offered(
+    make_store: Callable[..., Any],
+) -> None:
+    store, device = make_store(), NotOffered()
+    store.attach({KV: device})
+    device.fill([1, 2, 3], seed=17)
+    names = keys(3)
+    assert store.offload(transfer([1, 2, 3], names))
+    settle(store)
+    assert run_load(store, "r", [7, 8, 9], names), store.last_error
+    assert torch.equal(device.pages([7, 8, 9]), device.pages([1, 2, 3]))
+
+
 BAD_ANSWERS = {
     "none": lambda honest: None,
     "a string": lambda honest: "0" * len(honest),
@@ -82,6 +110,7 @@ BAD_ANSWERS = {
     "too big": lambda honest: [1 << 64, *honest[1:]],
     "a bool": lambda honest: [True, *honest[1:]],
     "a float": lambda honest: [float(honest[0]), *honest[1:]],
+    "a list subclass": lambda honest: _Shifty(honest),
 }
 
 
@@ -135,7 +164,7 @@ def test_wrong_read_checksums_are_caught_when_the_pages_load(
     assert _stored(store, names) == 0
 
 
-@pytest.mark.parametrize("answer", ["none", "one short", "a string"])
+@pytest.mark.parametrize("answer", ["none", "one short", "a string", "a list subclass"])
 def test_a_write_answer_of_the_wrong_form_fails_the_load(answer: str) -> None:
     store, device = MemoryStore(), OnePassKV()
     store.attach({KV: device})
@@ -149,9 +178,11 @@ def test_a_write_answer_of_the_wrong_form_fails_the_load(answer: str) -> None:
     assert "write_checksummed" in str(store.last_error)
 
 
-def test_a_write_that_reports_another_checksum_fails_the_load() -> None:
+def test_a_write_that_reports_another_checksum_fails_the_load_and_keeps_the_page() -> None:
     """The store compares what the device says it wrote with what it stored: a device
-    that wrote (or hashed) other bytes fails the load; the page is dropped."""
+    that wrote (or hashed) other bytes fails the load, with a `StoreFaultError` naming
+    it; the store's row, hashed again, checks out, so the page stays (a device's lie
+    costs the store nothing) and an honest load of it succeeds."""
     store, device = MemoryStore(), OnePassKV()
     store.attach({KV: device})
     device.fill([1, 2, 3], seed=15)
@@ -160,7 +191,12 @@ def test_a_write_that_reports_another_checksum_fails_the_load() -> None:
     settle(store)
     device.lie = lambda call, honest: [*honest[:2], honest[2] ^ 1] if call == "write" else honest
     assert not run_load(store, "r", [7, 8, 9], names)
-    assert _stored(store, names) == 2  # the third page failed and went
+    assert isinstance(store.last_error, StoreFaultError)
+    assert "'kv' answered write_checksummed" in str(store.last_error)
+    assert _stored(store, names) == 3
+    device.lie = lambda call, honest: honest
+    assert run_load(store, "r2", [7, 8, 9], names)
+    assert torch.equal(device.pages([7, 8, 9]), device.pages([1, 2, 3]))
 
 
 @pytest.mark.parametrize("one_pass", [True, False], ids=["write_checksummed", "verify-first"])

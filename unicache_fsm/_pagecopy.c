@@ -47,8 +47,10 @@
  *   against 1.9 ms filling the destination and hashing it there. Errors (nothing written):
  *   TypeError for a buffer of the wrong kind or an id or size that is not an int;
  *   ValueError for a source count other than len(row_bytes), a row size < 1, a page
- *   id outside a source, a destination of another size, or a source that overlaps the
- *   destination. The copies run with the GIL released.
+ *   id outside a source, a destination of another size, a source that overlaps the
+ *   destination, or sizes whose products (a page, all pages) are larger than memory
+ *   (checked before they are computed: a product that wrapped would pass the bounds
+ *   checks). The copies run with the GIL released.
  *
  * scatter_pages(src, dests, row_bytes, pages, page_size, checksum=True, hardware=True)
  *     -> list[int] | None
@@ -410,7 +412,11 @@ static Py_ssize_t index_at_least(const char *call, PyObject *obj, Py_ssize_t lo,
         return -1;
     }
     Py_ssize_t v = PyLong_AsSsize_t(obj);
-    if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: %s %zd is %R, outside a Py_ssize_t", call, what, i, obj);
+        return -1;
+    }
     if (v < lo) {
         PyErr_Format(PyExc_ValueError, "%s: %s %zd is %R, below %zd", call, what, i, obj, lo);
         return -1;
@@ -466,9 +472,22 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
         if (rows[s] < 0) goto done;
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(buf_seq, s), &bufs[s], flags) < 0) goto done;
         opened++;
+        /* a page of a source, and a token of every source, as sizes that fit memory:
+         * a product that wraps would pass the bounds checks and move past the buffers */
+        if (rows[s] > PY_SSIZE_T_MAX / page_size || rows[s] > PY_SSIZE_T_MAX - token_bytes) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: page_size %zd * row size %zd (buffer %zd) is larger than memory",
+                         call, page_size, rows[s], s);
+            goto done;
+        }
         Py_ssize_t page_bytes = page_size * rows[s];
         if (bufs[s].len / page_bytes < pages_in) pages_in = bufs[s].len / page_bytes;
         token_bytes += rows[s];
+    }
+    if (token_bytes > PY_SSIZE_T_MAX / page_size) {
+        PyErr_Format(PyExc_ValueError, "%s: pages of page_size %zd * %zd bytes are larger than memory",
+                     call, page_size, token_bytes);
+        goto done;
     }
     Py_ssize_t page_nbytes = page_size * token_bytes;
     if (checksum && page_nbytes <= SHORT_MAX) {
@@ -477,7 +496,7 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
         goto done;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(page_seq);
-    if (side.len != n * page_nbytes) {
+    if ((n && page_nbytes > PY_SSIZE_T_MAX / n) || side.len != n * page_nbytes) {
         PyErr_Format(PyExc_ValueError, "%s: %zd page-format bytes for %zd page(s) of %zd", call,
                      side.len, n, page_nbytes);
         goto done;

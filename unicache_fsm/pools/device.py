@@ -22,18 +22,23 @@ Members (all read-only facts but the three moves), with their contracts:
   width]``. A `slice` of layers (step 1, inside ``0..num_layers``): only those layers'
   K and V are written, `data` is ``[len(pages) * P, len(layers), width]`` (a strided
   view of a page-format buffer is fine); the other layers of those slots are left as
-  they were. Bad data raises a typed error before any byte moves.
+  they were. Bad data raises a typed error before any byte moves. `data` is only
+  read, never written, during the call or after it: a store may hand its stored pages
+  themselves (the memory store loads straight from its rows), not a copy.
 - `page_bytes()` — the pages as the rows of a ``[num_pages + 1, page_nbytes]`` uint8
   NumPy array over the device's own memory (row = page id, no copy), or None when the
   host cannot view the memory in place (a GPU, per-layer buffers). A store then moves
   bytes only through `read_page_ids` / `write_page_ids`.
 
-Two optional members, which a store uses where a host device has them (each reads or
+Two optional members (one that is absent or None is not offered), which a store uses
+where a host device has them (each reads or
 writes and checksums a page in one pass, while the page is in cache, where a move and
 a hash are two passes over memory); both answer the store's checksum of each page, in
 order (`unicache_fsm.store.checksum.page_checksum`, XXH3-64 of the page's bytes in page
-format). A store checks the answer's form (one int per page) and trusts its values no
-more than the bytes: a wrong value fails a later load's verification, or this one's.
+format). A store checks the answer's form (a list of one int per page) and trusts its
+values no more than the bytes: a wrong value fails a later load's verification, or
+this one's (where the store's own copy of the page still checks out, the page stays
+and the load fails with `StoreFaultError` naming the device).
 
 - `read_checksummed(pages, *, out) -> list[int]` — `read_page_ids(pages, out=out)`
   (`out` required) and the checksums of the pages as read.

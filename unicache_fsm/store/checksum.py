@@ -29,7 +29,10 @@
   after the page landed, while it is in the core's cache. `dst` is a C-contiguous,
   writable uint8 array of exactly ``len(pages) * page_size * sum(row_bytes)`` bytes;
   the sources C-contiguous uint8 arrays. `gather_pages` is the same move without the
-  checksums. Bad arguments raise `TypeError` / `ValueError` before a byte moves.
+  checksums. Bad arguments raise `TypeError` (an array of another kind, a read-only
+  destination, a page, size or page_size that is not an integer) / `ValueError`
+  (sizes that do not add up or exceed memory, a page outside the sources, a source
+  overlapping `dst`) before a byte moves, the same on either path.
 - `scatter_checksums(src, dests, row_bytes, pages, page_size) -> list[int]` — the
   inverse: each page of `src` (page format) into its rows of the page-major `dests`
   (writable), with its `page_checksum`, taken before its rows are copied (which leaves
@@ -65,6 +68,7 @@ header (`unicache_fsm.store.pageformat`); the memory store keeps it beside the p
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -229,32 +233,47 @@ def _move(
     call = "scatter" if scatter else "gather"
     rows = _int_rows(row_bytes, "row size", call)
     ids = _int_rows(pages, "page", call)
-    for what, a in (
-        ("page-format bytes", side),
-        *((f"buffer {i}", a) for i, a in enumerate(buffers)),
+    if isinstance(page_size, (bool, np.bool_)) or not hasattr(type(page_size), "__index__"):
+        msg = f"{call}: page_size is a {type(page_size).__name__}, not an integer"
+        raise TypeError(msg)
+    page_size = operator.index(page_size)
+    buffers = list(buffers)
+    for what, a, written in (
+        ("page-format bytes", side, not scatter),
+        *((f"buffer {i}", a, scatter) for i, a in enumerate(buffers)),
     ):
         if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
             kind = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
             msg = f"{call}: the {what} must be a C-contiguous uint8 array, got {kind}"
             raise TypeError(msg)
+        if written and not a.flags.writeable:  # (checked here: no path writes part of a move)
+            msg = f"{call}: the {what} must be writable, got a read-only array"
+            raise TypeError(msg)
     token = sum(rows) if rows else 0
     nbytes = page_size * token
+    if page_size < 1 or nbytes > sys.maxsize:  # (the native code refuses a wrapped size)
+        msg = f"{call}: page_size {page_size} * row sizes {rows}: pages of {nbytes} bytes"
+        raise ValueError(msg)
     if checksum and nbytes <= _SHORT_MAX_PAGE:
         # short pages: XXH3's short paths are not native; the move is, then each hash
         _move(side, buffers, rows, ids, page_size, checksum=False, scatter=scatter)
         return [_XXH3(page.data) for page in side.reshape(len(ids), nbytes)]
     native = _native_scatter if scatter else _native_gather
     if NATIVE_COPY and native is not None:
-        got: list[int] | None = native(side, list(buffers), rows, ids, page_size, checksum)
+        got: list[int] | None = native(side, buffers, rows, ids, page_size, checksum)
         return got
     # the same checks as the native path, then the same bytes page by page through NumPy
-    if len(buffers) != len(rows) or not buffers or min(rows) < 1 or page_size < 1:
+    if len(buffers) != len(rows) or not buffers or min(rows) < 1:
         msg = f"{call}: {len(buffers)} buffer(s), row sizes {rows}, page_size {page_size}"
         raise ValueError(msg)
     have = min(a.size // (page_size * r) for a, r in zip(buffers, rows, strict=True))
     if side.size != len(ids) * nbytes or any(not 0 <= i < have for i in ids):
         msg = f"{call}: {side.size} page-format bytes for pages {ids} of {nbytes} (0 .. {have - 1})"
         raise ValueError(msg)
+    for i, a in enumerate(buffers):
+        if side.size and np.may_share_memory(side, a):  # (contiguous: bounds are exact)
+            msg = f"{call}: buffer {i} overlaps the page-format bytes"
+            raise ValueError(msg)
     formatted = side.reshape(len(ids), page_size, token)
     sums = []
     for i, page in enumerate(ids):

@@ -60,7 +60,7 @@ from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.base import BaseStore, Ident, LoadBatch
 from unicache_fsm.store.checksum import copy_checksums, page_checksums
 from unicache_fsm.store.copier import PageCopier, check_threads
-from unicache_fsm.store.errors import StoreConfigError
+from unicache_fsm.store.errors import StoreConfigError, StoreFaultError
 from unicache_fsm.store.jobs import OFFLOAD_MACHINE, StoreOffload, StoreOffloadTrigger
 from unicache_fsm.store.requests import AttachedPools, CheckedTransfer
 from unicache_fsm.store.staging import (
@@ -465,20 +465,45 @@ class MemoryStore(BaseStore["_Entry"]):
         straight from the rows (no staging copy). Devices that offer `write_checksummed`
         take every page with all its layers, checksummed as it is written (one pass; a
         mismatch fails the batch with bytes only in its own reserved slots, as a failed
-        load may leave them); otherwise every page is verified where it lies, then,
-        only if all checked out, written layer-major. The rows cannot change meanwhile:
-        the batch's pages are pinned (no capacity eviction), pages are write-once, and
-        bytes move by one thread at a time, so no offload refills a row now (an
-        explicit `evict` frees a row only for a later offload's bytes)."""
-        one_pass = all(hasattr(pool, "write_checksummed") for _, _, _, pool in staged)
-        ok, parts = True, []
+        load may leave them, and the mismatched rows are hashed again: a row that checks
+        out stays, and the batch's error is a `StoreFaultError` naming the device, which
+        wrote or hashed other bytes; only a bad row is dropped); otherwise every page is
+        verified where it lies, then, only if all checked out, written layer-major. The
+        rows cannot change meanwhile: the batch's pages are pinned (no capacity
+        eviction), pages are write-once, and bytes move by one thread at a time, so no
+        offload refills a row now (an explicit `evict` frees a row only for a later
+        offload's bytes)."""
+        # (a member that is None is not offered, as `staging.read_checksummed` reads it)
+        one_pass = all(
+            getattr(pool, "write_checksummed", None) is not None for _, _, _, pool in staged
+        )
+        ok, parts, lied = True, [], []
         for (ct, held, _, pool), view in zip(staged, views, strict=True):
             data = as_pages(view, pool)
             got = written_checksums(pool, ct.pages, data) if one_pass else page_checksums(view)
             bad = [i for i, (g, e) in enumerate(zip(got, held, strict=True)) if g != e.checksum]
-            rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
             ok = ok and not bad
+            if one_pass and bad:
+                # the device's word against the rows': a row that, hashed here, still
+                # matches its checksum is good (the device wrote or hashed other bytes:
+                # the batch fails, the page stays); only a bad row is dropped
+                again = page_checksums(view[bad])
+                lied += [
+                    (pool.name, ct.keys[i])
+                    for i, h in zip(bad, again, strict=True)
+                    if h == held[i].checksum
+                ]
+                bad = [i for i, h in zip(bad, again, strict=True) if h != held[i].checksum]
+            rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
             parts.append(StagedTransfer(ct.pool, pool, ct.pages, data))
+        if lied:
+            name, key = lied[0]
+            msg = (
+                f"load: page device {name!r} answered write_checksummed with checksums of "
+                f"other bytes than the store's for {len(lied)} page(s), first {key!r} (the "
+                "store's rows check out: the pages stay)"
+            )
+            raise StoreFaultError(msg, operation="load")
         if ok and not one_pass:
             self.write_layers(batch, parts)
         return ok

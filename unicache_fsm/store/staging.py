@@ -18,7 +18,8 @@ buffers. Every store bounds them by its `staging_bytes` option:
   `StoreFaultError` naming the device (nothing is trusted from it).
 - `read_checksummed(device, pages, buf) -> list[int]` — `read_staged`, and each page's
   `page_checksum` (as read, in order). A host device with the protocol's optional
-  `read_checksummed` reads and hashes in one pass; its answer must be one int in
+  `read_checksummed` reads and hashes in one pass; its answer must be a list (a
+  `list` itself, copied: what is checked is what is used) of one int in
   ``0 .. 2**64 - 1`` per page, else `StoreFaultError` naming the device (a wrong value
   is no worse than wrong bytes: a load of that page then fails its verification).
   Otherwise the pages are read, then hashed.
@@ -130,11 +131,15 @@ def written_checksums(device: PageDevice, pages: torch.Tensor, data: torch.Tenso
 
 
 def _checked_sums(device: PageDevice, operation: str, call: str, got: object, n: int) -> list[int]:
-    """`got` when it is `n` checksums (ints in ``0 .. 2**64 - 1``), else `StoreFaultError`."""
+    """A copy of `got` when it is a list of `n` checksums (ints in ``0 .. 2**64 - 1``),
+    else `StoreFaultError`. A list exactly, copied before it is checked: what is
+    checked is what is used, whatever the device does with its list later (a subclass
+    could answer indexing and iteration differently)."""
+    sums = got.copy() if type(got) is list else None
     if (
-        not isinstance(got, list)
-        or len(got) != n
-        or any(type(v) is not int or not 0 <= v < 1 << 64 for v in got)
+        sums is None
+        or len(sums) != n
+        or any(type(v) is not int or not 0 <= v < 1 << 64 for v in sums)
     ):
         shown = repr(got)[:80]
         msg = (
@@ -142,7 +147,7 @@ def _checked_sums(device: PageDevice, operation: str, call: str, got: object, n:
             f"expected {n} checksum(s), one int in 0 .. 2**64 - 1 per page"
         )
         raise StoreFaultError(msg, operation=operation)
-    return got
+    return sums
 
 
 @attrs.frozen
