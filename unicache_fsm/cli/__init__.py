@@ -79,19 +79,40 @@ commands that use them.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
-import re
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 
 from unicache_fsm import __version__
+from unicache_fsm.cli.arguments import MAX_CONTEXT as MAX_CONTEXT
+from unicache_fsm.cli.arguments import MAX_EXPLORE_PAGES as MAX_EXPLORE_PAGES
+from unicache_fsm.cli.arguments import MAX_MINUTES as MAX_MINUTES
+from unicache_fsm.cli.arguments import MAX_REQUESTS as MAX_REQUESTS
+from unicache_fsm.cli.arguments import MAX_SEED as MAX_SEED
+from unicache_fsm.cli.arguments import MAX_STEPS as MAX_STEPS
+from unicache_fsm.cli.arguments import MAX_TOKENS as MAX_TOKENS
+from unicache_fsm.cli.arguments import MAX_TORCH_THREADS as MAX_TORCH_THREADS
+from unicache_fsm.cli.arguments import MAX_WORKERS as MAX_WORKERS
+from unicache_fsm.cli.arguments import CliError as CliError
+from unicache_fsm.cli.arguments import (
+    DefaultsHelpFormatter,
+    OneLineParser,
+    input_file,
+    int_in,
+    machine_minutes,
+    minutes,
+    one_line,
+    output_file,
+    output_folder,
+    path_arg,
+    reading,
+    spec_input,
+)
+from unicache_fsm.cli.command import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, PROG, Command
 from unicache_fsm.console import print_summary, print_table, progress, search_progress
 from unicache_fsm.fsm import loader
 from unicache_fsm.fsm.conformance import check_trace, read_trace, spec_lookup
@@ -104,16 +125,12 @@ from unicache_fsm.fsm.diagram import (
     render_markdown_doc,
     render_mermaid,
 )
-from unicache_fsm.fsm.errors import InvalidSpecError, TraceInputError, UnicacheFsmError
+from unicache_fsm.fsm.errors import TraceInputError, UnicacheFsmError
 from unicache_fsm.fsm.spec import MachineSpec
 from unicache_fsm.integrations.linker_kit import cli as check_linker_cli
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_OK", "Command", "main"]
 
-PROG = "unicache-fsm"
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_BAD_INPUT = 2
 # what the ``kv`` extra adds to the core install: a command that needs one of them on
 # a core-only install gets one line naming the extra, not a traceback
 KV_EXTRA_MODULES = frozenset({"torch", "numpy", "hypothesis", "xxhash"})
@@ -124,189 +141,6 @@ DEFAULT_POOL_TOKENS = 4096
 
 #: where ``diagram --format svg|png`` writes every machine when no ``-o`` is given
 DEFAULT_DIAGRAM_FOLDER = "unicache-fsm-diagrams"
-
-
-class CliError(UnicacheFsmError, ValueError):
-    """Bad command-line input that no library error describes (e.g. a bad ``-o``)."""
-
-
-class _ArgumentParser(argparse.ArgumentParser):
-    """Reports usage errors as one ``unicache-fsm: error:`` line, not a usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        # "argument --pages: must be ..." (a bound below) reads "--pages must be ..."
-        message = re.sub(r"^argument (?:\S+/)?(\S+): must be ", r"\1 must be ", message)
-        message = " ".join(message.split())
-        self.exit(EXIT_BAD_INPUT, f"{PROG}: error: {message} (see {self.prog} --help)\n")
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """Every option's help states its default: one whose help does not mention it gets
-    `` (default: VALUE)`` (flags and options without a value have none to state)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if (
-            "default" in text
-            or not action.option_strings
-            or action.default in (None, argparse.SUPPRESS)
-            or isinstance(action.default, bool)
-        ):
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-# -- what arguments may be --------------------------------------------------------------
-#
-# Every numeric argument has a documented range, checked while parsing (before any
-# work); every input file is a regular file read through `_reading`, which turns what a
-# malformed file does to a parser (not UTF-8, nested past the recursion limit, a number
-# of 5,000 digits) into one line naming the argument; every output is probed for a
-# place to write before the run, leaving nothing behind.
-
-#: the most simulated requests, explored pages and processes, torch threads: beyond
-#: these a run cannot finish (or the process cannot start) on any machine we target
-MAX_REQUESTS = 1_000_000
-MAX_TOKENS = 1 << 22  # = the scheduler's MAX_POOL_TOKENS (a test keeps them equal)
-MAX_EXPLORE_PAGES = 64
-MAX_WORKERS = 64
-MAX_TORCH_THREADS = 256
-MAX_MINUTES = 24 * 60.0
-MAX_SEED = 2**64 - 1
-MAX_CONTEXT = 10_000
-MAX_STEPS = 1_000_000
-
-
-def _shown(text: str) -> str:
-    """An argument as quoted in an error line (a long one cut short)."""
-    return repr(text if len(text) <= 40 else text[:37] + "...")
-
-
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
-    """An argparse `type`: an integer from `lo` to `hi`, else one line naming it."""
-
-    def integer(text: str) -> int:
-        try:
-            value = int(text.strip(), 10)
-        except ValueError:  # not a number, or more digits than Python converts
-            value = None
-        if value is None or not lo <= value <= hi:
-            msg = f"must be {lo} or more and at most {hi}, got {_shown(text)}"
-            raise argparse.ArgumentTypeError(msg)
-        return value
-
-    return integer
-
-
-def _minutes(text: str) -> float:
-    """An argparse `type`: a finite number of minutes above 0, at most a day."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_MINUTES:  # also refuses nan and inf
-        msg = (
-            f"must be a number of minutes above 0 and at most {MAX_MINUTES:.0f}, got {_shown(text)}"
-        )
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
-def _path(text: str) -> Path:
-    """An argparse `type`: a path (an empty one or one holding NUL names nothing)."""
-    if not text or "\0" in text:
-        msg = f"must be a path, got {_shown(text)}"
-        raise argparse.ArgumentTypeError(msg)
-    return Path(text)
-
-
-@contextlib.contextmanager
-def _reading(flag: str, path: object) -> Iterator[None]:
-    """Run a parser over the input `flag` names; what a malformed input makes it raise
-    (beyond the library's own typed errors and `OSError`) becomes one `CliError`."""
-    try:
-        yield
-    except (UnicacheFsmError, OSError):
-        raise
-    except (ValueError, RecursionError, OverflowError, MemoryError) as exc:
-        if isinstance(exc, RecursionError):
-            reason = "nested too deeply"
-        elif isinstance(exc, UnicodeDecodeError):
-            reason = f"not UTF-8 (byte {exc.start})"
-        else:
-            reason = " ".join(str(exc).split())[:160] or type(exc).__name__
-        msg = f"{flag} {str(path)!r} cannot be read: {reason}"
-        raise CliError(msg) from None
-
-
-def _input_file(flag: str, path: Path) -> None:
-    """Refuse an input that is not a regular file (a FIFO blocks, a device never ends)."""
-    if not path.exists():
-        msg = f"{flag} {str(path)!r}: no such file"
-        raise CliError(msg)
-    if not path.is_file():
-        msg = f"{flag} {str(path)!r} is not a regular file"
-        raise CliError(msg)
-
-
-def _spec_files(flag: str, path: Path) -> None:
-    """Refuse a spec path, or a spec folder holding a ``*.toml``, that is no regular file."""
-    if path.is_dir():
-        for file in path.glob("*.toml"):
-            _input_file(flag, file)
-    else:
-        _input_file(flag, path)
-
-
-def _output_file(flag: str, path: Path) -> None:
-    """Refuse an output file that cannot be written, before the run (nothing is left)."""
-    folder = path.parent
-    if not folder.is_dir():
-        msg = f"{flag} {str(path)!r}: no folder {str(folder)!r} to write it in"
-        raise CliError(msg)
-    if path.exists() and not path.is_file():  # a FIFO would block, a device swallow
-        what = "is a directory," if path.is_dir() else "exists and is"
-        msg = f"{flag} {str(path)!r} {what} not a regular file"
-        raise CliError(msg)
-    _probe(flag, path, folder)
-
-
-def _output_folder(flag: str, path: Path) -> None:
-    """Refuse an output folder (created if missing) that cannot be made or written."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        what = "is a file" if existing == path else f"is under the file {str(existing)!r}"
-        msg = f"{flag} {str(path)!r} {what}; give a directory (created if missing)"
-        raise CliError(msg)
-    _probe(flag, path, existing)
-
-
-def _probe(flag: str, path: Path, folder: Path) -> None:
-    """Create and remove a temporary file in `folder` (permission bits do not bind root;
-    a read-only or pseudo file system does)."""
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        msg = f"{flag} {str(path)!r} cannot be written: {exc.strerror or exc}"
-        raise CliError(msg) from None
-
-
-@attrs.frozen
-class Command:
-    """One subcommand: its name, one-line help, argument setup and body.
-
-    `run` gets the parsed arguments, prints its results on stdout and returns the
-    exit code; it reports bad input by raising `UnicacheFsmError` (or `OSError`),
-    which `main` turns into one error line and exit code 2.
-    """
-
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
 
 
 # -- machine selection -----------------------------------------------------------------
@@ -324,7 +158,7 @@ def _load_machine(arg: str) -> MachineSpec:
         if not path.is_file():
             msg = f"no spec file {arg!r}" + ("" if not path.exists() else " (not a regular file)")
             raise CliError(msg)
-        with _reading("MACHINE", path):
+        with reading("MACHINE", path):
             return loader.load_spec(path)
     known = loader.bundled_machines()
     if arg not in known:
@@ -368,14 +202,14 @@ def _diagram_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o",
         "--output",
-        type=_path,
+        type=path_arg,
         metavar="PATH",
         help="file to write (several machines as svg/png: a directory; default: stdout for "
         f"text, <machine>.<format> for one image, {DEFAULT_DIAGRAM_FOLDER}/ for several)",
     )
     p.add_argument(
         "--coverage",
-        type=_path,
+        type=path_arg,
         metavar="FILE.json",
         help="label and colour each arrow by how often a run took it (from simulate/fuzz; "
         "default: no counts)",
@@ -392,9 +226,9 @@ def _coverage_of(
     """Per-spec declared-arrow counts from a coverage file (None: draw without)."""
     if path is None:
         return lambda spec: None
-    _input_file("--coverage", path)
+    input_file("--coverage", path)
     try:
-        with _reading("--coverage", path):
+        with reading("--coverage", path):
             cov = Coverage.load(path)
     except (KeyError, TypeError) as exc:
         msg = f"--coverage {str(path)!r} is not a coverage file ({exc})"
@@ -426,7 +260,7 @@ def _run_diagram(args: argparse.Namespace) -> int:
     # one file is checked here (never a FIFO: a wait; nor a device or a directory);
     # images into a folder are checked as they are named
     if output is not None and (not fmt.is_image or (len(specs) == 1 and not output.is_dir())):
-        _output_file("-o", output)
+        output_file("-o", output)
     if fmt.is_image:
         for path in _write_images(specs, fmt, highlight, output, coverage):
             print(path)
@@ -475,7 +309,7 @@ def _write_images(
             if target.resolve().parent != folder.resolve():
                 msg = f"machine name {target.stem!r} would write outside {str(folder)!r}"
                 raise CliError(msg)
-            _output_file("-o", target)
+            output_file("-o", target)
     for target, (_, data) in zip(targets, images, strict=True):
         target.write_bytes(data)
     return targets
@@ -492,7 +326,7 @@ def _docs_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--specs-dir",
-        type=_path,
+        type=path_arg,
         metavar="DIR",
         help="the folder of *.toml specs to document (default: the bundled specs)",
     )
@@ -513,7 +347,7 @@ def _run_docs(args: argparse.Namespace) -> int:
     if not spec_files:
         msg = f"no *.toml spec files in {str(folder)!r}"
         raise CliError(msg)
-    _spec_files("--specs-dir", folder)
+    spec_input("--specs-dir", folder)
     # every spec is read and rendered before the first file is written: one bad spec
     # leaves every doc as it was
     stale: list[tuple[Path, str]] = []
@@ -522,7 +356,7 @@ def _run_docs(args: argparse.Namespace) -> int:
         if target.exists() and not target.is_file():  # writing a FIFO blocks
             msg = f"--specs-dir: {str(target)!r} exists and is not a regular file"
             raise CliError(msg)
-        with _reading("--specs-dir", spec_file):
+        with reading("--specs-dir", spec_file):
             text = render_markdown_doc(loader.load_spec(spec_file))
         current = target.read_text(encoding="utf-8") if target.is_file() else None
         if current != text:
@@ -552,14 +386,14 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--requests",
-        type=_int_in(1, MAX_REQUESTS),
+        type=int_in(1, MAX_REQUESTS),
         default=400,
         metavar="N",
         help=f"default 400 (1 to {MAX_REQUESTS})",
     )
     p.add_argument(
         "--page-size",
-        type=_int_in(1, 1024),
+        type=int_in(1, 1024),
         default=16,
         metavar="P",
         help="a power of two, at most 1024 (default 16)",
@@ -573,14 +407,14 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--pool-tokens",
-        type=_int_in(1, MAX_TOKENS),
+        type=int_in(1, MAX_TOKENS),
         default=DEFAULT_POOL_TOKENS,
         metavar="T",
         help=f"device KV pool size in tokens (default {DEFAULT_POOL_TOKENS}, at most {MAX_TOKENS})",
     )
     p.add_argument(
         "--host-tokens",
-        type=_int_in(0, MAX_TOKENS),
+        type=int_in(0, MAX_TOKENS),
         default=0,
         metavar="H",
         help="host tier size in tokens: back up finished requests to the host and load "
@@ -588,7 +422,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--swa-window",
-        type=_int_in(1, MAX_TOKENS),
+        type=int_in(1, MAX_TOKENS),
         default=None,
         metavar="W",
         help=f"sliding window in tokens (1 to {MAX_TOKENS}): adds the SWA component "
@@ -596,7 +430,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--swa-checkpoint",
-        type=_int_in(0, MAX_TOKENS),
+        type=int_in(0, MAX_TOKENS),
         default=None,
         metavar="K",
         help="with --swa-window: also keep the SWA window ending at every K pages of a "
@@ -604,7 +438,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--chunk-size",
-        type=_int_in(1, MAX_TOKENS),
+        type=int_in(1, MAX_TOKENS),
         default=None,
         metavar="C",
         help=f"chunked prefill: tokens per step (a multiple of P, at most {MAX_TOKENS}; "
@@ -618,7 +452,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         "(default: none)",
     )
     p.add_argument(
-        "--seed", type=_int_in(0, MAX_SEED), default=0, metavar="S", help="0 (default) to 2**64-1"
+        "--seed", type=int_in(0, MAX_SEED), default=0, metavar="S", help="0 (default) to 2**64-1"
     )
     p.add_argument(
         "--executor",
@@ -628,7 +462,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--torch-threads",
-        type=_int_in(1, MAX_TORCH_THREADS),
+        type=int_in(1, MAX_TORCH_THREADS),
         default=1,
         metavar="N",
         help=f"threads torch may use, 1 to {MAX_TORCH_THREADS} (default 1: a simulated step "
@@ -637,7 +471,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--trace",
-        type=_path,
+        type=path_arg,
         default=None,
         metavar="FILE.jsonl",
         help="record every transition as JSON lines, with its scheduler step and time "
@@ -645,7 +479,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--coverage",
-        type=_path,
+        type=path_arg,
         default=None,
         metavar="FILE.json",
         help="write transition coverage (default with --trace: TRACE.coverage.json)",
@@ -655,7 +489,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
         nargs="?",
         const="-",
         default=None,
-        type=_path,
+        type=path_arg,
         metavar="PATH",
         help="the run's summary as JSON: on stdout instead of the table, or with PATH "
         "into that file (the table still printed); a later run compares with it "
@@ -663,7 +497,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--baseline",
-        type=_path,
+        type=path_arg,
         default=None,
         metavar="RUN.json",
         help="a summary an earlier run wrote with --json PATH: both runs side by side "
@@ -679,7 +513,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--audit-every",
-        type=_int_in(1, MAX_STEPS),
+        type=int_in(1, MAX_STEPS),
         default=None,
         metavar="N",
         help=f"check every invariant each N steps, and once at the end (default 20, at most "
@@ -687,7 +521,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--report",
-        type=_path,
+        type=path_arg,
         default=None,
         metavar="DIR",
         help="write DIR/index.html: a self-contained page (no script, works offline) of "
@@ -698,7 +532,7 @@ def _simulate_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_report_folder(folder: Path) -> None:
     """Refuse a --report DIR that cannot be written, before the run (not after it)."""
-    _output_folder("--report", folder)
+    output_folder("--report", folder)
     if shutil.which("dot") is None:
         raise GraphvizNotFoundError("svg")
 
@@ -716,25 +550,25 @@ def _check_simulate_inputs(args: argparse.Namespace, config: Any) -> dict[str, A
     if config.workload not in WORKLOADS:
         raise UnknownWorkloadError(config.workload)
     if config.faults:
-        with _reading("--faults", config.faults):
+        with reading("--faults", config.faults):
             FaultPolicy.parse(config.faults)
     if args.trace is not None:
-        _output_file("--trace", args.trace)
+        output_file("--trace", args.trace)
     coverage = args.coverage
     if coverage is None and args.trace is not None:
         coverage = Path(args.trace).with_suffix(".coverage.json")
     if coverage is not None:
-        _output_file("--coverage", coverage)
+        output_file("--coverage", coverage)
     if args.report is not None:
         _check_report_folder(args.report)
     if args.json is not None and str(args.json) != "-":
-        _output_file("--json", args.json)
+        output_file("--json", args.json)
     baseline = None
     if args.baseline is not None:
-        _input_file("--baseline", args.baseline)
-        with _reading("--baseline", args.baseline):
+        input_file("--baseline", args.baseline)
+        with reading("--baseline", args.baseline):
             baseline = read_baseline(args.baseline)
-    with _reading("--store", config.store):
+    with reading("--store", config.store):
         open_store(config.store).close()
     return baseline
 
@@ -833,7 +667,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--minutes",
-        type=_minutes,
+        type=minutes,
         default=1.0,
         metavar="M",
         help=f"how long (default 1; above 0, at most {MAX_MINUTES:.0f})",
@@ -854,7 +688,7 @@ def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--coverage",
-        type=_path,
+        type=path_arg,
         default=None,
         metavar="FILE.json",
         help="write the transitions taken (for diagram --coverage; default: not written)",
@@ -867,7 +701,7 @@ def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seed",
-        type=_int_in(0, MAX_SEED),
+        type=int_in(0, MAX_SEED),
         default=None,
         metavar="S",
         help="the walk's seed, 0 to 2**64-1 (default: a random one, printed)",
@@ -884,7 +718,7 @@ def _run_fuzz(args: argparse.Namespace) -> int:
         msg = "--seed drives the walk; Hypothesis chooses its own programs (--driver walk)"
         raise CliError(msg)
     if args.coverage is not None:  # before the campaign, not after it
-        _output_file("--coverage", args.coverage)
+        output_file("--coverage", args.coverage)
     swa = {"on": (True,), "off": (False,), "both": (False, True)}[args.swa]
     pages = (args.page_size,) if args.page_size else SystemMachine.page_sizes
     machine: type[SystemMachine] = type(
@@ -986,13 +820,13 @@ DEFAULT_EXPLORE_FAULTS = "refuse_load,fail_batch_midway"
 
 
 def _explore_arguments(p: argparse.ArgumentParser) -> None:
-    pages = _int_in(1, MAX_EXPLORE_PAGES)
+    pages = int_in(1, MAX_EXPLORE_PAGES)
     top = MAX_EXPLORE_PAGES
     p.add_argument(
         "--pages", type=pages, default=4, metavar="N", help=f"FULL pool pages (4; 1-{top})"
     )
     p.add_argument(
-        "--requests", type=_int_in(1, 9), default=2, metavar="R", help="requests (2; 1-9)"
+        "--requests", type=int_in(1, 9), default=2, metavar="R", help="requests (2; 1-9)"
     )
     p.add_argument(
         "--page-size", type=pages, default=1, metavar="P", help=f"tokens a page (1; 1-{top})"
@@ -1006,7 +840,7 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--swa-window",
-        type=_int_in(0, top * top),
+        type=int_in(0, top * top),
         default=None,
         metavar="W",
         help=f"SWA window in tokens, a multiple of P of at most {top} pages; 0 explores a "
@@ -1014,14 +848,14 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--swa-checkpoint",
-        type=_int_in(0, top),
+        type=int_in(0, top),
         default=0,
         metavar="K",
         help=f"keep the SWA window ending every K pages of a request too (0: off; 0-{top})",
     )
     p.add_argument(
         "--host-pages",
-        type=_int_in(0, top),
+        type=int_in(0, top),
         default=0,
         metavar="H",
         help=f"host tier pages (0; 0-{top})",
@@ -1049,42 +883,42 @@ def _explore_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--store-pages",
-        type=_int_in(0, top),
+        type=int_in(0, top),
         default=0,
         metavar="S",
         help=f"the store holds at most S pages, evicting for room (0: unbounded; 0-{top})",
     )
     p.add_argument(
         "--depth",
-        type=_int_in(1, MAX_STEPS),
+        type=int_in(1, MAX_STEPS),
         default=None,
         metavar="D",
         help=f"stop after D operations (1-{MAX_STEPS}; default: no depth limit)",
     )
     p.add_argument(
         "--minutes",
-        type=_minutes,
+        type=minutes,
         default=None,
         metavar="M",
         help=f"stop after M minutes (above 0, at most {MAX_MINUTES:.0f}; default: no time limit)",
     )
     p.add_argument(
         "--workers",
-        type=_int_in(1, MAX_WORKERS),
+        type=int_in(1, MAX_WORKERS),
         default=None,
         metavar="J",
         help=f"processes (default: one per core; 1-{MAX_WORKERS})",
     )
     p.add_argument(
         "--coverage",
-        type=_path,
+        type=path_arg,
         default=None,
         metavar="FILE.json",
         help="write the transitions reached (for diagram --coverage; default: not written)",
     )
     p.add_argument(
         "--test-out",
-        type=_path,
+        type=path_arg,
         default=None,
         metavar="FILE.py",
         help="write the counterexample test there too (on a violation; default: only printed)",
@@ -1114,7 +948,7 @@ def _explore_scope(args: argparse.Namespace) -> Any:
     for flag in ("coverage", "test_out"):
         path = getattr(args, flag)
         if path is not None:
-            _output_file("--" + flag.replace("_", "-"), path)
+            output_file("--" + flag.replace("_", "-"), path)
     window_pages = _window_pages(args.swa_window, args.page_size)
     try:
         return Scope(
@@ -1215,10 +1049,10 @@ def _summary_row(line: str) -> tuple[str, str]:
 
 
 def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", type=_path, metavar="FILE.jsonl", help="a trace from --trace")
+    p.add_argument("trace", type=path_arg, metavar="FILE.jsonl", help="a trace from --trace")
     p.add_argument(
         "--spec",
-        type=_path,
+        type=path_arg,
         action="append",
         default=[],
         metavar="FILE_OR_DIR",
@@ -1227,7 +1061,7 @@ def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--context",
-        type=_int_in(0, MAX_CONTEXT),
+        type=int_in(0, MAX_CONTEXT),
         default=5,
         metavar="N",
         help=f"previous records shown (default 5; 0-{MAX_CONTEXT})",
@@ -1237,13 +1071,13 @@ def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
 def _run_check_trace(args: argparse.Namespace) -> int:
     specs = []
     for path in args.spec:
-        _spec_files("--spec", path)
-        with _reading("--spec", path):
+        spec_input("--spec", path)
+        with reading("--spec", path):
             specs.extend(loader.load_specs(path))
-    _input_file("FILE.jsonl", args.trace)
+    input_file("FILE.jsonl", args.trace)
     try:
         with (
-            _reading("FILE.jsonl", args.trace),
+            reading("FILE.jsonl", args.trace),
             progress("checking records", 0, final_line=False) as update,
         ):
             lines = _count_lines(args.trace)
@@ -1285,22 +1119,6 @@ def _counted(items: Iterable[Any], note: Callable[[int], None], every: int = 100
     note(done)
 
 
-# -- entry point -----------------------------------------------------------------------
-
-
-def _machine_minutes(text: str) -> float:
-    """An argparse `type`: minutes for check-linker's machine, 0 (the scenarios alone) to
-    a day; nan and inf refused."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= MAX_MINUTES:
-        msg = f"must be a number of minutes from 0 to {MAX_MINUTES:.0f}, got {_shown(text)}"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
 def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "config",
@@ -1309,13 +1127,13 @@ def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--minutes",
-        type=_machine_minutes,
+        type=machine_minutes,
         default=1.0,
         help=f"machine budget, 0 (scenarios only) to {MAX_MINUTES:.0f} (default: 1)",
     )
     p.add_argument(
         "--seed",
-        type=_int_in(0, MAX_SEED),
+        type=int_in(0, MAX_SEED),
         default=0,
         help="seed of the machine, 0 to 2**64-1 (default: 0)",
     )
@@ -1328,7 +1146,7 @@ def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--report",
-        type=_path,
+        type=path_arg,
         default=Path("check-linker-report"),
         help="report directory, created if missing (default: check-linker-report)",
     )
@@ -1337,9 +1155,12 @@ def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
 def _run_check_linker(args: argparse.Namespace) -> int:
     config = str(args.config)
     if config.startswith("@"):
-        _input_file("CONFIG", Path(config[1:]))
-    _output_folder("--report", args.report)
+        input_file("CONFIG", Path(config[1:]))
+    output_folder("--report", args.report)
     return check_linker_cli.run(args)
+
+
+# -- entry point -----------------------------------------------------------------------
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -1376,9 +1197,9 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _ArgumentParser(
+    parser = OneLineParser(
         prog=PROG,
-        formatter_class=_HelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         description="Simulation, diagrams, docs and checks for the unicache_fsm machines.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -1388,21 +1209,11 @@ def _parser() -> argparse.ArgumentParser:
             command.name,
             help=command.help,
             description=command.help,
-            formatter_class=_HelpFormatter,
+            formatter_class=DefaultsHelpFormatter,
         )
         command.add_arguments(p)
         p.set_defaults(run=command.run)
     return parser
-
-
-def _one_line(exc: BaseException) -> str:
-    """An error as one line (an `InvalidSpecError` lists its problems after a colon)."""
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.strerror or exc}: {exc.filename}"
-    lines = [line.strip().removeprefix("- ") for line in str(exc).splitlines() if line.strip()]
-    if isinstance(exc, InvalidSpecError) and len(lines) > 1:
-        return f"{lines[0]} {'; '.join(lines[1:])}"
-    return " ".join(lines) or type(exc).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1425,5 +1236,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_BAD_INPUT
     except (UnicacheFsmError, OSError) as exc:
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
