@@ -88,7 +88,7 @@ from typing import Any
 import attrs
 
 from unicache_fsm import __version__
-from unicache_fsm.cli import diagram
+from unicache_fsm.cli import diagram, docs
 from unicache_fsm.cli.arguments import MAX_CONTEXT as MAX_CONTEXT
 from unicache_fsm.cli.arguments import MAX_EXPLORE_PAGES as MAX_EXPLORE_PAGES
 from unicache_fsm.cli.arguments import MAX_MINUTES as MAX_MINUTES
@@ -123,7 +123,6 @@ from unicache_fsm.fsm.diagram import (
     DiagramFormat,
     GraphvizNotFoundError,
     render_image,
-    render_markdown_doc,
 )
 from unicache_fsm.fsm.errors import TraceInputError, UnicacheFsmError
 from unicache_fsm.integrations.linker_kit import cli as check_linker_cli
@@ -137,68 +136,6 @@ KV_EXTRA_MODULES = frozenset({"torch", "numpy", "hypothesis", "xxhash"})
 #: The device pool of ``simulate`` (tokens); `SimConfig`'s default, restated here so
 #: that ``--help`` does not import the scheduler (and torch). A test keeps them equal.
 DEFAULT_POOL_TOKENS = 4096
-
-
-# -- docs ------------------------------------------------------------------------------
-
-
-def _docs_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="write nothing; exit 1 listing the files that differ from what would be written",
-    )
-    p.add_argument(
-        "--specs-dir",
-        type=path_arg,
-        metavar="DIR",
-        help="the folder of *.toml specs to document (default: the bundled specs)",
-    )
-
-
-def _run_docs(args: argparse.Namespace) -> int:
-    folder: Path = args.specs_dir if args.specs_dir is not None else loader.specs_dir()
-    if args.specs_dir is None and not args.check and not loader.specs_are_source():
-        msg = (
-            f"the bundled specs in {str(folder)!r} belong to an installed package, not a "
-            "source checkout; run `docs` from a checkout or pass --specs-dir DIR"
-        )
-        raise CliError(msg)
-    if not folder.is_dir():
-        msg = f"--specs-dir {str(folder)!r} is not a directory"
-        raise CliError(msg)
-    spec_files = sorted(folder.glob("*.toml"))
-    if not spec_files:
-        msg = f"no *.toml spec files in {str(folder)!r}"
-        raise CliError(msg)
-    spec_input("--specs-dir", folder)
-    # every spec is read and rendered before the first file is written: one bad spec
-    # leaves every doc as it was
-    stale: list[tuple[Path, str]] = []
-    for spec_file in spec_files:
-        target = spec_file.with_suffix(".md")
-        if target.exists() and not target.is_file():  # writing a FIFO blocks
-            msg = f"--specs-dir: {str(target)!r} exists and is not a regular file"
-            raise CliError(msg)
-        with reading("--specs-dir", spec_file):
-            text = render_markdown_doc(loader.load_spec(spec_file))
-        current = target.read_text(encoding="utf-8") if target.is_file() else None
-        if current != text:
-            stale.append((target, text))
-    if not args.check:
-        for target, text in stale:
-            target.write_text(text, encoding="utf-8", newline="\n")
-    if args.check:
-        for target, _ in stale:
-            print(f"stale: {target} (run `{PROG} docs` to regenerate it)")
-        if stale:
-            return EXIT_CHECK_FAILED
-        print(f"{len(spec_files)} docs up to date")
-        return EXIT_OK
-    for target, _ in stale:
-        print(f"wrote {target}")
-    print(f"{len(spec_files) - len(stale)} of {len(spec_files)} docs were up to date")
-    return EXIT_OK
 
 
 # -- simulate ---------------------------------------------------------------------------
@@ -989,7 +926,7 @@ def _run_check_linker(args: argparse.Namespace) -> int:
 
 COMMANDS: tuple[Command, ...] = (
     diagram.COMMAND,
-    Command("docs", "regenerate specs/<machine>.md from the specs", _docs_arguments, _run_docs),
+    docs.COMMAND,
     Command(
         "check-trace",
         "replay a JSONL trace against the specs; report the first illegal step",
