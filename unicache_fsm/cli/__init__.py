@@ -81,14 +81,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from unicache_fsm import __version__
-from unicache_fsm.cli import diagram, docs
+from unicache_fsm.cli import check_trace, diagram, docs
 from unicache_fsm.cli.arguments import MAX_CONTEXT as MAX_CONTEXT
 from unicache_fsm.cli.arguments import MAX_EXPLORE_PAGES as MAX_EXPLORE_PAGES
 from unicache_fsm.cli.arguments import MAX_MINUTES as MAX_MINUTES
@@ -111,20 +111,18 @@ from unicache_fsm.cli.arguments import (
     output_folder,
     path_arg,
     reading,
-    spec_input,
 )
 from unicache_fsm.cli.command import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, PROG, Command
 from unicache_fsm.cli.diagram import DEFAULT_DIAGRAM_FOLDER as DEFAULT_DIAGRAM_FOLDER
 from unicache_fsm.console import print_summary, print_table, progress, search_progress
 from unicache_fsm.fsm import loader
-from unicache_fsm.fsm.conformance import check_trace, read_trace, spec_lookup
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import (
     DiagramFormat,
     GraphvizNotFoundError,
     render_image,
 )
-from unicache_fsm.fsm.errors import TraceInputError, UnicacheFsmError
+from unicache_fsm.fsm.errors import UnicacheFsmError
 from unicache_fsm.integrations.linker_kit import cli as check_linker_cli
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "EXIT_OK", "Command", "main"]
@@ -806,80 +804,6 @@ def _summary_row(line: str) -> tuple[str, str]:
     return label, text.strip()
 
 
-# -- check-trace ------------------------------------------------------------------------
-
-
-def _check_trace_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", type=path_arg, metavar="FILE.jsonl", help="a trace from --trace")
-    p.add_argument(
-        "--spec",
-        type=path_arg,
-        action="append",
-        default=[],
-        metavar="FILE_OR_DIR",
-        help="a .toml spec, or a folder of them, for machines of your own (repeatable; "
-        "the bundled machines stay known)",
-    )
-    p.add_argument(
-        "--context",
-        type=int_in(0, MAX_CONTEXT),
-        default=5,
-        metavar="N",
-        help=f"previous records shown (default 5; 0-{MAX_CONTEXT})",
-    )
-
-
-def _run_check_trace(args: argparse.Namespace) -> int:
-    specs = []
-    for path in args.spec:
-        spec_input("--spec", path)
-        with reading("--spec", path):
-            specs.extend(loader.load_specs(path))
-    input_file("FILE.jsonl", args.trace)
-    try:
-        with (
-            reading("FILE.jsonl", args.trace),
-            progress("checking records", 0, final_line=False) as update,
-        ):
-            lines = _count_lines(args.trace)
-            records = _counted(read_trace(args.trace), lambda n: update(n, lines))
-            result = check_trace(records, spec_lookup(specs), context=args.context)
-    except TraceInputError as exc:
-        if exc.machine is None:
-            raise
-        msg = f"{exc}; give the spec of {exc.machine!r} with --spec FILE_OR_DIR"
-        raise CliError(msg) from None
-    if result.violation is not None:
-        print(result.violation.describe())
-        return EXIT_CHECK_FAILED
-    if result.records == 0:
-        msg = f"{str(args.trace)!r} holds no trace records (an empty file checks nothing)"
-        raise CliError(msg)
-    print_summary(
-        [
-            ("trace", str(args.trace)),
-            ("result", f"{result.records} records, {result.models} models: every step is legal"),
-        ]
-    )
-    return EXIT_OK
-
-
-def _count_lines(path: Path) -> int:
-    """Lines of a file (the progress bar's total), read in blocks of 1 MiB."""
-    with path.open("rb") as f:
-        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
-
-
-def _counted(items: Iterable[Any], note: Callable[[int], None], every: int = 1000) -> Iterator[Any]:
-    """`items`, calling `note(done)` every `every` items and at the end."""
-    done = 0
-    for done, item in enumerate(items, start=1):
-        if done % every == 0:
-            note(done)
-        yield item
-    note(done)
-
-
 def _check_linker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "config",
@@ -927,12 +851,7 @@ def _run_check_linker(args: argparse.Namespace) -> int:
 COMMANDS: tuple[Command, ...] = (
     diagram.COMMAND,
     docs.COMMAND,
-    Command(
-        "check-trace",
-        "replay a JSONL trace against the specs; report the first illegal step",
-        _check_trace_arguments,
-        _run_check_trace,
-    ),
+    check_trace.COMMAND,
     Command(
         "fuzz",
         "fuzz the whole system (tree, linker, store, host tier) for a while",
