@@ -88,7 +88,7 @@ from typing import Any
 import attrs
 
 from unicache_fsm import __version__
-from unicache_fsm.cli import check_trace, diagram, docs
+from unicache_fsm.cli import check_trace, diagram, docs, fuzz
 from unicache_fsm.cli.arguments import MAX_CONTEXT as MAX_CONTEXT
 from unicache_fsm.cli.arguments import MAX_EXPLORE_PAGES as MAX_EXPLORE_PAGES
 from unicache_fsm.cli.arguments import MAX_MINUTES as MAX_MINUTES
@@ -114,8 +114,9 @@ from unicache_fsm.cli.arguments import (
 )
 from unicache_fsm.cli.command import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, PROG, Command
 from unicache_fsm.cli.diagram import DEFAULT_DIAGRAM_FOLDER as DEFAULT_DIAGRAM_FOLDER
+from unicache_fsm.cli.fuzz import FUZZ_EXAMPLES as FUZZ_EXAMPLES
+from unicache_fsm.cli.fuzz import FUZZ_STEPS as FUZZ_STEPS
 from unicache_fsm.console import print_summary, print_table, progress, search_progress
-from unicache_fsm.fsm import loader
 from unicache_fsm.fsm.coverage import Coverage
 from unicache_fsm.fsm.diagram import (
     DiagramFormat,
@@ -420,156 +421,6 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- fuzz -------------------------------------------------------------------------------
-
-
-def _fuzz_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--minutes",
-        type=minutes,
-        default=1.0,
-        metavar="M",
-        help=f"how long (default 1; above 0, at most {MAX_MINUTES:.0f})",
-    )
-    p.add_argument(
-        "--page-size",
-        type=int,
-        choices=[1, 4, 16],
-        default=None,
-        metavar="P",
-        help="one page size (default: 1 and 4)",
-    )
-    p.add_argument(
-        "--swa",
-        choices=["on", "off", "both"],
-        default="both",
-        help="run with the SWA component, without, or both (default)",
-    )
-    p.add_argument(
-        "--coverage",
-        type=path_arg,
-        default=None,
-        metavar="FILE.json",
-        help="write the transitions taken (for diagram --coverage; default: not written)",
-    )
-    p.add_argument(
-        "--driver",
-        choices=["walk", "hypothesis"],
-        default="walk",
-        help="a seeded random walk through the rules (default), or Hypothesis's engine",
-    )
-    p.add_argument(
-        "--seed",
-        type=int_in(0, MAX_SEED),
-        default=None,
-        metavar="S",
-        help="the walk's seed, 0 to 2**64-1 (default: a random one, printed)",
-    )
-
-
-def _run_fuzz(args: argparse.Namespace) -> int:
-    import random
-    import time
-
-    from unicache_fsm.testing.machines import SystemMachine
-
-    if args.seed is not None and args.driver != "walk":
-        msg = "--seed drives the walk; Hypothesis chooses its own programs (--driver walk)"
-        raise CliError(msg)
-    if args.coverage is not None:  # before the campaign, not after it
-        output_file("--coverage", args.coverage)
-    swa = {"on": (True,), "off": (False,), "both": (False, True)}[args.swa]
-    pages = (args.page_size,) if args.page_size else SystemMachine.page_sizes
-    machine: type[SystemMachine] = type(
-        "Fuzz", (SystemMachine,), {"page_sizes": pages, "swa_choices": swa}
-    )
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    total = args.minutes * 60.0
-    start = time.perf_counter()
-    with progress("fuzzing (seconds)", int(total)) as advance:
-
-        def tick(_done: int) -> None:
-            advance(int(min(time.perf_counter() - start, total)), int(total))
-
-        if args.driver == "walk":
-            runs, failure = _fuzz_walk(machine, seed, total, tick)
-            what = ("runs", f"{runs} of up to {FUZZ_STEPS} steps (seed {seed}")
-        else:
-            runs, failure = _fuzz_hypothesis(machine, start, total, tick)
-            what = ("examples", f"{runs} (Hypothesis's engine")
-        advance(int(total), int(total))
-    elapsed = time.perf_counter() - start
-    cov = Coverage.from_counter(machine.coverage)
-    arrows = missing = 0
-    for name in loader.bundled_machines():
-        spec = loader.bundled_spec(name)
-        arrows += len(cov.declared(spec))
-        missing += len(cov.missing(spec))
-    if args.coverage is not None:
-        cov.save(args.coverage)
-    rows = [
-        (
-            what[0],
-            f"{what[1]}; {machine.steps} rule steps, {machine.steps / elapsed:.0f} steps/s, "
-            f"{elapsed:.0f} s)",
-        ),
-        ("coverage", f"{arrows - missing}/{arrows} declared transitions taken"),
-        ("result", "FAILED (below)" if failure is not None else "no invariant broken"),
-    ]
-    print_summary(rows)
-    if failure is not None:  # the replaying script, as it is (never laid out as a table)
-        print(f"\nFAILED {failure}")
-        return EXIT_CHECK_FAILED
-    return EXIT_OK
-
-
-#: steps per run (walk) or per program (Hypothesis) of `fuzz`; Hypothesis's batches
-FUZZ_STEPS = 50
-FUZZ_EXAMPLES = 25
-
-
-def _fuzz_walk(
-    machine: type, seed: int, seconds: float, tick: Callable[[int], None]
-) -> tuple[int, str | None]:
-    """Runs done, and on a failure its text (the error, then the replaying script)."""
-    from unicache_fsm.testing import walk
-
-    done = [0]
-
-    def counted(runs: int) -> None:
-        done[0] = runs
-        tick(runs)
-
-    try:
-        walk.fuzz(machine, seed=seed, seconds=seconds, steps=FUZZ_STEPS, on_run=counted)
-    except walk.WalkFailure as failure:
-        return done[0], str(failure)
-    return done[0], None
-
-
-def _fuzz_hypothesis(
-    machine: type, start: float, seconds: float, tick: Callable[[int], None]
-) -> tuple[int, str | None]:
-    """Examples run, and on a failure its first line (Hypothesis printed the program)."""
-    import time
-
-    from hypothesis import settings
-    from hypothesis.stateful import run_state_machine_as_test
-
-    batch = settings(
-        max_examples=FUZZ_EXAMPLES, stateful_step_count=FUZZ_STEPS, deadline=None, database=None
-    )
-    examples = 0
-    while time.perf_counter() - start < seconds:
-        try:
-            run_state_machine_as_test(machine, settings=batch)
-        except Exception as exc:  # the kit found a bug: Hypothesis printed the program
-            return examples, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-        examples += FUZZ_EXAMPLES
-        tick(examples)
-    return examples, None
-
-
 # -- explore ----------------------------------------------------------------------------
 
 # with the other defaults (4 pages, 2 requests of one one-page key, FULL+SWA window 1) a
@@ -852,12 +703,7 @@ COMMANDS: tuple[Command, ...] = (
     diagram.COMMAND,
     docs.COMMAND,
     check_trace.COMMAND,
-    Command(
-        "fuzz",
-        "fuzz the whole system (tree, linker, store, host tier) for a while",
-        _fuzz_arguments,
-        _run_fuzz,
-    ),
+    fuzz.COMMAND,
     Command(
         "explore",
         "explore every state of a tiny system breadth-first; shortest counterexamples",
