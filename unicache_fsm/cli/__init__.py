@@ -45,6 +45,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from unicache_fsm import __version__
+
+# ``X as X``: the public names of the single-module CLI, re-exported at their old path
 from unicache_fsm.cli import check_linker, check_trace, diagram, docs, explore, fuzz, simulate
 from unicache_fsm.cli.arguments import MAX_CONTEXT as MAX_CONTEXT
 from unicache_fsm.cli.arguments import MAX_EXPLORE_PAGES as MAX_EXPLORE_PAGES
@@ -57,7 +59,8 @@ from unicache_fsm.cli.arguments import MAX_TORCH_THREADS as MAX_TORCH_THREADS
 from unicache_fsm.cli.arguments import MAX_WORKERS as MAX_WORKERS
 from unicache_fsm.cli.arguments import CliError as CliError
 from unicache_fsm.cli.arguments import DefaultsHelpFormatter, OneLineParser, one_line
-from unicache_fsm.cli.command import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, PROG, Command
+from unicache_fsm.cli.command import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Command
+from unicache_fsm.cli.command import PROG as PROG
 from unicache_fsm.cli.diagram import DEFAULT_DIAGRAM_FOLDER as DEFAULT_DIAGRAM_FOLDER
 from unicache_fsm.cli.explore import DEFAULT_EXPLORE_FAULTS as DEFAULT_EXPLORE_FAULTS
 from unicache_fsm.cli.fuzz import FUZZ_EXAMPLES as FUZZ_EXAMPLES
