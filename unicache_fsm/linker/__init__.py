@@ -2,6 +2,12 @@
 `unicache_fsm.ExternalLinker`), its load and offload records (`load`, `offload`), and
 rank agreement (`ranks`).
 
+`ExternalLinker` is composed in `linker.py` from one module per concept over the state
+of `state.py`: `matching` (LOOKUP), `loading` (LOAD + PREPARE), `landing` (batches,
+LAND, COMMIT), `aborting` (a load that ends without COMMIT), `offloading`, `lifecycle`
+(reset, close, drain), `audit` (what it holds); `quarantine` holds slots a misbehaving
+store may still touch.
+
 This package module stays light (no tree import): it re-exports the transfer descriptors from
 `unicache_fsm.pools.transfer` (PoolName, PoolHitPolicy, PoolTransfer, PoolTransferResult,
 LinkerTransferPhase, ExternalLinkerLoadPhase) and the rank-agreement names from
