@@ -23,26 +23,30 @@ of K and V per token; 4096 tokens, 1024 with ``--quick``) served by
   - the page device alone (`LayerBuffers.read_page_ids` / `write_page_ids`, the
     transposition into the store's page format, no store) against the same baselines.
 
-Each is the median of rounds, interleaved with its baseline; a ratio is the baseline's
-time over the linker's (1.0: as fast as the raw copy). Nothing is asserted. On a CPU
-pool torch's index kernels copy bf16 rows element by element and suffer most from
-contended cores, so the baseline moves with the machine's load (printed) and with
-``--threads``; the page device copies whole rows through NumPy, page by page for pages
-of at least 16 KiB per layer (as here), with one fancy index per layer below.
+Each move runs interleaved with its baselines, round by round; a ratio is the median
+over rounds of the baseline's time over the linker's in the same round (1.0: as fast
+as the raw copy). Nothing is asserted. Two baselines: ``raw``, torch's gather/scatter
+allocating its result (its far side is reused memory, in cache); ``raw, ring``, the
+same into (out of) preallocated memory the size of the store's (4 nodes, used in turn),
+where a store keeps what it gathers. The store runs at its capacity (4 nodes) once
+warm, as a serving store does: an offload evicts the oldest node and refills its rows.
 
-The store runs at its capacity (4 nodes) once warm, as a serving store does: an offload
-evicts the oldest node and refills its rows. Read the 1-thread figures: with torch's
-default threads the raw bf16 kernels swing with contention (ratios from 0.2 to over 7
-between runs on one machine). Measured on 2 shared cores (load average 1.4-3.5),
-``--threads 1``, several runs: offload through the store 0.22-0.47x, load through the
-store 0.71-0.87x, the page device's read (the linker's move alone: SGLang's per-layer
-buffers into the store's page format) 0.58-0.79x, its write 2.3-2.7x; run to run the
-raw gather itself moved between 4 and 6.8 GiB/s. Offload through the store cannot reach
-0.8x: beyond the move (about 2.0 ms for the node's 8 MiB, against 1.6 ms for the raw
-gather) the store checksums every page (XXH3, about 0.6 ms here) and files it under its
-lock, so the budget is spent before the store's own work starts; the move alone is the
-figure to hold to the raw gather. The store reads pages straight into its own rows (no
-staging buffer, no second copy), and checksums them there once.
+On a CPU pool the linker's moves are native (`checksum.gather_pages` /
+`scatter_pages`): an offload fills each page from every layer's K and V rows in a
+scratch page that stays in cache, then stores it into the store's row and hashes it
+(XXH3-64) in one pass, with streaming stores; a load from the memory store hashes each
+stored page, then copies its rows into the slots while it is in cache.
+
+Measured (2 shared cores, ``--threads 1``, pinned to one core with ``taskset -c 0``,
+load average 0.3-0.4, three runs): offload through the store 0.61x, 0.62x and 0.89x of
+``raw`` (0.73x, 0.74x, 0.80x of ``raw, ring``); load through the store 1.29x-1.39x
+(1.48x-1.60x); the page device's read alone 0.85x-0.98x, its write 2.5x. The raw
+gather itself ran at 6.4-10.3 GiB/s. Where the offload's time goes (same machine, one
+8 MiB node): the native gather, hash and store about 1.0 ms against 0.8-0.9 ms for the
+raw gather; the linker's and the store's bookkeeping (planning, capacity eviction of
+16 pages, the books, the completion) about 0.15-0.25 ms. Without the hash the gather
+is no faster here (1.5 ms with regular stores into rows not in cache). The offload
+target of 0.8x is met only when the raw gather runs below about 7.5 GiB/s.
 """
 
 from __future__ import annotations
