@@ -68,8 +68,11 @@ class Landing(LinkerState):
         queued for the next call). A store that says nothing was queued holds none of
         this rank's queued loads: they are settled as failed.
         """
+        return self._record_start(self.calls.start_loading())
+
+    def _record_start(self, batch: int | None) -> int:
+        """What `start_loading` does with the store's answer `batch` (None: a fault)."""
         queued = [ld for ld in self.held.values() if ld.state == LoadState.QUEUED]
-        batch = self.calls.start_loading()
         started = [ld for ld in queued if ld.settled is None]
         if batch is None:  # the store may have started them anyway: its answer is lost
             for load in started:
@@ -172,7 +175,25 @@ class Landing(LinkerState):
         oldest.waited += 1
         queued = any(ld.state == LoadState.QUEUED for ld in self.held.values())
         if oldest.waited % _NUDGE_AFTER == 0 and not queued:
-            self.start_loading()  # starts nothing of ours: records the answer only
+            self._nudge(oldest)
+
+    def _nudge(self, oldest: Batch) -> None:
+        """`oldest` holds loads and saw no completion for a while: ask the store to start
+        loads again (nothing of ours is queued: the answer is only recorded). A store
+        that answered an id it never started starts the loads it still holds queued; an
+        answer of -1 says it holds none. Then a batch whose every unsettled load is one
+        being given up (its `load` or `cancel_queued_load` failed: the store may never
+        have held it) may be such an id with nothing behind it, which no completion
+        will ever end: it ends now as a fault, its slots quarantined until its own
+        completion (an honest store's, come late, releases them) or a reset. A batch
+        holding a load the store accepted and never gave back waits on: that load is
+        queued or running in the store, and an honest store completes it."""
+        answer = self.calls.start_loading()
+        self._record_start(answer)
+        given_up = all(ld.abort_pending is not None for ld in oldest.loads if ld.settled is None)
+        if answer == -1 and given_up:  # (an honest store answers so too: not a fault)
+            self.batches.remove(oldest)
+            suspect_batch(self, oldest, oldest.id)
 
     def _end_batch(self, result: LoadBatchResult | None) -> None:
         """One popped completion: it ends its own batch, or releases what the quarantine
