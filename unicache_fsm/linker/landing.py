@@ -182,17 +182,16 @@ class Landing(LinkerState):
         loads again (nothing of ours is queued: the answer is only recorded). A store
         that answered an id it never started starts the loads it still holds queued; an
         answer of -1 says it holds none. Then a batch whose every unsettled load is one
-        being given up (its `load` or `cancel_queued_load` failed: the store may never
-        have held it) may be such an id with nothing behind it, which no completion
-        will ever end: it ends now as a fault, its slots quarantined until its own
-        completion (an honest store's, come late, releases them) or a reset. A batch
-        holding a load the store accepted and never gave back waits on: that load is
-        queued or running in the store, and an honest store completes it."""
+        the store may have given back (`maybe_withdrawn`: its cancel's answer was lost)
+        may be such an id with nothing behind it, which no completion will ever end: it
+        ends now, its loads abort as failed and their slots are quarantined until its
+        own completion (an honest store's, come late, releases them) or a reset. A
+        batch holding a load the store never gave back waits on: the store runs it."""
         answer = self.calls.start_loading()
         self._record_start(answer)
-        given_up = all(ld.abort_pending is not None for ld in oldest.loads if ld.settled is None)
-        if answer == -1 and given_up:  # (an honest store answers so too: not a fault)
-            self.batches.remove(oldest)
+        waiting = [ld for ld in oldest.loads if ld.settled is None]
+        if answer == -1 and all(ld.maybe_withdrawn for ld in waiting):
+            self.batches.remove(oldest)  # (an honest store answers so too: not a fault)
             suspect_batch(self, oldest, oldest.id)
 
     def _end_batch(self, result: LoadBatchResult | None) -> None:
