@@ -4,7 +4,9 @@
 takes this rank's completions — each ends the batch it names, FIFO; a completion that
 names no batch in flight, skips an older one or names other loads is a protocol fault
 that ends the oldest batch holding loads with its slots quarantined, and a batch left
-without a completion for a few calls asks the store to start loads again — then agrees
+without a completion for a few calls asks the store to start loads again, and ends
+(slots quarantined) when the store answers it holds nothing queued and every load the
+batch waits on may have been withdrawn (a lost cancel answer) — then agrees
 per prepared load (one MIN all-reduce) whether every rank's store is done with it and
 every page landed: LAND and COMMIT those (COMMIT inserts the loaded path, adopts the new
 pages, frees the duplicates and hands the caller one lock on the endpoint), ABORT the
@@ -48,7 +50,7 @@ _UNSETTLED, _FAILED, _LANDED = 0, 1, 2
 _EMPTY_KEPT = 8
 # `finish_loads` calls without a completion after which the oldest batch holding loads
 # asks the store to start loads again (a store that answered a batch id it never started
-# still holds them queued; an honest one answers -1)
+# still holds them queued; an honest one answers -1): see `Landing._nudge`
 _NUDGE_AFTER = 4
 
 
