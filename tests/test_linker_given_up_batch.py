@@ -21,6 +21,8 @@ from unicache_fsm.linker.load import AbortReason
 from unicache_fsm.serving.request import Outcome
 from unicache_fsm.serving.system import System
 from unicache_fsm.store.faults import FaultKind, FaultPolicy, FaultRule
+from unicache_fsm.testing.machines import SystemMachine
+from unicache_fsm.testing.walk import Replayed
 
 K = FaultKind
 P = 4
@@ -134,3 +136,22 @@ def test_a_load_the_store_accepted_waits_for_a_slow_batch() -> None:
     s.audit()
     s.linker.reset()
     s.assert_quiet()
+
+
+def test_the_fuzzed_walk_that_left_a_batch_in_flight_ends() -> None:
+    """Regression (found by `unicache-fsm fuzz`, shrunk; page size 1, SWA, fault rate
+    0.25, fault seed 14710): a refused load whose cancel raised was put in a batch the
+    store never started (an unknown batch id); the teardown's drive saw it in flight
+    after 20 rounds."""
+    state = SystemMachine()
+    state.setup(data=Replayed(1, True, 0.25, 14710, 24, 0))
+    state.audited()
+    state.revisit(doc=0, pages=3)
+    state.audited()
+    state.revisit(doc=1, pages=3)
+    state.audited()
+    state.revisit(doc=0, pages=3)
+    state.audited()
+    state.start_only()
+    state.audited()
+    state.teardown()
