@@ -72,8 +72,10 @@ def suspect_batch(linker: LinkerState, batch: Batch, held_for: int | None) -> No
 
 
 def settle_cancel(load: ExternalLoad, cancelled: bool | None) -> None:
-    """The store's answer to cancelling a queued load (None: lost; nothing known)."""
+    """The store's answer to cancelling a queued load (None: lost; the store may or
+    may not hold it still)."""
     if cancelled is None:
+        load.maybe_withdrawn = True
         return
     if cancelled or not load.maybe_started:
         load.settled = False  # the store holds the load no more

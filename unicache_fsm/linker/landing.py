@@ -4,7 +4,9 @@
 takes this rank's completions — each ends the batch it names, FIFO; a completion that
 names no batch in flight, skips an older one or names other loads is a protocol fault
 that ends the oldest batch holding loads with its slots quarantined, and a batch left
-without a completion for a few calls asks the store to start loads again — then agrees
+without a completion for a few calls asks the store to start loads again, and ends
+(slots quarantined) when the store answers it holds nothing queued and every load the
+batch waits on may have been withdrawn (a lost cancel answer) — then agrees
 per prepared load (one MIN all-reduce) whether every rank's store is done with it and
 every page landed: LAND and COMMIT those (COMMIT inserts the loaded path, adopts the new
 pages, frees the duplicates and hands the caller one lock on the endpoint), ABORT the
@@ -48,7 +50,7 @@ _UNSETTLED, _FAILED, _LANDED = 0, 1, 2
 _EMPTY_KEPT = 8
 # `finish_loads` calls without a completion after which the oldest batch holding loads
 # asks the store to start loads again (a store that answered a batch id it never started
-# still holds them queued; an honest one answers -1)
+# still holds them queued; an honest one answers -1): see `Landing._nudge`
 _NUDGE_AFTER = 4
 
 
@@ -68,8 +70,11 @@ class Landing(LinkerState):
         queued for the next call). A store that says nothing was queued holds none of
         this rank's queued loads: they are settled as failed.
         """
+        return self._record_start(self.calls.start_loading())
+
+    def _record_start(self, batch: int | None) -> int:
+        """What `start_loading` does with the store's answer `batch` (None: a fault)."""
         queued = [ld for ld in self.held.values() if ld.state == LoadState.QUEUED]
-        batch = self.calls.start_loading()
         started = [ld for ld in queued if ld.settled is None]
         if batch is None:  # the store may have started them anyway: its answer is lost
             for load in started:
@@ -172,7 +177,24 @@ class Landing(LinkerState):
         oldest.waited += 1
         queued = any(ld.state == LoadState.QUEUED for ld in self.held.values())
         if oldest.waited % _NUDGE_AFTER == 0 and not queued:
-            self.start_loading()  # starts nothing of ours: records the answer only
+            self._nudge(oldest)
+
+    def _nudge(self, oldest: Batch) -> None:
+        """`oldest` holds loads and saw no completion for a while: ask the store to start
+        loads again (nothing of ours is queued: the answer is only recorded). A store
+        that answered an id it never started starts the loads it still holds queued; an
+        answer of -1 says it holds none. Then a batch whose every unsettled load is one
+        the store may have given back (`maybe_withdrawn`: its cancel's answer was lost)
+        may be such an id with nothing behind it, which no completion will ever end: it
+        ends now, its loads abort as failed and their slots are quarantined until its
+        own completion (an honest store's, come late, releases them) or a reset. A
+        batch holding a load the store never gave back waits on: the store runs it."""
+        answer = self.calls.start_loading()
+        self._record_start(answer)
+        waiting = [ld for ld in oldest.loads if ld.settled is None]
+        if answer == -1 and all(ld.maybe_withdrawn for ld in waiting):
+            self.batches.remove(oldest)  # (an honest store answers so too: not a fault)
+            suspect_batch(self, oldest, oldest.id)
 
     def _end_batch(self, result: LoadBatchResult | None) -> None:
         """One popped completion: it ends its own batch, or releases what the quarantine

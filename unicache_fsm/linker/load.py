@@ -87,6 +87,9 @@ class ExternalLoad:
     # a `start_loading` whose answer was lost may have started it: a store that then
     # says nothing is queued is no proof that it writes nothing into its slots
     maybe_started: bool = False
+    # a cancel whose answer was lost may have withdrawn it: a batch the store answers
+    # later may hold nothing of it (nor ever complete, if its id was never started)
+    maybe_withdrawn: bool = False
     endpoint: TreeNode | None = None
     committed: list[PoolTransfer] = attrs.field(factory=list)
     slots: torch.Tensor | None = None  # after commit: FULL slots of the whole key
