@@ -282,6 +282,21 @@ static pass_fn hardware_pass = NULL; /* set at import where the CPU has AVX2 */
 
 static pass_fn pick(int hardware) { return hardware && hardware_pass ? hardware_pass : pass_portable; }
 
+/* the n checksums as a new list of ints (NULL and an exception on failure) */
+static PyObject *sums_list(const uint64_t *sums, Py_ssize_t n) {
+    PyObject *result = PyList_New(n);
+    if (!result) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(sums[i]);
+        if (!v) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, v);
+    }
+    return result;
+}
+
 /* -- Python ---------------------------------------------------------------------------- */
 
 static PyObject *py_xxh3_64(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -382,16 +397,7 @@ static PyObject *py_copy_rows(PyObject *self, PyObject *args, PyObject *kwargs) 
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) sums[i] = pass(d + dst_at[i], s + src_at[i], (size_t)row_bytes);
     Py_END_ALLOW_THREADS
-    result = PyList_New(n);
-    if (!result) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyLong_FromUnsignedLongLong(sums[i]);
-        if (!v) {
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyList_SET_ITEM(result, i, v);
-    }
+    result = sums_list(sums, n);
 done:
     PyMem_Free(sums);
     PyMem_Free(dst_at);
@@ -558,16 +564,7 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    result = PyList_New(n);
-    if (!result) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyLong_FromUnsignedLongLong(sums[i]);
-        if (!v) {
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyList_SET_ITEM(result, i, v);
-    }
+    result = sums_list(sums, n);
 done:
     for (Py_ssize_t s = 0; s < opened; s++) PyBuffer_Release(&bufs[s]);
     PyMem_Free(scratch);
