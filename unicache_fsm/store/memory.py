@@ -248,6 +248,11 @@ def _stage(buf: torch.Tensor, entries: list[_Entry], slab: _Slab) -> list[int]:
     got = copy_checksums(
         buf.numpy(), list(range(len(entries))), slab.array, list(map(_ROW, entries))
     )
+    return _mismatched(got, entries)
+
+
+def _mismatched(got: list[int], entries: list[_Entry]) -> list[int]:
+    """The indices of the entries whose stored checksum is not the one in `got`."""
     if got == list(map(_CHECKSUM, entries)):
         return []
     return [i for i, (g, e) in enumerate(zip(got, entries, strict=True)) if g != e.checksum]
@@ -435,7 +440,7 @@ class MemoryStore(BaseStore["_Entry"]):
             got = self._copier.copy_checksummed(
                 pool.page_bytes(), ct.pages.tolist(), slab.array, [e.row for e in held]
             )
-            bad = [i for i, (g, e) in enumerate(zip(got, held, strict=True)) if g != e.checksum]
+            bad = _mismatched(got, held)
             rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
             ok = ok and not bad
         if not ok:
@@ -481,19 +486,15 @@ class MemoryStore(BaseStore["_Entry"]):
         for (ct, held, _, pool), view in zip(staged, views, strict=True):
             data = as_pages(view, pool)
             got = written_checksums(pool, ct.pages, data) if one_pass else page_checksums(view)
-            bad = [i for i, (g, e) in enumerate(zip(got, held, strict=True)) if g != e.checksum]
+            bad = _mismatched(got, held)
             ok = ok and not bad
             if one_pass and bad:
                 # the device's word against the rows': a row that, hashed here, still
                 # matches its checksum is good (the device wrote or hashed other bytes:
                 # the batch fails, the page stays); only a bad row is dropped
-                again = page_checksums(view[bad])
-                lied += [
-                    (pool.name, ct.keys[i])
-                    for i, h in zip(bad, again, strict=True)
-                    if h == held[i].checksum
-                ]
-                bad = [i for i, h in zip(bad, again, strict=True) if h != held[i].checksum]
+                still = _mismatched(page_checksums(view[bad]), [held[i] for i in bad])
+                lied += [(pool.name, ct.keys[i]) for j, i in enumerate(bad) if j not in still]
+                bad = [bad[j] for j in still]
             rejected += [((ct.pool, ct.keys[i]), held[i]) for i in bad]
             parts.append(StagedTransfer(ct.pool, pool, ct.pages, data))
         if lied:
