@@ -375,7 +375,7 @@ SHRINK_HUNT = settings(
 # cannot steer, and iteration orders follow the process's hash seed, so a derandomized
 # hunt still finds a bug in some processes and not in others), the mutation check's own
 # 40-step programs, with shrinking on: the comparison is with what Hypothesis finds at all
-LONG_HUNT = settings(SHRINK_HUNT, stateful_step_count=40)
+LONG_HUNT = settings(SHRINK_HUNT, stateful_step_count=40, max_examples=20_000)  # as theirs
 
 
 def _hypothesis_length(
