@@ -169,18 +169,19 @@ def run(quick: bool) -> int:
         for r, g in zip([*k_rows, *v_rows], ring[next(turn) % 4], strict=True):
             r.index_copy_(0, dst_pages, g)
 
-    def keys() -> tuple[str, ...]:
+    def keys() -> list[str]:
         n = next(counter)
-        return tuple(f"{n:032x}{i:032x}" for i in range(node_pages))
+        return [f"{n:032x}{i:032x}" for i in range(node_pages)]
 
-    stored: list[tuple[str, ...]] = []
+    # each offload's transfer made beforehand: SGLang builds it, not the linker
+    fresh = [PoolTransfer(name=PoolName.KV, device_indices=src, keys=keys()) for _ in range(rounds + 8)]
+    stored: list[list[str]] = []
 
     def offload() -> None:
-        ks = keys()
-        t = PoolTransfer(name=PoolName.KV, device_indices=src, keys=list(ks))
+        t = fresh.pop()
         assert linker.offload([t])
         assert linker.num_completed_offloads() == 1 and linker.pop_completed_offload()
-        stored.append(ks)
+        stored.append(t.keys)
 
     def load() -> None:
         t = PoolTransfer(name=PoolName.KV, device_indices=dst, keys=list(stored[-1]))

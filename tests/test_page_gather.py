@@ -204,6 +204,52 @@ def test_arrays_that_are_not_contiguous_bytes_are_refused(
         checksum.scatter_checksums(side, [bytes(4096), buffers[1]], [512, 512], [1], 4)
 
 
+@PATHS
+@pytest.mark.parametrize(("page_size", "row_bytes"), SHAPES[:3])
+def test_page_buffers_checked_once_move_what_the_functions_move(
+    monkeypatch: pytest.MonkeyPatch, native: bool, page_size: int, row_bytes: list[int]
+) -> None:
+    """`PageBuffers`: the buffers checked when built, then gathers and scatters of
+    them land what `gather_checksums` / `scatter_checksums` land; each call still
+    checks its own side and pages, and a scatter the buffers' writability."""
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    buffers = _buffers(page_size, row_bytes, 9, seed=5)
+    moves = checksum.PageBuffers(buffers, row_bytes, page_size)
+    pages = [3, 1, 8]
+    want = _reference(buffers, row_bytes, pages, page_size)
+    dst = np.zeros_like(want)
+    assert moves.gather(dst, pages, checksum=True) == _hashes(want, 3)
+    assert np.array_equal(dst, want)
+    assert moves.scatter(dst, [0, 2, 4], checksum=False) is None
+    assert np.array_equal(_reference(buffers, row_bytes, [0, 2, 4], page_size), want)
+    with pytest.raises(TypeError, match="page 1 is a float"):
+        moves.gather(dst, [3, 1.0, 8], checksum=True)  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="page-format bytes must be a C-contiguous"):
+        moves.gather(dst.astype(np.int16), pages, checksum=True)
+    before = [b.copy() for b in buffers]
+    buffers[-1].flags.writeable = False  # after it was built: still refused
+    with pytest.raises(TypeError, match=f"buffer {len(buffers) - 1} must be writable"):
+        moves.scatter(dst, [0, 2, 4], checksum=True)
+    assert all(np.array_equal(a, b) for a, b in zip(before, buffers, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (([np.zeros(8, np.int16)], [4], 1), TypeError, "buffer 0 must be a C-contiguous"),
+        (([np.zeros(8, np.uint8)], [4.0], 1), TypeError, "row size 0 is a float"),
+        (([np.zeros(8, np.uint8)], [4], True), TypeError, "page_size is a bool"),
+        (([np.zeros(8, np.uint8)], [4], 0), ValueError, "pages of 0 bytes"),
+    ],
+    ids=["int16 buffer", "float row", "bool page size", "page size 0"],
+)
+def test_page_buffers_refuse_bad_buffers_when_built(
+    args: tuple[Any, ...], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        checksum.PageBuffers(*args, call="the test")
+
+
 @needs_native
 def test_the_native_move_refuses_overlapping_memory() -> None:
     whole = np.zeros(6 * 4 * 512, np.uint8)

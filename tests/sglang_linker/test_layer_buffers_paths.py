@@ -131,3 +131,60 @@ def test_the_one_pass_moves_pass_the_gate() -> None:
         device.read_checksummed(pages[:2], out=out)  # type: ignore[attr-defined]
     with pytest.raises(TensorShapeError):  # a strided view: the one-pass write wants rows
         device.write_checksummed(pages[1:], want[: 2 * 16 * 2 : 2])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("checksum", [True, False], ids=["read_checksummed", "read_page_ids"])
+def test_a_read_spread_over_threads_moves_each_page_once(
+    monkeypatch: pytest.MonkeyPatch, checksum: bool
+) -> None:
+    """A read large enough for the copier's threads (here: every read, a page a chunk)
+    takes each page in exactly one chunk, on whichever thread, with the bytes and
+    checksums of a read on one thread; a chunk that fails fails the read, and a later
+    read works."""
+    import xxhash
+
+    from unicache_fsm.store import checksum as checksum_module
+    from unicache_fsm.store import copier
+
+    monkeypatch.setattr(copier, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(copier, "CHUNK_BYTES", 1)  # one page per chunk
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        kv, device = _pool(16, HEAD_DIM // 2)
+        picked = [5, 2, 3, 6, 1, 4]
+        pages = torch.tensor(picked)
+        want = _gathered(kv, 16, picked)
+        device.allow("read", pages)  # type: ignore[attr-defined]
+        moved: list[tuple[int, ...]] = []
+        real = checksum_module.PageBuffers.gather
+
+        def recorded(self: object, dst: object, chunk: list[int], **kw: bool) -> object:
+            moved.append(tuple(chunk))
+            return real(self, dst, chunk, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(checksum_module.PageBuffers, "gather", recorded)
+        out = torch.empty_like(want)
+        if checksum:
+            sums = device.read_checksummed(pages, out=out)  # type: ignore[attr-defined]
+            rows = out.view(torch.uint8).reshape(len(picked), -1)
+            assert sums == [xxhash.xxh3_64_intdigest(r.numpy().tobytes()) for r in rows]
+        else:
+            out = device.read_page_ids(pages)  # type: ignore[attr-defined]
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+        assert sorted(moved) == [(p,) for p in sorted(picked)]
+
+        def failing(self: object, dst: object, chunk: list[int], **kw: bool) -> object:
+            if chunk == [3]:
+                raise RuntimeError("a chunk failed")
+            return real(self, dst, chunk, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(checksum_module.PageBuffers, "gather", failing)
+        with pytest.raises(RuntimeError, match="a chunk failed"):
+            device.read_checksummed(pages, out=out)  # type: ignore[attr-defined]
+        monkeypatch.setattr(checksum_module.PageBuffers, "gather", real)
+        again = torch.zeros_like(want)
+        device.read_checksummed(pages, out=again)  # type: ignore[attr-defined]
+        assert torch.equal(again.view(torch.int16), want.view(torch.int16))
+    finally:
+        torch.set_num_threads(threads)

@@ -37,6 +37,10 @@
   inverse: each page of `src` (page format) into its rows of the page-major `dests`
   (writable), with its `page_checksum`, taken before its rows are copied (which leaves
   the page in cache for them); `scatter_pages` without the checksums.
+- `PageBuffers(buffers, row_bytes, page_size)` — the page-major side of those moves,
+  checked once: its `gather(dst, pages, checksum=...)` and `scatter(src, pages,
+  checksum=...)` check only their own arguments (a page device moving its buffers on
+  every offload and load skips re-checking them each call).
 
 Rows are ints, NumPy integers or integer arrays (read by value on either path; a bool
 or a non-integer row is a `TypeError` naming it).
@@ -80,6 +84,7 @@ __all__ = [
     "COPY_IMPLEMENTATION",
     "NATIVE_COPY",
     "PIECE_BYTES",
+    "PageBuffers",
     "copy_checksum",
     "copy_checksums",
     "gather_checksums",
@@ -231,65 +236,137 @@ def _move(
     """A gather (`side` is written) or a scatter (`buffers` are written) of page-format
     bytes `side` and page-major `buffers`, native where built."""
     call = "scatter" if scatter else "gather"
-    rows = _int_rows(row_bytes, "row size", call)
-    ids = _int_rows(pages, "page", call)
-    if isinstance(page_size, (bool, np.bool_)) or not hasattr(type(page_size), "__index__"):
-        msg = f"{call}: page_size is a {type(page_size).__name__}, not an integer"
-        raise TypeError(msg)
-    page_size = operator.index(page_size)
-    buffers = list(buffers)
-    for what, a, written in (
-        ("page-format bytes", side, not scatter),
-        *((f"buffer {i}", a, scatter) for i, a in enumerate(buffers)),
-    ):
-        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or not a.flags.c_contiguous:
-            kind = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
-            msg = f"{call}: the {what} must be a C-contiguous uint8 array, got {kind}"
+    return PageBuffers(buffers, row_bytes, page_size, call=call).move(
+        side, pages, checksum=checksum, scatter=scatter
+    )
+
+
+class PageBuffers:
+    """Page-major buffers checked once, for many gathers and scatters (a page device's
+    K and V buffers, moved every offload and load): `gather(dst, pages, checksum=...)`
+    and `scatter(src, pages, checksum=...)` are `gather_checksums` / `gather_pages` and
+    `scatter_checksums` / `scatter_pages` of these buffers, and check only their own
+    arguments (the page-format side, the pages) and, for a scatter, that the buffers
+    are writable. Built from `buffers` (C-contiguous uint8 arrays), their `row_bytes`
+    and `page_size`, checked as those functions check them (`TypeError` /
+    `ValueError`); `call` names the move in those messages."""
+
+    __slots__ = ("arrays", "page_size", "row_bytes", "token_bytes")
+
+    def __init__(
+        self,
+        buffers: Sequence[Any],
+        row_bytes: Sequence[int],
+        page_size: int,
+        *,
+        call: str = "page buffers",
+    ) -> None:
+        rows = _int_rows(row_bytes, "row size", call)
+        if isinstance(page_size, (bool, np.bool_)) or not hasattr(type(page_size), "__index__"):
+            msg = f"{call}: page_size is a {type(page_size).__name__}, not an integer"
             raise TypeError(msg)
-        if written and not a.flags.writeable:  # (checked here: no path writes part of a move)
-            msg = f"{call}: the {what} must be writable, got a read-only array"
-            raise TypeError(msg)
-    token = sum(rows) if rows else 0
-    nbytes = page_size * token
-    if page_size < 1 or nbytes > sys.maxsize:  # (the native code refuses a wrapped size)
-        msg = f"{call}: page_size {page_size} * row sizes {rows}: pages of {nbytes} bytes"
-        raise ValueError(msg)
-    if checksum and nbytes <= _SHORT_MAX_PAGE:
-        # short pages: XXH3's short paths are not native; the move is, then each hash
-        _move(side, buffers, rows, ids, page_size, checksum=False, scatter=scatter)
-        return [_XXH3(page.data) for page in side.reshape(len(ids), nbytes)]
-    native = _native_scatter if scatter else _native_gather
-    if NATIVE_COPY and native is not None:
-        got: list[int] | None = native(side, buffers, rows, ids, page_size, checksum)
-        return got
-    # the same checks as the native path, then the same bytes page by page through NumPy
-    if len(buffers) != len(rows) or not buffers or min(rows) < 1:
-        msg = f"{call}: {len(buffers)} buffer(s), row sizes {rows}, page_size {page_size}"
-        raise ValueError(msg)
-    have = min(a.size // (page_size * r) for a, r in zip(buffers, rows, strict=True))
-    if side.size != len(ids) * nbytes or any(not 0 <= i < have for i in ids):
-        msg = f"{call}: {side.size} page-format bytes for pages {ids} of {nbytes} (0 .. {have - 1})"
-        raise ValueError(msg)
-    for i, a in enumerate(buffers):
-        if side.size and np.may_share_memory(side, a):  # (contiguous: bounds are exact)
-            msg = f"{call}: buffer {i} overlaps the page-format bytes"
+        size = operator.index(page_size)
+        arrays = list(buffers)
+        for i, a in enumerate(arrays):
+            if not _is_bytes(a):
+                _not_bytes(call, f"buffer {i}", a)
+        token = sum(rows) if rows else 0
+        nbytes = size * token
+        if size < 1 or nbytes > sys.maxsize:  # (the native code refuses a wrapped size)
+            msg = f"{call}: page_size {size} * row sizes {rows}: pages of {nbytes} bytes"
             raise ValueError(msg)
-    formatted = side.reshape(len(ids), page_size, token)
-    sums = []
-    for i, page in enumerate(ids):
-        if checksum and scatter:
-            sums.append(_XXH3(formatted[i].data))
-        at = 0
-        for buf, r in zip(buffers, rows, strict=True):
-            run = buf[page * page_size * r : (page + 1) * page_size * r].reshape(page_size, r)
-            if scatter:
-                run[...] = formatted[i, :, at : at + r]
-            else:
-                formatted[i, :, at : at + r] = run
-            at += r
-        if checksum and not scatter:
-            sums.append(_XXH3(formatted[i].data))
-    return sums if checksum else None
+        self.arrays, self.row_bytes, self.page_size, self.token_bytes = arrays, rows, size, token
+
+    def gather(self, dst: Any, pages: Sequence[int], *, checksum: bool) -> list[int] | None:
+        """`pages` of the buffers into `dst`; each page's checksum with `checksum`."""
+        return self.move(dst, pages, checksum=checksum, scatter=False)
+
+    def scatter(self, src: Any, pages: Sequence[int], *, checksum: bool) -> list[int] | None:
+        """Each page of `src` into its rows of the buffers; its checksum with `checksum`."""
+        return self.move(src, pages, checksum=checksum, scatter=True)
+
+    def move(
+        self, side: Any, pages: Sequence[int], *, checksum: bool, scatter: bool
+    ) -> list[int] | None:
+        """`gather` (`side` is written) or `scatter` (the buffers are written)."""
+        call = "scatter" if scatter else "gather"
+        ids = _int_rows(pages, "page", call)
+        if (
+            not isinstance(side, np.ndarray)
+            or side.dtype != np.uint8
+            or not side.flags.c_contiguous
+        ):
+            _not_bytes(call, "page-format bytes", side)
+        # (checked here: no path writes part of a move)
+        if not scatter and not side.flags.writeable:
+            _read_only(call, "page-format bytes")
+        if scatter:
+            for i, a in enumerate(self.arrays):
+                if not a.flags.writeable:
+                    _read_only(call, f"buffer {i}")
+        return self._run(side, ids, checksum, scatter, call)
+
+    def _run(
+        self, side: Any, ids: list[int], checksum: bool, scatter: bool, call: str
+    ) -> list[int] | None:
+        buffers, rows, page_size = self.arrays, self.row_bytes, self.page_size
+        token = self.token_bytes
+        nbytes = page_size * token
+        if checksum and nbytes <= _SHORT_MAX_PAGE:
+            # short pages: XXH3's short paths are not native; the move is, then each hash
+            self._run(side, ids, False, scatter, call)
+            return [_XXH3(page.data) for page in side.reshape(len(ids), nbytes)]
+        native = _native_scatter if scatter else _native_gather
+        if NATIVE_COPY and native is not None:
+            got: list[int] | None = native(side, buffers, rows, ids, page_size, checksum)
+            return got
+        # the same checks as the native path, then the same bytes page by page through NumPy
+        if len(buffers) != len(rows) or not buffers or min(rows) < 1:
+            msg = f"{call}: {len(buffers)} buffer(s), row sizes {rows}, page_size {page_size}"
+            raise ValueError(msg)
+        have = min(a.size // (page_size * r) for a, r in zip(buffers, rows, strict=True))
+        if side.size != len(ids) * nbytes or any(not 0 <= i < have for i in ids):
+            msg = (
+                f"{call}: {side.size} page-format bytes for pages {ids} of {nbytes} "
+                f"(0 .. {have - 1})"
+            )
+            raise ValueError(msg)
+        for i, a in enumerate(buffers):
+            if side.size and np.may_share_memory(side, a):  # (contiguous: bounds are exact)
+                msg = f"{call}: buffer {i} overlaps the page-format bytes"
+                raise ValueError(msg)
+        formatted = side.reshape(len(ids), page_size, token)
+        sums = []
+        for i, page in enumerate(ids):
+            if checksum and scatter:
+                sums.append(_XXH3(formatted[i].data))
+            at = 0
+            for buf, r in zip(buffers, rows, strict=True):
+                run = buf[page * page_size * r : (page + 1) * page_size * r].reshape(page_size, r)
+                if scatter:
+                    run[...] = formatted[i, :, at : at + r]
+                else:
+                    formatted[i, :, at : at + r] = run
+                at += r
+            if checksum and not scatter:
+                sums.append(_XXH3(formatted[i].data))
+        return sums if checksum else None
+
+
+def _is_bytes(a: Any) -> bool:
+    """Whether `a` is a C-contiguous uint8 NumPy array (what a native move reads)."""
+    return isinstance(a, np.ndarray) and a.dtype == np.uint8 and a.flags.c_contiguous
+
+
+def _not_bytes(call: str, what: str, a: Any) -> None:
+    kind = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
+    msg = f"{call}: the {what} must be a C-contiguous uint8 array, got {kind}"
+    raise TypeError(msg)
+
+
+def _read_only(call: str, what: str) -> None:
+    msg = f"{call}: the {what} must be writable, got a read-only array"
+    raise TypeError(msg)
 
 
 def _int_rows(rows: Any, side: str, call: str = "copy_checksums") -> list[int]:

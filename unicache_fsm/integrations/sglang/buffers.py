@@ -52,12 +52,10 @@ from unicache_fsm.pools.layout import PageLayout
 from unicache_fsm.pools.slots import SlotCodec, preview
 from unicache_fsm.pools.transfer import PoolName
 from unicache_fsm.store.checksum import (
-    gather_checksums,
-    gather_pages,
+    PageBuffers,
     page_checksums,
-    scatter_checksums,
-    scatter_pages,
 )
+from unicache_fsm.store.copier import PageCopier
 
 __all__ = ["Access", "LayerBuffers", "SlotsRevokedError", "halves"]
 
@@ -151,14 +149,24 @@ class LayerBuffers:
             if self._device.type == "cpu"
             else None
         )
-        # the same as one source list for `gather_pages` (K0, V0, K1, V1, ...: a token's
-        # rows in page-format order) and each one's row bytes
-        self._sources = [b.reshape(-1) for pair in self._host or () for b in pair]
+        # the same as one list of page-major buffers (K0, V0, K1, V1, ...: a token's
+        # rows in page-format order) and each one's row bytes, checked once for every
+        # gather and scatter (an offload gathers once per chunk of pages)
         row = first.element_size()
-        self._row_bytes = [self._kw * row, self._vw * row] * len(keys)
+        self._moves = (
+            PageBuffers(
+                [b.reshape(-1) for pair in self._host for b in pair],
+                [self._kw * row, self._vw * row] * len(keys),
+                p,
+            )
+            if self._host is not None
+            else None
+        )
         self._host_bufs: list[tuple[Any, Any]] | None = None  # see `_host_rows`
         self._lock = threading.Lock()
         self._open: dict[str, Counter[int]] = {"read": Counter(), "write": Counter()}
+        # offload reads spread over as many threads as torch's own copies use
+        self._copier = PageCopier()
 
     # -- facts --------------------------------------------------------------------------
 
@@ -264,9 +272,7 @@ class LayerBuffers:
         with self._lock:
             self._check_open("read", listed)
             if self._host is not None:  # CPU: whole runs of K or V rows, natively
-                gather_pages(
-                    out.view(torch.uint8).numpy(), self._sources, self._row_bytes, listed, p
-                )
+                self._gather(out, listed, checksum=False)
                 return out
             rows = out.view(n, p, self.num_layers, self.width)
             for layer, (k, v) in enumerate(zip(self._k, self._v, strict=True)):
@@ -286,8 +292,29 @@ class LayerBuffers:
         listed = pages.tolist()
         with self._lock:
             self._check_open("read", listed)
-            dst = out.view(torch.uint8).numpy()
-            return gather_checksums(dst, self._sources, self._row_bytes, listed, p)
+            return self._gather(out, listed, checksum=True)
+
+    def _gather(self, out: torch.Tensor, pages: list[int], *, checksum: bool) -> list[int]:
+        """The host gather of `pages` into `out` (each page's checksum, or [] without),
+        spread over the copier's workers as torch spreads its own copies: one native
+        call per chunk of pages, each into its own rows of `out`. Called under the lock,
+        which it holds until the last worker is done: a `revoke` still waits for every
+        byte of the move."""
+        n, moves = len(pages), self._moves
+        assert moves is not None
+        if n == 0:
+            return []
+        dst = out.view(torch.uint8).numpy().reshape(n, -1)
+        sums = [0] * n if checksum else []
+
+        def work(start: int, stop: int) -> None:
+            got = moves.gather(dst[start:stop], pages[start:stop], checksum=checksum)
+            if checksum:
+                assert got is not None
+                sums[start:stop] = got
+
+        self._copier.each_chunk(n, self._page_nbytes, work)
+        return sums
 
     def _host_rows(self, data: Any, layers: int) -> tuple[Any, list[tuple[Any, Any]], bool]:
         """Host views for a move between page-format bytes `data` (uint8, ``layers``
@@ -364,8 +391,8 @@ class LayerBuffers:
             self._check_open("write", listed)
             if self._host is not None and layers is None and data.is_contiguous():
                 # every layer from contiguous bytes: whole runs of K or V rows, natively
-                src = data.view(torch.uint8).numpy()
-                scatter_pages(src, self._sources, self._row_bytes, listed, p)
+                assert self._moves is not None
+                self._moves.scatter(data.view(torch.uint8).numpy(), listed, checksum=False)
                 return
             if self._host is not None and n:  # CPU: NumPy copies whole K or V rows
                 self._scatter_host(pages.numpy(), data.view(torch.uint8).numpy(), chosen)
@@ -389,8 +416,10 @@ class LayerBuffers:
         listed = pages.tolist()
         with self._lock:
             self._check_open("write", listed)
-            src = data.view(torch.uint8).numpy()
-            return scatter_checksums(src, self._sources, self._row_bytes, listed, p)
+            assert self._moves is not None
+            sums = self._moves.scatter(data.view(torch.uint8).numpy(), listed, checksum=True)
+            assert sums is not None
+            return sums
 
     def _check_data(
         self, data: object, shape: tuple[int, ...], what: str, *, contiguous: bool = True
