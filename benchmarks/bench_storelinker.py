@@ -174,7 +174,9 @@ def run(quick: bool) -> int:
         return [f"{n:032x}{i:032x}" for i in range(node_pages)]
 
     # each offload's transfer made beforehand: SGLang builds it, not the linker
-    fresh = [PoolTransfer(name=PoolName.KV, device_indices=src, keys=keys()) for _ in range(rounds + 8)]
+    fresh = [
+        PoolTransfer(name=PoolName.KV, device_indices=src, keys=keys()) for _ in range(rounds + 8)
+    ]
     stored: list[list[str]] = []
 
     def offload() -> None:
