@@ -6,7 +6,8 @@
   FULL / SWA / host slots renamed in order of first appearance (slots are opaque
   handles, so free-list order is not part of a state); every load's state, anchor, the
   device prefix it matched (in the same slot names: an anchor moved into other slots
-  since is another state), reserved slots and batch; the offload records; the harness's
+  since is another state), reserved slots and batch, and what a lost answer left it
+  unsure of (`maybe_started`, `maybe_withdrawn`); the offload records; the harness's
   requests and locks; the store's contents and its in-flight work
   (`FaultyStore.pending`); with a capacity store or corruption, the store's chain books
   (`BaseStore.chain_books`: parents, eviction order, remembered parents) and which
@@ -124,6 +125,10 @@ def canonical(
             ld.settled,
             ld.abort_reason,
             ld.abort_pending,
+            # what the linker cannot know after a lost answer, and acts on: whether its
+            # batch may have started, whether its cancel may have reached the store
+            ld.maybe_started,
+            ld.maybe_withdrawn,
             ref(ld.endpoint),
             # the device prefix it matched, in the tree's slot names: an anchor moved into
             # other slots since (backed up, evicted, loaded back) is another state
