@@ -17,6 +17,7 @@ patched down), so its small transfers take the threaded paths too.
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -530,3 +531,29 @@ def test_refuses_views_sharing_memory_before_any_chunk_lands(
     copier.close()
     assert np.array_equal(base, before)
     assert "share memory" in str(info.value) and "3 with 2" in str(info.value)
+
+
+def test_a_forked_child_copies_with_threads_of_its_own() -> None:
+    """A copier whose pool started before a fork works in the child (with a pool of its
+    own) instead of handing chunks to threads the child does not have and waiting."""
+    copier = PageCopier(2)
+    src = _rows(PAGES, PAGE, 7)
+    rows = list(range(PAGES))
+    want = copier.copy_checksummed(np.zeros_like(src), rows, src, rows)
+
+    def child(answer: Any) -> None:
+        dst = np.zeros_like(src)
+        got = copier.copy_checksummed(dst, rows, src, rows)
+        answer.put(got == want and bool(np.array_equal(dst, src)))
+
+    ctx = multiprocessing.get_context("fork")
+    answer = ctx.Queue()
+    proc = ctx.Process(target=child, args=(answer,))
+    proc.start()
+    try:
+        assert answer.get(timeout=60) is True
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    copier.close()

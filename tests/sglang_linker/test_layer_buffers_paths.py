@@ -141,6 +141,8 @@ def test_a_read_spread_over_threads_moves_each_page_once(
     takes each page in exactly one chunk, on whichever thread, with the bytes and
     checksums of a read on one thread; a chunk that fails fails the read, and a later
     read works."""
+    import threading
+
     import xxhash
 
     from unicache_fsm.store import checksum as checksum_module
@@ -148,6 +150,7 @@ def test_a_read_spread_over_threads_moves_each_page_once(
 
     monkeypatch.setattr(copier, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(copier, "CHUNK_BYTES", 1)  # one page per chunk
+    others = set(threading.enumerate())
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -186,5 +189,15 @@ def test_a_read_spread_over_threads_moves_each_page_once(
         again = torch.zeros_like(want)
         device.read_checksummed(pages, out=again)  # type: ignore[attr-defined]
         assert torch.equal(again.view(torch.int16), want.view(torch.int16))
+
+        # close joins its threads; a read after it runs on the calling thread
+        mine = [t for t in threading.enumerate() if t not in others]
+        assert mine and all(t.name.startswith("unicache-page-copy") for t in mine)
+        device.close()  # type: ignore[attr-defined]
+        assert not any(t.is_alive() for t in mine)
+        again.zero_()
+        device.read_checksummed(pages, out=again)  # type: ignore[attr-defined]
+        assert torch.equal(again.view(torch.int16), want.view(torch.int16))
+        assert set(threading.enumerate()) <= others
     finally:
         torch.set_num_threads(threads)

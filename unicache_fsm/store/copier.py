@@ -37,14 +37,17 @@ handing it chunks does not fail the call: its calling thread does the chunks lef
 Lifetime: the pool's threads start on the first call that uses them and serve later
 calls; a call wanting more workers than the pool has replaces it (the old one is idle
 and joined). `close()` joins them; a copier dropped unclosed lets them exit when it is
-garbage-collected (`ThreadPoolExecutor`'s own rule). Only one call runs at a time (the
-store moves bytes on one thread at a time); `close()` may come from any thread. A deep
-copy is a fresh copier with the same `threads` and no threads of its own.
+garbage-collected (`ThreadPoolExecutor`'s own rule). A process forked after the pool
+started gets a pool of its own on its first call (the parent's threads are not in it).
+Only one call runs at a time (the store moves bytes on one thread at a time); `close()`
+may come from any thread. A deep copy is a fresh copier with the same `threads` and no
+threads of its own.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,6 +95,7 @@ class PageCopier:
         self._lock = threading.Lock()  # guards `_pool` and `_closed`
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_size = 0
+        self._pid = 0  # the process that started `_pool`
         self._closed = False
 
     def __repr__(self) -> str:
@@ -179,16 +183,21 @@ class PageCopier:
             future.result()
 
     def _pool_for(self, extra: int) -> concurrent.futures.ThreadPoolExecutor | None:
-        """A pool of at least `extra` threads (None once closed: run serially)."""
+        """A pool of at least `extra` threads (None once closed: run serially). In a
+        process forked from the one that started the pool, a new pool: the old one's
+        threads did not survive the fork, and work handed to it would wait forever."""
         with self._lock:
             if self._closed:
                 return None
+            if self._pool is not None and self._pid != os.getpid():
+                self._pool, self._pool_size = None, 0  # (its threads are the parent's)
             if self._pool is not None and self._pool_size >= extra:
                 return self._pool
             old, self._pool_size = self._pool, extra
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 extra, thread_name_prefix="unicache-page-copy"
             )
+            self._pid = os.getpid()
             pool = self._pool
         if old is not None:
             old.shutdown(wait=True)  # idle: only one call runs at a time

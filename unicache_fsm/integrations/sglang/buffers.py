@@ -22,7 +22,9 @@ staging budget). It speaks the methods a store calls on a `KVPool`:
   slice `layers` (``data`` then holds those layers only; a strided view is fine), so a
   load lands layer by layer;
 - `page_bytes()` — None: no page is one run of bytes here, so a store moves pages only
-  through the two calls above.
+  through the two calls above;
+- `close()` — join the threads its host reads are spread over (as many as torch's own
+  copies use); it still works after, on the calling thread alone.
 
 **The gate.** SGLang frees a load's slots as soon as `finish_layer_wise_loading`
 answered, and an offloaded node's slots once its verdict was popped; a store that is
@@ -255,6 +257,11 @@ class LayerBuffers:
                 f"which no job of it may {access} now (SGLang may have reused them)"
             )
             raise SlotsRevokedError(msg, pool=self.name, access=access, pages=closed)
+
+    def close(self) -> None:
+        """Join the threads its reads are spread over; later moves run on the calling
+        thread alone (a second call is a no-op)."""
+        self._copier.close()
 
     # -- moves --------------------------------------------------------------------------
 
