@@ -10,9 +10,6 @@ store's slab, a CPU pool's `page_bytes()`), named by row index:
   one call: native code, stripe by stripe, where the extension is built; else piece by
   piece): one pass over memory for both. An offload checksums what it stores this way;
   a load compares what lands in its slots with the stored checksums.
-- `each_chunk(n, page_nbytes, work)` — the same spreading for any move of `n` pages:
-  ``work(start, stop)`` once per chunk of ``range(n)`` (a page device gathering SGLang's
-  buffers on offload uses it).
 - `close()` — join the pool threads (a second call is a no-op). A closed copier still
   works, on the calling thread alone.
 
@@ -118,7 +115,7 @@ class PageCopier:
         def work(start: int, stop: int) -> None:
             sums[start:stop] = copy_checksums(dst, dst_rows[start:stop], src, src_rows[start:stop])
 
-        self.each_chunk(n, src.shape[1], work)
+        self._each_chunk(n, src.shape[1], work)
         return sums
 
     def close(self) -> None:
@@ -138,10 +135,8 @@ class PageCopier:
         wanted = self.threads if self.threads is not None else torch.get_num_threads()
         return max(1, min(wanted, chunks))
 
-    def each_chunk(self, n: int, page_nbytes: int, work: Callable[[int, int], None]) -> None:
-        """`work(start, stop)` over chunks of ``range(n)`` pages of `page_nbytes` bytes on
-        the workers, each chunk once (the threads, failures and lifetime of the module
-        docstring; `work` must release the GIL while it moves bytes to gain anything)."""
+    def _each_chunk(self, n: int, page_nbytes: int, work: Callable[[int, int], None]) -> None:
+        """`work(start, stop)` over chunks of ``range(n)`` on the workers, each chunk once."""
         if n == 0:
             return
         per = max(1, CHUNK_BYTES // max(1, page_nbytes))

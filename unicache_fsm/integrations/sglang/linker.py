@@ -656,8 +656,6 @@ class StoreLinker(UnifiedCacheLinker):  # type: ignore[misc]
             OFFLOAD_MACHINE.remove_observer(observer)
         if self._guard is not None:
             self._guard.close()
-        for buffers in self.buffers.values():
-            buffers.close()
         if self.close_store:
             try:
                 self.store.close()
