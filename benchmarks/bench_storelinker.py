@@ -37,16 +37,25 @@ scratch page that stays in cache, then stores it into the store's row and hashes
 (XXH3-64) in one pass, with streaming stores; a load from the memory store hashes each
 stored page, then copies its rows into the slots while it is in cache.
 
-Measured (2 shared cores, ``--threads 1``, pinned to one core with ``taskset -c 0``,
-load average 0.3-0.4, three runs): offload through the store 0.61x, 0.62x and 0.89x of
-``raw`` (0.73x, 0.74x, 0.80x of ``raw, ring``); load through the store 1.29x-1.39x
-(1.48x-1.60x); the page device's read alone 0.85x-0.98x, its write 2.5x. The raw
-gather itself ran at 6.4-10.3 GiB/s. Where the offload's time goes (same machine, one
-8 MiB node): the native gather, hash and store about 1.0 ms against 0.8-0.9 ms for the
-raw gather; the linker's and the store's bookkeeping (planning, capacity eviction of
-16 pages, the books, the completion) about 0.15-0.25 ms. Without the hash the gather
-is no faster here (1.5 ms with regular stores into rows not in cache). The offload
-target of 0.8x is met only when the raw gather runs below about 7.5 GiB/s.
+Measured on 2 shared cores, another process busy on the other core (load average
+about 2), three runs each:
+
+- ``--threads 1``, pinned with ``taskset -c 0``: offload through the store 0.82x, 0.61x,
+  0.79x of ``raw`` (0.76x, 0.64x, 0.66x of ``raw, ring``); load 1.54x-1.58x
+  (1.71x-1.74x); the page device's read alone 0.99x-1.00x, its write 2.6x. The raw
+  gather ran at 6.6-10.6 GiB/s, the offload at 6.3-6.4 GiB/s.
+- torch's default threads (2): offload 0.33x-0.60x (0.32x-0.46x): torch spreads its
+  gather over both cores (12-18 GiB/s), the linker's runs on one. Spread over two
+  threads by chunks of pages, the page device's read was no faster in place (0.85x to
+  0.92x of one thread: the second thread waits for a core), so it runs on one.
+
+Where the offload's time goes (one 8 MiB node, one thread): the native gather, hash
+and store 0.82-0.92 ms (the same gather without the hash 0.81 ms against 1.15 ms for
+torch's ``index_select`` of the same bytes into a ring, measured alone); the linker's
+and the store's bookkeeping about 0.25-0.35 ms: checks of the transfers and the slot
+gate (about 0.09 ms), planning and the capacity eviction of 16 pages (0.05 ms), the
+books (0.03 ms), the completion and its verdict (0.04 ms), the calls around the native
+move (0.08 ms). Streaming stores or regular ones make no difference here.
 """
 
 from __future__ import annotations
