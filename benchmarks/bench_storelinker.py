@@ -44,8 +44,8 @@ about 2), three runs each:
   0.79x of ``raw`` (0.76x, 0.64x, 0.66x of ``raw, ring``); load 1.54x-1.58x
   (1.71x-1.74x); the page device's read alone 0.99x-1.00x, its write 2.6x. The raw
   gather ran at 6.6-10.6 GiB/s, the offload at 6.3-6.4 GiB/s.
-- torch's default threads (2): offload 0.33x-0.60x (0.32x-0.46x): torch spreads its
-  gather over both cores (12-18 GiB/s), the linker's runs on one. Spread over two
+- torch's default threads (2): offload 0.49x, 0.69x, 0.50x (0.37x, 0.49x, 0.41x):
+  torch spreads its gather over both cores (8.6-12.5 GiB/s), the linker's runs on one. Spread over two
   threads by chunks of pages, the page device's read was no faster in place (0.85x to
   0.92x of one thread: the second thread waits for a core), so it runs on one.
 
