@@ -45,9 +45,10 @@ about 2), three runs each:
   (1.71x-1.74x); the page device's read alone 0.99x-1.00x, its write 2.6x. The raw
   gather ran at 6.6-10.6 GiB/s, the offload at 6.3-6.4 GiB/s.
 - torch's default threads (2): offload 0.49x, 0.69x, 0.50x (0.37x, 0.49x, 0.41x):
-  torch spreads its gather over both cores (8.6-12.5 GiB/s), the linker's runs on one. Spread over two
-  threads by chunks of pages, the page device's read was no faster in place (0.85x to
-  0.92x of one thread: the second thread waits for a core), so it runs on one.
+  torch spreads its gather over both cores (8.6-12.5 GiB/s), the linker's runs on
+  one. Spread over two threads by chunks of pages, the page device's read was no
+  faster in place (0.85x to 0.92x of one thread: the second thread waits for a core),
+  so it runs on one.
 
 Where the offload's time goes (one 8 MiB node, one thread): the native gather, hash
 and store 0.82-0.92 ms (the same gather without the hash 0.81 ms against 1.15 ms for
