@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import xxhash
@@ -142,6 +143,7 @@ BAD_ANSWERS = {
     "a bool": lambda honest: [True, *honest[1:]],
     "a float": lambda honest: [float(honest[0]), *honest[1:]],
     "a list subclass": lambda honest: _Shifty(honest),
+    "NumPy integers": lambda honest: [np.uint64(h) for h in honest],
     "an int subclass passing for int": lambda honest: [_LikeInt(h) for h in honest],
     "an int subclass of an unhashable class": lambda honest: [_OddInt(h) for h in honest],
 }
