@@ -147,11 +147,15 @@ def test_a_read_refuses_a_page_outside_the_buffers_before_moving_any(
     import re
 
     from unicache_fsm.store import checksum as checksum_module
+    from unicache_fsm.store import copier
 
     native = native and checksum_module.NATIVE_COPY
     monkeypatch.setattr(checksum_module, "NATIVE_COPY", native)
+    # every move large enough for threads, a page a chunk: what a spread read would do
+    monkeypatch.setattr(copier, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(copier, "CHUNK_BYTES", 1)
     threads = torch.get_num_threads()
-    torch.set_num_threads(3)  # (what a read spread over torch's threads would use)
+    torch.set_num_threads(3)
     try:
         kv, device = _pool(16, HEAD_DIM // 2)
         pages = torch.tensor([5, 2, 3, bad, 1])
