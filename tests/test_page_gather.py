@@ -105,6 +105,33 @@ def test_a_scatter_lands_each_page_in_its_rows_and_nowhere_else(
     assert all(np.array_equal(a, d) for a, d in zip(again, dests, strict=True))
 
 
+@PATHS
+@pytest.mark.parametrize("scatter", [False, True], ids=["gather", "scatter"])
+def test_buffers_of_one_row_per_token_move_as_flat_ones(
+    monkeypatch: pytest.MonkeyPatch, native: bool, scatter: bool
+) -> None:
+    """C-contiguous buffers of any shape are their bytes: a KV buffer kept as one row
+    per token (2-D) moves as its flat self does, on both paths."""
+    monkeypatch.setattr(checksum, "NATIVE_COPY", native and checksum.NATIVE_COPY)
+    page_size, row_bytes = SHAPES[2]
+    flat = _buffers(page_size, row_bytes, 9, seed=5)
+    shaped = [b.reshape(-1, r).copy() for b, r in zip(flat, row_bytes, strict=True)]
+    pages = [4, 1, 6]
+    want = _reference(flat, row_bytes, pages, page_size)
+    if scatter:
+        for b in shaped:
+            b[...] = 0
+        got = checksum.scatter_checksums(want, shaped, row_bytes, pages, page_size)
+        assert _reference(
+            [b.reshape(-1) for b in shaped], row_bytes, pages, page_size
+        ).tobytes() == (want.tobytes())
+    else:
+        dst = np.zeros_like(want)
+        got = checksum.gather_checksums(dst, shaped, row_bytes, pages, page_size)
+        assert np.array_equal(dst, want)
+    assert got == _hashes(want, len(pages))
+
+
 @needs_native
 @pytest.mark.parametrize("hardware", [True, False], ids=["avx2-if-any", "portable"])
 def test_both_native_paths_agree_with_xxhash(hardware: bool) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import xxhash
@@ -100,6 +101,37 @@ def test_one_pass_members_that_are_none_are_not_offered(
     assert torch.equal(device.pages([7, 8, 9]), device.pages([1, 2, 3]))
 
 
+class _PassesForInt(type):
+    """A metaclass whose classes compare equal to `int` and hash as it does: a set of
+    their types looks like ``{int}`` to every test but identity."""
+
+    def __eq__(cls, other: object) -> bool:
+        return other is int or type.__eq__(cls, other)
+
+    def __hash__(cls) -> int:
+        return hash(int)
+
+
+class _LikeInt(int, metaclass=_PassesForInt):
+    """An int subclass that passes for `int` (and equals every checksum)."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = int.__hash__
+
+
+class _Unhashable(type):
+    """A metaclass with `__eq__` and no `__hash__`: its classes are unhashable."""
+
+    def __eq__(cls, other: object) -> bool:
+        return cls is other
+
+
+class _OddInt(int, metaclass=_Unhashable):
+    """An int subclass whose class cannot go into a set."""
+
+
 BAD_ANSWERS = {
     "none": lambda honest: None,
     "a string": lambda honest: "0" * len(honest),
@@ -111,6 +143,9 @@ BAD_ANSWERS = {
     "a bool": lambda honest: [True, *honest[1:]],
     "a float": lambda honest: [float(honest[0]), *honest[1:]],
     "a list subclass": lambda honest: _Shifty(honest),
+    "NumPy integers": lambda honest: [np.uint64(h) for h in honest],
+    "an int subclass passing for int": lambda honest: [_LikeInt(h) for h in honest],
+    "an int subclass of an unhashable class": lambda honest: [_OddInt(h) for h in honest],
 }
 
 
@@ -164,7 +199,10 @@ def test_wrong_read_checksums_are_caught_when_the_pages_load(
     assert _stored(store, names) == 0
 
 
-@pytest.mark.parametrize("answer", ["none", "one short", "a string", "a list subclass"])
+@pytest.mark.parametrize(
+    "answer",
+    ["none", "one short", "a string", "a list subclass", "an int subclass passing for int"],
+)
 def test_a_write_answer_of_the_wrong_form_fails_the_load(answer: str) -> None:
     store, device = MemoryStore(), OnePassKV()
     store.attach({KV: device})

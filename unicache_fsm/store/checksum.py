@@ -336,12 +336,14 @@ class PageBuffers:
                 msg = f"{call}: buffer {i} overlaps the page-format bytes"
                 raise ValueError(msg)
         formatted = side.reshape(len(ids), page_size, token)
+        # (C-contiguous: a buffer of any shape is its flat bytes, as the native path reads it)
+        flat = [a.reshape(-1) for a in buffers]
         sums = []
         for i, page in enumerate(ids):
             if checksum and scatter:
                 sums.append(_XXH3(formatted[i].data))
             at = 0
-            for buf, r in zip(buffers, rows, strict=True):
+            for buf, r in zip(flat, rows, strict=True):
                 run = buf[page * page_size * r : (page + 1) * page_size * r].reshape(page_size, r)
                 if scatter:
                     run[...] = formatted[i, :, at : at + r]
