@@ -147,27 +147,18 @@ def test_a_read_refuses_a_page_outside_the_buffers_before_moving_any(
     import re
 
     from unicache_fsm.store import checksum as checksum_module
-    from unicache_fsm.store import copier
 
     native = native and checksum_module.NATIVE_COPY
     monkeypatch.setattr(checksum_module, "NATIVE_COPY", native)
-    # every move large enough for threads, a page a chunk: what a spread read would do
-    monkeypatch.setattr(copier, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(copier, "CHUNK_BYTES", 1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(3)
-    try:
-        kv, device = _pool(16, HEAD_DIM // 2)
-        pages = torch.tensor([5, 2, 3, bad, 1])
-        device.allow("read", pages)  # type: ignore[attr-defined]
-        out = torch.full_like(_gathered(kv, 16, [5, 2, 3, 1, 1]), 7.0)
-        before = out.clone()
-        named = f"page 3 is {bad}" if native else re.escape(f"pages [5, 2, 3, {bad}, 1]")
-        with pytest.raises(ValueError, match=named):
-            if checksum:
-                device.read_checksummed(pages, out=out)  # type: ignore[attr-defined]
-            else:
-                device.read_page_ids(pages, out=out)  # type: ignore[attr-defined]
-        assert torch.equal(out.view(torch.int16), before.view(torch.int16))
-    finally:
-        torch.set_num_threads(threads)
+    kv, device = _pool(16, HEAD_DIM // 2)
+    pages = torch.tensor([5, 2, 3, bad, 1])
+    device.allow("read", pages)  # type: ignore[attr-defined]
+    out = torch.full_like(_gathered(kv, 16, [5, 2, 3, 1, 1]), 7.0)
+    before = out.clone()
+    named = f"page 3 is {bad}" if native else re.escape(f"pages [5, 2, 3, {bad}, 1]")
+    with pytest.raises(ValueError, match=named):
+        if checksum:
+            device.read_checksummed(pages, out=out)  # type: ignore[attr-defined]
+        else:
+            device.read_page_ids(pages, out=out)  # type: ignore[attr-defined]
+    assert torch.equal(out.view(torch.int16), before.view(torch.int16))
