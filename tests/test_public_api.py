@@ -125,13 +125,17 @@ def test_importing_the_package_imports_no_torch(code: str) -> None:
     assert out.stdout.strip() == "False"
 
 
-def _package_errors() -> dict[str, type[BaseException]]:
+def _package_errors(unimportable: list[str] | None = None) -> dict[str, type[BaseException]]:
+    """Every public exception class of the package, by name; the modules that could not
+    be imported here (optional integrations whose engine is absent) go to `unimportable`."""
     found: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(unicache_fsm.__path__, "unicache_fsm."):
         try:
             module = importlib.import_module(info.name)
         except ImportError:  # an optional integration whose engine is not installed
             assert ".integrations." in info.name, info.name
+            if unimportable is not None:
+                unimportable.append(info.name)
             continue
         for name, obj in vars(module).items():
             if (
@@ -167,7 +171,15 @@ def test_every_error_of_the_package_derives_from_the_root() -> None:
 
 
 def test_the_errors_docstring_draws_the_whole_hierarchy() -> None:
-    drawn = render_hierarchy(_package_errors())
+    """With or without the optional engines: the classes of an integration that cannot
+    be imported here are left out of the comparison (they must be leaves)."""
+    absent: list[str] = []
+    drawn = render_hierarchy(_package_errors(absent))
     doc = errors.__doc__ or ""
     block = doc.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
-    assert block == drawn, "\n".join(drawn)
+
+    def importable(line: str) -> bool:
+        module = line.rsplit("(", 1)[-1].rstrip(")")
+        return not any(module == a or module.startswith(f"{a}.") for a in absent)
+
+    assert [line for line in block if importable(line)] == drawn, "\n".join(drawn)

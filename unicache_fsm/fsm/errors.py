@@ -9,7 +9,8 @@ to do; they are built as ``msg = f"..."; raise X(msg)`` by the code that detects
 Other subpackages add their own classes under `UnicacheFsmError`; this module imports
 nothing of ours. Catch `UnicacheFsmError` for anything the library raises, a subpackage's
 root (`TreeError`, `PoolError`, `StoreError`, `HashError`) for one part. The whole
-hierarchy (checked against the code by `tests/test_public_api.py`):
+hierarchy (checked against the code by `tests/test_public_api.py`; the classes of
+``unicache_fsm.integrations.sglang`` exist where SGLang 0.5.23 is installed):
 
 ```text
 UnicacheFsmError (unicache_fsm.fsm.errors)
@@ -57,6 +58,7 @@ UnicacheFsmError (unicache_fsm.fsm.errors)
   SglangUnavailableError (unicache_fsm.integrations.errors)
   SimConfigError (unicache_fsm.scheduler.simulation)
   SimulationStalledError (unicache_fsm.scheduler.simulation)
+  SlotsRevokedError (unicache_fsm.integrations.sglang.buffers)
   StoreError (unicache_fsm.store.errors)
     FaultPolicyError (unicache_fsm.store.errors)
     NoCompletionError (unicache_fsm.store.errors)
