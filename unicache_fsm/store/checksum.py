@@ -74,7 +74,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -291,11 +291,7 @@ class PageBuffers:
         """`gather` (`side` is written) or `scatter` (the buffers are written)."""
         call = "scatter" if scatter else "gather"
         ids = _int_rows(pages, "page", call)
-        if (
-            not isinstance(side, np.ndarray)
-            or side.dtype != np.uint8
-            or not side.flags.c_contiguous
-        ):
+        if not _is_bytes(side):
             _not_bytes(call, "page-format bytes", side)
         # (checked here: no path writes part of a move)
         if not scatter and not side.flags.writeable:
@@ -360,13 +356,13 @@ def _is_bytes(a: Any) -> bool:
     return isinstance(a, np.ndarray) and a.dtype == np.uint8 and a.flags.c_contiguous
 
 
-def _not_bytes(call: str, what: str, a: Any) -> None:
+def _not_bytes(call: str, what: str, a: Any) -> NoReturn:
     kind = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
     msg = f"{call}: the {what} must be a C-contiguous uint8 array, got {kind}"
     raise TypeError(msg)
 
 
-def _read_only(call: str, what: str) -> None:
+def _read_only(call: str, what: str) -> NoReturn:
     msg = f"{call}: the {what} must be writable, got a read-only array"
     raise TypeError(msg)
 
