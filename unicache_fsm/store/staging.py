@@ -141,8 +141,8 @@ def _checked_sums(device: PageDevice, operation: str, call: str, got: object, n:
     if (
         sums is None
         or len(sums) != n
-        # (one C-level pass per test: ints exactly, by identity, as a set of the types
-        # would compare and hash them, then their range)
+        # (one C-level pass per test: each type is int itself, by identity, where a set
+        # of the types would compare and hash them; then their range)
         or (
             n
             and (
