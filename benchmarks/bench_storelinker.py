@@ -121,6 +121,7 @@ def run(quick: bool) -> int:
     from unicache_fsm.integrations.sglang.footprint import owned_bytes, owned_tensors
     from unicache_fsm.pools.transfer import PoolName as OurPool
     from unicache_fsm.store import MemoryStore
+    from unicache_fsm.store import team
     from unicache_fsm.store.protocol import ExternalStore
 
     page, layers, heads, dim = 16, 8, 8, 128
@@ -253,6 +254,7 @@ def run(quick: bool) -> int:
         )
     loads = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"torch threads: {torch.get_num_threads()}; load average: {loads}")
+    print(f"the linker's moves split over: {team.RUNTIME}")
     linker.close()
     return 0
 

@@ -26,8 +26,8 @@
  *   with non-temporal (streaming) stores on the AVX2 path: a page that large is not read
  *   again soon, and a streaming store skips reading the destination's line first.
  *
- * gather_pages(dst, sources, row_bytes, pages, page_size, checksum=True, hardware=True)
- *     -> list[int] | None
+ * gather_pages(dst, sources, row_bytes, pages, page_size, checksum=True, hardware=True,
+ *              threads=1) -> list[int] | None
  *
  *   Pages assembled from several page-major sources (a KV cache's per-layer K and V
  *   buffers) into one page format: source s is a C-contiguous buffer of pages of
@@ -52,14 +52,32 @@
  *   (checked before they are computed: a product that wrapped would pass the bounds
  *   checks). The copies run with the GIL released.
  *
- * scatter_pages(src, dests, row_bytes, pages, page_size, checksum=True, hardware=True)
- *     -> list[int] | None
+ * scatter_pages(src, dests, row_bytes, pages, page_size, checksum=True, hardware=True,
+ *               threads=1) -> list[int] | None
  *
  *   The inverse move: page i of `src` (page format, len(pages) * page_nbytes bytes,
  *   C-contiguous) into page pages[i] of every page-major buffer of `dests` (writable,
  *   C-contiguous), with each page's XXH3-64 taken first (which brings the page into
  *   cache for its copies); the same checks and errors as gather_pages. A page named
  *   twice is written twice (the caller's check).
+ *
+ *   threads > 1 (TypeError for a non-int, ValueError below 1) splits a move of at least 2 * SHARE_MIN_BYTES
+ *   (512 KiB) page-format bytes over up to that many threads, at most one per
+ *   SHARE_MIN_BYTES and per page: each takes the next page not yet moved until none is
+ *   left (a thread slowed by a busy core moves fewer). The threads are the team of the
+ *   OpenMP runtime named by set_team() where it was set in this process, else threads
+ *   the call starts and joins itself (one that fails to start leaves its pages to the
+ *   others). The same bytes and sums whatever the threads.
+ *
+ * set_team(address) -> None
+ *
+ *   The address of GOMP_parallel (libgomp's entry point for a parallel region, part of
+ *   its ABI since GCC 4.9) of the OpenMP runtime the process already runs, or 0 for
+ *   none. torch's CPU build runs its parallel work on a libgomp team whose threads spin
+ *   on their cores for milliseconds after each region: threads of a move's own, started
+ *   right after a torch op, find those cores taken (measured: a 2-thread gather of
+ *   8 MiB at 0.5x the speed of 1 thread), where the team's threads take the shares at
+ *   once. unicache_fsm.store.team finds the runtime and sets it.
  *
  * hardware=False forces the portable path even where the CPU has AVX2 (the tests run
  * both). HARDWARE_AVX2: whether this build and CPU have the AVX2 path (CPUID, at import).
@@ -74,6 +92,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_X86_AVX2 1
@@ -430,13 +450,88 @@ static Py_ssize_t index_at_least(const char *call, PyObject *obj, Py_ssize_t lo,
     return v;
 }
 
+/* A page move run by one or more threads: each takes the next page not yet taken
+ * (`next`, shared) until none is left, so a thread slowed by a competitor for its
+ * core (torch's OpenMP workers spin on theirs for milliseconds after each parallel
+ * region) moves fewer pages instead of holding the others up. */
+typedef struct {
+    int scatter, checksum;
+    pass_fn pass;
+    uint8_t *side;
+    const Py_buffer *bufs;
+    const Py_ssize_t *rows, *ids;
+    Py_ssize_t n, nbuf, page_size, token_bytes, page_nbytes;
+    Py_ssize_t next; /* the next page to take (atomic) */
+    uint64_t *sums;
+} move_t;
+
+typedef struct {
+    move_t *move;
+    uint8_t *scratch; /* a page of this thread's own (a gather with checksums), else NULL */
+} share_t;
+
+static void move_share(const share_t *share) {
+    move_t *j = share->move;
+    uint8_t *scratch = share->scratch;
+    for (;;) {
+        Py_ssize_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (i >= j->n) return;
+        uint8_t *place = j->side + i * j->page_nbytes;
+        uint8_t *page = scratch ? scratch : place;
+        if (j->checksum && j->scatter) j->sums[i] = j->pass(NULL, place, (size_t)j->page_nbytes);
+        Py_ssize_t offset = 0; /* of buffer s's row inside a token's bytes */
+        for (Py_ssize_t s = 0; s < j->nbuf; s++) {
+            Py_ssize_t row = j->rows[s];
+            uint8_t *run = (uint8_t *)j->bufs[s].buf + j->ids[i] * j->page_size * row;
+            uint8_t *at = page + offset;
+            for (Py_ssize_t t = 0; t < j->page_size; t++, run += row, at += j->token_bytes) {
+                if (j->scatter) memcpy(run, at, (size_t)row);
+                else memcpy(at, run, (size_t)row);
+            }
+            offset += row;
+        }
+        if (j->checksum && !j->scatter) j->sums[i] = j->pass(place, scratch, (size_t)j->page_nbytes);
+    }
+}
+
+/* The OpenMP runtime's GOMP_parallel(fn, data, threads, flags) that runs fn on a team
+ * of `threads` threads (the calling one among them) and returns once all are done: set
+ * by set_team() to that of the runtime the process already runs (torch's), in the
+ * process that set it (team_pid: a forked child has none of its threads); NULL, or in
+ * another process, the move starts threads of its own. */
+typedef void (*gomp_parallel_fn)(void (*fn)(void *), void *data, unsigned threads, unsigned flags);
+static gomp_parallel_fn gomp_parallel = NULL;
+static pid_t team_pid = 0;
+
+typedef struct {
+    share_t *shares;
+    Py_ssize_t count; /* shares (the runtime may run fewer threads, never more) */
+    Py_ssize_t taken; /* shares handed out (atomic) */
+} team_t;
+
+static void move_team(void *arg) {
+    team_t *team = (team_t *)arg;
+    Py_ssize_t w = __atomic_fetch_add(&team->taken, 1, __ATOMIC_RELAXED);
+    if (w < team->count) move_share(&team->shares[w]); /* (the others take every page) */
+}
+
+static void *move_share_thread(void *arg) {
+    move_share((const share_t *)arg);
+    return NULL;
+}
+
+/* a page move splits over at most MAX_THREADS threads, each moving SHARE_MIN_BYTES or
+ * more (a thread costs tens of microseconds to start and join: smaller moves stay whole) */
+#define MAX_THREADS 64
+#define SHARE_MIN_BYTES (512 << 10)
+
 /* gather_pages (scatter = 0) and scatter_pages (1): `page` is the page-format side
  * (written by a gather, read by a scatter), `buffers` the page-major side */
 static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
-    static char *gather_keywords[] = {"dst",       "sources",  "row_bytes", "pages",
-                                      "page_size", "checksum", "hardware",  NULL};
-    static char *scatter_keywords[] = {"src",       "dests",    "row_bytes", "pages",
-                                       "page_size", "checksum", "hardware",  NULL};
+    static char *gather_keywords[] = {"dst",      "sources",  "row_bytes", "pages", "page_size",
+                                      "checksum", "hardware", "threads",   NULL};
+    static char *scatter_keywords[] = {"src",      "dests",    "row_bytes", "pages", "page_size",
+                                       "checksum", "hardware", "threads",   NULL};
     const char *call = scatter ? "scatter_pages" : "gather_pages";
     Py_buffer side = {0}, *bufs = NULL;
     PyObject *buffers, *row_obj, *pages_obj, *buf_seq = NULL, *row_seq = NULL, *page_seq = NULL;
@@ -445,10 +540,26 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
     uint64_t *sums = NULL;
     uint8_t *scratch = NULL;
     int checksum = 1, hardware = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, scatter ? "y*OOOn|pp:scatter_pages" : "w*OOOn|pp:gather_pages",
+    PyObject *threads_obj = NULL;
+    Py_ssize_t threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, scatter ? "y*OOOn|ppO:scatter_pages" : "w*OOOn|ppO:gather_pages",
                                      scatter ? scatter_keywords : gather_keywords, &side, &buffers,
-                                     &row_obj, &pages_obj, &page_size, &checksum, &hardware))
+                                     &row_obj, &pages_obj, &page_size, &checksum, &hardware,
+                                     &threads_obj))
         return NULL;
+    if (threads_obj) {
+        if (!PyLong_Check(threads_obj) || PyBool_Check(threads_obj)) {
+            PyErr_Format(PyExc_TypeError, "%s: threads is a %.80s, not an int", call,
+                         Py_TYPE(threads_obj)->tp_name);
+            goto done;
+        }
+        threads = PyLong_AsSsize_t(threads_obj);
+        if (threads == -1 && PyErr_Occurred()) PyErr_Clear();
+        if (threads < 1) {
+            PyErr_Format(PyExc_ValueError, "%s: threads %R must be an int >= 1", call, threads_obj);
+            goto done;
+        }
+    }
     if (page_size < 1) {
         PyErr_Format(PyExc_ValueError, "%s: page_size %zd must be >= 1", call, page_size);
         goto done;
@@ -533,31 +644,41 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
     /* A gather with checksums fills each page in a scratch page (in cache, reused),
      * then moves it to its place and hashes it in one pass (streaming stores for large
      * pages: no read of the destination's old lines first). A scatter with checksums
-     * hashes each page first, which leaves it in cache for its rows' copies. */
+     * hashes each page first, which leaves it in cache for its rows' copies.
+     * With threads > 1 the pages are split into that many runs, one per thread (each
+     * with a scratch page of its own); every check is done above, so no share fails. */
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    Py_ssize_t most = side.len / SHARE_MIN_BYTES; /* shares of SHARE_MIN_BYTES at least */
+    if (threads > most) threads = most > 1 ? most : 1;
+    if (threads > n) threads = n ? n : 1;
     if (checksum && !scatter && n) {
-        scratch = PyMem_Malloc((size_t)page_nbytes);
+        scratch = PyMem_Malloc((size_t)threads * (size_t)page_nbytes);
         if (!scratch) {
             PyErr_NoMemory();
             goto done;
         }
     }
-    pass_fn pass = pick(hardware);
+    move_t move = {
+        .scatter = scatter, .checksum = checksum, .pass = pick(hardware),
+        .side = (uint8_t *)side.buf, .bufs = bufs, .rows = rows, .ids = ids, .n = n,
+        .nbuf = nbuf, .page_size = page_size, .token_bytes = token_bytes,
+        .page_nbytes = page_nbytes, .next = 0, .sums = sums,
+    };
+    share_t shares[MAX_THREADS];
+    pthread_t workers[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (Py_ssize_t w = 0; w < threads; w++)
+        shares[w] = (share_t){&move, scratch ? scratch + w * page_nbytes : NULL};
+    team_t team = {shares, threads, 0};
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint8_t *place = (uint8_t *)side.buf + i * page_nbytes;
-        uint8_t *page = scratch ? scratch : place;
-        if (checksum && scatter) sums[i] = pass(NULL, place, (size_t)page_nbytes);
-        Py_ssize_t offset = 0; /* of buffer s's row inside a token's bytes */
-        for (Py_ssize_t s = 0; s < nbuf; s++) {
-            uint8_t *run = (uint8_t *)bufs[s].buf + ids[i] * page_size * rows[s];
-            uint8_t *at = page + offset;
-            for (Py_ssize_t t = 0; t < page_size; t++, run += rows[s], at += token_bytes) {
-                if (scatter) memcpy(run, at, (size_t)rows[s]);
-                else memcpy(at, run, (size_t)rows[s]);
-            }
-            offset += rows[s];
-        }
-        if (checksum && !scatter) sums[i] = pass(place, scratch, (size_t)page_nbytes);
+    if (threads > 1 && gomp_parallel && getpid() == team_pid) {
+        gomp_parallel(move_team, &team, (unsigned)threads, 0);
+    } else {
+        for (Py_ssize_t w = 1; w < threads; w++) /* a thread that cannot start: the others */
+            started[w] = pthread_create(&workers[w], NULL, move_share_thread, &shares[w]) == 0;
+        move_share(&shares[0]);
+        for (Py_ssize_t w = 1; w < threads; w++)
+            if (started[w]) pthread_join(workers[w], NULL);
     }
     Py_END_ALLOW_THREADS
     if (!checksum) {
@@ -587,7 +708,25 @@ static PyObject *py_scatter_pages(PyObject *self, PyObject *args, PyObject *kwar
     return move_pages(args, kwargs, 1);
 }
 
+static PyObject *py_set_team(PyObject *self, PyObject *arg) {
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "set_team: the address is a %.80s, not an int",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    void *address = PyLong_AsVoidPtr(arg);
+    if (!address && PyErr_Occurred()) return NULL;
+    gomp_parallel = (gomp_parallel_fn)address;
+    team_pid = getpid();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"set_team", (PyCFunction)py_set_team, METH_O,
+     "set_team(address) -> None\n\n"
+     "The address of GOMP_parallel of the OpenMP runtime loaded in this process, whose "
+     "threads then run the shares of a page move split over threads (in this process); "
+     "0: moves start threads of their own."},
     {"xxh3_64", (PyCFunction)(void (*)(void))py_xxh3_64, METH_VARARGS | METH_KEYWORDS,
      "xxh3_64(data, hardware=True) -> int\n\n"
      "XXH3-64 (seed 0) of a C-contiguous buffer of more than 240 bytes."},

@@ -23,6 +23,7 @@ def gather_pages(
     page_size: int,
     checksum: bool = True,
     hardware: bool = True,
+    threads: int = 1,
 ) -> list[int] | None: ...
 def scatter_pages(
     src: Any,
@@ -32,4 +33,6 @@ def scatter_pages(
     page_size: int,
     checksum: bool = True,
     hardware: bool = True,
+    threads: int = 1,
 ) -> list[int] | None: ...
+def set_team(address: int) -> None: ...

@@ -80,6 +80,8 @@ import numpy as np
 import torch
 import xxhash
 
+from unicache_fsm.store import team  # noqa: F401  (sets the threads of split moves)
+
 __all__ = [
     "COPY_IMPLEMENTATION",
     "NATIVE_COPY",
@@ -98,7 +100,7 @@ __all__ = [
 _XXH3 = xxhash.xxh3_64_intdigest
 
 _NativeRows = Callable[[Any, list[int], Any, list[int], int], list[int]]
-_NativeMove = Callable[[Any, list[Any], list[int], list[int], int, bool], "list[int] | None"]
+_NativeMove = Callable[..., "list[int] | None"]
 _native_rows: _NativeRows | None
 _native_gather: _NativeMove | None
 _native_scatter: _NativeMove | None
@@ -277,19 +279,29 @@ class PageBuffers:
             raise ValueError(msg)
         self.arrays, self.row_bytes, self.page_size, self.token_bytes = arrays, rows, size, token
 
-    def gather(self, dst: Any, pages: Sequence[int], *, checksum: bool) -> list[int] | None:
+    def gather(
+        self, dst: Any, pages: Sequence[int], *, checksum: bool, threads: int = 1
+    ) -> list[int] | None:
         """`pages` of the buffers into `dst`; each page's checksum with `checksum`."""
-        return self.move(dst, pages, checksum=checksum, scatter=False)
+        return self.move(dst, pages, checksum=checksum, scatter=False, threads=threads)
 
-    def scatter(self, src: Any, pages: Sequence[int], *, checksum: bool) -> list[int] | None:
+    def scatter(
+        self, src: Any, pages: Sequence[int], *, checksum: bool, threads: int = 1
+    ) -> list[int] | None:
         """Each page of `src` into its rows of the buffers; its checksum with `checksum`."""
-        return self.move(src, pages, checksum=checksum, scatter=True)
+        return self.move(src, pages, checksum=checksum, scatter=True, threads=threads)
 
     def move(
-        self, side: Any, pages: Sequence[int], *, checksum: bool, scatter: bool
+        self, side: Any, pages: Sequence[int], *, checksum: bool, scatter: bool, threads: int = 1
     ) -> list[int] | None:
-        """`gather` (`side` is written) or `scatter` (the buffers are written)."""
+        """`gather` (`side` is written) or `scatter` (the buffers are written). A native
+        move splits its pages over up to `threads` threads (runs of consecutive pages,
+        each at least 512 KiB: a thread costs tens of microseconds to start), the GIL
+        released; the Python path moves them in this thread. Same bytes, same sums."""
         call = "scatter" if scatter else "gather"
+        if type(threads) is not int or threads < 1:
+            msg = f"{call}: threads must be an int >= 1, got {threads!r}"
+            raise ValueError(msg)
         ids = _int_rows(pages, "page", call)
         if not _is_bytes(side):
             _not_bytes(call, "page-format bytes", side)
@@ -300,21 +312,23 @@ class PageBuffers:
             for i, a in enumerate(self.arrays):
                 if not a.flags.writeable:
                     _read_only(call, f"buffer {i}")
-        return self._run(side, ids, checksum, scatter, call)
+        return self._run(side, ids, checksum, scatter, call, threads)
 
     def _run(
-        self, side: Any, ids: list[int], checksum: bool, scatter: bool, call: str
+        self, side: Any, ids: list[int], checksum: bool, scatter: bool, call: str, threads: int
     ) -> list[int] | None:
         buffers, rows, page_size = self.arrays, self.row_bytes, self.page_size
         token = self.token_bytes
         nbytes = page_size * token
         if checksum and nbytes <= _SHORT_MAX_PAGE:
             # short pages: XXH3's short paths are not native; the move is, then each hash
-            self._run(side, ids, False, scatter, call)
+            self._run(side, ids, False, scatter, call, threads)
             return [_XXH3(page.data) for page in side.reshape(len(ids), nbytes)]
         native = _native_scatter if scatter else _native_gather
         if NATIVE_COPY and native is not None:
-            got: list[int] | None = native(side, buffers, rows, ids, page_size, checksum)
+            got: list[int] | None = native(
+                side, buffers, rows, ids, page_size, checksum, threads=threads
+            )
             return got
         # the same checks as the native path, then the same bytes page by page through NumPy
         if len(buffers) != len(rows) or not buffers or min(rows) < 1:

@@ -292,12 +292,13 @@ class LayerBuffers:
             return self._gather(out, listed, checksum=True)
 
     def _gather(self, out: torch.Tensor, pages: list[int], *, checksum: bool) -> list[int]:
-        """The host gather of `pages` into `out` in one native call (under the lock):
-        each page's checksum, or [] without. (Spread over two threads, as torch spreads
-        its own copies, it was no faster here: 0.85-0.92x of one thread, in place.)"""
+        """The host gather of `pages` into `out` in one native call (under the lock),
+        over torch's intra-op thread count as torch's own copies are: each page's
+        checksum, or [] without."""
         assert self._moves is not None
         dst = out.view(torch.uint8).numpy()
-        return self._moves.gather(dst, pages, checksum=checksum) or []
+        got = self._moves.gather(dst, pages, checksum=checksum, threads=torch.get_num_threads())
+        return got or []
 
     def _host_rows(self, data: Any, layers: int) -> tuple[Any, list[tuple[Any, Any]], bool]:
         """Host views for a move between page-format bytes `data` (uint8, ``layers``
@@ -375,7 +376,12 @@ class LayerBuffers:
             if self._host is not None and layers is None and data.is_contiguous():
                 # every layer from contiguous bytes: whole runs of K or V rows, natively
                 assert self._moves is not None
-                self._moves.scatter(data.view(torch.uint8).numpy(), listed, checksum=False)
+                self._moves.scatter(
+                    data.view(torch.uint8).numpy(),
+                    listed,
+                    checksum=False,
+                    threads=torch.get_num_threads(),
+                )
                 return
             if self._host is not None and n:  # CPU: NumPy copies whole K or V rows
                 self._scatter_host(pages.numpy(), data.view(torch.uint8).numpy(), chosen)
@@ -400,7 +406,12 @@ class LayerBuffers:
         with self._lock:
             self._check_open("write", listed)
             assert self._moves is not None
-            sums = self._moves.scatter(data.view(torch.uint8).numpy(), listed, checksum=True)
+            sums = self._moves.scatter(
+                data.view(torch.uint8).numpy(),
+                listed,
+                checksum=True,
+                threads=torch.get_num_threads(),
+            )
             assert sums is not None
             return sums
 

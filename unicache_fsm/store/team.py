@@ -1,0 +1,89 @@
+"""Which threads run a native page move split over threads: torch's OpenMP team, where
+it can be found, else threads the move starts itself.
+
+torch's CPU build runs its parallel work (an ``index_select`` over many rows, a large
+copy) on a team of OpenMP threads (GNU libgomp, shipped in torch's wheel) that spin on
+their cores for milliseconds after each parallel region before they sleep. A move that
+starts threads of its own right after a torch op finds those cores taken: measured on 2
+cores, a gather of 8 MiB of SGLang's K/V pages split over two threads of its own ran at
+about half the speed of one thread (5.5-6.4 GiB/s against 11.4), and at 14.8 with
+``OMP_WAIT_POLICY=PASSIVE``. Handed to torch's team, whose spinning threads take the
+shares at once, it ran at 15.6-17.3 GiB/s, as fast as torch's own gather of the same
+pages (`benchmarks/bench_storelinker.py`).
+
+- `RUNTIME` — who runs the shares, in words (benchmarks print it): ``"OpenMP team of
+  <path>"`` or ``"threads of its own"``.
+- `find_openmp() -> str | None` — the path of the libgomp the process has loaded (read
+  from ``/proc/self/maps``: Linux): the one inside torch's package when there are
+  several, else the only one; None when there is none, or several outside torch.
+- `use(path) -> str` — hand the moves to the team of the libgomp at `path` (already
+  loaded: opening it again returns the loaded copy, so its threads are torch's), or,
+  with None, to threads of their own; returns the new `RUNTIME`. `OSError` /
+  `AttributeError` (a file that is no libgomp) leave the runtime as it was. Done once at
+  import with `find_openmp()`; the tests switch it.
+
+The team is used only in the process that set it: a forked child (whose copy of the
+team has no threads) starts threads of its own. libgomp gives each thread that starts a
+parallel region a team of its own: a move called from a thread other than torch's (a
+store's worker) gets one too, whose threads spin after it as torch's do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = ["RUNTIME", "find_openmp", "use"]
+
+_set_team: Callable[[int], None] | None
+try:
+    from unicache_fsm._pagecopy import set_team as _set_team
+except ImportError:  # pragma: no cover - built without a C compiler
+    _set_team = None
+
+OWN = "threads of its own"
+RUNTIME: str = OWN
+"""Who runs the shares of a split move, in words."""
+
+
+def find_openmp(maps: str = "/proc/self/maps") -> str | None:
+    """The path of the libgomp this process has loaded (the one inside torch's package
+    when there are several), else None."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return None
+    paths = {
+        line.split(maxsplit=5)[5]
+        for line in text.splitlines()
+        if line.count(" ") >= 5 and os.path.basename(line.split()[-1]).startswith("libgomp")
+    }
+    if len(paths) <= 1:
+        return next(iter(paths), None)
+    inside = [p for p in paths if p.startswith(os.path.dirname(torch.__file__) + os.sep)]
+    return inside[0] if len(inside) == 1 else None
+
+
+def use(path: str | None) -> str:
+    """Split moves run on the OpenMP team of the loaded libgomp at `path`, or (None) on
+    threads of their own; returns `RUNTIME`."""
+    global RUNTIME
+    if _set_team is None:
+        return RUNTIME
+    if path is None:
+        _set_team(0)
+        RUNTIME = OWN
+        return RUNTIME
+    entry = ctypes.CDLL(path).GOMP_parallel  # (OSError, AttributeError: nothing changed)
+    address = ctypes.cast(entry, ctypes.c_void_p).value
+    assert address is not None
+    _set_team(address)
+    RUNTIME = f"OpenMP team of {path}"
+    return RUNTIME
+
+
+use(find_openmp())
