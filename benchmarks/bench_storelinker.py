@@ -110,7 +110,7 @@ def _paired(
     return statistics.median(ours), [statistics.median(t) for t in theirs], ratios
 
 
-def run(quick: bool) -> int:
+def run(quick: bool, layers: int = 32) -> int:
     logging.disable(logging.WARNING)
     import torch
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
@@ -120,15 +120,14 @@ def run(quick: bool) -> int:
     from unicache_fsm.integrations.sglang import StoreLinker
     from unicache_fsm.integrations.sglang.footprint import owned_bytes, owned_tensors
     from unicache_fsm.pools.transfer import PoolName as OurPool
-    from unicache_fsm.store import MemoryStore
-    from unicache_fsm.store import team
+    from unicache_fsm.store import MemoryStore, team
     from unicache_fsm.store.protocol import ExternalStore
 
-    page, layers, heads, dim = 16, 8, 8, 128
-    tokens = 1024 if quick else 4096
-    node_pages = 16  # one node: 256 tokens, 8 MiB of K and V
+    page, heads, dim = 16, 8, 128
+    tokens = 1024 if quick else 2048
+    node_pages = 16  # one node: 256 tokens (32 MiB of K and V with 32 layers)
     rounds = 7 if quick else 31
-    staging = 16 << 20
+    staging = node_pages * page * layers * 2 * heads * dim * 2  # one node, bf16
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=page))
     kv = MHATokenToKVPool(
         size=tokens,
@@ -203,11 +202,12 @@ def run(quick: bool) -> int:
         assert linker.finish_layer_wise_loading(index)
 
     device = linker.buffers[OurPool.KV]
-    staged: list[Any] = []
+    shape = (node_pages * page, layers, device.width)
+    staged: list[Any] = [torch.zeros(shape, dtype=device.dtype)]
 
-    def device_read() -> None:
+    def device_read() -> None:  # into memory it reuses, as a store's rows
         device.allow("read", src_pages)
-        staged[:] = [device.read_page_ids(src_pages)]
+        device.read_page_ids(src_pages, out=staged[0])
         device.revoke("read", src_pages)
 
     def device_write() -> None:
@@ -264,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller pool, fewer rounds")
     parser.add_argument(
+        "--layers", type=int, default=32, help="layers of the model (32: an 8B model's)"
+    )
+    parser.add_argument(
         "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)"
     )
     args = parser.parse_args(argv)
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    return run(args.quick)
+    return run(args.quick, args.layers)
 
 
 if __name__ == "__main__":

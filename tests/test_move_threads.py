@@ -230,3 +230,48 @@ def test_use_switches_the_runtime_and_a_file_that_is_no_libgomp_changes_nothing(
             assert team.use(found) == f"OpenMP team of {found}" == team.RUNTIME
     finally:
         team.use(found if before != team.OWN else None)
+
+
+# pages larger than the native move's run (512 KiB) whose tokens are whole XXH3 blocks
+# move by runs of tokens, the hash carried from run to run: (page_size, row_bytes) with
+# tokens of 128 KiB (4 per run), of 96 KiB (5 per run: the last run of 16 is short), of
+# 1 MiB (one per run, larger than a run), and, not whole blocks, of 100,000 bytes (the
+# page in one piece)
+RUNS = [
+    (16, [2048] * 64),
+    (16, [4096] * 24),
+    (3, [1 << 19, 1 << 19]),
+    (8, [50_000, 50_000]),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("hardware", [True, False], ids=["avx2-if-any", "portable"])
+@pytest.mark.parametrize(("page_size", "row_bytes"), RUNS)
+def test_large_pages_moved_by_runs_of_tokens_hash_as_one_input(
+    page_size: int, row_bytes: list[int], hardware: bool
+) -> None:
+    count = 3
+    rng = np.random.default_rng(page_size + len(row_bytes))
+    buffers = [rng.integers(0, 256, size=count * page_size * r, dtype=np.uint8) for r in row_bytes]
+    pages = [2, 0]
+    want = np.concatenate(
+        [
+            buf[(page * page_size + t) * r : (page * page_size + t + 1) * r]
+            for page in pages
+            for t in range(page_size)
+            for buf, r in zip(buffers, row_bytes, strict=True)
+        ]
+    )
+    sums = _sums(want, len(pages))
+    out = np.zeros_like(want)
+    got = _pagecopy.gather_pages(out, buffers, row_bytes, pages, page_size, True, hardware)
+    assert got == sums and np.array_equal(out, want)
+    dests = [np.zeros_like(b) for b in buffers]
+    back = _pagecopy.scatter_pages(want, dests, row_bytes, pages, page_size, True, hardware)
+    assert back == sums
+    for d, b, r in zip(dests, buffers, row_bytes, strict=True):
+        for page in pages:
+            span = slice(page * page_size * r, (page + 1) * page_size * r)
+            assert np.array_equal(d[span], b[span])
+        assert not d[page_size * r : 2 * page_size * r].any()  # page 1: not named

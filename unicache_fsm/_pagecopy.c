@@ -177,9 +177,15 @@ static uint64_t merge(const uint64_t acc[8], size_t n) {
     return avalanche(result);
 }
 
-/* One pass over n (> SHORT_MAX) bytes of src: the XXH3-64 of them, and, where dst is
- * not NULL, the bytes stored to dst (not overlapping src). */
-typedef uint64_t (*pass_fn)(uint8_t *dst, const uint8_t *src, size_t n);
+/* One pass over a part of n bytes of an input of `total` (> SHORT_MAX) bytes, at src:
+ * folded into the XXH3 lanes `acc` (init_acc() before the first part) and, where dst is
+ * not NULL, stored to dst (not overlapping src). A part that is not the last (last = 0)
+ * is whole blocks (n a multiple of BLOCK) and answers 0; the last part (at least one
+ * stripe) answers the XXH3-64 of the whole input. Parts cut at block edges fold the
+ * same lanes as one pass over the input: block k's stripes take the same secret
+ * offsets, and the last stripe (the input's last 64 bytes) lies in the last part. */
+typedef uint64_t (*part_fn)(uint64_t acc[8], uint8_t *dst, const uint8_t *src, size_t n,
+                            size_t total, int last);
 
 /* -- portable ------------------------------------------------------------------------- */
 
@@ -202,10 +208,9 @@ static inline void scramble_portable(uint64_t acc[8]) {
     }
 }
 
-static uint64_t pass_portable(uint8_t *dst, const uint8_t *src, size_t n) {
-    uint64_t acc[8];
-    init_acc(acc);
-    size_t blocks = (n - 1) / BLOCK, at = 0;
+static uint64_t part_portable(uint64_t acc[8], uint8_t *dst, const uint8_t *src, size_t n,
+                              size_t total, int last) {
+    size_t blocks = last ? (n - 1) / BLOCK : n / BLOCK, at = 0;
     for (size_t b = 0; b < blocks; b++) {
         for (int s = 0; s < STRIPES_PER_BLOCK; s++, at += STRIPE) {
             accumulate_portable(acc, src + at, SECRET + 8 * s);
@@ -213,6 +218,7 @@ static uint64_t pass_portable(uint8_t *dst, const uint8_t *src, size_t n) {
         }
         scramble_portable(acc);
     }
+    if (!last) return 0;
     size_t stripes = ((n - 1) - at) / STRIPE;
     for (size_t s = 0; s < stripes; s++, at += STRIPE) {
         accumulate_portable(acc, src + at, SECRET + 8 * s);
@@ -220,7 +226,7 @@ static uint64_t pass_portable(uint8_t *dst, const uint8_t *src, size_t n) {
     }
     if (dst) memcpy(dst + at, src + at, n - at); /* the tail: 1 .. 64 bytes */
     accumulate_portable(acc, src + n - STRIPE, SECRET + SECRET_SIZE - STRIPE - LASTACC_START);
-    return merge(acc, n);
+    return merge(acc, total);
 }
 
 /* -- AVX2 ----------------------------------------------------------------------------- */
@@ -263,17 +269,22 @@ AVX2 static inline __m256i scramble_avx2(__m256i acc, const uint8_t *key) {
     } while (0)
 
 #define PASS_AVX2(NAME, STORE)                                                            \
-    AVX2 static uint64_t NAME(uint8_t *dst, const uint8_t *src, size_t n) {               \
-        uint64_t acc[8];                                                                  \
-        init_acc(acc);                                                                    \
+    AVX2 static uint64_t NAME(uint64_t acc[8], uint8_t *dst, const uint8_t *src, size_t n, \
+                              size_t total, int last) {                                   \
         __m256i a0 = _mm256_loadu_si256((const __m256i *)acc);                            \
         __m256i a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));                      \
-        size_t blocks = (n - 1) / BLOCK, at = 0;                                          \
+        size_t blocks = last ? (n - 1) / BLOCK : n / BLOCK, at = 0;                       \
         for (size_t b = 0; b < blocks; b++) {                                             \
             for (int s = 0; s < STRIPES_PER_BLOCK; s++, at += STRIPE)                     \
                 STRIPE_AVX2(STORE, at, SECRET + 8 * s);                                   \
             a0 = scramble_avx2(a0, SECRET + SECRET_SIZE - STRIPE);                        \
             a1 = scramble_avx2(a1, SECRET + SECRET_SIZE - STRIPE + 32);                   \
+        }                                                                                 \
+        if (!last) {                                                                      \
+            if ((STORE) == 2) _mm_sfence();                                               \
+            _mm256_storeu_si256((__m256i *)acc, a0);                                      \
+            _mm256_storeu_si256((__m256i *)(acc + 4), a1);                                \
+            return 0;                                                                     \
         }                                                                                 \
         size_t stripes = ((n - 1) - at) / STRIPE;                                         \
         for (size_t s = 0; s < stripes; s++, at += STRIPE)                                \
@@ -283,24 +294,35 @@ AVX2 static inline __m256i scramble_avx2(__m256i acc, const uint8_t *key) {
         STRIPE_AVX2(0, n - STRIPE, SECRET + SECRET_SIZE - STRIPE - LASTACC_START);        \
         _mm256_storeu_si256((__m256i *)acc, a0);                                          \
         _mm256_storeu_si256((__m256i *)(acc + 4), a1);                                    \
-        return merge(acc, n);                                                             \
+        return merge(acc, total);                                                         \
     }
 
 PASS_AVX2(hash_avx2, 0)
 PASS_AVX2(copy_avx2, 1)
 PASS_AVX2(stream_avx2, 2)
 
-AVX2 static uint64_t pass_avx2(uint8_t *dst, const uint8_t *src, size_t n) {
-    if (!dst) return hash_avx2(dst, src, n);
-    if (n >= STREAM_MIN_BYTES && ((uintptr_t)dst & 31) == 0) return stream_avx2(dst, src, n);
-    return copy_avx2(dst, src, n);
+/* streaming stores where the whole input is large and dst aligned (every part of a
+ * large page then streams: parts start at block edges) */
+AVX2 static uint64_t part_avx2(uint64_t acc[8], uint8_t *dst, const uint8_t *src, size_t n,
+                               size_t total, int last) {
+    if (!dst) return hash_avx2(acc, dst, src, n, total, last);
+    if (total >= STREAM_MIN_BYTES && ((uintptr_t)dst & 31) == 0)
+        return stream_avx2(acc, dst, src, n, total, last);
+    return copy_avx2(acc, dst, src, n, total, last);
 }
 
 #endif /* HAVE_X86_AVX2 */
 
-static pass_fn hardware_pass = NULL; /* set at import where the CPU has AVX2 */
+static part_fn hardware_part = NULL; /* set at import where the CPU has AVX2 */
 
-static pass_fn pick(int hardware) { return hardware && hardware_pass ? hardware_pass : pass_portable; }
+static part_fn pick(int hardware) { return hardware && hardware_part ? hardware_part : part_portable; }
+
+/* one pass over the whole input of n (> SHORT_MAX) bytes: its XXH3-64 (and its copy) */
+static inline uint64_t pass(part_fn part, uint8_t *dst, const uint8_t *src, size_t n) {
+    uint64_t acc[8];
+    init_acc(acc);
+    return part(acc, dst, src, n, n, 1);
+}
 
 /* the n checksums as a new list of ints (NULL and an exception on failure) */
 static PyObject *sums_list(const uint64_t *sums, Py_ssize_t n) {
@@ -331,10 +353,10 @@ static PyObject *py_xxh3_64(PyObject *self, PyObject *args, PyObject *kwargs) {
         PyBuffer_Release(&data);
         return NULL;
     }
-    pass_fn pass = pick(hardware);
+    part_fn part = pick(hardware);
     uint64_t h;
     Py_BEGIN_ALLOW_THREADS
-    h = pass(NULL, (const uint8_t *)data.buf, (size_t)data.len);
+    h = pass(part, NULL, (const uint8_t *)data.buf, (size_t)data.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLongLong(h);
@@ -413,9 +435,10 @@ static PyObject *py_copy_rows(PyObject *self, PyObject *args, PyObject *kwargs) 
         PyErr_NoMemory();
         goto done;
     }
-    pass_fn pass = pick(hardware);
+    part_fn part = pick(hardware);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) sums[i] = pass(d + dst_at[i], s + src_at[i], (size_t)row_bytes);
+    for (Py_ssize_t i = 0; i < n; i++)
+        sums[i] = pass(part, d + dst_at[i], s + src_at[i], (size_t)row_bytes);
     Py_END_ALLOW_THREADS
     result = sums_list(sums, n);
 done:
@@ -456,42 +479,75 @@ static Py_ssize_t index_at_least(const char *call, PyObject *obj, Py_ssize_t lo,
  * region) moves fewer pages instead of holding the others up. */
 typedef struct {
     int scatter, checksum;
-    pass_fn pass;
+    part_fn part;
     uint8_t *side;
     const Py_buffer *bufs;
     const Py_ssize_t *rows, *ids;
     Py_ssize_t n, nbuf, page_size, token_bytes, page_nbytes;
+    Py_ssize_t run; /* tokens moved and hashed at a time (page_size: the whole page) */
     Py_ssize_t next; /* the next page to take (atomic) */
     uint64_t *sums;
 } move_t;
 
 typedef struct {
     move_t *move;
-    uint8_t *scratch; /* a page of this thread's own (a gather with checksums), else NULL */
+    uint8_t *scratch; /* `run` tokens of this thread's own (a gather with checksums) */
 } share_t;
+
+/* tokens t0 .. t1-1 of page `id` between the page-major buffers and `at` (page format,
+ * token t0 first): each buffer's rows read (written) as one run, at the token stride */
+static void move_tokens(const move_t *j, Py_ssize_t id, Py_ssize_t t0, Py_ssize_t t1, uint8_t *at) {
+    Py_ssize_t offset = 0; /* of buffer s's row inside a token's bytes */
+    for (Py_ssize_t s = 0; s < j->nbuf; s++) {
+        Py_ssize_t row = j->rows[s];
+        uint8_t *run = (uint8_t *)j->bufs[s].buf + (id * j->page_size + t0) * row;
+        uint8_t *to = at + offset;
+        for (Py_ssize_t t = t0; t < t1; t++, run += row, to += j->token_bytes) {
+            if (j->scatter) memcpy(run, to, (size_t)row);
+            else memcpy(to, run, (size_t)row);
+        }
+        offset += row;
+    }
+}
 
 static void move_share(const share_t *share) {
     move_t *j = share->move;
     uint8_t *scratch = share->scratch;
+    Py_ssize_t tb = j->token_bytes, total = j->page_nbytes;
     for (;;) {
         Py_ssize_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (i >= j->n) return;
-        uint8_t *place = j->side + i * j->page_nbytes;
-        uint8_t *page = scratch ? scratch : place;
-        if (j->checksum && j->scatter) j->sums[i] = j->pass(NULL, place, (size_t)j->page_nbytes);
-        Py_ssize_t offset = 0; /* of buffer s's row inside a token's bytes */
-        for (Py_ssize_t s = 0; s < j->nbuf; s++) {
-            Py_ssize_t row = j->rows[s];
-            uint8_t *run = (uint8_t *)j->bufs[s].buf + j->ids[i] * j->page_size * row;
-            uint8_t *at = page + offset;
-            for (Py_ssize_t t = 0; t < j->page_size; t++, run += row, at += j->token_bytes) {
-                if (j->scatter) memcpy(run, at, (size_t)row);
-                else memcpy(at, run, (size_t)row);
-            }
-            offset += row;
+        uint8_t *place = j->side + i * total;
+        if (!j->checksum) {
+            move_tokens(j, j->ids[i], 0, j->page_size, place);
+            continue;
         }
-        if (j->checksum && !j->scatter) j->sums[i] = j->pass(place, scratch, (size_t)j->page_nbytes);
+        /* `run` tokens at a time: a gather fills them in the scratch (in cache), then
+         * stores them to their place and hashes them in one pass; a scatter hashes them,
+         * which leaves them in cache for their rows' copies */
+        uint64_t acc[8];
+        init_acc(acc);
+        for (Py_ssize_t t0 = 0; t0 < j->page_size; t0 += j->run) {
+            Py_ssize_t t1 = t0 + j->run < j->page_size ? t0 + j->run : j->page_size;
+            int last = t1 == j->page_size;
+            uint8_t *at = place + t0 * tb;
+            size_t len = (size_t)((t1 - t0) * tb);
+            if (j->scatter) {
+                uint64_t h = j->part(acc, NULL, at, len, (size_t)total, last);
+                move_tokens(j, j->ids[i], t0, t1, at);
+                if (last) j->sums[i] = h;
+            } else {
+                move_tokens(j, j->ids[i], t0, t1, scratch);
+                uint64_t h = j->part(acc, at, scratch, len, (size_t)total, last);
+                if (last) j->sums[i] = h;
+            }
+        }
     }
+}
+
+static void *move_share_thread(void *arg) {
+    move_share((const share_t *)arg);
+    return NULL;
 }
 
 /* The OpenMP runtime's GOMP_parallel(fn, data, threads, flags) that runs fn on a team
@@ -515,14 +571,16 @@ static void move_team(void *arg) {
     if (w < team->count) move_share(&team->shares[w]); /* (the others take every page) */
 }
 
-static void *move_share_thread(void *arg) {
-    move_share((const share_t *)arg);
-    return NULL;
-}
 
 /* a page move splits over at most MAX_THREADS threads, each moving SHARE_MIN_BYTES or
  * more (a thread costs tens of microseconds to start and join: smaller moves stay whole) */
 #define MAX_THREADS 64
+/* a checksummed page larger than this moves by runs of tokens of at most this size.
+ * Measured (1 thread, 16 pages, rows of 2 KiB; GiB/s, gather + hash + streaming store):
+ * 64 sources (pages of 2 MiB): runs of 64 KiB 4.8-5.0, 256 KiB 5.4-6.2, 512 KiB
+ * 5.2-6.7, 1 MiB 5.4-5.6, the whole page 4.6-5.5; 16 sources (pages of 512 KiB): 256
+ * KiB 8.2-8.6, the whole page 8.6-9.1 (a core's L2 here: 2 MiB) */
+#define RUN_BYTES (512 << 10)
 #define SHARE_MIN_BYTES (512 << 10)
 
 /* gather_pages (scatter = 0) and scatter_pages (1): `page` is the page-format side
@@ -644,31 +702,38 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
     /* A gather with checksums fills each page in a scratch page (in cache, reused),
      * then moves it to its place and hashes it in one pass (streaming stores for large
      * pages: no read of the destination's old lines first). A scatter with checksums
-     * hashes each page first, which leaves it in cache for its rows' copies.
-     * With threads > 1 the pages are split into that many runs, one per thread (each
-     * with a scratch page of its own); every check is done above, so no share fails. */
+     * hashes each page first, which leaves it in cache for its rows' copies. A page of
+     * more than RUN_BYTES whose tokens are whole XXH3 blocks goes so by runs of tokens
+     * of at most RUN_BYTES (at least one token), the hash carried from run to run: a
+     * whole page would not stay in a core's cache.
+     * With threads > 1 the pages are shared among threads (each with a scratch of its
+     * own); every check is done above, so no share fails. */
+    Py_ssize_t run = page_size;
+    if (page_nbytes > RUN_BYTES && token_bytes % BLOCK == 0)
+        run = token_bytes >= RUN_BYTES ? 1 : RUN_BYTES / token_bytes;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     Py_ssize_t most = side.len / SHARE_MIN_BYTES; /* shares of SHARE_MIN_BYTES at least */
     if (threads > most) threads = most > 1 ? most : 1;
     if (threads > n) threads = n ? n : 1;
+    Py_ssize_t scratch_bytes = run * token_bytes;
     if (checksum && !scatter && n) {
-        scratch = PyMem_Malloc((size_t)threads * (size_t)page_nbytes);
+        scratch = PyMem_Malloc((size_t)threads * (size_t)scratch_bytes);
         if (!scratch) {
             PyErr_NoMemory();
             goto done;
         }
     }
     move_t move = {
-        .scatter = scatter, .checksum = checksum, .pass = pick(hardware),
+        .scatter = scatter, .checksum = checksum, .part = pick(hardware),
         .side = (uint8_t *)side.buf, .bufs = bufs, .rows = rows, .ids = ids, .n = n,
         .nbuf = nbuf, .page_size = page_size, .token_bytes = token_bytes,
-        .page_nbytes = page_nbytes, .next = 0, .sums = sums,
+        .page_nbytes = page_nbytes, .run = run, .next = 0, .sums = sums,
     };
     share_t shares[MAX_THREADS];
     pthread_t workers[MAX_THREADS];
     int started[MAX_THREADS] = {0};
     for (Py_ssize_t w = 0; w < threads; w++)
-        shares[w] = (share_t){&move, scratch ? scratch + w * page_nbytes : NULL};
+        shares[w] = (share_t){&move, scratch ? scratch + w * scratch_bytes : NULL};
     team_t team = {shares, threads, 0};
     Py_BEGIN_ALLOW_THREADS
     if (threads > 1 && gomp_parallel && getpid() == team_pid) {
@@ -758,10 +823,10 @@ PyMODINIT_FUNC PyInit__pagecopy(void) {
     if (!m) return NULL;
 #if HAVE_X86_AVX2
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) hardware_pass = pass_avx2;
+    if (__builtin_cpu_supports("avx2")) hardware_part = part_avx2;
 #endif
     if (PyModule_AddIntConstant(m, "SHORT_MAX", SHORT_MAX) < 0 ||
-        PyModule_AddObject(m, "HARDWARE_AVX2", PyBool_FromLong(hardware_pass != NULL)) < 0) {
+        PyModule_AddObject(m, "HARDWARE_AVX2", PyBool_FromLong(hardware_part != NULL)) < 0) {
         Py_DECREF(m);
         return NULL;
     }
