@@ -5,9 +5,11 @@ Run under a python that imports SGLang 0.5.23 (the differential suite's venv,
 [--quick]``. From ``benchmarks/run.py`` (any python) it re-runs itself under
 ``$SGLANG_VENV``'s python, or says it was skipped.
 
-One SGLang `MHATokenToKVPool` (bf16, page 16; 8 layers of 8 heads x 128, i.e. 32 KiB
-of K and V per token; 4096 tokens, 1024 with ``--quick``) served by
-``StoreLinker.from_store(MemoryStore(staging_bytes=...), ...)``. Printed side by side:
+One SGLang `MHATokenToKVPool` (bf16, page 16; ``--layers`` layers of 8 KV heads x 128:
+by default 32, the KV layout of an 8B model such as Llama-3-8B, 128 KiB of K and V per
+token; 2048 tokens, 1024 with ``--quick``) served by
+``StoreLinker.from_store(MemoryStore(staging_bytes=one node), ...)``. Printed side by
+side:
 
 - memory: the bytes of SGLang's buffers, the bytes of tensors the linker keeps of its
   own after the moves (`footprint.owned_tensors`: views of SGLang's buffers are not its
@@ -33,30 +35,40 @@ warm, as a serving store does: an offload evicts the oldest node and refills its
 
 On a CPU pool the linker's moves are native (`checksum.gather_pages` /
 `scatter_pages`): an offload fills each page from every layer's K and V rows in a
-scratch page that stays in cache, then stores it into the store's row and hashes it
-(XXH3-64) in one pass, with streaming stores; a load from the memory store hashes each
-stored page, then copies its rows into the slots while it is in cache.
+scratch that stays in cache (runs of tokens of at most 512 KiB for larger pages), then
+stores it into the store's row and hashes it (XXH3-64) in one pass, with streaming
+stores; a load from the memory store hashes each stored page, then copies its rows
+into the slots while it is in cache. With torch at more than one thread, a move shares
+its pages among torch's own OpenMP threads (`unicache_fsm.store.team`), as torch's
+gather spreads over them; the last line printed names who ran them.
 
-Measured on 2 shared cores, another process busy on the other core (load average
-about 2), three runs each:
+Measured on 2 cores (1-minute load 0.9 to 1.4: little else running), three runs each,
+32 layers (a node: 16 pages of 2 MiB, 32 MiB):
 
-- ``--threads 1``, pinned with ``taskset -c 0``: offload through the store 0.82x, 0.61x,
-  0.79x of ``raw`` (0.76x, 0.64x, 0.66x of ``raw, ring``); load 1.54x-1.58x
-  (1.71x-1.74x); the page device's read alone 0.99x-1.00x, its write 2.6x. The raw
-  gather ran at 6.6-10.6 GiB/s, the offload at 6.3-6.4 GiB/s.
-- torch's default threads (2): offload 0.49x, 0.69x, 0.50x (0.37x, 0.49x, 0.41x):
-  torch spreads its gather over both cores (8.6-12.5 GiB/s), the linker's runs on
-  one. Spread over two threads by chunks of pages, the page device's read was no
-  faster in place (0.85x to 0.92x of one thread: the second thread waits for a core),
-  so it runs on one.
+- torch's default threads (2): offload 1.13x, 1.14x, 1.14x of ``raw`` (1.00x, 1.04x,
+  1.03x of ``raw, ring``; the offload at 13.5-13.8 GiB/s); load 1.35x, 1.47x, 1.23x
+  (1.33x, 1.37x, 1.26x); the page device's read 0.92x-1.01x, its write 2.3x-2.9x.
+- ``--threads 1``: offload 1.31x, 1.05x, 1.16x (1.00x, 0.98x, 1.04x; 6.4-8.5 GiB/s);
+  load 1.17x, 1.11x, 1.03x (1.17x, 1.13x, 1.04x); the page device's read 0.81x-1.11x
+  (0.78x-0.80x of the ring: without a checksum a page is written in place, token by
+  token, not through a scratch).
 
-Where the offload's time goes (one 8 MiB node, one thread): the native gather, hash
-and store 0.82-0.92 ms (the same gather without the hash 0.81 ms against 1.15 ms for
-torch's ``index_select`` of the same bytes into a ring, measured alone); the linker's
-and the store's bookkeeping about 0.25-0.35 ms: checks of the transfers and the slot
-gate (about 0.09 ms), planning and the capacity eviction of 16 pages (0.05 ms), the
-books (0.03 ms), the completion and its verdict (0.04 ms), the calls around the native
-move (0.08 ms). Streaming stores or regular ones make no difference here.
+With ``--layers 8`` (a node of 8 MiB) the same per-page bookkeeping moves a quarter of
+the bytes: ``--threads 1``, offload 0.79x and 0.80x (0.74x, 0.61x), load 1.46x, 1.53x;
+the linker's and the store's Python (checks of the transfers, the slot gate, planning,
+capacity eviction of 16 pages, the books, the verdict) takes about 0.17 ms per offload
+with its data in cache and 0.29 ms right after an 8 MiB copy has evicted it (measured
+with the native move stubbed out), against 0.5-1.0 ms for the move itself.
+
+Before the moves used torch's team, two threads of their own lost to it: torch's
+OpenMP threads spin on their cores for milliseconds after each parallel region, so a
+second thread started right after a torch op waited for a core (8 layers: the page
+device's read ran at 5.5-6.4 GiB/s split over two threads of its own, 11.4 on one;
+handed to torch's team, 15.6-17.3). When another
+process keeps the second core busy, every split move waits at its end for the
+descheduled team thread, as torch's own ops do: with a second process busy, one run
+at 8 layers timed torch's gather at 0.06 GiB/s and the offload at 0.95 GiB/s
+(``--threads 1`` avoids splitting).
 """
 
 from __future__ import annotations

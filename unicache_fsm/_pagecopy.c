@@ -44,7 +44,11 @@
  *   moved to its place and hashed in one pass (as copy_rows: streaming stores for
  *   large aligned pages, which skip reading the destination's old lines): measured in
  *   a memory store at capacity (destination rows not in cache), 1.0 ms per 8 MiB
- *   against 1.9 ms filling the destination and hashing it there. Errors (nothing written):
+ *   against 1.9 ms filling the destination and hashing it there. A page over
+ *   RUN_BYTES (512 KiB) whose token bytes are a multiple of XXH3's 1 KiB block goes
+ *   so by runs of whole tokens of at most RUN_BYTES (one token at least), the hash
+ *   state carried from run to run (the same value: runs end at block edges): a 2 MiB
+ *   page in one scratch spills a core's L2 (measured below, at RUN_BYTES). Errors (nothing written):
  *   TypeError for a buffer of the wrong kind or an id or size that is not an int;
  *   ValueError for a source count other than len(row_bytes), a row size < 1, a page
  *   id outside a source, a destination of another size, a source that overlaps the
@@ -58,7 +62,7 @@
  *   The inverse move: page i of `src` (page format, len(pages) * page_nbytes bytes,
  *   C-contiguous) into page pages[i] of every page-major buffer of `dests` (writable,
  *   C-contiguous), with each page's XXH3-64 taken first (which brings the page into
- *   cache for its copies); the same checks and errors as gather_pages. A page named
+ *   cache for its copies; by runs of tokens as above for large pages); the same checks and errors as gather_pages. A page named
  *   twice is written twice (the caller's check).
  *
  *   threads > 1 (TypeError for a non-int, ValueError below 1) splits a move of at least 2 * SHARE_MIN_BYTES

@@ -38,9 +38,13 @@
   (writable), with its `page_checksum`, taken before its rows are copied (which leaves
   the page in cache for them); `scatter_pages` without the checksums.
 - `PageBuffers(buffers, row_bytes, page_size)` — the page-major side of those moves,
-  checked once: its `gather(dst, pages, checksum=...)` and `scatter(src, pages,
-  checksum=...)` check only their own arguments (a page device moving its buffers on
-  every offload and load skips re-checking them each call).
+  checked once: its `gather(dst, pages, checksum=..., threads=1)` and `scatter(src,
+  pages, checksum=..., threads=1)` check only their own arguments (a page device moving
+  its buffers on every offload and load skips re-checking them each call). With
+  ``threads > 1`` a native move of 1 MiB or more shares its pages among up to that many
+  threads, each taking the next page until none is left: torch's OpenMP team where
+  `unicache_fsm.store.team` found it, else threads the call starts (the same bytes and
+  checksums either way; a thread count that is not an int >= 1 is a `ValueError`).
 
 Rows are ints, NumPy integers or integer arrays (read by value on either path; a bool
 or a non-integer row is a `TypeError` naming it).
@@ -58,8 +62,12 @@ are C-contiguous move in native code, many pages in one call with the GIL releas
 each 64-byte stripe is read once, folded into XXH3's state and stored from the same
 register (AVX2 where the CPU has it; large aligned pages with streaming stores, which
 skip reading the destination first), so the checksum is of the bytes as stored, as in
-the piece-by-piece Python path. The values are XXH3-64's, the same as the Python path's
-(the native XXH3 is checked against the `xxhash` package in the tests). Other pages
+the piece-by-piece Python path. A gather assembles each page in a scratch that stays in
+the core's cache, then stores and hashes it in one pass; a page over 512 KiB whose
+token rows are whole 1 KiB blocks of XXH3 goes by runs of tokens, the hash carried from
+run to run (a 2 MiB page would not stay in cache). The values are XXH3-64's, the same
+as the Python path's (the native XXH3 is checked against the `xxhash` package in the
+tests). Other pages
 (short, strided), and every page when the extension is absent or `NATIVE_COPY` is set
 false, take the Python path above. `COPY_IMPLEMENTATION` says which runs, in words.
 
