@@ -20,7 +20,9 @@ pages (`benchmarks/bench_storelinker.py`).
   loaded: opening it again returns the loaded copy, so its threads are torch's), or,
   with None, to threads of their own; returns the new `RUNTIME`. `OSError` /
   `AttributeError` (a file that is no libgomp) leave the runtime as it was. Done once at
-  import with `find_openmp()`; the tests switch it.
+  import with `find_openmp()` (threads of their own when it finds none, or one that
+  cannot be opened); the tests switch it.
+- `OWN` — `RUNTIME` when the moves start threads of their own.
 
 The team is used only in the process that set it: a forked child (whose copy of the
 team has no threads) starts threads of its own. libgomp gives each thread that starts a
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["RUNTIME", "find_openmp", "use"]
+__all__ = ["OWN", "RUNTIME", "find_openmp", "use"]
 
 _set_team: Callable[[int], None] | None
 try:
@@ -45,7 +47,7 @@ try:
 except ImportError:  # pragma: no cover - built without a C compiler
     _set_team = None
 
-OWN = "threads of its own"
+OWN: str = "threads of its own"
 RUNTIME: str = OWN
 """Who runs the shares of a split move, in words."""
 
@@ -86,4 +88,7 @@ def use(path: str | None) -> str:
     return RUNTIME
 
 
-use(find_openmp())
+try:
+    use(find_openmp())
+except (OSError, AttributeError):  # a libgomp that cannot be opened or lacks the entry
+    use(None)

@@ -233,10 +233,11 @@ class LayerBuffers:
         with self._lock:
             opened = self._open[access]
             for page in pages.tolist():
-                if opened[page] <= 1:
-                    del opened[page]
-                else:
-                    opened[page] -= 1
+                left = opened.get(page, 0) - 1
+                if left > 0:
+                    opened[page] = left
+                else:  # (`pop`, not `del`: a Counter's own __delitem__ is a Python call)
+                    opened.pop(page, None)
 
     def opened(self, access: Access) -> int:
         """Pages open for `access` now (a page held by two jobs counts once)."""
