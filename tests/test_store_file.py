@@ -9,7 +9,7 @@ import shutil
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -280,6 +280,30 @@ def test_capacity_holds_for_the_namespace_not_per_store(tmp_path: Path) -> None:
     assert len(_page_files(c)) == 2 and c.num_pages == 2
     c.check_invariants()
     c.close()
+
+
+def test_one_capacity_eviction_erases_its_pages_in_one_call(tmp_path: Path) -> None:
+    """Room for a 4-page chain in a store of 6 holding a 5-page one: its last 3 pages go
+    in one `medium_erase` (one call per eviction, not per page), chain end first, and
+    their files are gone from the directory."""
+    erased: list[tuple[object, list[str]]] = []
+
+    class Counting(FileStore):
+        def medium_erase(self, pool: object, keys: Sequence[str]) -> int:
+            erased.append((pool, list(keys)))
+            return super().medium_erase(pool, keys)  # type: ignore[arg-type]
+
+    rig = Rig()
+    store = Counting(tmp_path / "s", capacity_pages=6)
+    store.attach(rig.pools)
+    x, _ = _offload(store, rig, 5)
+    erased.clear()
+    y, _ = _offload(store, rig, 4)
+    assert erased == [(KV, [x[4], x[3], x[2]])]
+    assert _page_files(store) == {store.path_of(KV, k).name for k in [*x[:2], *y]}
+    assert store.lookup("x", kv_lookup(x)) == [1, 2]
+    store.check_invariants()
+    store.close()
 
 
 def test_a_lookup_that_learns_pages_beyond_the_limit_evicts(tmp_path: Path) -> None:

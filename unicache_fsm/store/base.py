@@ -21,7 +21,9 @@ the contracts) except moving bytes. A backend subclasses it and provides the
   under the lock; it too must complete whatever happens.
 - optionally `backend_check_layout(pools)` (on attach: refuse, `StoreConfigError`, pools
   whose layout contradicts stored pages), `backend_drop(ident, entry)` (release a page's
-  bytes when the books remove it; the lock is held), `backend_delete(idents)` (`evict`:
+  bytes when the books remove it; the lock is held), `backend_drop_many(dropped)` (the
+  same for the pages one capacity eviction removed, in one call; default: each through
+  `backend_drop`), `backend_delete(idents)` (`evict`:
   remove these pages, the number removed; the lock is held), `backend_release()` (on
   close, the lock held, the worker joined).
 
@@ -304,6 +306,13 @@ class BaseStore(Generic[E]):
     def backend_drop(self, ident: Ident, entry: E) -> None:
         """Release the bytes of a page the books just removed (capacity eviction, a
         rejected page; the lock is held). Default: nothing to release."""
+
+    def backend_drop_many(self, dropped: list[tuple[Ident, E]]) -> None:
+        """`backend_drop` of each (ident, entry) of `dropped`, the pages one capacity
+        eviction just removed from the books, in order (the lock is held); a backend
+        may release them in one call. Default: `backend_drop` of each."""
+        for ident, entry in dropped:
+            self.backend_drop(ident, entry)
 
     def backend_delete(self, idents: list[Ident]) -> int:
         """`evict()`: remove these pages, the books' and the backend's; the number
@@ -715,21 +724,27 @@ class BaseStore(Generic[E]):
         self._leaves.pop(parent, None)
 
     def _remove(self, ident: Ident) -> None:
+        self.backend_drop(ident, self._unlink(ident))
+
+    def _unlink(self, ident: Ident) -> E:
+        """Remove a stored page from the books (not its bytes); its entry."""
         entry = self._pages.pop(ident)
-        self.backend_drop(ident, entry)
-        self._leaves.pop(ident, None)
+        leaves = self._leaves
+        leaves.pop(ident, None)
         parent = entry.parent
         if parent is None:
-            return
-        left = self._children.get(parent, 0) - 1
+            return entry
+        children = self._children
+        left = children.get(parent, 0) - 1
         if left > 0:
-            self._children[parent] = left
-            return
-        self._children.pop(parent, None)
+            children[parent] = left
+            return entry
+        children.pop(parent, None)
         if parent in self._pages:
             # the parent is next in line: chains shrink from their end
-            self._leaves[parent] = None
-            self._leaves.move_to_end(parent, last=False)
+            leaves[parent] = None
+            leaves.move_to_end(parent, last=False)
+        return entry
 
     def _descendants(self, idents: Iterable[Ident]) -> list[Ident]:
         """Every page stored after `idents` in their chains (descendants by parent link),
@@ -746,19 +761,24 @@ class BaseStore(Generic[E]):
         return found
 
     def _evict_lru(self, count: int, protect: set[Ident]) -> int:
-        evicted = 0
+        """Remove up to `count` unprotected, unpinned leaves, least recently used first
+        (a parent left childless is next in line), their bytes released in one
+        `backend_drop_many`; the number removed."""
+        dropped: list[tuple[Ident, E]] = []
         skipped: list[Ident] = []
-        while evicted < count and self._leaves:
-            ident, _ = self._leaves.popitem(last=False)
-            if ident in protect or self._pins.get(ident):
+        leaves, pins, unlink = self._leaves, self._pins, self._unlink
+        while len(dropped) < count and leaves:
+            ident, _ = leaves.popitem(last=False)
+            if ident in protect or pins.get(ident):
                 skipped.append(ident)
                 continue
-            self._remove(ident)
-            evicted += 1
+            dropped.append((ident, unlink(ident)))
         for ident in reversed(skipped):
-            self._leaves[ident] = None
-            self._leaves.move_to_end(ident, last=False)
-        return evicted
+            leaves[ident] = None
+            leaves.move_to_end(ident, last=False)
+        if dropped:
+            self.backend_drop_many(dropped)
+        return len(dropped)
 
     def plan_new_pages(self, record: StoreOffload) -> tuple[list[NewPages], set[Ident]]:
         """Per transfer, the pages the store lacks (write-once: the others are skipped),

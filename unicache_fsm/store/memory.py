@@ -341,7 +341,16 @@ class MemoryStore(BaseStore["_Entry"]):
         return [(pool, k) in pages for k in keys]
 
     def backend_drop(self, ident: _Ident, entry: _Entry) -> None:
-        self._slabs[ident[0]].release([entry.row])
+        self._slabs[ident[0]].release((entry.row,))
+
+    def backend_drop_many(self, dropped: list[tuple[_Ident, _Entry]]) -> None:
+        slabs = self._slabs
+        pool = dropped[0][0][0]
+        if all(ident[0] is pool for ident, _ in dropped):  # (the usual case: one pool)
+            slabs[pool].release([entry.row for _, entry in dropped])
+            return
+        for ident, entry in dropped:
+            slabs[ident[0]].release((entry.row,))
 
     def backend_release(self) -> None:
         self._slabs.clear()

@@ -146,9 +146,17 @@ class SharedStore(BaseStore[KnownPage]):
         return flags
 
     def backend_drop(self, ident: Ident, entry: KnownPage) -> None:
-        if not entry.gone:
+        self.backend_drop_many([(ident, entry)])
+
+    def backend_drop_many(self, dropped: list[tuple[Ident, KnownPage]]) -> None:
+        """One `medium_erase` per pool for the pages still on the medium."""
+        by_pool: dict[PoolName, list[str]] = {}
+        for (pool, key), entry in dropped:
+            if not entry.gone:
+                by_pool.setdefault(pool, []).append(key)
+        for pool, keys in by_pool.items():
             try:
-                self.medium_erase(ident[0], [ident[1]])
+                self.medium_erase(pool, keys)
             except Exception as exc:  # capacity eviction: the medium may bound itself
                 self.last_error = exc
 
