@@ -48,7 +48,8 @@
  *   RUN_BYTES (512 KiB) whose token bytes are a multiple of XXH3's 1 KiB block goes
  *   so by runs of whole tokens of at most RUN_BYTES (one token at least), the hash
  *   state carried from run to run (the same value: runs end at block edges): a 2 MiB
- *   page in one scratch spills a core's L2 (measured below, at RUN_BYTES). Errors (nothing written):
+ *   page in one scratch spills a core's L2 (measured at RUN_BYTES).
+ *   Errors (nothing written):
  *   TypeError for a buffer of the wrong kind or an id or size that is not an int;
  *   ValueError for a source count other than len(row_bytes), a row size < 1, a page
  *   id outside a source, a destination of another size, a source that overlaps the
@@ -62,13 +63,14 @@
  *   The inverse move: page i of `src` (page format, len(pages) * page_nbytes bytes,
  *   C-contiguous) into page pages[i] of every page-major buffer of `dests` (writable,
  *   C-contiguous), with each page's XXH3-64 taken first (which brings the page into
- *   cache for its copies; by runs of tokens as above for large pages); the same checks and errors as gather_pages. A page named
- *   twice is written twice (the caller's check).
+ *   cache for its copies; by runs of tokens as above for large pages); the same checks
+ *   and errors as gather_pages. A page named twice is written twice (the caller's
+ *   check).
  *
- *   threads > 1 (TypeError for a non-int, ValueError below 1) splits a move of at least 2 * SHARE_MIN_BYTES
- *   (512 KiB) page-format bytes over up to that many threads, at most one per
- *   SHARE_MIN_BYTES and per page: each takes the next page not yet moved until none is
- *   left (a thread slowed by a busy core moves fewer). The threads are the team of the
+ *   threads > 1 (TypeError for a non-int, ValueError below 1) splits a move of at
+ *   least 2 * SHARE_MIN_BYTES (512 KiB) page-format bytes over up to that many
+ *   threads, at most one per SHARE_MIN_BYTES and per page: each takes the next page
+ *   not yet moved until none is left (a thread slowed by a busy core moves fewer). The threads are the team of the
  *   OpenMP runtime named by set_team() where it was set in this process, else threads
  *   the call starts and joins itself (one that fails to start leaves its pages to the
  *   others). The same bytes and sums whatever the threads.
@@ -575,17 +577,16 @@ static void move_team(void *arg) {
     if (w < team->count) move_share(&team->shares[w]); /* (the others take every page) */
 }
 
-
 /* a page move splits over at most MAX_THREADS threads, each moving SHARE_MIN_BYTES or
  * more (a thread costs tens of microseconds to start and join: smaller moves stay whole) */
 #define MAX_THREADS 64
+#define SHARE_MIN_BYTES (512 << 10)
 /* a checksummed page larger than this moves by runs of tokens of at most this size.
  * Measured (1 thread, 16 pages, rows of 2 KiB; GiB/s, gather + hash + streaming store):
  * 64 sources (pages of 2 MiB): runs of 64 KiB 4.8-5.0, 256 KiB 5.4-6.2, 512 KiB
  * 5.2-6.7, 1 MiB 5.4-5.6, the whole page 4.6-5.5; 16 sources (pages of 512 KiB): 256
  * KiB 8.2-8.6, the whole page 8.6-9.1 (a core's L2 here: 2 MiB) */
 #define RUN_BYTES (512 << 10)
-#define SHARE_MIN_BYTES (512 << 10)
 
 /* gather_pages (scatter = 0) and scatter_pages (1): `page` is the page-format side
  * (written by a gather, read by a scatter), `buffers` the page-major side */
