@@ -64,11 +64,10 @@ Before the moves used torch's team, two threads of their own lost to it: torch's
 OpenMP threads spin on their cores for milliseconds after each parallel region, so a
 second thread started right after a torch op waited for a core (8 layers: the page
 device's read ran at 5.5-6.4 GiB/s split over two threads of its own, 11.4 on one;
-handed to torch's team, 15.6-17.3). When another
-process keeps the second core busy, every split move waits at its end for the
-descheduled team thread, as torch's own ops do: with a second process busy, one run
-at 8 layers timed torch's gather at 0.06 GiB/s and the offload at 0.95 GiB/s
-(``--threads 1`` avoids splitting).
+handed to torch's team, 15.6-17.3). When another process keeps the second core busy,
+every split move waits at its end for the descheduled team thread, as torch's own ops
+do: with a second process busy, one run at 8 layers timed torch's gather at 0.06 GiB/s
+and the offload at 0.95 GiB/s (``--threads 1`` avoids splitting).
 """
 
 from __future__ import annotations
