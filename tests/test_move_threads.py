@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import select
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,3 +277,59 @@ def test_large_pages_moved_by_runs_of_tokens_hash_as_one_input(
             span = slice(page * page_size * r, (page + 1) * page_size * r)
             assert np.array_equal(d[span], b[span])
         assert not d[page_size * r : 2 * page_size * r].any()  # page 1: not named
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [2**63, 2**64, 10**30])
+def test_a_thread_count_past_any_int64_moves_as_the_most_threads_do(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buffers = _buffers(7)
+    moves = checksum.PageBuffers(buffers, ROWS, P)
+    want = _reference(buffers, MOVE)
+    sums = _sums(want, len(MOVE))
+    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    assert _pagecopy.gather_pages(out, buffers, ROWS, MOVE, P, True, True, threads) == sums
+    assert np.array_equal(out, want)
+    for native in (True, False):  # the native path and the Python one take the same counts
+        monkeypatch.setattr(checksum, "NATIVE_COPY", native)
+        out[:] = 0
+        assert moves.gather(out, MOVE, checksum=True, threads=threads) == sums
+        assert np.array_equal(out, want)
+
+
+def test_find_openmp_names_no_libgomp_whose_file_is_gone(tmp_path: Path) -> None:
+    torch_gomp = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
+    system = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
+    gone = " (deleted)"
+    # torch's copy was replaced on disk: still loaded (another runtime than the system's),
+    # and its path would open a new copy
+    assert team.find_openmp(_maps(tmp_path, [torch_gomp + gone, system])) is None
+    assert team.find_openmp(_maps(tmp_path, [torch_gomp + gone])) is None
+    assert team.find_openmp(_maps(tmp_path, [system + gone, torch_gomp])) == torch_gomp
+    spaced = "/opt/my env/lib/libgomp.so.1"
+    assert team.find_openmp(_maps(tmp_path, [spaced, spaced])) == spaced
+
+
+@needs_native
+def test_torch_s_libgomp_is_found_among_several_through_a_symlinked_environment(
+    tmp_path: Path,
+) -> None:
+    system = Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1")
+    found = team.find_openmp()
+    if found is None or not system.exists() or Path(found).resolve() == system.resolve():
+        pytest.skip("needs torch's libgomp and the system's")
+    link = tmp_path / "env"
+    link.symlink_to(Path(sys.prefix).resolve())
+    code = (
+        f"import ctypes, torch; ctypes.CDLL({str(system)!r}); "  # a second libgomp
+        "from unicache_fsm.store import team; print(team.RUNTIME)"
+    )
+    done = subprocess.run(
+        [str(link / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == f"OpenMP team of {found}"

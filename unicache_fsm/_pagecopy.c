@@ -611,8 +611,11 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
                          Py_TYPE(threads_obj)->tp_name);
             goto done;
         }
-        threads = PyLong_AsSsize_t(threads_obj);
-        if (threads == -1 && PyErr_Occurred()) PyErr_Clear();
+        int overflow = 0;
+        long long asked = PyLong_AsLongLongAndOverflow(threads_obj, &overflow);
+        /* a count past any int64: as many threads as a move takes (MAX_THREADS) */
+        if (overflow > 0 || asked > MAX_THREADS) threads = MAX_THREADS;
+        else threads = overflow < 0 || asked < 1 ? 0 : (Py_ssize_t)asked;
         if (threads < 1) {
             PyErr_Format(PyExc_ValueError, "%s: threads %R must be an int >= 1", call, threads_obj);
             goto done;

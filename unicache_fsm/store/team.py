@@ -15,7 +15,8 @@ pages (`benchmarks/bench_storelinker.py`).
   <path>"`` or ``"threads of its own"``.
 - `find_openmp() -> str | None` — the path of the libgomp the process has loaded (read
   from ``/proc/self/maps``: Linux): the one inside torch's package when there are
-  several, else the only one; None when there is none, or several outside torch.
+  several, else the only one; None when there is none, several outside torch, or the
+  one it would name was deleted since it was loaded (its path would open another copy).
 - `use(path) -> str` — hand the moves to the team of the libgomp at `path` (already
   loaded: opening it again returns the loaded copy, so its threads are torch's), or,
   with None, to threads of their own; returns the new `RUNTIME`. `OSError` /
@@ -46,26 +47,35 @@ except ImportError:  # pragma: no cover - built without a C compiler
     _set_team = None
 
 OWN = "threads of its own"
+_DELETED = " (deleted)"
 RUNTIME: str = OWN
 """Who runs the shares of a split move, in words."""
 
 
 def find_openmp(maps: str = "/proc/self/maps") -> str | None:
     """The path of the libgomp this process has loaded (the one inside torch's package
-    when there are several), else None."""
+    when there are several), else None. A copy whose file was deleted or replaced since it
+    was loaded (``(deleted)`` in the maps) counts among the several but is never named:
+    opening its path again would load another runtime."""
     try:
         text = Path(maps).read_text()
     except OSError:
         return None
-    paths = {
-        line.split(maxsplit=5)[5]
-        for line in text.splitlines()
-        if line.count(" ") >= 5 and os.path.basename(line.split()[-1]).startswith("libgomp")
-    }
-    if len(paths) <= 1:
-        return next(iter(paths), None)
-    inside = [p for p in paths if p.startswith(os.path.dirname(torch.__file__) + os.sep)]
-    return inside[0] if len(inside) == 1 else None
+    loaded: dict[str, bool] = {}  # path -> its file is gone
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        path, gone = fields[5], fields[5].endswith(_DELETED)
+        if gone:
+            path = path.removesuffix(_DELETED)
+        if os.path.basename(path).startswith("libgomp"):
+            loaded[path] = loaded.get(path, False) or gone
+    paths = list(loaded)
+    if len(paths) > 1:
+        here = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+        paths = [p for p in paths if os.path.realpath(p).startswith(here)]
+    return paths[0] if len(paths) == 1 and not loaded[paths[0]] else None
 
 
 def use(path: str | None) -> str:
