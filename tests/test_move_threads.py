@@ -333,3 +333,53 @@ def test_torch_s_libgomp_is_found_among_several_through_a_symlinked_environment(
         check=True,
     )
     assert done.stdout.strip() == f"OpenMP team of {found}"
+
+
+def _in_child(work: Any, wait: float = 30) -> bytes:
+    """What `work()` (bytes) answers in a forked child, or a line saying it did not."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write, work())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], wait)
+        answer = os.read(read, 64) if ready else f"no answer in {wait} s".encode()
+    finally:
+        os.close(read)
+        if not ready:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return answer
+
+
+@needs_native
+def test_a_forked_child_that_sets_the_team_again_splits_over_threads_of_its_own() -> None:
+    # a child that imports unicache_fsm first, or switches the runtime, finds the
+    # libgomp its parent ran a team on: that team's threads stayed in the parent
+    found = team.find_openmp()
+    if found is None:
+        pytest.skip("no libgomp loaded in this process")
+    buffers = _buffers(8)
+    moves = checksum.PageBuffers(buffers, ROWS, P)
+    want = _reference(buffers, MOVE)
+    before = team.RUNTIME
+    team.use(found)
+    torch.add(torch.ones(1 << 22), 1)  # torch's team has run in this thread
+    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    moves.gather(out, MOVE, checksum=True, threads=2)
+
+    def child() -> bytes:
+        runtime = team.use(team.find_openmp())
+        out[:] = 0
+        sums = moves.gather(out, MOVE, checksum=True, threads=2)
+        ok = np.array_equal(out, want) and sums == _sums(want, len(MOVE))
+        return (runtime if ok else "wrong").encode()
+
+    try:
+        assert _in_child(child) == team.OWN.encode()
+    finally:
+        team.use(found if before != team.OWN else None)

@@ -24,9 +24,12 @@ pages (`benchmarks/bench_storelinker.py`).
   import with `find_openmp()`; the tests switch it.
 
 The team is used only in the process that set it: a forked child (whose copy of the
-team has no threads) starts threads of its own. libgomp gives each thread that starts a
-parallel region a team of its own: a move called from a thread other than torch's (a
-store's worker) gets one too, whose threads spin after it as torch's do.
+team has no threads) starts threads of its own, and one that imports this module first
+does too (its libgomp is its parent's: `use` finds it mapped at the same address there).
+(torch's own parallel work in such a child waits forever: libgomp is not fork-safe.)
+libgomp gives each thread that starts a parallel region a team of its own: a move
+called from a thread other than torch's (a store's worker) gets one too, whose threads
+spin after it as torch's do.
 """
 
 from __future__ import annotations
@@ -78,9 +81,30 @@ def find_openmp(maps: str = "/proc/self/maps") -> str | None:
     return paths[0] if len(paths) == 1 and not loaded[paths[0]] else None
 
 
+def _starts(maps: str, path: str) -> set[str]:
+    """The start addresses of the mappings of `path` in the maps file `maps`."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return set()
+    return {
+        line.split("-", 1)[0] for line in text.splitlines() if line.split(maxsplit=5)[5:] == [path]
+    }
+
+
+def _inherited(path: str) -> bool:
+    """Whether this process got the libgomp at `path` from its parent by fork: the parent
+    maps it at the same address (a process that loaded it itself, its parent or not, has
+    it elsewhere: the loader places libraries at random)."""
+    here = _starts("/proc/self/maps", path)
+    return bool(here) and bool(here & _starts(f"/proc/{os.getppid()}/maps", path))
+
+
 def use(path: str | None) -> str:
     """Split moves run on the OpenMP team of the loaded libgomp at `path`, or (None) on
-    threads of their own; returns `RUNTIME`."""
+    threads of their own; returns `RUNTIME`. A libgomp this process inherited by fork
+    is not used (threads of their own): the team its parent ran left no threads here,
+    and libgomp would wait for them forever."""
     global RUNTIME
     if _set_team is None:
         return RUNTIME
@@ -88,6 +112,8 @@ def use(path: str | None) -> str:
         _set_team(0)
         RUNTIME = OWN
         return RUNTIME
+    if _inherited(path):
+        return use(None)
     entry = ctypes.CDLL(path).GOMP_parallel  # (OSError, AttributeError: nothing changed)
     address = ctypes.cast(entry, ctypes.c_void_p).value
     assert address is not None
