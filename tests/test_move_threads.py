@@ -383,3 +383,31 @@ def test_a_forked_child_that_sets_the_team_again_splits_over_threads_of_its_own(
         assert _in_child(child) == team.OWN.encode()
     finally:
         team.use(found if before != team.OWN else None)
+
+
+@needs_native
+def test_a_forked_child_of_a_process_whose_moves_ran_on_the_team_runs_torch_s_work() -> None:
+    found = team.find_openmp()
+    if found is None:
+        pytest.skip("no libgomp loaded in this process")
+    buffers = _buffers(9)
+    moves = checksum.PageBuffers(buffers, ROWS, P)
+    want = _reference(buffers, MOVE)
+    before = team.RUNTIME
+    team.use(found)
+    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    moves.gather(out, MOVE, checksum=True, threads=2)  # the team of this thread has run
+
+    def child() -> bytes:
+        torch.set_num_threads(2)
+        total = int((torch.ones(1 << 22, dtype=torch.int64) + 1).sum())  # a parallel region
+        out[:] = 0
+        sums = moves.gather(out, MOVE, checksum=True, threads=2)
+        ok = total == 2 << 22 and np.array_equal(out, want) and sums == _sums(want, len(MOVE))
+        return b"ok" if ok else b"wrong"
+
+    try:
+        assert _in_child(child) == b"ok"
+        assert moves.gather(out, MOVE, checksum=True, threads=2) == _sums(want, len(MOVE))
+    finally:
+        team.use(found if before != team.OWN else None)

@@ -23,6 +23,9 @@ pages (`benchmarks/bench_storelinker.py`).
   `AttributeError` (a file that is no libgomp) leave the runtime as it was. Done once at
   import with `find_openmp()`; the tests switch it.
 
+Before a fork the forking thread's team ends (libgomp's ``omp_pause_resource_all``,
+where it has it), so that torch's parallel work and split moves in the child start a
+team of their own instead of waiting for threads that stayed in the parent.
 The team is used only in the process that set it: a forked child (whose copy of the
 team has no threads) starts threads of its own, and one that imports this module first
 does too (its libgomp is its parent's: `use` finds it mapped at the same address there).
@@ -50,6 +53,8 @@ except ImportError:  # pragma: no cover - built without a C compiler
     _set_team = None
 
 OWN = "threads of its own"
+_PAUSE_HARD = 2  # omp_pause_hard: the runtime's threads end
+_pause: Callable[[int], int] | None = None  # omp_pause_resource_all of the runtime in use
 _DELETED = " (deleted)"
 RUNTIME: str = OWN
 """Who runs the shares of a split move, in words."""
@@ -108,18 +113,34 @@ def use(path: str | None) -> str:
     global RUNTIME
     if _set_team is None:
         return RUNTIME
+    global _pause
     if path is None:
         _set_team(0)
-        RUNTIME = OWN
+        RUNTIME, _pause = OWN, None
         return RUNTIME
     if _inherited(path):
         return use(None)
-    entry = ctypes.CDLL(path).GOMP_parallel  # (OSError, AttributeError: nothing changed)
+    runtime = ctypes.CDLL(path)
+    entry = runtime.GOMP_parallel  # (OSError, AttributeError: nothing changed)
     address = ctypes.cast(entry, ctypes.c_void_p).value
     assert address is not None
+    pause = getattr(runtime, "omp_pause_resource_all", None)  # OpenMP 5.0 (GCC 9)
+    if pause is not None:
+        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
     _set_team(address)
-    RUNTIME = f"OpenMP team of {path}"
+    RUNTIME, _pause = f"OpenMP team of {path}", pause
     return RUNTIME
+
+
+def _end_team_before_fork() -> None:
+    """Before a fork: end the forking thread's team of the runtime in use (its threads
+    would not be in the child, where libgomp would wait for them forever at the next
+    parallel region, torch's or a move's); the next region here starts a new one."""
+    if _pause is not None:
+        _pause(_PAUSE_HARD)
+
+
+os.register_at_fork(before=_end_team_before_fork)
 
 
 use(find_openmp())
