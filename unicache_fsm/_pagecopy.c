@@ -59,15 +59,17 @@
  *   C-contiguous) into page pages[i] of every page-major buffer of `dests` (writable,
  *   C-contiguous), with each page's XXH3-64 taken first (which brings the page into
  *   cache for its copies); the same checks and errors as gather_pages. A page named
- *   twice is written twice (the caller's check).
+ *   twice is written twice (the caller's check; split over threads, the two writes may
+ *   interleave).
  *
- *   threads > 1 (TypeError for a non-int, ValueError below 1) splits a move of at least 2 * SHARE_MIN_BYTES
- *   (512 KiB) page-format bytes over up to that many threads, at most one per
- *   SHARE_MIN_BYTES and per page: each takes the next page not yet moved until none is
- *   left (a thread slowed by a busy core moves fewer). The threads are the team of the
- *   OpenMP runtime named by set_team() where it was set in this process, else threads
- *   the call starts and joins itself (one that fails to start leaves its pages to the
- *   others). The same bytes and sums whatever the threads.
+ *   threads > 1 (TypeError for a non-int, ValueError below 1) splits a move of at
+ *   least 2 * SHARE_MIN_BYTES (512 KiB) page-format bytes over up to that many threads:
+ *   at most MAX_THREADS (64; any larger count, however large, is 64), one per
+ *   SHARE_MIN_BYTES and one per page. Each takes the next page not yet moved until none
+ *   is left (a thread slowed by a busy core moves fewer). The threads are the team of
+ *   the OpenMP runtime named by set_team() where it was set in this process, else
+ *   threads the call starts and joins itself (one that fails to start leaves its pages
+ *   to the others). The same bytes and sums whatever the threads.
  *
  * set_team(address) -> None
  *
