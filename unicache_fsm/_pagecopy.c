@@ -741,8 +741,10 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
         shares[w] = (share_t){&move, scratch ? scratch + w * scratch_bytes : NULL};
     team_t team = {shares, threads, 0};
     Py_BEGIN_ALLOW_THREADS
-    if (threads > 1 && gomp_parallel && getpid() == team_pid) {
-        gomp_parallel(move_team, &team, (unsigned)threads, 0);
+    /* read once: set_team() may change it in another thread while this one runs */
+    gomp_parallel_fn parallel = __atomic_load_n(&gomp_parallel, __ATOMIC_ACQUIRE);
+    if (threads > 1 && parallel && getpid() == __atomic_load_n(&team_pid, __ATOMIC_RELAXED)) {
+        parallel(move_team, &team, (unsigned)threads, 0);
     } else {
         for (Py_ssize_t w = 1; w < threads; w++) /* a thread that cannot start: the others */
             started[w] = pthread_create(&workers[w], NULL, move_share_thread, &shares[w]) == 0;
@@ -786,8 +788,8 @@ static PyObject *py_set_team(PyObject *self, PyObject *arg) {
     }
     void *address = PyLong_AsVoidPtr(arg);
     if (!address && PyErr_Occurred()) return NULL;
-    gomp_parallel = (gomp_parallel_fn)address;
-    team_pid = getpid();
+    __atomic_store_n(&team_pid, getpid(), __ATOMIC_RELAXED);
+    __atomic_store_n(&gomp_parallel, (gomp_parallel_fn)address, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 
