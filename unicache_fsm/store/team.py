@@ -28,8 +28,9 @@ where it has it), so that torch's parallel work and split moves in the child sta
 team of their own instead of waiting for threads that stayed in the parent.
 The team is used only in the process that set it: a forked child (whose copy of the
 team has no threads) starts threads of its own, and one that imports this module first
-does too (its libgomp is its parent's: `use` finds it mapped at the same address there).
-(torch's own parallel work in such a child waits forever: libgomp is not fork-safe.)
+does too (its libgomp is its parent's: `use` finds it mapped at the same address there;
+where the parent had not imported it and had run torch's parallel work, torch's own
+parallel work in the child waits forever: libgomp is not fork-safe).
 libgomp gives each thread that starts a parallel region a team of its own: a move
 called from a thread other than torch's (a store's worker) gets one too, whose threads
 spin after it as torch's do.
@@ -110,10 +111,9 @@ def use(path: str | None) -> str:
     threads of their own; returns `RUNTIME`. A libgomp this process inherited by fork
     is not used (threads of their own): the team its parent ran left no threads here,
     and libgomp would wait for them forever."""
-    global RUNTIME
+    global RUNTIME, _pause
     if _set_team is None:
         return RUNTIME
-    global _pause
     if path is None:
         _set_team(0)
         RUNTIME, _pause = OWN, None
