@@ -4,9 +4,11 @@
 A split move lands the same bytes and the same checksums as one thread, on torch's
 OpenMP team and on threads of its own, whatever the thread count, from the main thread
 or another one, in a forked child of a process that used the team; a bad thread count
-is a typed error that moves nothing. `find_openmp` reads the libgomp this process runs
-(torch's), and `use` switches the runtime, or leaves it as it was for a file that is no
-libgomp.
+is a typed error that moves nothing, a count past any int64 the most threads.
+`find_openmp` reads the libgomp this process runs (torch's; never one whose file is
+gone; through a symlinked environment too), and `use` switches the runtime, or leaves
+it as it was for a file that is no libgomp, or refuses a libgomp inherited by fork. A
+forked child of a process whose moves ran on the team runs torch's parallel work.
 """
 
 from __future__ import annotations
