@@ -4,15 +4,19 @@
 A split move lands the same bytes and the same checksums as one thread, on torch's
 OpenMP team and on threads of its own, whatever the thread count, from the main thread
 or another one, in a forked child of a process that used the team; a bad thread count
-is a typed error that moves nothing. `find_openmp` reads the libgomp this process runs
-(torch's), and `use` switches the runtime, or leaves it as it was for a file that is no
-libgomp.
+is a typed error that moves nothing, a count past any int64 the most threads.
+`find_openmp` reads the libgomp this process runs (torch's; never one whose file is
+gone; through a symlinked environment too), and `use` switches the runtime, or leaves
+it as it was for a file that is no libgomp, or refuses a libgomp inherited by fork. A
+forked child of a process whose moves ran on the team runs torch's parallel work.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,3 +279,137 @@ def test_large_pages_moved_by_runs_of_tokens_hash_as_one_input(
             span = slice(page * page_size * r, (page + 1) * page_size * r)
             assert np.array_equal(d[span], b[span])
         assert not d[page_size * r : 2 * page_size * r].any()  # page 1: not named
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [2**63, 2**64, 10**30])
+def test_a_thread_count_past_any_int64_moves_as_the_most_threads_do(
+    threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buffers = _buffers(7)
+    moves = checksum.PageBuffers(buffers, ROWS, P)
+    want = _reference(buffers, MOVE)
+    sums = _sums(want, len(MOVE))
+    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    assert _pagecopy.gather_pages(out, buffers, ROWS, MOVE, P, True, True, threads) == sums
+    assert np.array_equal(out, want)
+    for native in (True, False):  # the native path and the Python one take the same counts
+        monkeypatch.setattr(checksum, "NATIVE_COPY", native)
+        out[:] = 0
+        assert moves.gather(out, MOVE, checksum=True, threads=threads) == sums
+        assert np.array_equal(out, want)
+
+
+def test_find_openmp_names_no_libgomp_whose_file_is_gone(tmp_path: Path) -> None:
+    torch_gomp = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
+    system = "/usr/lib/x86_64-linux-gnu/libgomp.so.1"
+    gone = " (deleted)"
+    # torch's copy was replaced on disk: still loaded (another runtime than the system's),
+    # and its path would open a new copy
+    assert team.find_openmp(_maps(tmp_path, [torch_gomp + gone, system])) is None
+    assert team.find_openmp(_maps(tmp_path, [torch_gomp + gone])) is None
+    assert team.find_openmp(_maps(tmp_path, [system + gone, torch_gomp])) == torch_gomp
+    spaced = "/opt/my env/lib/libgomp.so.1"
+    assert team.find_openmp(_maps(tmp_path, [spaced, spaced])) == spaced
+
+
+@needs_native
+def test_torch_s_libgomp_is_found_among_several_through_a_symlinked_environment(
+    tmp_path: Path,
+) -> None:
+    system = Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1")
+    found = team.find_openmp()
+    if found is None or not system.exists() or Path(found).resolve() == system.resolve():
+        pytest.skip("needs torch's libgomp and the system's")
+    link = tmp_path / "env"
+    link.symlink_to(Path(sys.prefix).resolve())
+    code = (
+        f"import ctypes, torch; ctypes.CDLL({str(system)!r}); "  # a second libgomp
+        "from unicache_fsm.store import team; print(team.RUNTIME)"
+    )
+    done = subprocess.run(
+        [str(link / "bin" / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == f"OpenMP team of {found}"
+
+
+def _in_child(work: Any, wait: float = 30) -> bytes:
+    """What `work()` (bytes) answers in a forked child, or a line saying it did not."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write, work())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], wait)
+        answer = os.read(read, 64) if ready else f"no answer in {wait} s".encode()
+    finally:
+        os.close(read)
+        if not ready:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    return answer
+
+
+@needs_native
+def test_a_forked_child_that_sets_the_team_again_splits_over_threads_of_its_own() -> None:
+    # a child that imports unicache_fsm first, or switches the runtime, finds the
+    # libgomp its parent ran a team on: that team's threads stayed in the parent
+    found = team.find_openmp()
+    if found is None:
+        pytest.skip("no libgomp loaded in this process")
+    buffers = _buffers(8)
+    moves = checksum.PageBuffers(buffers, ROWS, P)
+    want = _reference(buffers, MOVE)
+    before = team.RUNTIME
+    team.use(found)
+    torch.add(torch.ones(1 << 22), 1)  # torch's team has run in this thread
+    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    moves.gather(out, MOVE, checksum=True, threads=2)
+
+    def child() -> bytes:
+        runtime = team.use(team.find_openmp())
+        out[:] = 0
+        sums = moves.gather(out, MOVE, checksum=True, threads=2)
+        ok = np.array_equal(out, want) and sums == _sums(want, len(MOVE))
+        return (runtime if ok else "wrong").encode()
+
+    try:
+        assert _in_child(child) == team.OWN.encode()
+    finally:
+        team.use(found if before != team.OWN else None)
+
+
+@needs_native
+def test_a_forked_child_of_a_process_whose_moves_ran_on_the_team_runs_torch_s_work() -> None:
+    found = team.find_openmp()
+    if found is None:
+        pytest.skip("no libgomp loaded in this process")
+    buffers = _buffers(9)
+    moves = checksum.PageBuffers(buffers, ROWS, P)
+    want = _reference(buffers, MOVE)
+    before = team.RUNTIME
+    team.use(found)
+    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    moves.gather(out, MOVE, checksum=True, threads=2)  # the team of this thread has run
+
+    def child() -> bytes:
+        torch.set_num_threads(2)
+        total = int((torch.ones(1 << 22, dtype=torch.int64) + 1).sum())  # a parallel region
+        out[:] = 0
+        sums = moves.gather(out, MOVE, checksum=True, threads=2)
+        ok = total == 2 << 22 and np.array_equal(out, want) and sums == _sums(want, len(MOVE))
+        return b"ok" if ok else b"wrong"
+
+    try:
+        assert _in_child(child) == b"ok"
+        assert moves.gather(out, MOVE, checksum=True, threads=2) == _sums(want, len(MOVE))
+    finally:
+        team.use(found if before != team.OWN else None)

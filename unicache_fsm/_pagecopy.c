@@ -65,15 +65,16 @@
  *   C-contiguous), with each page's XXH3-64 taken first (which brings the page into
  *   cache for its copies; by runs of tokens as above for large pages); the same checks
  *   and errors as gather_pages. A page named twice is written twice (the caller's
- *   check).
+ *   check; split over threads, the two writes may interleave).
  *
  *   threads > 1 (TypeError for a non-int, ValueError below 1) splits a move of at
- *   least 2 * SHARE_MIN_BYTES (512 KiB) page-format bytes over up to that many
- *   threads, at most one per SHARE_MIN_BYTES and per page: each takes the next page
- *   not yet moved until none is left (a thread slowed by a busy core moves fewer). The threads are the team of the
- *   OpenMP runtime named by set_team() where it was set in this process, else threads
- *   the call starts and joins itself (one that fails to start leaves its pages to the
- *   others). The same bytes and sums whatever the threads.
+ *   least 2 * SHARE_MIN_BYTES (512 KiB) page-format bytes over up to that many threads:
+ *   at most MAX_THREADS (64; any larger count, however large, is 64), one per
+ *   SHARE_MIN_BYTES and one per page. Each takes the next page not yet moved until none
+ *   is left (a thread slowed by a busy core moves fewer). The threads are the team of
+ *   the OpenMP runtime named by set_team() where it was set in this process, else
+ *   threads the call starts and joins itself (one that fails to start leaves its pages
+ *   to the others). The same bytes and sums whatever the threads.
  *
  * set_team(address) -> None
  *
@@ -616,8 +617,11 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
                          Py_TYPE(threads_obj)->tp_name);
             goto done;
         }
-        threads = PyLong_AsSsize_t(threads_obj);
-        if (threads == -1 && PyErr_Occurred()) PyErr_Clear();
+        int overflow = 0;
+        long long asked = PyLong_AsLongLongAndOverflow(threads_obj, &overflow);
+        /* a count past any int64: as many threads as a move takes (MAX_THREADS) */
+        if (overflow > 0 || asked > MAX_THREADS) threads = MAX_THREADS;
+        else threads = overflow < 0 || asked < 1 ? 0 : (Py_ssize_t)asked;
         if (threads < 1) {
             PyErr_Format(PyExc_ValueError, "%s: threads %R must be an int >= 1", call, threads_obj);
             goto done;
@@ -741,8 +745,10 @@ static PyObject *move_pages(PyObject *args, PyObject *kwargs, int scatter) {
         shares[w] = (share_t){&move, scratch ? scratch + w * scratch_bytes : NULL};
     team_t team = {shares, threads, 0};
     Py_BEGIN_ALLOW_THREADS
-    if (threads > 1 && gomp_parallel && getpid() == team_pid) {
-        gomp_parallel(move_team, &team, (unsigned)threads, 0);
+    /* read once: set_team() may change it in another thread while this one runs */
+    gomp_parallel_fn parallel = __atomic_load_n(&gomp_parallel, __ATOMIC_ACQUIRE);
+    if (threads > 1 && parallel && getpid() == __atomic_load_n(&team_pid, __ATOMIC_RELAXED)) {
+        parallel(move_team, &team, (unsigned)threads, 0);
     } else {
         for (Py_ssize_t w = 1; w < threads; w++) /* a thread that cannot start: the others */
             started[w] = pthread_create(&workers[w], NULL, move_share_thread, &shares[w]) == 0;
@@ -786,8 +792,8 @@ static PyObject *py_set_team(PyObject *self, PyObject *arg) {
     }
     void *address = PyLong_AsVoidPtr(arg);
     if (!address && PyErr_Occurred()) return NULL;
-    gomp_parallel = (gomp_parallel_fn)address;
-    team_pid = getpid();
+    __atomic_store_n(&team_pid, getpid(), __ATOMIC_RELAXED);
+    __atomic_store_n(&gomp_parallel, (gomp_parallel_fn)address, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 

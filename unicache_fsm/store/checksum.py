@@ -303,9 +303,10 @@ class PageBuffers:
         self, side: Any, pages: Sequence[int], *, checksum: bool, scatter: bool, threads: int = 1
     ) -> list[int] | None:
         """`gather` (`side` is written) or `scatter` (the buffers are written). A native
-        move splits its pages over up to `threads` threads (runs of consecutive pages,
-        each at least 512 KiB: a thread costs tens of microseconds to start), the GIL
-        released; the Python path moves them in this thread. Same bytes, same sums."""
+        move splits its pages over up to `threads` threads (each takes the next page not
+        yet moved; at most 64, one per 512 KiB of the move and one per page: a thread
+        costs tens of microseconds to start), the GIL released; the Python path moves
+        them in this thread. Same bytes, same sums."""
         call = "scatter" if scatter else "gather"
         if type(threads) is not int or threads < 1:
             msg = f"{call}: threads must be an int >= 1, got {threads!r}"

@@ -15,7 +15,8 @@ pages (`benchmarks/bench_storelinker.py`).
   <path>"`` or ``"threads of its own"``.
 - `find_openmp() -> str | None` — the path of the libgomp the process has loaded (read
   from ``/proc/self/maps``: Linux): the one inside torch's package when there are
-  several, else the only one; None when there is none, or several outside torch.
+  several, else the only one; None when there is none, several outside torch, or the
+  one it would name was deleted since it was loaded (its path would open another copy).
 - `use(path) -> str` — hand the moves to the team of the libgomp at `path` (already
   loaded: opening it again returns the loaded copy, so its threads are torch's), or,
   with None, to threads of their own; returns the new `RUNTIME`. `OSError` /
@@ -24,10 +25,17 @@ pages (`benchmarks/bench_storelinker.py`).
   cannot be opened); the tests switch it.
 - `OWN` — `RUNTIME` when the moves start threads of their own.
 
+Before a fork the forking thread's team ends (libgomp's ``omp_pause_resource_all``,
+where it has it), so that torch's parallel work and split moves in the child start a
+team of their own instead of waiting for threads that stayed in the parent.
 The team is used only in the process that set it: a forked child (whose copy of the
-team has no threads) starts threads of its own. libgomp gives each thread that starts a
-parallel region a team of its own: a move called from a thread other than torch's (a
-store's worker) gets one too, whose threads spin after it as torch's do.
+team has no threads) starts threads of its own, and one that imports this module first
+does too (its libgomp is its parent's: `use` finds it mapped at the same address there;
+where the parent had not imported it and had run torch's parallel work, torch's own
+parallel work in the child waits forever: libgomp is not fork-safe).
+libgomp gives each thread that starts a parallel region a team of its own: a move
+called from a thread other than torch's (a store's worker) gets one too, whose threads
+spin after it as torch's do.
 """
 
 from __future__ import annotations
@@ -48,45 +56,93 @@ except ImportError:  # pragma: no cover - built without a C compiler
     _set_team = None
 
 OWN: str = "threads of its own"
+_PAUSE_HARD = 2  # omp_pause_hard: the runtime's threads end
+_pause: Callable[[int], int] | None = None  # omp_pause_resource_all of the runtime in use
+_DELETED = " (deleted)"
 RUNTIME: str = OWN
 """Who runs the shares of a split move, in words."""
 
 
 def find_openmp(maps: str = "/proc/self/maps") -> str | None:
     """The path of the libgomp this process has loaded (the one inside torch's package
-    when there are several), else None."""
+    when there are several), else None. A copy whose file was deleted or replaced since it
+    was loaded (``(deleted)`` in the maps) counts among the several but is never named:
+    opening its path again would load another runtime."""
     try:
         text = Path(maps).read_text()
     except OSError:
         return None
-    paths = {
-        line.split(maxsplit=5)[5]
-        for line in text.splitlines()
-        if line.count(" ") >= 5 and os.path.basename(line.split()[-1]).startswith("libgomp")
+    loaded: dict[str, bool] = {}  # path -> its file is gone
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue
+        path, gone = fields[5], fields[5].endswith(_DELETED)
+        if gone:
+            path = path.removesuffix(_DELETED)
+        if os.path.basename(path).startswith("libgomp"):
+            loaded[path] = loaded.get(path, False) or gone
+    paths = list(loaded)
+    if len(paths) > 1:
+        here = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
+        paths = [p for p in paths if os.path.realpath(p).startswith(here)]
+    return paths[0] if len(paths) == 1 and not loaded[paths[0]] else None
+
+
+def _starts(maps: str, path: str) -> set[str]:
+    """The start addresses of the mappings of `path` in the maps file `maps`."""
+    try:
+        text = Path(maps).read_text()
+    except OSError:
+        return set()
+    return {
+        line.split("-", 1)[0] for line in text.splitlines() if line.split(maxsplit=5)[5:] == [path]
     }
-    if len(paths) <= 1:
-        return next(iter(paths), None)
-    inside = [p for p in paths if p.startswith(os.path.dirname(torch.__file__) + os.sep)]
-    return inside[0] if len(inside) == 1 else None
+
+
+def _inherited(path: str) -> bool:
+    """Whether this process got the libgomp at `path` from its parent by fork: the parent
+    maps it at the same address (a process that loaded it itself, its parent or not, has
+    it elsewhere: the loader places libraries at random)."""
+    here = _starts("/proc/self/maps", path)
+    return bool(here) and bool(here & _starts(f"/proc/{os.getppid()}/maps", path))
 
 
 def use(path: str | None) -> str:
     """Split moves run on the OpenMP team of the loaded libgomp at `path`, or (None) on
-    threads of their own; returns `RUNTIME`."""
-    global RUNTIME
+    threads of their own; returns `RUNTIME`. A libgomp this process inherited by fork
+    is not used (threads of their own): the team its parent ran left no threads here,
+    and libgomp would wait for them forever."""
+    global RUNTIME, _pause
     if _set_team is None:
         return RUNTIME
     if path is None:
         _set_team(0)
-        RUNTIME = OWN
+        RUNTIME, _pause = OWN, None
         return RUNTIME
-    entry = ctypes.CDLL(path).GOMP_parallel  # (OSError, AttributeError: nothing changed)
+    if _inherited(path):
+        return use(None)
+    runtime = ctypes.CDLL(path)
+    entry = runtime.GOMP_parallel  # (OSError, AttributeError: nothing changed)
     address = ctypes.cast(entry, ctypes.c_void_p).value
     assert address is not None
+    pause = getattr(runtime, "omp_pause_resource_all", None)  # OpenMP 5.0 (GCC 9)
+    if pause is not None:
+        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
     _set_team(address)
-    RUNTIME = f"OpenMP team of {path}"
+    RUNTIME, _pause = f"OpenMP team of {path}", pause
     return RUNTIME
 
+
+def _end_team_before_fork() -> None:
+    """Before a fork: end the forking thread's team of the runtime in use (its threads
+    would not be in the child, where libgomp would wait for them forever at the next
+    parallel region, torch's or a move's); the next region here starts a new one."""
+    if _pause is not None:
+        _pause(_PAUSE_HARD)
+
+
+os.register_at_fork(before=_end_team_before_fork)
 
 try:
     use(find_openmp())
