@@ -42,23 +42,26 @@ into the slots while it is in cache. With torch at more than one thread, a move 
 its pages among torch's own OpenMP threads (`unicache_fsm.store.team`), as torch's
 gather spreads over them; the last line printed names who ran them.
 
-Measured on 2 cores (1-minute load 0.9 to 1.4: little else running), three runs each,
+Measured on 2 cores (1-minute load 0.5 to 0.95: little else running), three runs each,
 32 layers (a node: 16 pages of 2 MiB, 32 MiB):
 
-- torch's default threads (2): offload 1.13x, 1.14x, 1.14x of ``raw`` (1.00x, 1.04x,
-  1.03x of ``raw, ring``; the offload at 13.5-13.8 GiB/s); load 1.35x, 1.47x, 1.23x
-  (1.33x, 1.37x, 1.26x); the page device's read 0.92x-1.01x, its write 2.3x-2.9x.
-- ``--threads 1``: offload 1.31x, 1.05x, 1.16x (1.00x, 0.98x, 1.04x; 6.4-8.5 GiB/s);
-  load 1.17x, 1.11x, 1.03x (1.17x, 1.13x, 1.04x); the page device's read 0.81x-1.11x
-  (0.78x-0.80x of the ring: without a checksum a page is written in place, token by
+- torch's default threads (2): offload 1.17x, 1.12x, 1.33x of ``raw`` (1.11x, 1.02x,
+  1.00x of ``raw, ring``; the offload at 11.3-13.4 GiB/s); load 1.95x, 1.64x, 1.35x
+  (1.94x, 1.62x, 1.37x); the page device's read 1.05x-1.73x (0.98x-1.44x), its write
+  2.7x-3.4x.
+- ``--threads 1``: offload 1.13x, 1.13x, 1.12x (1.04x, 1.04x, 1.03x; 6.4-7.9 GiB/s);
+  load 1.35x, 1.33x, 1.29x (the same against the ring); the page device's read
+  0.86x-0.98x (0.81x-0.95x: without a checksum a page is written in place, token by
   token, not through a scratch).
 
 With ``--layers 8`` (a node of 8 MiB) the same per-page bookkeeping moves a quarter of
-the bytes: ``--threads 1``, offload 0.79x and 0.80x (0.74x, 0.61x), load 1.46x, 1.53x;
-the linker's and the store's Python (checks of the transfers, the slot gate, planning,
-capacity eviction of 16 pages, the books, the verdict) takes about 0.17 ms per offload
-with its data in cache and 0.29 ms right after an 8 MiB copy has evicted it (measured
-with the native move stubbed out), against 0.5-1.0 ms for the move itself.
+the bytes, two runs each: torch's threads, offload 0.53x and 0.73x (0.53x, 0.59x), load
+2.22x and 2.04x, the page device's read 1.09x; ``--threads 1``, offload 0.75x and 0.82x
+(0.73x, 0.78x), load 1.92x and 1.44x. There the linker's and the store's Python (checks
+of the transfers, the slot gate, planning, capacity eviction of 16 pages, the books,
+the verdict) bounds the offload: about 0.17 ms per offload with its data in cache and
+0.29 ms right after an 8 MiB copy has evicted it (measured with the native move stubbed
+out), against 0.5-1.0 ms for the move itself.
 
 Before the moves used torch's team, two threads of their own lost to it: torch's
 OpenMP threads spin on their cores for milliseconds after each parallel region, so a
