@@ -153,26 +153,13 @@ def test_a_forked_child_splits_moves_over_threads_of_its_own(runtime: str) -> No
     out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
     torch.add(torch.ones(1 << 20), 1)  # the team has run torch's work in the parent
     moves.gather(out, MOVE, checksum=True, threads=2)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            out[:] = 0
-            sums = moves.gather(out, MOVE, checksum=True, threads=2)
-            ok = np.array_equal(out, want) and sums == _sums(want, len(MOVE))
-            os.write(write, b"ok" if ok else b"wrong")
-        finally:
-            os._exit(0)
-    os.close(write)
-    try:
-        ready, _, _ = select.select([read], [], [], 60)
-        answer = os.read(read, 16) if ready else b"no answer in 60 s"
-    finally:
-        os.close(read)
-        if not ready:
-            os.kill(pid, 9)
-        os.waitpid(pid, 0)
-    assert answer == b"ok"
+
+    def child() -> bytes:
+        out[:] = 0
+        sums = moves.gather(out, MOVE, checksum=True, threads=2)
+        return b"ok" if np.array_equal(out, want) and sums == _sums(want, len(MOVE)) else b"wrong"
+
+    assert _in_child(child) == b"ok"
 
 
 def test_find_openmp_names_the_libgomp_torch_loaded() -> None:
