@@ -56,6 +56,27 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
     team.use(before)
 
 
+@pytest.fixture
+def on_the_team() -> Iterator[str]:
+    """Moves on torch's OpenMP team (skipped where none is found); the runtime before
+    is restored after."""
+    found = team.find_openmp()
+    if found is None:
+        pytest.skip("no libgomp loaded in this process")
+    before = found if team.RUNTIME != team.OWN else None
+    team.use(found)
+    yield found
+    team.use(before)
+
+
+def _gathered(seed: int) -> tuple[checksum.PageBuffers, Any, Any]:
+    """Buffers of random pages checked once, what `MOVE` gathers from them, and a zeroed
+    destination of that size."""
+    buffers = _buffers(seed)
+    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    return checksum.PageBuffers(buffers, ROWS, P), _reference(buffers, MOVE), out
+
+
 def _buffers(seed: int) -> list[Any]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, size=PAGES * P * r, dtype=np.uint8) for r in ROWS]
@@ -147,10 +168,7 @@ def test_split_moves_from_other_threads_land_what_one_thread_does(runtime: str) 
 
 @needs_native
 def test_a_forked_child_splits_moves_over_threads_of_its_own(runtime: str) -> None:
-    buffers = _buffers(6)
-    moves = checksum.PageBuffers(buffers, ROWS, P)
-    want = _reference(buffers, MOVE)
-    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+    moves, want, out = _gathered(6)
     torch.add(torch.ones(1 << 20), 1)  # the team has run torch's work in the parent
     moves.gather(out, MOVE, checksum=True, threads=2)
 
@@ -346,19 +364,13 @@ def _in_child(work: Any, wait: float = 30) -> bytes:
 
 
 @needs_native
-def test_a_forked_child_that_sets_the_team_again_splits_over_threads_of_its_own() -> None:
+def test_a_forked_child_that_sets_the_team_again_splits_over_threads_of_its_own(
+    on_the_team: str,
+) -> None:
     # a child that imports unicache_fsm first, or switches the runtime, finds the
     # libgomp its parent ran a team on: that team's threads stayed in the parent
-    found = team.find_openmp()
-    if found is None:
-        pytest.skip("no libgomp loaded in this process")
-    buffers = _buffers(8)
-    moves = checksum.PageBuffers(buffers, ROWS, P)
-    want = _reference(buffers, MOVE)
-    before = team.RUNTIME
-    team.use(found)
+    moves, want, out = _gathered(8)
     torch.add(torch.ones(1 << 22), 1)  # torch's team has run in this thread
-    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
     moves.gather(out, MOVE, checksum=True, threads=2)
 
     def child() -> bytes:
@@ -368,23 +380,14 @@ def test_a_forked_child_that_sets_the_team_again_splits_over_threads_of_its_own(
         ok = np.array_equal(out, want) and sums == _sums(want, len(MOVE))
         return (runtime if ok else "wrong").encode()
 
-    try:
-        assert _in_child(child) == team.OWN.encode()
-    finally:
-        team.use(found if before != team.OWN else None)
+    assert _in_child(child) == team.OWN.encode()
 
 
 @needs_native
-def test_a_forked_child_of_a_process_whose_moves_ran_on_the_team_runs_torch_s_work() -> None:
-    found = team.find_openmp()
-    if found is None:
-        pytest.skip("no libgomp loaded in this process")
-    buffers = _buffers(9)
-    moves = checksum.PageBuffers(buffers, ROWS, P)
-    want = _reference(buffers, MOVE)
-    before = team.RUNTIME
-    team.use(found)
-    out = np.zeros(len(MOVE) * PAGE, dtype=np.uint8)
+def test_a_forked_child_of_a_process_whose_moves_ran_on_the_team_runs_torch_s_work(
+    on_the_team: str,
+) -> None:
+    moves, want, out = _gathered(9)
     moves.gather(out, MOVE, checksum=True, threads=2)  # the team of this thread has run
 
     def child() -> bytes:
@@ -395,8 +398,5 @@ def test_a_forked_child_of_a_process_whose_moves_ran_on_the_team_runs_torch_s_wo
         ok = total == 2 << 22 and np.array_equal(out, want) and sums == _sums(want, len(MOVE))
         return b"ok" if ok else b"wrong"
 
-    try:
-        assert _in_child(child) == b"ok"
-        assert moves.gather(out, MOVE, checksum=True, threads=2) == _sums(want, len(MOVE))
-    finally:
-        team.use(found if before != team.OWN else None)
+    assert _in_child(child) == b"ok"
+    assert moves.gather(out, MOVE, checksum=True, threads=2) == _sums(want, len(MOVE))

@@ -344,13 +344,11 @@ class MemoryStore(BaseStore["_Entry"]):
         self._slabs[ident[0]].release((entry.row,))
 
     def backend_drop_many(self, dropped: list[tuple[_Ident, _Entry]]) -> None:
-        slabs = self._slabs
-        pool = dropped[0][0][0]
-        if all(ident[0] is pool for ident, _ in dropped):  # (the usual case: one pool)
-            slabs[pool].release([entry.row for _, entry in dropped])
-            return
-        for ident, entry in dropped:
-            slabs[ident[0]].release((entry.row,))
+        rows: dict[PoolName, list[int]] = {}
+        for (pool, _), entry in dropped:
+            rows.setdefault(pool, []).append(entry.row)
+        for pool, taken in rows.items():
+            self._slabs[pool].release(taken)
 
     def backend_release(self) -> None:
         self._slabs.clear()

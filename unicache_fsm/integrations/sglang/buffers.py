@@ -301,6 +301,14 @@ class LayerBuffers:
         got = self._moves.gather(dst, pages, checksum=checksum, threads=torch.get_num_threads())
         return got or []
 
+    def _scatter(self, data: torch.Tensor, pages: list[int], *, checksum: bool) -> list[int]:
+        """The host scatter of contiguous page-format `data` into `pages`, every layer, in
+        one native call (under the lock), as `_gather`: each page's checksum, or []."""
+        assert self._moves is not None
+        src = data.view(torch.uint8).numpy()
+        got = self._moves.scatter(src, pages, checksum=checksum, threads=torch.get_num_threads())
+        return got or []
+
     def _host_rows(self, data: Any, layers: int) -> tuple[Any, list[tuple[Any, Any]], bool]:
         """Host views for a move between page-format bytes `data` (uint8, ``layers``
         layers, a strided view too) and SGLang's buffers: `data` as ``[n, P, 2 * layers]``
@@ -376,13 +384,7 @@ class LayerBuffers:
             self._check_open("write", listed)
             if self._host is not None and layers is None and data.is_contiguous():
                 # every layer from contiguous bytes: whole runs of K or V rows, natively
-                assert self._moves is not None
-                self._moves.scatter(
-                    data.view(torch.uint8).numpy(),
-                    listed,
-                    checksum=False,
-                    threads=torch.get_num_threads(),
-                )
+                self._scatter(data, listed, checksum=False)
                 return
             if self._host is not None and n:  # CPU: NumPy copies whole K or V rows
                 self._scatter_host(pages.numpy(), data.view(torch.uint8).numpy(), chosen)
@@ -406,15 +408,7 @@ class LayerBuffers:
         listed = pages.tolist()
         with self._lock:
             self._check_open("write", listed)
-            assert self._moves is not None
-            sums = self._moves.scatter(
-                data.view(torch.uint8).numpy(),
-                listed,
-                checksum=True,
-                threads=torch.get_num_threads(),
-            )
-            assert sums is not None
-            return sums
+            return self._scatter(data, listed, checksum=True)
 
     def _check_data(
         self, data: object, shape: tuple[int, ...], what: str, *, contiguous: bool = True
